@@ -1,0 +1,418 @@
+/*
+ * See comm.h. A node holds few communicators (tens to thousands), so they
+ * sit in one list and lookups walk it; membership lives in the communicator
+ * (an array of nranks members), so a session's memberships are found by
+ * walking the list too. Neither walk is on the data path.
+ */
+#include "comm.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "server.h"
+#include "session.h"
+#include "user.h"
+
+#define EC(x) DFCCL__V1__ERROR_CODE__ERROR_##x
+#define COMM_MAX_RANKS 65536u
+
+const char *comm_state_name(enum comm_state st)
+{
+	switch (st) {
+	case COMM_INITIALIZING: return "initializing";
+	case COMM_READY: return "ready";
+	case COMM_ABORTED: return "aborted";
+	case COMM_PEER_LOST: return "peer-lost";
+	case COMM_DEVICE_LOST: return "device-lost";
+	}
+	return "?";
+}
+
+static void comm_unlink(struct server *srv, struct comm *c)
+{
+	if (c->prev)
+		c->prev->next = c->next;
+	else
+		srv->comms = c->next;
+	if (c->next)
+		c->next->prev = c->prev;
+	c->prev = c->next = NULL;
+}
+
+static void comm_timer_closed(uv_handle_t *h)
+{
+	struct comm *c = h->data;
+	free(c->members);
+	free(c);
+}
+
+/* Unlinks and frees c (after its timer handle is closed). */
+static void comm_free(struct comm *c)
+{
+	comm_unlink(c->srv, c);
+	uv_timer_stop(&c->timer);
+	uv_close((uv_handle_t *)&c->timer, comm_timer_closed);
+}
+
+static struct comm *comm_find_id(struct server *srv, uint64_t id)
+{
+	for (struct comm *c = srv->comms; c; c = c->next)
+		if (c->id == id)
+			return c;
+	return NULL;
+}
+
+/* The member slot of session s in c, or -1. */
+static int comm_rank_of(const struct comm *c, const struct session *s)
+{
+	for (uint32_t r = 0; r < c->nranks; r++)
+		if ((c->members[r].state == MEMBER_JOINING || c->members[r].state == MEMBER_ACTIVE) &&
+		    c->members[r].session == s)
+			return (int)r;
+	return -1;
+}
+
+/* Marks member r gone and frees the communicator once nobody is left. */
+static void comm_member_leave(struct comm *c, uint32_t r)
+{
+	struct comm_member *m = &c->members[r];
+	if (m->session && m->session->user)
+		user_uncharge_comm(m->session->user);
+	m->state = MEMBER_LEFT;
+	m->session = NULL;
+	c->joined--;
+	if (c->joined == 0)
+		comm_free(c);
+}
+
+/* Tells every active member except `except` (a rank, or -1). */
+static void comm_notify(struct comm *c, int except, int code, const char *msg)
+{
+	for (uint32_t r = 0; r < c->nranks; r++) {
+		struct comm_member *m = &c->members[r];
+		if ((int)r == except || m->state != MEMBER_ACTIVE)
+			continue;
+		session_send_notice(m->session, code, c->id, m->device, msg);
+	}
+}
+
+static void comm_init_timeout(uv_timer_t *t)
+{
+	struct comm *c = t->data;
+	struct server *srv = c->srv;
+	char missing[512] = "";
+	size_t off = 0;
+	unsigned nmissing = 0;
+	for (uint32_t r = 0; r < c->nranks; r++) {
+		if (c->members[r].state != MEMBER_EMPTY)
+			continue;
+		nmissing++;
+		if (off < sizeof(missing) - 16)
+			off += (size_t)snprintf(missing + off, sizeof(missing) - off, "%s%u", off ? ", " : "", r);
+		else if (off < sizeof(missing) - 1)
+			off += (size_t)snprintf(missing + off, sizeof(missing) - off, "...");
+	}
+	uint64_t waited = server_now_ms() - c->created_ms;
+	log_notice("comm", "communicator init timed out after %llu ms: %u of %u ranks joined; missing ranks %s",
+	           (unsigned long long)waited, c->joined, c->nranks, missing);
+	for (uint32_t r = 0; r < c->nranks; r++) {
+		struct comm_member *m = &c->members[r];
+		if (m->state != MEMBER_JOINING)
+			continue;
+		session_reply_error(m->session, m->request_id, EC(TIMEOUT),
+		                    "communicator init timed out after %llu ms: %u of %u ranks joined; missing "
+		                    "rank%s %s (did every rank call dfcclCommInitRank with the same unique id?)",
+		                    (unsigned long long)waited, c->joined, c->nranks, nmissing == 1 ? "" : "s",
+		                    missing);
+	}
+	/* Every joined member leaves; the last one frees c. */
+	for (uint32_t r = 0; r < c->nranks && c->joined > 0; r++)
+		if (c->members[r].state == MEMBER_JOINING)
+			comm_member_leave(c, r);
+	(void)srv;
+}
+
+static void comm_complete_init(struct comm *c)
+{
+	uv_timer_stop(&c->timer);
+	c->state = COMM_READY;
+	Dfccl__V1__CommRank *ranks = calloc(c->nranks, sizeof(*ranks));
+	Dfccl__V1__CommRank **rankp = calloc(c->nranks, sizeof(*rankp));
+	if (!ranks || !rankp) {
+		free(ranks);
+		free(rankp);
+		for (uint32_t r = 0; r < c->nranks; r++)
+			session_reply_error(c->members[r].session, c->members[r].request_id, EC(RESOURCE),
+			                    "out of memory completing communicator init");
+		for (uint32_t r = 0; r < c->nranks && c->joined > 0; r++)
+			comm_member_leave(c, r);
+		return;
+	}
+	for (uint32_t r = 0; r < c->nranks; r++) {
+		dfccl__v1__comm_rank__init(&ranks[r]);
+		ranks[r].rank = r;
+		ranks[r].device = c->members[r].device;
+		ranks[r].session_id = c->members[r].session_id;
+		ranks[r].pid = c->members[r].pid;
+		rankp[r] = &ranks[r];
+	}
+	log_info("comm", "communicator %llu ready: %u ranks (uid %u)", (unsigned long long)c->id, c->nranks,
+	         (unsigned)c->uid);
+	for (uint32_t r = 0; r < c->nranks; r++) {
+		struct comm_member *m = &c->members[r];
+		Dfccl__V1__CommInitReply rep = DFCCL__V1__COMM_INIT_REPLY__INIT;
+		rep.comm_id = c->id;
+		rep.nranks = c->nranks;
+		rep.rank = r;
+		rep.n_ranks = c->nranks;
+		rep.ranks = rankp;
+		Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
+		env.body_case = DFCCL__V1__ENVELOPE__BODY_COMM_INIT_REPLY;
+		env.comm_init_reply = &rep;
+		m->state = MEMBER_ACTIVE;
+		session_reply(m->session, m->request_id, &env, NULL, 0);
+	}
+	free(ranks);
+	free(rankp);
+}
+
+int comm_join(struct server *srv, struct session *s, uint64_t request_id, const uint8_t *unique_id, size_t idlen,
+              uint32_t nranks, uint32_t rank, uint32_t device, uint32_t timeout_ms, char *err, size_t errlen)
+{
+	if (idlen != COMM_ID_BYTES) {
+		snprintf(err, errlen, "the unique id has %zu bytes, expected %u (use dfcclGetUniqueId)", idlen,
+		         COMM_ID_BYTES);
+		return EC(INVALID_ARGUMENT);
+	}
+	if (nranks < 1 || nranks > COMM_MAX_RANKS) {
+		snprintf(err, errlen, "nranks %u is outside 1..%u", nranks, COMM_MAX_RANKS);
+		return EC(INVALID_ARGUMENT);
+	}
+	if (rank >= nranks) {
+		snprintf(err, errlen, "rank %u is outside 0..%u", rank, nranks - 1);
+		return EC(INVALID_ARGUMENT);
+	}
+
+	struct comm *c = NULL;
+	for (struct comm *it = srv->comms; it; it = it->next) {
+		if (it->state == COMM_INITIALIZING && memcmp(it->unique_id, unique_id, COMM_ID_BYTES) == 0) {
+			c = it;
+			break;
+		}
+	}
+	if (c) {
+		if (c->uid != s->uid) {
+			snprintf(err, errlen,
+			         "the communicator with this unique id belongs to another user (uid %u); "
+			         "communicators cannot be shared between users",
+			         (unsigned)c->uid);
+			return EC(PERMISSION);
+		}
+		if (c->nranks != nranks) {
+			snprintf(err, errlen, "nranks %u differs from the %u given by the ranks that already joined", nranks,
+			         c->nranks);
+			return EC(INVALID_ARGUMENT);
+		}
+		if (c->members[rank].state != MEMBER_EMPTY) {
+			snprintf(err, errlen, "rank %u of this communicator was already taken (by pid %d)", rank,
+			         (int)c->members[rank].pid);
+			return EC(INVALID_ARGUMENT);
+		}
+	}
+	if (user_charge_comm(&srv->users, s->user) < 0) {
+		snprintf(err, errlen, "uid %u already holds %lld communicator memberships (setting max-comms-per-uid)",
+		         (unsigned)s->uid, (long long)srv->users.limits.max_comms);
+		return EC(RESOURCE);
+	}
+	if (!c) {
+		c = calloc(1, sizeof(*c));
+		if (c)
+			c->members = calloc(nranks, sizeof(*c->members));
+		if (!c || !c->members) {
+			if (c)
+				free(c);
+			user_uncharge_comm(s->user);
+			snprintf(err, errlen, "out of memory creating a communicator of %u ranks", nranks);
+			return EC(RESOURCE);
+		}
+		c->srv = srv;
+		c->id = ++srv->next_comm_id;
+		memcpy(c->unique_id, unique_id, COMM_ID_BYTES);
+		c->uid = s->uid;
+		c->nranks = nranks;
+		c->state = COMM_INITIALIZING;
+		c->created_ms = server_now_ms();
+		uv_timer_init(srv->loop, &c->timer);
+		c->timer.data = c;
+		uint64_t to = timeout_ms ? timeout_ms : (uint64_t)srv->cfg.comm_init_timeout_ms;
+		uv_timer_start(&c->timer, comm_init_timeout, to, 0);
+		c->next = srv->comms;
+		if (srv->comms)
+			srv->comms->prev = c;
+		srv->comms = c;
+		log_debug("comm", "communicator %llu initializing: %u ranks, timeout %llu ms", (unsigned long long)c->id,
+		          nranks, (unsigned long long)to);
+	}
+	struct comm_member *m = &c->members[rank];
+	m->state = MEMBER_JOINING;
+	m->session = s;
+	m->session_id = s->id;
+	m->request_id = request_id;
+	m->device = device;
+	m->pid = s->pid;
+	c->joined++;
+	if (c->joined == c->nranks)
+		comm_complete_init(c);
+	return 0;
+}
+
+int comm_leave(struct server *srv, struct session *s, uint64_t comm_id, int abort, char *err, size_t errlen)
+{
+	struct comm *c = comm_find_id(srv, comm_id);
+	int r = c ? comm_rank_of(c, s) : -1;
+	if (r < 0 || c->members[r].state != MEMBER_ACTIVE) {
+		snprintf(err, errlen, "communicator %llu does not exist or this session is not a member of it",
+		         (unsigned long long)comm_id);
+		return EC(NOT_FOUND);
+	}
+	if (abort) {
+		if (c->state == COMM_READY)
+			c->state = COMM_ABORTED;
+		char msg[256];
+		snprintf(msg, sizeof(msg), "rank %d (pid %d) aborted communicator %llu", r, (int)s->pid,
+		         (unsigned long long)c->id);
+		log_info("comm", "%s", msg);
+		comm_notify(c, r, EC(ABORTED), msg);
+	}
+	comm_member_leave(c, (uint32_t)r);
+	return 0;
+}
+
+void comm_session_gone(struct server *srv, struct session *s)
+{
+	struct comm *c = srv->comms;
+	while (c) {
+		struct comm *next = c->next;
+		int r = comm_rank_of(c, s);
+		if (r >= 0) {
+			if (c->state == COMM_READY) {
+				c->state = COMM_PEER_LOST;
+				char msg[256];
+				snprintf(msg, sizeof(msg),
+				         "rank %d (pid %d) of communicator %llu disconnected; its collectives cannot complete",
+				         r, (int)s->pid, (unsigned long long)c->id);
+				log_info("comm", "%s", msg);
+				comm_notify(c, r, EC(PEER_LOST), msg);
+			}
+			comm_member_leave(c, (uint32_t)r);
+		}
+		c = next;
+	}
+}
+
+void comm_device_lost(struct server *srv, uint32_t device)
+{
+	for (struct comm *c = srv->comms; c; c = c->next) {
+		if (c->state != COMM_READY)
+			continue;
+		int hit = 0;
+		for (uint32_t r = 0; r < c->nranks; r++)
+			if (c->members[r].state == MEMBER_ACTIVE && c->members[r].device == device)
+				hit = 1;
+		if (!hit)
+			continue;
+		c->state = COMM_DEVICE_LOST;
+		char msg[256];
+		snprintf(msg, sizeof(msg),
+		         "the daemon's worker for device %u died; collectives of communicator %llu fail (create a new "
+		         "communicator to continue)",
+		         device, (unsigned long long)c->id);
+		comm_notify(c, -1, EC(DEVICE_LOST), msg);
+	}
+}
+
+void comm_count(struct server *srv, unsigned *ready, unsigned *pending)
+{
+	*ready = *pending = 0;
+	for (struct comm *c = srv->comms; c; c = c->next) {
+		if (c->state == COMM_INITIALIZING)
+			(*pending)++;
+		else
+			(*ready)++;
+	}
+}
+
+unsigned comm_session_count(struct server *srv, const struct session *s)
+{
+	unsigned n = 0;
+	for (struct comm *c = srv->comms; c; c = c->next)
+		if (comm_rank_of(c, s) >= 0)
+			n++;
+	return n;
+}
+
+int comm_query(struct server *srv, Dfccl__V1__QueryReply *reply)
+{
+	size_t n = 0;
+	for (struct comm *c = srv->comms; c; c = c->next)
+		n++;
+	reply->comms = calloc(n ? n : 1, sizeof(*reply->comms));
+	if (!reply->comms)
+		return -ENOMEM;
+	reply->n_comms = 0;
+	uint64_t now = server_now_ms();
+	for (struct comm *c = srv->comms; c; c = c->next) {
+		Dfccl__V1__CommInfo *ci = calloc(1, sizeof(*ci));
+		if (!ci)
+			return -ENOMEM;
+		dfccl__v1__comm_info__init(ci);
+		reply->comms[reply->n_comms++] = ci;
+		ci->comm_id = c->id;
+		ci->uid = (uint32_t)c->uid;
+		ci->nranks = c->nranks;
+		ci->joined = c->joined;
+		ci->state = (char *)comm_state_name(c->state);
+		ci->age_ms = now - c->created_ms;
+		ci->ranks = calloc(c->nranks, sizeof(*ci->ranks));
+		if (!ci->ranks)
+			return -ENOMEM;
+		for (uint32_t r = 0; r < c->nranks; r++) {
+			const struct comm_member *m = &c->members[r];
+			if (m->state != MEMBER_JOINING && m->state != MEMBER_ACTIVE)
+				continue;
+			Dfccl__V1__CommRank *cr = calloc(1, sizeof(*cr));
+			if (!cr)
+				return -ENOMEM;
+			dfccl__v1__comm_rank__init(cr);
+			cr->rank = r;
+			cr->device = m->device;
+			cr->session_id = m->session_id;
+			cr->pid = m->pid;
+			ci->ranks[ci->n_ranks++] = cr;
+		}
+	}
+	return 0;
+}
+
+void comm_query_free(Dfccl__V1__QueryReply *reply)
+{
+	for (size_t i = 0; i < reply->n_comms; i++) {
+		Dfccl__V1__CommInfo *ci = reply->comms[i];
+		for (size_t j = 0; j < ci->n_ranks; j++)
+			free(ci->ranks[j]);
+		free(ci->ranks);
+		free(ci);
+	}
+	free(reply->comms);
+	reply->comms = NULL;
+	reply->n_comms = 0;
+}
+
+void comm_free_all(struct server *srv)
+{
+	while (srv->comms)
+		comm_free(srv->comms);
+}

@@ -1,0 +1,91 @@
+/*
+ * Communicators (jobs) in the supervisor.
+ *
+ * dfcclCommInitRank semantics: ranks that present the same 128-byte unique
+ * id are gathered into one communicator. The first rank to arrive creates it
+ * and makes its uid the owner; ranks of any other uid are refused. Init
+ * completes, for every rank at once, when all nranks have joined, or fails
+ * for every rank that joined after the init timeout, with an error naming the
+ * ranks that never came.
+ *
+ * States: initializing -> ready -> (aborted | peer-lost | device-lost), and
+ * the communicator is freed when its last member has left (destroy, abort or
+ * disconnect). Once it left `ready`, the surviving members have been told
+ * with a Notice and their collectives fail.
+ */
+#ifndef DFCCLD_COMM_H
+#define DFCCLD_COMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <uv.h>
+
+#include "dfccl.pb-c.h"
+
+struct server;
+struct session;
+
+enum comm_state { COMM_INITIALIZING, COMM_READY, COMM_ABORTED, COMM_PEER_LOST, COMM_DEVICE_LOST };
+
+enum comm_member_state { MEMBER_EMPTY = 0, MEMBER_JOINING, MEMBER_ACTIVE, MEMBER_LEFT };
+
+struct comm_member {
+	enum comm_member_state state;
+	struct session *session;
+	uint64_t session_id;
+	uint64_t request_id; /* the CommInit to answer */
+	uint32_t device;
+	int32_t pid;
+};
+
+#define COMM_ID_BYTES 128
+
+struct comm {
+	struct comm *prev, *next;
+	struct server *srv;
+	uint64_t id;
+	uint8_t unique_id[COMM_ID_BYTES];
+	uid_t uid;
+	uint32_t nranks;
+	uint32_t joined;  /* members JOINING or ACTIVE */
+	enum comm_state state;
+	struct comm_member *members;
+	uv_timer_t timer; /* init timeout */
+	uint64_t created_ms;
+};
+
+/*
+ * Joins session s as `rank`. Returns 0 when the join was recorded (the reply
+ * is sent when init completes or times out) or a positive
+ * DFCCL__V1__ERROR_CODE__* with a sentence in err for the caller to send.
+ */
+int comm_join(struct server *srv, struct session *s, uint64_t request_id, const uint8_t *unique_id, size_t idlen,
+              uint32_t nranks, uint32_t rank, uint32_t device, uint32_t timeout_ms, char *err, size_t errlen);
+
+/* dfcclCommDestroy (abort = 0) or dfcclCommAbort (abort = 1) from session s.
+ * Returns 0 or a positive error code with a sentence in err. */
+int comm_leave(struct server *srv, struct session *s, uint64_t comm_id, int abort, char *err, size_t errlen);
+
+/* Session s is gone: leave everything it joined; other ranks are told. */
+void comm_session_gone(struct server *srv, struct session *s);
+
+/* The worker of `device` died: every communicator with a rank there fails. */
+void comm_device_lost(struct server *srv, uint32_t device);
+
+/* Counts for status. */
+void comm_count(struct server *srv, unsigned *ready, unsigned *pending);
+
+/* Memberships of session s (JOINING or ACTIVE). */
+unsigned comm_session_count(struct server *srv, const struct session *s);
+
+/* Fills reply->comms for dfcclctl (allocates; free with comm_query_free). */
+int comm_query(struct server *srv, Dfccl__V1__QueryReply *reply);
+void comm_query_free(Dfccl__V1__QueryReply *reply);
+
+const char *comm_state_name(enum comm_state st);
+
+/* Frees every communicator (shutdown). */
+void comm_free_all(struct server *srv);
+
+#endif

@@ -1,0 +1,406 @@
+/*
+ * The settings table. Every setting of dfccld is one row here; nothing else
+ * parses options. Each row names the field it fills, its type, its bounds
+ * and its default, so help text, validation and the three sources (file,
+ * environment, command line) cannot drift apart.
+ */
+#include "config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+
+#ifndef DFCCL_VERSION_STRING
+#define DFCCL_VERSION_STRING "0.1.0"
+#endif
+
+enum setting_type { T_STRING, T_INT, T_SIZE, T_ENUM, T_POW2 };
+
+struct setting {
+	const char *name;
+	enum setting_type type;
+	size_t offset;
+	size_t size;          /* for T_STRING: buffer size */
+	int64_t min, max;     /* for numbers */
+	const char *def;      /* default, as text */
+	const char *const *choices; /* for T_ENUM, NULL-terminated; index is the value */
+	const char *help;
+};
+
+static const char *const engine_choices[] = {"auto", "host", "cuda", NULL};
+/* Indexed by enum log_level: the first three slots are unused. */
+static const char *const level_choices[] = {"", "", "", "err", "warn", "notice", "info", "debug", NULL};
+static const char *const target_choices[] = {"auto", "stderr", "journal", NULL};
+
+#define F(field) offsetof(struct dfccld_config, field), sizeof(((struct dfccld_config *)0)->field)
+
+static const struct setting settings[] = {
+    {"socket", T_STRING, F(socket_path), 0, 0, "/run/dfccl/dfccld.sock", NULL,
+     "Unix socket to listen on (a socket passed by systemd takes precedence)"},
+    {"config", T_STRING, F(config_file), 0, 0, DFCCLD_DEFAULT_CONFIG, NULL,
+     "configuration file of 'name = value' lines (command line and environment only)"},
+    {"topology", T_STRING, F(topology_file), 0, 0, "", NULL,
+     "topology model file to load instead of detecting the node"},
+    {"engine", T_ENUM, F(engine), 0, 0, "auto", engine_choices,
+     "engine that executes collectives: host, cuda, or auto (cuda when GPUs are present)"},
+    {"host-devices", T_INT, F(host_devices), 1, 64, "2", NULL,
+     "number of devices the host engine emulates (one worker process each)"},
+    {"log-level", T_ENUM, F(log_level), 0, 0, "info", level_choices,
+     "most verbose level logged: err, warn, notice, info or debug"},
+    {"log-target", T_ENUM, F(log_target), 0, 0, "auto", target_choices,
+     "where logs go: auto (the journal under systemd, else stderr), stderr or journal"},
+    {"max-sessions-per-uid", T_INT, F(max_sessions_per_uid), 1, 65536, "256", NULL,
+     "client connections one user may hold at once"},
+    {"max-registered-bytes-per-uid", T_SIZE, F(max_registered_bytes_per_uid), 0, INT64_MAX, "64G", NULL,
+     "bytes of memory one user may register with the daemon (suffixes K, M, G, T)"},
+    {"max-comms-per-uid", T_INT, F(max_comms_per_uid), 1, 1 << 20, "4096", NULL,
+     "communicator memberships one user may hold at once"},
+    {"comm-init-timeout-ms", T_INT, F(comm_init_timeout_ms), 10, 3600000, "30000", NULL,
+     "how long dfcclCommInitRank waits for every rank before failing"},
+    {"sq-entries", T_POW2, F(sq_entries), 16, 65536, "1024", NULL,
+     "default submission-queue entries per queue pair (a power of two)"},
+    {"worker-restart-delay-ms", T_INT, F(worker_restart_delay_ms), 0, 60000, "100", NULL,
+     "delay before restarting a worker that died; doubles on each quick repeat, up to 5 s"},
+    {"worker-start-timeout-ms", T_INT, F(worker_start_timeout_ms), 100, 600000, "30000", NULL,
+     "how long a worker may take to report ready before it is killed and restarted"},
+    {"shutdown-grace-ms", T_INT, F(shutdown_grace_ms), 0, 60000, "2000", NULL,
+     "on SIGTERM, how long workers get to exit before they are killed"},
+};
+#define NSETTINGS (sizeof(settings) / sizeof(settings[0]))
+
+static void seterr(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void seterr(char *err, size_t errlen, const char *fmt, ...)
+{
+	if (!err || !errlen)
+		return;
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(err, errlen, fmt, ap);
+	va_end(ap);
+}
+
+static const struct setting *setting_find(const char *name, size_t len)
+{
+	for (size_t i = 0; i < NSETTINGS; i++)
+		if (strlen(settings[i].name) == len && strncmp(settings[i].name, name, len) == 0)
+			return &settings[i];
+	return NULL;
+}
+
+static int parse_int(const char *v, int64_t *out, int allow_suffix)
+{
+	char *end;
+	errno = 0;
+	long long x = strtoll(v, &end, 10);
+	if (errno || end == v)
+		return -EINVAL;
+	if (allow_suffix && *end) {
+		int64_t mult;
+		switch (toupper((unsigned char)*end)) {
+		case 'K': mult = 1ll << 10; break;
+		case 'M': mult = 1ll << 20; break;
+		case 'G': mult = 1ll << 30; break;
+		case 'T': mult = 1ll << 40; break;
+		default: return -EINVAL;
+		}
+		end++;
+		if (*end == 'B' || *end == 'b')
+			end++;
+		if (x < 0 || x > INT64_MAX / mult)
+			return -ERANGE;
+		x *= mult;
+	}
+	if (*end)
+		return -EINVAL;
+	*out = x;
+	return 0;
+}
+
+static int setting_apply(struct dfccld_config *cfg, const struct setting *s, const char *value, char *err,
+                         size_t errlen)
+{
+	char *field = (char *)cfg + s->offset;
+	int64_t x;
+	int rc;
+	switch (s->type) {
+	case T_STRING:
+		if (strlen(value) >= s->size) {
+			seterr(err, errlen, "setting '%s': value is longer than %zu characters", s->name, s->size - 1);
+			return -ERANGE;
+		}
+		memcpy(field, value, strlen(value) + 1);
+		return 0;
+	case T_ENUM:
+		for (int i = 0; s->choices[i]; i++) {
+			if (s->choices[i][0] && strcmp(s->choices[i], value) == 0) {
+				*(int *)field = i;
+				return 0;
+			}
+		}
+		{
+			char list[256] = "";
+			for (int i = 0; s->choices[i]; i++) {
+				if (!s->choices[i][0])
+					continue;
+				if (list[0])
+					strncat(list, ", ", sizeof(list) - strlen(list) - 1);
+				strncat(list, s->choices[i], sizeof(list) - strlen(list) - 1);
+			}
+			seterr(err, errlen, "setting '%s': '%s' is not one of %s", s->name, value, list);
+		}
+		return -EINVAL;
+	case T_INT:
+	case T_SIZE:
+	case T_POW2:
+		rc = parse_int(value, &x, s->type == T_SIZE);
+		if (rc < 0) {
+			seterr(err, errlen, "setting '%s': '%s' is not %s", s->name, value,
+			       s->type == T_SIZE ? "a size (a number with an optional K, M, G or T)" : "an integer");
+			return rc;
+		}
+		if (x < s->min || x > s->max) {
+			seterr(err, errlen, "setting '%s': %lld is outside [%lld, %lld]", s->name, (long long)x,
+			       (long long)s->min, (long long)s->max);
+			return -ERANGE;
+		}
+		if (s->type == T_POW2 && (x & (x - 1))) {
+			seterr(err, errlen, "setting '%s': %lld is not a power of two", s->name, (long long)x);
+			return -EINVAL;
+		}
+		*(int64_t *)field = x;
+		return 0;
+	}
+	return -EINVAL;
+}
+
+void config_defaults(struct dfccld_config *cfg)
+{
+	memset(cfg, 0, sizeof(*cfg));
+	for (size_t i = 0; i < NSETTINGS; i++) {
+		int rc = setting_apply(cfg, &settings[i], settings[i].def, NULL, 0);
+		(void)rc; /* defaults are checked by the unit tests */
+	}
+}
+
+int config_set(struct dfccld_config *cfg, const char *name, const char *value, char *err, size_t errlen)
+{
+	const struct setting *s = setting_find(name, strlen(name));
+	if (!s) {
+		seterr(err, errlen, "unknown setting '%s' (see --help)", name);
+		return -ENOENT;
+	}
+	return setting_apply(cfg, s, value, err, errlen);
+}
+
+static char *trim(char *s)
+{
+	while (isspace((unsigned char)*s))
+		s++;
+	char *e = s + strlen(s);
+	while (e > s && isspace((unsigned char)e[-1]))
+		*--e = '\0';
+	return s;
+}
+
+int config_load_file(struct dfccld_config *cfg, const char *path, int required, char *err, size_t errlen)
+{
+	FILE *f = fopen(path, "re");
+	if (!f) {
+		if (errno == ENOENT && !required)
+			return 0;
+		int e = errno;
+		seterr(err, errlen, "cannot open configuration file %s: %s", path, strerror(e));
+		return -e;
+	}
+	char line[1024];
+	int lineno = 0, rc = 0;
+	while (fgets(line, sizeof(line), f)) {
+		lineno++;
+		char *hash = strchr(line, '#');
+		if (hash)
+			*hash = '\0';
+		char *l = trim(line);
+		if (!*l)
+			continue;
+		char *eq = strchr(l, '=');
+		if (!eq) {
+			seterr(err, errlen, "%s:%d: expected 'name = value'", path, lineno);
+			rc = -EINVAL;
+			break;
+		}
+		*eq = '\0';
+		char *name = trim(l), *value = trim(eq + 1);
+		if (strcmp(name, "config") == 0) {
+			seterr(err, errlen, "%s:%d: 'config' cannot be set from a configuration file", path, lineno);
+			rc = -EINVAL;
+			break;
+		}
+		char sub[512];
+		rc = config_set(cfg, name, value, sub, sizeof(sub));
+		if (rc < 0) {
+			seterr(err, errlen, "%s:%d: %s", path, lineno, sub);
+			break;
+		}
+	}
+	fclose(f);
+	return rc;
+}
+
+static void env_name(const struct setting *s, char *out, size_t len)
+{
+	size_t j = snprintf(out, len, "DFCCLD_");
+	for (const char *p = s->name; *p && j + 1 < len; p++)
+		out[j++] = *p == '-' ? '_' : (char)toupper((unsigned char)*p);
+	out[j] = '\0';
+}
+
+int config_load_env(struct dfccld_config *cfg, char *err, size_t errlen)
+{
+	for (size_t i = 0; i < NSETTINGS; i++) {
+		char name[64];
+		env_name(&settings[i], name, sizeof(name));
+		const char *v = getenv(name);
+		if (!v)
+			continue;
+		char sub[512];
+		int rc = setting_apply(cfg, &settings[i], v, sub, sizeof(sub));
+		if (rc < 0) {
+			seterr(err, errlen, "environment %s: %s", name, sub);
+			return rc;
+		}
+	}
+	return 0;
+}
+
+void config_print_help(FILE *f, const char *argv0)
+{
+	fprintf(f,
+	        "Usage: %s [--name VALUE | --name=VALUE]...\n"
+	        "\n"
+	        "dfccld is the node's collective-communication daemon: it owns the GPUs (or the\n"
+	        "host engine's emulated devices), runs one worker process per device, and serves\n"
+	        "libdfccl clients on a Unix socket.\n"
+	        "\n"
+	        "Settings (also DFCCLD_<NAME> in the environment, or 'name = value' in the\n"
+	        "configuration file; the command line wins, then the environment, then the file):\n",
+	        argv0);
+	for (size_t i = 0; i < NSETTINGS; i++) {
+		const struct setting *s = &settings[i];
+		char envn[64], bounds[96] = "";
+		env_name(s, envn, sizeof(envn));
+		if (s->type == T_INT || s->type == T_POW2 || s->type == T_SIZE)
+			snprintf(bounds, sizeof(bounds), ", range %lld..%lld", (long long)s->min, (long long)s->max);
+		fprintf(f, "  --%-30s %s\n  %-32s default '%s'%s; env %s\n", s->name, s->help, "", s->def, bounds,
+		        envn);
+	}
+	fprintf(f, "  --%-30s %s\n  --%-30s %s\n", "help", "print this help and exit", "version",
+	        "print the version and exit");
+}
+
+void config_dump(const struct dfccld_config *cfg, FILE *f)
+{
+	for (size_t i = 0; i < NSETTINGS; i++) {
+		const struct setting *s = &settings[i];
+		const char *field = (const char *)cfg + s->offset;
+		switch (s->type) {
+		case T_STRING: fprintf(f, "%s %s\n", s->name, field); break;
+		case T_ENUM: fprintf(f, "%s %s\n", s->name, s->choices[*(const int *)field]); break;
+		default: fprintf(f, "%s %lld\n", s->name, (long long)*(const int64_t *)field); break;
+		}
+	}
+}
+
+const char *config_engine_name(int engine)
+{
+	if (engine < 0 || engine > DFCCLD_ENGINE_CUDA)
+		return "?";
+	return engine_choices[engine];
+}
+
+/* Splits "--name=value" / "--name value"; returns the setting or NULL. */
+static int cli_next(int argc, char **argv, int *i, const struct setting **s, const char **value, char *err,
+                    size_t errlen)
+{
+	const char *a = argv[*i];
+	if (strncmp(a, "--", 2) != 0) {
+		seterr(err, errlen, "unexpected argument '%s' (settings are given as --name VALUE; see --help)", a);
+		return -EINVAL;
+	}
+	a += 2;
+	const char *eq = strchr(a, '=');
+	size_t nlen = eq ? (size_t)(eq - a) : strlen(a);
+	*s = setting_find(a, nlen);
+	if (!*s) {
+		seterr(err, errlen, "unknown option '%s' (see --help)", argv[*i]);
+		return -ENOENT;
+	}
+	if (eq) {
+		*value = eq + 1;
+	} else {
+		if (*i + 1 >= argc) {
+			seterr(err, errlen, "option '--%s' needs a value", (*s)->name);
+			return -EINVAL;
+		}
+		*value = argv[++*i];
+	}
+	return 0;
+}
+
+int config_parse(struct dfccld_config *cfg, int argc, char **argv, char *err, size_t errlen)
+{
+	config_defaults(cfg);
+
+	/* First pass: --help, --version, and where the file is. */
+	const char *file = getenv("DFCCLD_CONFIG");
+	int explicit_file = file != NULL;
+	for (int i = 1; i < argc; i++) {
+		if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+			config_print_help(stdout, argv[0]);
+			return 1;
+		}
+		if (strcmp(argv[i], "--version") == 0) {
+			printf("dfccld %s (protocol %u)\n", DFCCL_VERSION_STRING, 1u);
+			return 1;
+		}
+	}
+	for (int i = 1; i < argc; i++) {
+		const struct setting *s;
+		const char *v;
+		int rc = cli_next(argc, argv, &i, &s, &v, err, errlen);
+		if (rc < 0)
+			return rc;
+		if (strcmp(s->name, "config") == 0) {
+			file = v;
+			explicit_file = 1;
+		}
+	}
+	if (!file)
+		file = DFCCLD_DEFAULT_CONFIG;
+	int rc = config_set(cfg, "config", file, err, errlen);
+	if (rc < 0)
+		return rc;
+	rc = config_load_file(cfg, cfg->config_file, explicit_file, err, errlen);
+	if (rc < 0)
+		return rc;
+	rc = config_load_env(cfg, err, errlen);
+	if (rc < 0)
+		return rc;
+	for (int i = 1; i < argc; i++) {
+		const struct setting *s;
+		const char *v;
+		char sub[512];
+		rc = cli_next(argc, argv, &i, &s, &v, err, errlen);
+		if (rc < 0)
+			return rc;
+		rc = setting_apply(cfg, s, v, sub, sizeof(sub));
+		if (rc < 0) {
+			seterr(err, errlen, "%s", sub);
+			return rc;
+		}
+	}
+	return 0;
+}

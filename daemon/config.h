@@ -1,0 +1,70 @@
+/*
+ * dfccld settings: one declarative table (config.c) of every setting with
+ * its type, bounds, default and help. The table drives the config file
+ * parser, the environment (DFCCLD_<NAME>, dashes as underscores), the command
+ * line (--name VALUE or --name=VALUE) and --help. Later sources override
+ * earlier ones: defaults, then the file, then the environment, then the
+ * command line.
+ */
+#ifndef DFCCLD_CONFIG_H
+#define DFCCLD_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+enum dfccld_engine { DFCCLD_ENGINE_AUTO = 0, DFCCLD_ENGINE_HOST = 1, DFCCLD_ENGINE_CUDA = 2 };
+
+#define DFCCLD_DEFAULT_CONFIG "/etc/dfccl/dfccld.conf"
+
+struct dfccld_config {
+	char socket_path[108]; /* sizeof(sun_path) */
+	char config_file[256];
+	char topology_file[256];
+	int engine;            /* enum dfccld_engine */
+	int64_t host_devices;
+	int log_level;         /* enum log_level */
+	int log_target;        /* enum log_target */
+	int64_t max_sessions_per_uid;
+	int64_t max_registered_bytes_per_uid;
+	int64_t max_comms_per_uid;
+	int64_t comm_init_timeout_ms;
+	int64_t sq_entries;
+	int64_t worker_restart_delay_ms;
+	int64_t worker_start_timeout_ms;
+	int64_t shutdown_grace_ms;
+};
+
+/* Fills cfg with every default. */
+void config_defaults(struct dfccld_config *cfg);
+
+/*
+ * Sets one setting by name from text, checking type and bounds. Returns 0, or
+ * -EINVAL / -ERANGE / -ENOENT (unknown name) with a sentence in err.
+ */
+int config_set(struct dfccld_config *cfg, const char *name, const char *value, char *err, size_t errlen);
+
+/* Reads "name = value" lines ('#' comments). A missing file is not an error
+ * unless `required`. Returns 0 or a negative errno with a sentence in err. */
+int config_load_file(struct dfccld_config *cfg, const char *path, int required, char *err, size_t errlen);
+
+/* Applies DFCCLD_<NAME> variables from the environment. */
+int config_load_env(struct dfccld_config *cfg, char *err, size_t errlen);
+
+/*
+ * The whole sequence for dfccld's main: defaults, file (--config or
+ * DFCCLD_CONFIG, else DFCCLD_DEFAULT_CONFIG if present), environment, command
+ * line. Returns 0 to run, 1 when --help or --version was printed (exit 0), or
+ * a negative errno with a sentence in err (exit 2).
+ */
+int config_parse(struct dfccld_config *cfg, int argc, char **argv, char *err, size_t errlen);
+
+/* Prints the usage line and one entry per setting (name, default, bounds, help). */
+void config_print_help(FILE *f, const char *argv0);
+
+/* Writes "name value" for every setting, for diagnostics. */
+void config_dump(const struct dfccld_config *cfg, FILE *f);
+
+const char *config_engine_name(int engine);
+
+#endif /* DFCCLD_CONFIG_H */

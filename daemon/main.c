@@ -1,0 +1,70 @@
+/*
+ * dfccld's entry point. The same binary runs three ways: the supervisor (the
+ * daemon proper, settings from config.c), an engine worker for one device
+ * (`--worker-device N`, started only by the supervisor), and the GPU probe
+ * (`--probe-devices`, started only by the supervisor).
+ */
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "devices.h"
+#include "log.h"
+#include "server.h"
+#include "worker.h"
+
+static int worker_entry(int argc, char **argv)
+{
+	unsigned device = 0;
+	int engine = DFCCLD_ENGINE_HOST, level = LOG_LEVEL_INFO, target = LOG_TARGET_AUTO;
+	for (int i = 1; i + 1 < argc; i += 2) {
+		const char *k = argv[i], *v = argv[i + 1];
+		if (strcmp(k, "--worker-device") == 0)
+			device = (unsigned)strtoul(v, NULL, 10);
+		else if (strcmp(k, "--engine") == 0)
+			engine = strcmp(v, "cuda") == 0 ? DFCCLD_ENGINE_CUDA : DFCCLD_ENGINE_HOST;
+		else if (strcmp(k, "--log-level") == 0)
+			for (int l = LOG_LEVEL_ERR; l <= LOG_LEVEL_DEBUG; l++)
+				if (strcmp(v, log_level_name(l)) == 0)
+					level = l;
+		if (strcmp(k, "--log-target") == 0)
+			target = strcmp(v, "journal") == 0 ? LOG_TARGET_JOURNAL
+			         : strcmp(v, "stderr") == 0 ? LOG_TARGET_STDERR
+			                                    : LOG_TARGET_AUTO;
+	}
+	char ident[32];
+	snprintf(ident, sizeof(ident), "dfccld-worker[%u]", device);
+	log_setup(level, target, ident);
+	return worker_main(device, engine);
+}
+
+int main(int argc, char **argv)
+{
+	if (argc >= 2 && strcmp(argv[1], "--probe-devices") == 0)
+		return devices_probe_print(stdout);
+	if (argc >= 3 && strcmp(argv[1], "--worker-device") == 0)
+		return worker_entry(argc, argv);
+
+	struct dfccld_config cfg;
+	char err[512];
+	int rc = config_parse(&cfg, argc, argv, err, sizeof(err));
+	if (rc == 1)
+		return 0;
+	if (rc < 0) {
+		fprintf(stderr, "dfccld: %s\n", err);
+		return 2;
+	}
+	log_setup(cfg.log_level, cfg.log_target, "dfccld");
+
+	char exe[PATH_MAX];
+	ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+	if (n <= 0) {
+		fprintf(stderr, "dfccld: cannot find its own executable (/proc/self/exe)\n");
+		return 1;
+	}
+	exe[n] = '\0';
+	return server_run(&cfg, exe);
+}

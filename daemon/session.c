@@ -1,0 +1,620 @@
+/*
+ * See session.h. Every request gets exactly one reply carrying its
+ * request_id: the specific reply, Ok, or an ErrorReply with a code and a
+ * sentence (what is wrong and what to do). CommInit is the one request whose
+ * reply comes later, when the communicator completes or times out.
+ *
+ * Bad input never takes the daemon down: a frame that does not decode gets
+ * an ErrorReply with request_id 0 (after SESSION_MAX_BAD_FRAMES of them the
+ * session is closed), an oversized length prefix closes the session, and
+ * descriptors that a message did not ask for are closed and refused.
+ */
+#include "session.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "comm.h"
+#include "dfccl_queue.h"
+#include "log.h"
+#include "server.h"
+#include "user.h"
+#include "workers.h"
+
+#ifndef DFCCL_VERSION_STRING
+#define DFCCL_VERSION_STRING "0.1.0"
+#endif
+
+#define EC(x) DFCCL__V1__ERROR_CODE__ERROR_##x
+#define SESSION_MAX_BAD_FRAMES 16u
+#define IPC_HANDLE_BYTES 64u
+
+static void session_free_cb(struct conn *c)
+{
+	struct session *s = c->owner;
+	free(s);
+}
+
+/* ------------------------------------------------------------ replies */
+
+int session_reply(struct session *s, uint64_t request_id, Dfccl__V1__Envelope *env, const int *fds, unsigned nfds)
+{
+	if (s->state == SESSION_CLOSING)
+		return -EPIPE;
+	env->request_id = request_id;
+	int rc = conn_send(&s->conn, env, fds, nfds);
+	if (rc < 0)
+		log_warn("session", "session %llu (pid %d): cannot send a reply: %s", (unsigned long long)s->id,
+		         (int)s->pid, strerror(-rc));
+	return rc;
+}
+
+static int reply_error_msg(struct session *s, uint64_t request_id, int code, const char *msg)
+{
+	Dfccl__V1__ErrorReply er = DFCCL__V1__ERROR_REPLY__INIT;
+	er.code = code;
+	er.message = (char *)msg;
+	Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
+	env.body_case = DFCCL__V1__ENVELOPE__BODY_ERROR;
+	env.error = &er;
+	log_debug("session", "session %llu: request %llu failed: %s", (unsigned long long)s->id,
+	          (unsigned long long)request_id, msg);
+	return session_reply(s, request_id, &env, NULL, 0);
+}
+
+int session_reply_error(struct session *s, uint64_t request_id, int code, const char *fmt, ...)
+{
+	char msg[512];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	return reply_error_msg(s, request_id, code, msg);
+}
+
+static int reply_ok(struct session *s, uint64_t request_id)
+{
+	Dfccl__V1__Ok ok = DFCCL__V1__OK__INIT;
+	Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
+	env.body_case = DFCCL__V1__ENVELOPE__BODY_OK;
+	env.ok = &ok;
+	return session_reply(s, request_id, &env, NULL, 0);
+}
+
+int session_send_notice(struct session *s, int code, uint64_t comm_id, uint32_t device, const char *message)
+{
+	Dfccl__V1__Notice n = DFCCL__V1__NOTICE__INIT;
+	n.code = code;
+	n.comm_id = comm_id;
+	n.device = device;
+	n.message = (char *)message;
+	Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
+	env.body_case = DFCCL__V1__ENVELOPE__BODY_NOTICE;
+	env.notice = &n;
+	return session_reply(s, 0, &env, NULL, 0);
+}
+
+/* ------------------------------------------------------------ handlers */
+
+static void handle_hello(struct session *s, uint64_t req, const Dfccl__V1__Hello *h)
+{
+	uint32_t lo = h->min_version > DFCCL_PROTO_MIN_VERSION ? h->min_version : DFCCL_PROTO_MIN_VERSION;
+	uint32_t hi = h->max_version < DFCCL_PROTO_VERSION ? h->max_version : DFCCL_PROTO_VERSION;
+	if (h->min_version > h->max_version || lo > hi) {
+		log_notice("session", "session %llu (pid %d): no common protocol version (client %u..%u, daemon %u..%u)",
+		           (unsigned long long)s->id, (int)s->pid, h->min_version, h->max_version,
+		           DFCCL_PROTO_MIN_VERSION, DFCCL_PROTO_VERSION);
+		session_reply_error(s, req, EC(VERSION_MISMATCH),
+		                    "protocol version mismatch: the client speaks versions %u..%u, dfccld %s speaks "
+		                    "%u..%u; install a libdfccl that matches the daemon",
+		                    h->min_version, h->max_version, DFCCL_VERSION_STRING, DFCCL_PROTO_MIN_VERSION,
+		                    DFCCL_PROTO_VERSION);
+		s->state = SESSION_CLOSING;
+		conn_end_after_flush(&s->conn);
+		return;
+	}
+	s->version = hi;
+	snprintf(s->client_name, sizeof(s->client_name), "%s", h->client_name ? h->client_name : "");
+	s->state = SESSION_READY;
+	Dfccl__V1__HelloReply r = DFCCL__V1__HELLO_REPLY__INIT;
+	r.version = hi;
+	r.daemon_version = DFCCL_VERSION_STRING;
+	r.session_id = s->id;
+	r.engine = s->srv->engine == DFCCLD_ENGINE_CUDA ? DFCCL__V1__ENGINE_KIND__ENGINE_CUDA
+	                                                  : DFCCL__V1__ENGINE_KIND__ENGINE_HOST;
+	r.ndevices = workers_ndevices(s->srv->workers);
+	Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
+	env.body_case = DFCCL__V1__ENVELOPE__BODY_HELLO_REPLY;
+	env.hello_reply = &r;
+	session_reply(s, req, &env, NULL, 0);
+	log_info("session", "session %llu: %s (pid %d, uid %u) connected, protocol %u", (unsigned long long)s->id,
+	         s->client_name[0] ? s->client_name : "client", (int)s->pid, (unsigned)s->uid, hi);
+}
+
+static int check_device(struct session *s, uint64_t req, uint32_t device)
+{
+	unsigned n = workers_ndevices(s->srv->workers);
+	if (device >= n || device >= SESSION_MAX_DEVICES) {
+		session_reply_error(s, req, EC(NOT_FOUND), "device %u does not exist: dfccld serves %u device%s (0..%u)",
+		                    device, n, n == 1 ? "" : "s", n ? n - 1 : 0);
+		return -1;
+	}
+	return 0;
+}
+
+static void handle_attach(struct session *s, uint64_t req, const Dfccl__V1__AttachDevice *a)
+{
+	if (check_device(s, req, a->device) < 0)
+		return;
+	uint32_t n = a->sq_entries ? a->sq_entries : (uint32_t)s->srv->cfg.sq_entries;
+	if (n < DFCCL_SQ_MIN_ENTRIES || n > DFCCL_SQ_MAX_ENTRIES || (n & (n - 1))) {
+		session_reply_error(s, req, EC(INVALID_ARGUMENT),
+		                    "sq_entries %u must be a power of two between %u and %u", n, DFCCL_SQ_MIN_ENTRIES,
+		                    DFCCL_SQ_MAX_ENTRIES);
+		return;
+	}
+	int memfd, efd, rc;
+	size_t size;
+	uint32_t qp_id = s->qp_ids[a->device];
+	if (qp_id)
+		rc = workers_qp_fds(s->srv->workers, a->device, qp_id, &memfd, &efd, &size);
+	else
+		rc = workers_attach_qp(s->srv->workers, a->device, s->id, n, &qp_id, &memfd, &efd, &size);
+	if (rc < 0) {
+		log_err("session", "session %llu: cannot create a queue pair on device %u: %s",
+		        (unsigned long long)s->id, a->device, strerror(-rc));
+		session_reply_error(s, req, EC(RESOURCE), "cannot create a queue pair on device %u: %s", a->device,
+		                    strerror(-rc));
+		return;
+	}
+	s->qp_ids[a->device] = qp_id;
+	Dfccl__V1__AttachReply r = DFCCL__V1__ATTACH_REPLY__INIT;
+	r.device = a->device;
+	r.qp_id = qp_id;
+	r.region_size = size;
+	r.nfds = 2;
+	Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
+	env.body_case = DFCCL__V1__ENVELOPE__BODY_ATTACH_REPLY;
+	env.attach_reply = &r;
+	int fds[2] = {memfd, efd};
+	session_reply(s, req, &env, fds, 2);
+}
+
+static void handle_comm_init(struct session *s, uint64_t req, const Dfccl__V1__CommInit *ci)
+{
+	if (check_device(s, req, ci->device) < 0)
+		return;
+	if (!s->qp_ids[ci->device]) {
+		session_reply_error(s, req, EC(INVALID_USAGE),
+		                    "attach to device %u before joining a communicator on it", ci->device);
+		return;
+	}
+	char err[512];
+	int code = comm_join(s->srv, s, req, ci->unique_id.data, ci->unique_id.len, ci->nranks, ci->rank, ci->device,
+	                     ci->timeout_ms, err, sizeof(err));
+	if (code)
+		reply_error_msg(s, req, code, err);
+}
+
+static void handle_comm_leave(struct session *s, uint64_t req, uint64_t comm_id, int abort)
+{
+	char err[512];
+	int code = comm_leave(s->srv, s, comm_id, abort, err, sizeof(err));
+	if (code)
+		reply_error_msg(s, req, code, err);
+	else
+		reply_ok(s, req);
+}
+
+static struct session_reg *reg_find(struct session *s, uint32_t reg_id, struct session_reg ***pprev)
+{
+	for (struct session_reg **pp = &s->regs; *pp; pp = &(*pp)->next) {
+		if ((*pp)->reg_id == reg_id) {
+			if (pprev)
+				*pprev = pp;
+			return *pp;
+		}
+	}
+	return NULL;
+}
+
+static void handle_register(struct session *s, uint64_t req, const Dfccl__V1__RegisterMem *m, int *fds,
+                            unsigned nfds)
+{
+	struct server *srv = s->srv;
+	int fd = -1;
+	if (check_device(s, req, m->device) < 0)
+		return;
+	if (m->size == 0) {
+		session_reply_error(s, req, EC(INVALID_ARGUMENT), "cannot register an empty buffer (size 0)");
+		return;
+	}
+	switch (m->kind) {
+	case DFCCL__V1__MEM_KIND__MEM_HOST_MEMFD: {
+		if (nfds != 1) {
+			session_reply_error(s, req, EC(INVALID_ARGUMENT),
+			                    "host memory registration needs exactly one memfd descriptor, got %u", nfds);
+			return;
+		}
+		fd = fds[0];
+		struct stat st;
+		if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+			session_reply_error(s, req, EC(INVALID_ARGUMENT),
+			                    "the descriptor for host memory registration is not a memfd");
+			return;
+		}
+		int seals = fcntl(fd, F_GET_SEALS);
+		if (seals < 0 || !(seals & F_SEAL_SHRINK)) {
+			session_reply_error(s, req, EC(INVALID_ARGUMENT),
+			                    "host memory must be a memfd sealed against shrinking (F_SEAL_SHRINK), so "
+			                    "the daemon never maps memory that can vanish");
+			return;
+		}
+		if (m->offset > (uint64_t)st.st_size || m->size > (uint64_t)st.st_size - m->offset) {
+			session_reply_error(s, req, EC(INVALID_ARGUMENT),
+			                    "range [%llu, +%llu) lies outside the %lld-byte memfd",
+			                    (unsigned long long)m->offset, (unsigned long long)m->size,
+			                    (long long)st.st_size);
+			return;
+		}
+		break;
+	}
+	case DFCCL__V1__MEM_KIND__MEM_CUDA_IPC:
+	case DFCCL__V1__MEM_KIND__MEM_CUDA_VMM_FD:
+		if (m->kind == DFCCL__V1__MEM_KIND__MEM_CUDA_IPC && m->ipc_handle.len != IPC_HANDLE_BYTES) {
+			session_reply_error(s, req, EC(INVALID_ARGUMENT), "a CUDA IPC handle has %u bytes, got %zu",
+			                    IPC_HANDLE_BYTES, m->ipc_handle.len);
+			return;
+		}
+		session_reply_error(s, req, EC(NOT_SUPPORTED),
+		                    "registration of GPU memory needs the CUDA engine's data path, which this dfccld "
+		                    "does not have yet; use dfcclMemAlloc host memory");
+		return;
+	default:
+		session_reply_error(s, req, EC(INVALID_ARGUMENT), "unknown memory kind %d", (int)m->kind);
+		return;
+	}
+	if (user_charge_bytes(&srv->users, s->user, (int64_t)m->size) < 0) {
+		session_reply_error(s, req, EC(RESOURCE),
+		                    "uid %u would exceed its registered-memory quota of %lld bytes (holds %lld; setting "
+		                    "max-registered-bytes-per-uid)",
+		                    (unsigned)s->uid, (long long)srv->users.limits.max_registered_bytes,
+		                    (long long)s->user->registered_bytes);
+		return;
+	}
+	struct session_reg *r = calloc(1, sizeof(*r));
+	if (!r) {
+		user_uncharge_bytes(s->user, (int64_t)m->size);
+		session_reply_error(s, req, EC(RESOURCE), "out of memory");
+		return;
+	}
+	r->reg_id = ++srv->next_reg_id;
+	r->device = m->device;
+	r->size = m->size;
+	int rc = workers_add_reg(srv->workers, m->device, r->reg_id, s->id, m->kind, m->size, m->offset,
+	                         m->ipc_handle.data, m->ipc_handle.len, fd);
+	if (rc < 0) {
+		user_uncharge_bytes(s->user, (int64_t)m->size);
+		free(r);
+		session_reply_error(s, req, EC(RESOURCE), "cannot record the registration: %s", strerror(-rc));
+		return;
+	}
+	r->next = s->regs;
+	s->regs = r;
+	s->nregs++;
+	s->registered_bytes += m->size;
+	Dfccl__V1__RegisterReply rep = DFCCL__V1__REGISTER_REPLY__INIT;
+	rep.reg_id = r->reg_id;
+	Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
+	env.body_case = DFCCL__V1__ENVELOPE__BODY_REGISTER_REPLY;
+	env.register_reply = &rep;
+	session_reply(s, req, &env, NULL, 0);
+}
+
+static void reg_release(struct session *s, struct session_reg *r)
+{
+	workers_del_reg(s->srv->workers, r->device, r->reg_id);
+	user_uncharge_bytes(s->user, (int64_t)r->size);
+	s->nregs--;
+	s->registered_bytes -= r->size;
+	free(r);
+}
+
+static void handle_deregister(struct session *s, uint64_t req, uint32_t reg_id)
+{
+	struct session_reg **pp;
+	struct session_reg *r = reg_find(s, reg_id, &pp);
+	if (!r) {
+		session_reply_error(s, req, EC(NOT_FOUND), "registration %u does not exist in this session", reg_id);
+		return;
+	}
+	*pp = r->next;
+	reg_release(s, r);
+	reply_ok(s, req);
+}
+
+static int fill_sessions(struct server *srv, Dfccl__V1__QueryReply *r)
+{
+	r->sessions = calloc(srv->nsessions ? srv->nsessions : 1, sizeof(*r->sessions));
+	if (!r->sessions)
+		return -ENOMEM;
+	uint64_t now = server_now_ms();
+	for (struct session *s = srv->sessions; s; s = s->next) {
+		Dfccl__V1__SessionInfo *si = calloc(1, sizeof(*si));
+		if (!si)
+			return -ENOMEM;
+		dfccl__v1__session_info__init(si);
+		r->sessions[r->n_sessions++] = si;
+		si->session_id = s->id;
+		si->uid = (uint32_t)s->uid;
+		si->pid = s->pid;
+		si->client_name = s->client_name;
+		si->ncomms = comm_session_count(srv, s);
+		si->nregs = s->nregs;
+		si->registered_bytes = s->registered_bytes;
+		si->age_ms = now - s->created_ms;
+		si->devices = calloc(SESSION_MAX_DEVICES, sizeof(uint32_t));
+		if (!si->devices)
+			return -ENOMEM;
+		for (uint32_t d = 0; d < SESSION_MAX_DEVICES; d++)
+			if (s->qp_ids[d])
+				si->devices[si->n_devices++] = d;
+	}
+	return 0;
+}
+
+static void free_sessions(Dfccl__V1__QueryReply *r)
+{
+	for (size_t i = 0; i < r->n_sessions; i++) {
+		free(r->sessions[i]->devices);
+		free(r->sessions[i]);
+	}
+	free(r->sessions);
+}
+
+static void handle_query(struct session *s, uint64_t req, const Dfccl__V1__Query *q)
+{
+	struct server *srv = s->srv;
+	Dfccl__V1__QueryReply r = DFCCL__V1__QUERY_REPLY__INIT;
+	Dfccl__V1__StatusInfo st = DFCCL__V1__STATUS_INFO__INIT;
+	r.kind = q->kind;
+	int rc = 0;
+	switch (q->kind) {
+	case DFCCL__V1__QUERY_KIND__QUERY_STATUS: {
+		unsigned ready, pending;
+		comm_count(srv, &ready, &pending);
+		st.daemon_version = DFCCL_VERSION_STRING;
+		st.protocol_version = DFCCL_PROTO_VERSION;
+		st.uptime_ms = server_now_ms() - srv->start_ms;
+		st.engine = srv->engine == DFCCLD_ENGINE_CUDA ? DFCCL__V1__ENGINE_KIND__ENGINE_CUDA
+		                                              : DFCCL__V1__ENGINE_KIND__ENGINE_HOST;
+		st.mps_active = srv->mps_active;
+		st.nsessions = srv->nsessions;
+		st.ncomms = ready;
+		st.npending_comms = pending;
+		st.socket_path = srv->cfg.socket_path;
+		rc = workers_fill_status(srv->workers, &st);
+		r.status = &st;
+		break;
+	}
+	case DFCCL__V1__QUERY_KIND__QUERY_SESSIONS: rc = fill_sessions(srv, &r); break;
+	case DFCCL__V1__QUERY_KIND__QUERY_COMMS: rc = comm_query(srv, &r); break;
+	case DFCCL__V1__QUERY_KIND__QUERY_QUEUES: rc = workers_fill_queues(srv->workers, &r); break;
+	case DFCCL__V1__QUERY_KIND__QUERY_STATS: rc = workers_fill_stats(srv->workers, &r); break;
+	default:
+		session_reply_error(s, req, EC(INVALID_ARGUMENT), "unknown query kind %d", (int)q->kind);
+		return;
+	}
+	if (rc < 0) {
+		session_reply_error(s, req, EC(RESOURCE), "out of memory answering the query");
+	} else {
+		Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
+		env.body_case = DFCCL__V1__ENVELOPE__BODY_QUERY_REPLY;
+		env.query_reply = &r;
+		session_reply(s, req, &env, NULL, 0);
+	}
+	free_sessions(&r);
+	comm_query_free(&r);
+	workers_query_free(&r, &st);
+}
+
+/* Descriptors each request may carry. */
+static unsigned expected_fds(const dfccl_envelope *env)
+{
+	if (env->body_case == DFCCL__V1__ENVELOPE__BODY_REGISTER_MEM &&
+	    (env->register_mem->kind == DFCCL__V1__MEM_KIND__MEM_HOST_MEMFD ||
+	     env->register_mem->kind == DFCCL__V1__MEM_KIND__MEM_CUDA_VMM_FD))
+		return 1;
+	return 0;
+}
+
+static void session_on_frame(struct conn *c, dfccl_envelope *env, int *fds, unsigned nfds)
+{
+	struct session *s = c->owner;
+	if (s->state == SESSION_CLOSING)
+		goto out;
+	if (!env) {
+		s->bad_frames++;
+		log_notice("session", "session %llu (pid %d): malformed frame (%u so far)", (unsigned long long)s->id,
+		           (int)s->pid, s->bad_frames);
+		reply_error_msg(s, 0, EC(INVALID_ARGUMENT), "malformed frame: not a dfccl.v1.Envelope");
+		if (s->bad_frames >= SESSION_MAX_BAD_FRAMES) {
+			s->state = SESSION_CLOSING;
+			conn_end_after_flush(&s->conn);
+		}
+		goto out;
+	}
+	uint64_t req = env->request_id;
+	if (nfds != expected_fds(env)) {
+		session_reply_error(s, req, EC(INVALID_ARGUMENT), "this request carries %u descriptors, expected %u", nfds,
+		                    expected_fds(env));
+		goto out;
+	}
+	if (s->state == SESSION_HELLO && env->body_case != DFCCL__V1__ENVELOPE__BODY_HELLO) {
+		session_reply_error(s, req, EC(INVALID_USAGE), "the first message must be Hello");
+		goto out;
+	}
+	switch (env->body_case) {
+	case DFCCL__V1__ENVELOPE__BODY_HELLO:
+		if (s->state != SESSION_HELLO)
+			session_reply_error(s, req, EC(INVALID_USAGE), "Hello was already exchanged on this connection");
+		else
+			handle_hello(s, req, env->hello);
+		break;
+	case DFCCL__V1__ENVELOPE__BODY_ATTACH: handle_attach(s, req, env->attach); break;
+	case DFCCL__V1__ENVELOPE__BODY_COMM_INIT: handle_comm_init(s, req, env->comm_init); break;
+	case DFCCL__V1__ENVELOPE__BODY_COMM_DESTROY: handle_comm_leave(s, req, env->comm_destroy->comm_id, 0); break;
+	case DFCCL__V1__ENVELOPE__BODY_COMM_ABORT: handle_comm_leave(s, req, env->comm_abort->comm_id, 1); break;
+	case DFCCL__V1__ENVELOPE__BODY_REGISTER_MEM: handle_register(s, req, env->register_mem, fds, nfds); break;
+	case DFCCL__V1__ENVELOPE__BODY_DEREGISTER_MEM: handle_deregister(s, req, env->deregister_mem->reg_id); break;
+	case DFCCL__V1__ENVELOPE__BODY_QUERY: handle_query(s, req, env->query); break;
+	case DFCCL__V1__ENVELOPE__BODY__NOT_SET:
+		session_reply_error(s, req, EC(INVALID_ARGUMENT), "empty request, or a request this daemon does not know");
+		break;
+	default:
+		session_reply_error(s, req, EC(INVALID_ARGUMENT), "message %d is not a request a client may send",
+		                    (int)env->body_case);
+		break;
+	}
+out:
+	frame_close_fds(fds, nfds);
+	frame_envelope_free(env);
+}
+
+static void session_on_end(struct conn *c, int err)
+{
+	struct session *s = c->owner;
+	if (err && err != -ECONNRESET)
+		log_notice("session", "session %llu (pid %d): connection ended: %s", (unsigned long long)s->id, (int)s->pid,
+		           strerror(-err));
+	session_end(s);
+}
+
+/* ------------------------------------------------------------ lifecycle */
+
+int session_new(struct server *srv, int fd, struct session **out)
+{
+	struct ucred cred;
+	socklen_t len = sizeof(cred);
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0) {
+		int e = errno;
+		close(fd);
+		return -e;
+	}
+	struct user *u = user_ref(&srv->users, cred.uid);
+	if (!u) {
+		close(fd);
+		return -ENOMEM;
+	}
+	if (user_charge_session(&srv->users, u) < 0) {
+		/* Say why before hanging up: a blocking write of one small
+		 * frame to a fresh socket cannot stall. */
+		Dfccl__V1__ErrorReply er = DFCCL__V1__ERROR_REPLY__INIT;
+		char msg[256];
+		snprintf(msg, sizeof(msg), "uid %u already holds %lld sessions (setting max-sessions-per-uid)",
+		         (unsigned)cred.uid, (long long)srv->users.limits.max_sessions);
+		er.code = EC(RESOURCE);
+		er.message = msg;
+		Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
+		env.body_case = DFCCL__V1__ENVELOPE__BODY_ERROR;
+		env.error = &er;
+		frame_send(fd, &env, NULL, 0);
+		log_notice("session", "refused a connection from pid %d: %s", (int)cred.pid, msg);
+		close(fd);
+		user_unref(&srv->users, u);
+		return -EDQUOT;
+	}
+	struct session *s = calloc(1, sizeof(*s));
+	if (!s) {
+		user_uncharge_session(u);
+		user_unref(&srv->users, u);
+		close(fd);
+		return -ENOMEM;
+	}
+	s->srv = srv;
+	s->id = ++srv->next_session_id;
+	s->uid = cred.uid;
+	s->gid = cred.gid;
+	s->pid = cred.pid;
+	s->user = u;
+	s->state = SESSION_HELLO;
+	s->created_ms = server_now_ms();
+	int rc = conn_init(&s->conn, srv->loop, fd, s, session_on_frame, session_on_end);
+	if (rc < 0) {
+		user_uncharge_session(u);
+		user_unref(&srv->users, u);
+		close(fd);
+		free(s);
+		return rc;
+	}
+	s->next = srv->sessions;
+	if (srv->sessions)
+		srv->sessions->prev = s;
+	srv->sessions = s;
+	srv->nsessions++;
+	log_debug("session", "session %llu: accepted pid %d uid %u", (unsigned long long)s->id, (int)s->pid,
+	          (unsigned)s->uid);
+	*out = s;
+	return 0;
+}
+
+/* Releases what the session holds; the session stays in the list (and
+ * replies are refused) until session_end unlinks it. */
+static void session_release(struct session *s)
+{
+	struct server *srv = s->srv;
+	comm_session_gone(srv, s);
+	while (s->regs) {
+		struct session_reg *r = s->regs;
+		s->regs = r->next;
+		reg_release(s, r);
+	}
+	for (uint32_t d = 0; d < SESSION_MAX_DEVICES; d++) {
+		if (s->qp_ids[d]) {
+			workers_detach_qp(srv->workers, d, s->qp_ids[d]);
+			s->qp_ids[d] = 0;
+		}
+	}
+}
+
+void session_end(struct session *s)
+{
+	struct server *srv = s->srv;
+	if (s->conn.closing)
+		return;
+	s->state = SESSION_CLOSING;
+	session_release(s);
+	if (s->prev)
+		s->prev->next = s->next;
+	else
+		srv->sessions = s->next;
+	if (s->next)
+		s->next->prev = s->prev;
+	srv->nsessions--;
+	user_uncharge_session(s->user);
+	user_unref(&srv->users, s->user);
+	s->user = NULL;
+	log_info("session", "session %llu (pid %d) closed", (unsigned long long)s->id, (int)s->pid);
+	conn_close(&s->conn, session_free_cb);
+}
+
+void session_end_with_notice(struct session *s, int code, const char *message)
+{
+	if (s->state == SESSION_CLOSING)
+		return;
+	session_send_notice(s, code, 0, 0, message);
+	s->state = SESSION_CLOSING;
+	conn_end_after_flush(&s->conn);
+}
+
+int session_feed(struct session *s, const uint8_t *data, size_t len)
+{
+	return conn_feed(&s->conn, data, len);
+}

@@ -1,0 +1,386 @@
+/*
+ * See worker.h. The worker is single-threaded in this release: one loop
+ * serves the control socket and every queue pair of the device.
+ *
+ * Idling: after the queues run dry the loop keeps polling for a short spin
+ * window (new work often follows at once), then announces SLEEPING in every
+ * queue header, re-checks the queues (a client that armed an entry just
+ * before seeing SLEEPING would otherwise not ring), and blocks in epoll on
+ * the doorbell eventfds and the control socket. Clients ring only when they
+ * see SLEEPING, so the busy path has no system call on either side.
+ */
+#include "worker.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "devices.h"
+#include "dfccl_stats.h"
+#include "frame.h"
+#include "log.h"
+#include "sq.h"
+
+#define WORKER_SPIN_NS 200000ull /* keep polling this long after the last entry */
+#define TAKE_BATCH 32u
+
+struct wqp {
+	struct wqp *next;
+	struct sq_queue q;
+	int efd;
+	void *map;
+};
+
+struct wreg {
+	struct wreg *next;
+	struct sq_reg r;
+	int kind;
+	void *map;
+	size_t map_len;
+};
+
+struct worker_state {
+	unsigned device;
+	int engine;
+	int ctl;
+	int ep;
+	struct frame_reader rd;
+	struct dfccl_worker_stats *stats;
+	struct wqp *qps;
+	struct wreg *regs;
+};
+
+static volatile sig_atomic_t worker_stop;
+
+static void on_sigterm(int sig)
+{
+	(void)sig;
+	worker_stop = 1;
+}
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void stat_add(uint64_t *p, uint64_t v)
+{
+	atomic_fetch_add_explicit((_Atomic uint64_t *)p, v, memory_order_relaxed);
+}
+
+static const struct sq_reg *reg_lookup(void *ctx, uint32_t reg_id)
+{
+	struct worker_state *w = ctx;
+	for (struct wreg *r = w->regs; r; r = r->next)
+		if (r->r.reg_id == reg_id)
+			return &r->r;
+	return NULL;
+}
+
+/* ------------------------------------------------------------ control messages */
+
+static void wqp_free(struct worker_state *w, struct wqp *p)
+{
+	epoll_ctl(w->ep, EPOLL_CTL_DEL, p->efd, NULL);
+	close(p->efd);
+	sq_queue_close(&p->q);
+	munmap(p->map, p->q.size);
+	free(p);
+}
+
+static void attach_qp(struct worker_state *w, const Dfccl__V1__WorkerAttachQp *a, int *fds, unsigned nfds)
+{
+	char err[256];
+	if (nfds != 2) {
+		log_err("worker", "queue pair %u arrived with %u descriptors, expected 2", a->qp_id, nfds);
+		return;
+	}
+	struct wqp *p = calloc(1, sizeof(*p));
+	if (!p)
+		return;
+	p->efd = fds[1];
+	fds[1] = -1;
+	p->map = mmap(NULL, a->region_size, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
+	if (p->map == MAP_FAILED) {
+		log_err("worker", "cannot map queue pair %u: %s", a->qp_id, strerror(errno));
+		close(p->efd);
+		free(p);
+		return;
+	}
+	int rc = sq_queue_open(&p->q, p->map, a->region_size, a->qp_id, a->session_id, err, sizeof(err));
+	if (rc < 0) {
+		log_err("worker", "queue pair %u of session %llu rejected: %s", a->qp_id,
+		        (unsigned long long)a->session_id, err);
+		munmap(p->map, a->region_size);
+		close(p->efd);
+		free(p);
+		return;
+	}
+	struct epoll_event ev = {.events = EPOLLIN, .data.ptr = p};
+	epoll_ctl(w->ep, EPOLL_CTL_ADD, p->efd, &ev);
+	sq_set_engine_state(&p->q, DFCCL_ENGINE_POLLING);
+	p->next = w->qps;
+	w->qps = p;
+	log_debug("worker", "device %u: attached queue pair %u (session %llu, %u entries)", w->device, a->qp_id,
+	          (unsigned long long)a->session_id, p->q.n);
+}
+
+static void detach_qp(struct worker_state *w, uint32_t qp_id)
+{
+	for (struct wqp **pp = &w->qps; *pp; pp = &(*pp)->next) {
+		if ((*pp)->q.qp_id == qp_id) {
+			struct wqp *p = *pp;
+			*pp = p->next;
+			wqp_free(w, p);
+			return;
+		}
+	}
+}
+
+static void add_reg(struct worker_state *w, const Dfccl__V1__WorkerAddReg *a, int *fds, unsigned nfds)
+{
+	struct wreg *r = calloc(1, sizeof(*r));
+	if (!r)
+		return;
+	r->r.reg_id = a->reg_id;
+	r->r.session_id = a->session_id;
+	r->r.size = a->size;
+	r->kind = a->kind;
+	if (a->kind == DFCCL__V1__MEM_KIND__MEM_HOST_MEMFD && nfds == 1) {
+		/* Map from the start of the file: mmap offsets must be page
+		 * aligned, registration offsets need not be. */
+		r->map_len = a->offset + a->size;
+		r->map = mmap(NULL, r->map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
+		if (r->map == MAP_FAILED) {
+			log_err("worker", "cannot map registration %u: %s; its collectives will fail", a->reg_id,
+			        strerror(errno));
+			free(r);
+			return;
+		}
+		r->r.base = (char *)r->map + a->offset;
+	}
+	r->next = w->regs;
+	w->regs = r;
+}
+
+static void del_reg(struct worker_state *w, uint32_t reg_id)
+{
+	for (struct wreg **pp = &w->regs; *pp; pp = &(*pp)->next) {
+		if ((*pp)->r.reg_id == reg_id) {
+			struct wreg *r = *pp;
+			*pp = r->next;
+			if (r->map)
+				munmap(r->map, r->map_len);
+			free(r);
+			return;
+		}
+	}
+}
+
+/* Returns 0, or -1 when the supervisor is gone. */
+static int handle_ctl(struct worker_state *w)
+{
+	int rc = frame_reader_fill(&w->rd, w->ctl);
+	if (rc == -EAGAIN || rc == -EINTR)
+		return 0;
+	if (rc <= 0)
+		return -1;
+	for (;;) {
+		dfccl_envelope *env;
+		int fds[DFCCL_FRAME_MAX_FDS];
+		unsigned nfds = 0;
+		rc = frame_reader_next(&w->rd, &env, fds, &nfds);
+		if (rc == 0)
+			return 0;
+		if (rc < 0) {
+			log_err("worker", "malformed frame from the supervisor: %s", strerror(-rc));
+			return -1;
+		}
+		switch (env->body_case) {
+		case DFCCL__V1__ENVELOPE__BODY_WORKER_ATTACH_QP: attach_qp(w, env->worker_attach_qp, fds, nfds); break;
+		case DFCCL__V1__ENVELOPE__BODY_WORKER_DETACH_QP: detach_qp(w, env->worker_detach_qp->qp_id); break;
+		case DFCCL__V1__ENVELOPE__BODY_WORKER_ADD_REG: add_reg(w, env->worker_add_reg, fds, nfds); break;
+		case DFCCL__V1__ENVELOPE__BODY_WORKER_DEL_REG: del_reg(w, env->worker_del_reg->reg_id); break;
+		default: log_warn("worker", "unexpected message %d from the supervisor", (int)env->body_case); break;
+		}
+		frame_close_fds(fds, nfds);
+		frame_envelope_free(env);
+	}
+}
+
+/* ------------------------------------------------------------ the queues */
+
+/* Takes and completes whatever is armed; returns how many entries. */
+static unsigned serve_queues(struct worker_state *w)
+{
+	unsigned total = 0;
+	struct dfccl_sqe batch[TAKE_BATCH];
+	for (struct wqp *p = w->qps; p; p = p->next) {
+		if (sq_qp_state(&p->q) != DFCCL_QP_ACTIVE)
+			continue;
+		unsigned got;
+		while ((got = sq_take(&p->q, batch, TAKE_BATCH)) > 0) {
+			for (unsigned i = 0; i < got; i++) {
+				uint32_t st = sq_check(&p->q, &batch[i], reg_lookup, w);
+				/* The collectives themselves run once the engines exist;
+				 * until then a valid collective is reported as such. */
+				if (st == DFCCL_CQ_OK && batch[i].opcode != DFCCL_OP_NOP)
+					st = DFCCL_CQ_NOT_SUPPORTED;
+				sq_complete(&p->q, batch[i].arm, st);
+				stat_add(st == DFCCL_CQ_OK ? &w->stats->completed : &w->stats->errors, 1);
+			}
+			total += got;
+		}
+	}
+	return total;
+}
+
+static void set_all_states(struct worker_state *w, uint32_t st)
+{
+	for (struct wqp *p = w->qps; p; p = p->next)
+		sq_set_engine_state(&p->q, st);
+}
+
+static int run_loop(struct worker_state *w)
+{
+	uint64_t last_work = now_ns();
+	while (!worker_stop) {
+		if (serve_queues(w) > 0) {
+			last_work = now_ns();
+			continue;
+		}
+		uint64_t now = now_ns();
+		atomic_store_explicit((_Atomic uint64_t *)&w->stats->heartbeat_ns, now, memory_order_relaxed);
+		int timeout_ms = 0;
+		if (now - last_work > WORKER_SPIN_NS) {
+			/* Going to sleep: announce it, then look once more so an
+			 * entry armed before the announcement is not missed. */
+			set_all_states(w, DFCCL_ENGINE_SLEEPING);
+			atomic_thread_fence(memory_order_seq_cst);
+			if (serve_queues(w) > 0) {
+				set_all_states(w, DFCCL_ENGINE_POLLING);
+				last_work = now_ns();
+				continue;
+			}
+			timeout_ms = -1;
+		} else {
+			stat_add(&w->stats->spins, 1);
+		}
+		struct epoll_event evs[16];
+		int n = epoll_wait(w->ep, evs, 16, timeout_ms);
+		if (n < 0 && errno != EINTR) {
+			log_err("worker", "epoll_wait: %s", strerror(errno));
+			return 1;
+		}
+		if (timeout_ms < 0)
+			set_all_states(w, DFCCL_ENGINE_POLLING);
+		for (int i = 0; i < n; i++) {
+			if (evs[i].data.ptr == NULL) {
+				if (handle_ctl(w) < 0)
+					return worker_stop ? 0 : 1;
+				continue;
+			}
+			struct wqp *p = evs[i].data.ptr;
+			uint64_t v;
+			if (read(p->efd, &v, sizeof(v)) == sizeof(v))
+				stat_add(&w->stats->doorbells, 1);
+		}
+		if (n > 0)
+			last_work = now_ns();
+	}
+	return 0;
+}
+
+int worker_main(unsigned device, int engine)
+{
+	struct worker_state w;
+	memset(&w, 0, sizeof(w));
+	w.device = device;
+	w.engine = engine;
+	w.ctl = WORKER_CTL_FD;
+	w.ep = -1;
+
+	/* Die with the supervisor, whatever kills it. */
+	prctl(PR_SET_PDEATHSIG, SIGKILL);
+	if (getppid() == 1)
+		return 1;
+	struct sigaction sa;
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = on_sigterm;
+	sigaction(SIGTERM, &sa, NULL);
+	sigaction(SIGINT, &sa, NULL);
+	signal(SIGPIPE, SIG_IGN);
+
+	void *sp = mmap(NULL, DFCCL_STATS_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, WORKER_STATS_FD, 0);
+	if (sp == MAP_FAILED || ((struct dfccl_worker_stats *)sp)->magic != DFCCL_STATS_MAGIC) {
+		log_err("worker", "device %u: no statistics page on fd %d; a worker is started by dfccld only", device,
+		        WORKER_STATS_FD);
+		return 2;
+	}
+	w.stats = sp;
+
+	struct device_desc desc;
+	memset(&desc, 0, sizeof(desc));
+	if (engine == DFCCLD_ENGINE_CUDA) {
+		char err[256];
+		int rc = devices_open_cuda((int)device, &desc, err, sizeof(err));
+		if (rc < 0) {
+			log_err("worker", "device %u: %s", device, err);
+			return 1;
+		}
+	} else {
+		devices_host(&desc, 1);
+		snprintf(desc.name, sizeof(desc.name), "host-emulated device %u", device);
+	}
+
+	w.ep = epoll_create1(EPOLL_CLOEXEC);
+	struct epoll_event ev = {.events = EPOLLIN, .data.ptr = NULL};
+	if (w.ep < 0 || epoll_ctl(w.ep, EPOLL_CTL_ADD, w.ctl, &ev) < 0) {
+		log_err("worker", "device %u: epoll: %s", device, strerror(errno));
+		return 1;
+	}
+
+	Dfccl__V1__WorkerHello h = DFCCL__V1__WORKER_HELLO__INIT;
+	h.device = device;
+	h.pid = getpid();
+	h.name = desc.name;
+	h.pci_bus_id = desc.pci_bus_id;
+	Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
+	env.body_case = DFCCL__V1__ENVELOPE__BODY_WORKER_HELLO;
+	env.worker_hello = &h;
+	int rc = frame_send(w.ctl, &env, NULL, 0);
+	if (rc < 0) {
+		log_err("worker", "device %u: cannot reach the supervisor: %s", device, strerror(-rc));
+		return 1;
+	}
+	/* Reads are driven by epoll; a non-blocking socket keeps a spurious
+	 * wake-up from blocking the engine. */
+	int fl = fcntl(w.ctl, F_GETFL);
+	fcntl(w.ctl, F_SETFL, fl | O_NONBLOCK);
+
+	rc = run_loop(&w);
+
+	while (w.qps) {
+		struct wqp *p = w.qps;
+		w.qps = p->next;
+		sq_set_engine_state(&p->q, DFCCL_ENGINE_STOPPED);
+		wqp_free(&w, p);
+	}
+	while (w.regs)
+		del_reg(&w, w.regs->r.reg_id);
+	frame_reader_free(&w.rd);
+	close(w.ep);
+	return rc;
+}

@@ -1,0 +1,803 @@
+/*
+ * See workers.h. Each worker is this binary re-executed with
+ * --worker-device N; it inherits its control socket as fd 3 and the
+ * device's statistics page as fd 4 (worker.h).
+ *
+ * What happens when a worker dies: libuv reports the exit; the supervisor
+ * (which maps every queue-pair region it created) completes each entry the
+ * dead worker had not completed with DEVICE_LOST, so no client waits
+ * forever; it tells the communicators with a rank on the device; and it
+ * starts a replacement after a back-off that doubles while deaths come
+ * quickly. The replacement receives every queue pair and registration again.
+ */
+#include "workers.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "comm.h"
+#include "conn.h"
+#include "dfccl_stats.h"
+#include "log.h"
+#include "queue.h"
+#include "server.h"
+#include "worker.h"
+
+#define BACKOFF_MAX_MS 5000u
+#define QUICK_DEATH_MS 10000u
+
+struct qp_rec {
+	struct qp_rec *next;
+	uint32_t qp_id;
+	uint32_t sq_entries; /* our own copy: the client can scribble on the header */
+	uint64_t session_id;
+	int memfd, efd;
+	size_t size;
+	struct dfccl_qp_header *hdr; /* the whole region, mapped */
+};
+
+struct reg_rec {
+	struct reg_rec *next;
+	uint32_t reg_id;
+	uint64_t session_id;
+	int kind;
+	uint64_t size, offset;
+	uint8_t ipc[64];
+	size_t ipc_len;
+	int fd;
+};
+
+enum worker_state { W_STARTING, W_READY, W_DEAD, W_STOPPING, W_STOPPED };
+
+struct worker {
+	struct workers *ws;
+	uint32_t device;
+	struct device_desc desc;
+	enum worker_state state;
+	uv_process_t proc;
+	int proc_alive;   /* the process has not been reaped */
+	int proc_handle;  /* proc is an initialised handle not yet closed */
+	struct conn ctl;
+	int ctl_open;
+	uv_timer_t timer; /* start timeout, restart back-off, stop grace */
+	int pid;
+	unsigned restarts;
+	uint64_t started_ms;
+	uint64_t backoff_ms;
+	int stats_fd;
+	struct dfccl_worker_stats *stats;
+	struct qp_rec *qps;
+	unsigned nqps;
+	struct reg_rec *regs;
+};
+
+struct workers {
+	struct server *srv;
+	unsigned n;
+	struct worker *w;
+	void (*stop_done)(struct server *srv);
+	unsigned handles_open; /* timers, process handles and ctl polls still open */
+};
+
+static int worker_spawn(struct worker *wk);
+
+static const char *engine_arg(int engine)
+{
+	return engine == DFCCLD_ENGINE_CUDA ? "cuda" : "host";
+}
+
+static void qp_rec_free(struct qp_rec *q)
+{
+	if (!q)
+		return;
+	if (q->hdr)
+		munmap(q->hdr, q->size);
+	if (q->memfd >= 0)
+		close(q->memfd);
+	if (q->efd >= 0)
+		close(q->efd);
+	free(q);
+}
+
+static void reg_rec_free(struct reg_rec *r)
+{
+	if (!r)
+		return;
+	if (r->fd >= 0)
+		close(r->fd);
+	free(r);
+}
+
+/* ------------------------------------------------------------ messages to a worker */
+
+static void worker_send_qp(struct worker *wk, struct qp_rec *q)
+{
+	Dfccl__V1__WorkerAttachQp a = DFCCL__V1__WORKER_ATTACH_QP__INIT;
+	a.qp_id = q->qp_id;
+	a.session_id = q->session_id;
+	a.region_size = q->size;
+	Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
+	env.body_case = DFCCL__V1__ENVELOPE__BODY_WORKER_ATTACH_QP;
+	env.worker_attach_qp = &a;
+	int fds[2] = {q->memfd, q->efd};
+	int rc = conn_send(&wk->ctl, &env, fds, 2);
+	if (rc < 0)
+		log_warn("worker", "device %u: cannot send queue pair %u to the worker: %s", wk->device, q->qp_id,
+		         strerror(-rc));
+}
+
+static void worker_send_reg(struct worker *wk, struct reg_rec *r)
+{
+	Dfccl__V1__WorkerAddReg a = DFCCL__V1__WORKER_ADD_REG__INIT;
+	a.reg_id = r->reg_id;
+	a.session_id = r->session_id;
+	a.kind = r->kind;
+	a.size = r->size;
+	a.offset = r->offset;
+	a.ipc_handle.data = r->ipc;
+	a.ipc_handle.len = r->ipc_len;
+	Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
+	env.body_case = DFCCL__V1__ENVELOPE__BODY_WORKER_ADD_REG;
+	env.worker_add_reg = &a;
+	int rc = conn_send(&wk->ctl, &env, r->fd >= 0 ? &r->fd : NULL, r->fd >= 0 ? 1 : 0);
+	if (rc < 0)
+		log_warn("worker", "device %u: cannot send registration %u to the worker: %s", wk->device, r->reg_id,
+		         strerror(-rc));
+}
+
+/* ------------------------------------------------------------ death and restart */
+
+/* Completes every entry the dead worker left behind with DEVICE_LOST. Only
+ * called while no worker runs on the device, so nobody else writes the
+ * engine's side of the region. */
+static void qp_fail_pending(struct qp_rec *q)
+{
+	struct dfccl_qp_header *h = q->hdr;
+	uint64_t n = q->sq_entries;
+	_Atomic uint64_t *cw = (_Atomic uint64_t *)((char *)h + DFCCL_QP_CW_OFFSET(n));
+	uint64_t tail = atomic_load_explicit((_Atomic uint64_t *)&h->sq_tail, memory_order_acquire);
+	uint64_t head = atomic_load_explicit((_Atomic uint64_t *)&h->sq_head, memory_order_relaxed);
+	if (head == 0)
+		head = 1;
+	if (tail >= head + n) /* a client that lies about its tail gets a clamp */
+		tail = head + n - 1;
+	uint64_t failed = 0;
+	for (uint64_t s = tail >= n ? tail - n + 1 : 1; s <= tail; s++) {
+		uint32_t slot = DFCCL_QP_SLOT(s, n);
+		uint64_t w = atomic_load_explicit(&cw[slot], memory_order_relaxed);
+		if (DFCCL_CW_SEQ(w) < s) {
+			atomic_store_explicit(&cw[slot], DFCCL_CW_MAKE(s, DFCCL_CQ_DEVICE_LOST), memory_order_release);
+			failed++;
+		}
+	}
+	atomic_fetch_add_explicit((_Atomic uint64_t *)&h->completed, failed, memory_order_release);
+	atomic_store_explicit((_Atomic uint64_t *)&h->sq_head, tail + 1, memory_order_release);
+	atomic_store_explicit((_Atomic uint32_t *)&h->engine_state, DFCCL_ENGINE_DEAD, memory_order_release);
+	if (failed)
+		log_notice("worker", "queue pair %u: %llu pending entries failed with device-lost", q->qp_id,
+		           (unsigned long long)failed);
+}
+
+static void ws_handle_closed(struct workers *ws)
+{
+	ws->handles_open--;
+	if (ws->handles_open == 0 && ws->stop_done)
+		ws->stop_done(ws->srv);
+}
+
+static void worker_timer_closed(uv_handle_t *h)
+{
+	struct worker *wk = h->data;
+	ws_handle_closed(wk->ws);
+}
+
+static void worker_ctl_closed(struct conn *c)
+{
+	struct worker *wk = c->owner;
+	ws_handle_closed(wk->ws);
+}
+
+static void worker_close_ctl(struct worker *wk)
+{
+	if (!wk->ctl_open)
+		return;
+	wk->ctl_open = 0;
+	conn_close(&wk->ctl, worker_ctl_closed);
+}
+
+static void worker_restart_cb(uv_timer_t *t)
+{
+	struct worker *wk = t->data;
+	if (wk->state != W_DEAD)
+		return;
+	int rc = worker_spawn(wk);
+	if (rc < 0) {
+		log_err("worker", "device %u: cannot restart the worker: %s; retrying in %llu ms", wk->device,
+		        uv_strerror(rc), (unsigned long long)wk->backoff_ms);
+		uv_timer_start(&wk->timer, worker_restart_cb, wk->backoff_ms, 0);
+	}
+}
+
+static void worker_proc_closed(uv_handle_t *h)
+{
+	struct worker *wk = h->data;
+	wk->proc_handle = 0;
+	ws_handle_closed(wk->ws);
+}
+
+static void worker_exit_cb(uv_process_t *p, int64_t status, int sig)
+{
+	struct worker *wk = p->data;
+	struct workers *ws = wk->ws;
+	struct server *srv = ws->srv;
+	wk->proc_alive = 0;
+	uv_close((uv_handle_t *)&wk->proc, worker_proc_closed);
+	worker_close_ctl(wk);
+	uv_timer_stop(&wk->timer);
+
+	for (struct qp_rec *q = wk->qps; q; q = q->next)
+		qp_fail_pending(q);
+
+	if (wk->state == W_STOPPING) {
+		log_info("worker", "device %u: worker %d exited", wk->device, wk->pid);
+		wk->state = W_STOPPED;
+		uv_close((uv_handle_t *)&wk->timer, worker_timer_closed);
+		return;
+	}
+	if (sig)
+		log_err("worker", "device %u: worker %d killed by signal %d; its collectives fail, restarting it",
+		        wk->device, wk->pid, sig);
+	else
+		log_err("worker", "device %u: worker %d exited with status %lld; its collectives fail, restarting it",
+		        wk->device, wk->pid, (long long)status);
+	wk->state = W_DEAD;
+	comm_device_lost(srv, wk->device);
+
+	uint64_t lived = server_now_ms() - wk->started_ms;
+	uint64_t base = (uint64_t)srv->cfg.worker_restart_delay_ms;
+	if (lived < QUICK_DEATH_MS && wk->restarts > 0)
+		wk->backoff_ms = wk->backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : wk->backoff_ms * 2;
+	else
+		wk->backoff_ms = base;
+	if (wk->backoff_ms < base)
+		wk->backoff_ms = base;
+	wk->restarts++;
+	uv_timer_start(&wk->timer, worker_restart_cb, wk->backoff_ms, 0);
+}
+
+static void worker_start_timeout_cb(uv_timer_t *t)
+{
+	struct worker *wk = t->data;
+	if (wk->state != W_STARTING || !wk->proc_alive)
+		return;
+	log_err("worker", "device %u: worker %d did not report ready in %lld ms; killing it", wk->device, wk->pid,
+	        (long long)wk->ws->srv->cfg.worker_start_timeout_ms);
+	uv_process_kill(&wk->proc, SIGKILL);
+}
+
+/* ------------------------------------------------------------ the control channel */
+
+static void worker_on_frame(struct conn *c, dfccl_envelope *env, int *fds, unsigned nfds)
+{
+	struct worker *wk = c->owner;
+	frame_close_fds(fds, nfds);
+	if (!env) {
+		log_warn("worker", "device %u: malformed frame from the worker", wk->device);
+		return;
+	}
+	if (env->body_case == DFCCL__V1__ENVELOPE__BODY_WORKER_HELLO && wk->state == W_STARTING) {
+		const Dfccl__V1__WorkerHello *h = env->worker_hello;
+		if (h->name && *h->name)
+			snprintf(wk->desc.name, sizeof(wk->desc.name), "%s", h->name);
+		if (h->pci_bus_id && *h->pci_bus_id)
+			snprintf(wk->desc.pci_bus_id, sizeof(wk->desc.pci_bus_id), "%s", h->pci_bus_id);
+		wk->state = W_READY;
+		uv_timer_stop(&wk->timer);
+		log_info("worker", "device %u: worker %d ready (%s%s%s)", wk->device, wk->pid, wk->desc.name,
+		         wk->desc.pci_bus_id[0] ? ", " : "", wk->desc.pci_bus_id);
+		for (struct qp_rec *q = wk->qps; q; q = q->next)
+			worker_send_qp(wk, q);
+		for (struct reg_rec *r = wk->regs; r; r = r->next)
+			worker_send_reg(wk, r);
+	} else {
+		log_warn("worker", "device %u: unexpected message %d from the worker", wk->device, (int)env->body_case);
+	}
+	frame_envelope_free(env);
+}
+
+static void worker_ctl_lost_cb(uv_timer_t *t)
+{
+	struct worker *wk = t->data;
+	if (wk->proc_alive && wk->state != W_STOPPING) {
+		log_warn("worker", "device %u: worker %d closed its control channel but did not exit; killing it",
+		         wk->device, wk->pid);
+		uv_process_kill(&wk->proc, SIGKILL);
+	}
+}
+
+static void worker_on_end(struct conn *c, int err)
+{
+	struct worker *wk = c->owner;
+	/* The worker closed its end: it is exiting (the exit callback follows
+	 * and does the rest) or broken, in which case it is killed if it has
+	 * not exited a moment later. */
+	if (err)
+		log_warn("worker", "device %u: control channel failed: %s", wk->device, strerror(-err));
+	if (wk->proc_alive && wk->state != W_STOPPING)
+		uv_timer_start(&wk->timer, worker_ctl_lost_cb, 1000, 0);
+	worker_close_ctl(wk);
+}
+
+static int worker_spawn(struct worker *wk)
+{
+	struct server *srv = wk->ws->srv;
+	int sv[2];
+	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
+		return -errno;
+
+	char devbuf[16];
+	snprintf(devbuf, sizeof(devbuf), "%u", wk->device);
+	const char *lvl = log_level_name(srv->cfg.log_level);
+	const char *tgt = srv->cfg.log_target == 2 ? "journal" : srv->cfg.log_target == 1 ? "stderr" : "auto";
+	char *args[] = {(char *)srv->exe_path, "--worker-device", devbuf, "--engine", (char *)engine_arg(srv->engine),
+	                "--log-level", (char *)(lvl ? lvl : "info"), "--log-target", (char *)tgt, NULL};
+	uv_stdio_container_t stdio[WORKER_STATS_FD + 1];
+	stdio[0].flags = UV_IGNORE;
+	stdio[1].flags = UV_INHERIT_FD;
+	stdio[1].data.fd = 1;
+	stdio[2].flags = UV_INHERIT_FD;
+	stdio[2].data.fd = 2;
+	stdio[WORKER_CTL_FD].flags = UV_INHERIT_FD;
+	stdio[WORKER_CTL_FD].data.fd = sv[1];
+	stdio[WORKER_STATS_FD].flags = UV_INHERIT_FD;
+	stdio[WORKER_STATS_FD].data.fd = wk->stats_fd;
+	uv_process_options_t opts;
+	memset(&opts, 0, sizeof(opts));
+	opts.exit_cb = worker_exit_cb;
+	opts.file = srv->exe_path;
+	opts.args = args;
+	opts.stdio_count = WORKER_STATS_FD + 1;
+	opts.stdio = stdio;
+	wk->proc.data = wk;
+	int rc = uv_spawn(srv->loop, &wk->proc, &opts);
+	close(sv[1]);
+	if (rc < 0) {
+		close(sv[0]);
+		/* uv_spawn initialises the handle even when it fails: close it. */
+		wk->proc_handle = 1;
+		wk->ws->handles_open++;
+		uv_close((uv_handle_t *)&wk->proc, worker_proc_closed);
+		return rc;
+	}
+	wk->proc_handle = 1;
+	wk->proc_alive = 1;
+	wk->ws->handles_open++;
+	wk->pid = wk->proc.pid;
+	wk->started_ms = server_now_ms();
+	rc = conn_init(&wk->ctl, srv->loop, sv[0], wk, worker_on_frame, worker_on_end);
+	if (rc < 0) {
+		close(sv[0]);
+		uv_process_kill(&wk->proc, SIGKILL);
+		return 0; /* the exit callback restarts it */
+	}
+	wk->ctl_open = 1;
+	wk->ws->handles_open++;
+	wk->state = W_STARTING;
+	uv_timer_start(&wk->timer, worker_start_timeout_cb, (uint64_t)srv->cfg.worker_start_timeout_ms, 0);
+	log_info("worker", "device %u: started worker %d (%s engine)", wk->device, wk->pid, engine_arg(srv->engine));
+	return 0;
+}
+
+/* ------------------------------------------------------------ public */
+
+static int stats_page_create(uint32_t device, struct dfccl_worker_stats **map)
+{
+	int fd = memfd_create("dfccl-stats", MFD_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	if (ftruncate(fd, DFCCL_STATS_SIZE) < 0) {
+		int e = errno;
+		close(fd);
+		return -e;
+	}
+	void *p = mmap(NULL, DFCCL_STATS_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (p == MAP_FAILED) {
+		int e = errno;
+		close(fd);
+		return -e;
+	}
+	struct dfccl_worker_stats *s = p;
+	s->magic = DFCCL_STATS_MAGIC;
+	s->device = device;
+	*map = s;
+	return fd;
+}
+
+int workers_new(struct server *srv, const struct device_desc *devs, unsigned ndevices, struct workers **out)
+{
+	struct workers *ws = calloc(1, sizeof(*ws));
+	if (!ws)
+		return -ENOMEM;
+	ws->srv = srv;
+	ws->n = ndevices;
+	ws->w = calloc(ndevices ? ndevices : 1, sizeof(*ws->w));
+	if (!ws->w) {
+		free(ws);
+		return -ENOMEM;
+	}
+	for (unsigned i = 0; i < ndevices; i++) {
+		struct worker *wk = &ws->w[i];
+		wk->ws = ws;
+		wk->device = i;
+		wk->desc = devs[i];
+		wk->state = W_DEAD;
+		wk->stats_fd = -1;
+		uv_timer_init(srv->loop, &wk->timer);
+		wk->timer.data = wk;
+		ws->handles_open++;
+		int fd = stats_page_create(i, &wk->stats);
+		if (fd < 0) {
+			log_err("worker", "device %u: cannot create the statistics page: %s", i, strerror(-fd));
+			*out = ws;
+			return fd;
+		}
+		wk->stats_fd = fd;
+	}
+	*out = ws;
+	for (unsigned i = 0; i < ndevices; i++) {
+		int rc = worker_spawn(&ws->w[i]);
+		if (rc < 0) {
+			log_err("worker", "device %u: cannot start a worker: %s", i, uv_strerror(rc));
+			return rc;
+		}
+	}
+	return 0;
+}
+
+unsigned workers_ndevices(const struct workers *w)
+{
+	return w ? w->n : 0;
+}
+
+unsigned workers_ready_count(const struct workers *w)
+{
+	unsigned n = 0;
+	for (unsigned i = 0; w && i < w->n; i++)
+		n += w->w[i].state == W_READY;
+	return n;
+}
+
+static struct qp_rec *qp_find(struct worker *wk, uint32_t qp_id)
+{
+	for (struct qp_rec *q = wk->qps; q; q = q->next)
+		if (q->qp_id == qp_id)
+			return q;
+	return NULL;
+}
+
+int workers_attach_qp(struct workers *w, uint32_t device, uint64_t session_id, uint32_t sq_entries,
+                      uint32_t *qp_id, int *memfd, int *efd, size_t *size)
+{
+	if (!w)
+		return -ENODEV;
+	if (device >= w->n)
+		return -ENODEV;
+	struct worker *wk = &w->w[device];
+	struct qp_rec *q = calloc(1, sizeof(*q));
+	if (!q)
+		return -ENOMEM;
+	q->memfd = q->efd = -1;
+	q->qp_id = ++w->srv->next_qp_id;
+	q->session_id = session_id;
+	q->sq_entries = sq_entries;
+	int rc = queue_region_create(q->qp_id, device, sq_entries, &q->size);
+	if (rc < 0)
+		goto fail;
+	q->memfd = rc;
+	q->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (q->efd < 0) {
+		rc = -errno;
+		goto fail;
+	}
+	void *p = mmap(NULL, q->size, PROT_READ | PROT_WRITE, MAP_SHARED, q->memfd, 0);
+	if (p == MAP_FAILED) {
+		rc = -errno;
+		goto fail;
+	}
+	q->hdr = p;
+	/* A queue pair created while the worker is down reads as dead until the
+	 * replacement takes it. */
+	if (wk->state != W_READY)
+		q->hdr->engine_state = DFCCL_ENGINE_DEAD;
+	q->next = wk->qps;
+	wk->qps = q;
+	wk->nqps++;
+	if (wk->state == W_READY)
+		worker_send_qp(wk, q);
+	*qp_id = q->qp_id;
+	*memfd = q->memfd;
+	*efd = q->efd;
+	*size = q->size;
+	return 0;
+fail:
+	qp_rec_free(q);
+	return rc;
+}
+
+int workers_qp_fds(struct workers *w, uint32_t device, uint32_t qp_id, int *memfd, int *efd, size_t *size)
+{
+	if (!w)
+		return -ENODEV;
+	if (device >= w->n)
+		return -ENODEV;
+	struct qp_rec *q = qp_find(&w->w[device], qp_id);
+	if (!q)
+		return -ENOENT;
+	*memfd = q->memfd;
+	*efd = q->efd;
+	*size = q->size;
+	return 0;
+}
+
+void workers_detach_qp(struct workers *w, uint32_t device, uint32_t qp_id)
+{
+	if (!w)
+		return;
+	if (device >= w->n)
+		return;
+	struct worker *wk = &w->w[device];
+	for (struct qp_rec **pp = &wk->qps; *pp; pp = &(*pp)->next) {
+		struct qp_rec *q = *pp;
+		if (q->qp_id != qp_id)
+			continue;
+		*pp = q->next;
+		wk->nqps--;
+		atomic_store_explicit((_Atomic uint32_t *)&q->hdr->qp_state, DFCCL_QP_CLOSED, memory_order_release);
+		if (wk->state == W_READY) {
+			Dfccl__V1__WorkerDetachQp d = DFCCL__V1__WORKER_DETACH_QP__INIT;
+			d.qp_id = qp_id;
+			Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
+			env.body_case = DFCCL__V1__ENVELOPE__BODY_WORKER_DETACH_QP;
+			env.worker_detach_qp = &d;
+			conn_send(&wk->ctl, &env, NULL, 0);
+		}
+		qp_rec_free(q);
+		return;
+	}
+}
+
+int workers_add_reg(struct workers *w, uint32_t device, uint32_t reg_id, uint64_t session_id, int kind,
+                    uint64_t size, uint64_t offset, const uint8_t *ipc_handle, size_t ipc_len, int fd)
+{
+	if (!w)
+		return -ENODEV;
+	if (device >= w->n)
+		return -ENODEV;
+	if (ipc_len > sizeof(((struct reg_rec *)0)->ipc))
+		return -EINVAL;
+	struct worker *wk = &w->w[device];
+	struct reg_rec *r = calloc(1, sizeof(*r));
+	if (!r)
+		return -ENOMEM;
+	r->fd = -1;
+	if (fd >= 0) {
+		r->fd = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+		if (r->fd < 0) {
+			int e = errno;
+			free(r);
+			return -e;
+		}
+	}
+	r->reg_id = reg_id;
+	r->session_id = session_id;
+	r->kind = kind;
+	r->size = size;
+	r->offset = offset;
+	if (ipc_len)
+		memcpy(r->ipc, ipc_handle, ipc_len);
+	r->ipc_len = ipc_len;
+	r->next = wk->regs;
+	wk->regs = r;
+	if (wk->state == W_READY)
+		worker_send_reg(wk, r);
+	return 0;
+}
+
+void workers_del_reg(struct workers *w, uint32_t device, uint32_t reg_id)
+{
+	if (!w)
+		return;
+	if (device >= w->n)
+		return;
+	struct worker *wk = &w->w[device];
+	for (struct reg_rec **pp = &wk->regs; *pp; pp = &(*pp)->next) {
+		struct reg_rec *r = *pp;
+		if (r->reg_id != reg_id)
+			continue;
+		*pp = r->next;
+		if (wk->state == W_READY) {
+			Dfccl__V1__WorkerDelReg d = DFCCL__V1__WORKER_DEL_REG__INIT;
+			d.reg_id = reg_id;
+			Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
+			env.body_case = DFCCL__V1__ENVELOPE__BODY_WORKER_DEL_REG;
+			env.worker_del_reg = &d;
+			conn_send(&wk->ctl, &env, NULL, 0);
+		}
+		reg_rec_free(r);
+		return;
+	}
+}
+
+static uint64_t load64(const uint64_t *p)
+{
+	return atomic_load_explicit((_Atomic uint64_t *)p, memory_order_relaxed);
+}
+
+int workers_fill_status(struct workers *w, Dfccl__V1__StatusInfo *st)
+{
+	if (!w)
+		return 0;
+	st->devices = calloc(w->n ? w->n : 1, sizeof(*st->devices));
+	if (!st->devices)
+		return -ENOMEM;
+	for (unsigned i = 0; i < w->n; i++) {
+		struct worker *wk = &w->w[i];
+		Dfccl__V1__DeviceInfo *d = calloc(1, sizeof(*d));
+		if (!d)
+			return -ENOMEM;
+		dfccl__v1__device_info__init(d);
+		st->devices[st->n_devices++] = d;
+		d->index = i;
+		d->name = wk->desc.name;
+		d->pci_bus_id = wk->desc.pci_bus_id;
+		d->worker_up = wk->state == W_READY;
+		d->worker_pid = wk->proc_alive ? wk->pid : 0;
+		d->worker_restarts = wk->restarts;
+		d->queue_pairs = wk->nqps;
+	}
+	return 0;
+}
+
+int workers_fill_stats(struct workers *w, Dfccl__V1__QueryReply *r)
+{
+	if (!w)
+		return 0;
+	r->stats = calloc(w->n ? w->n : 1, sizeof(*r->stats));
+	if (!r->stats)
+		return -ENOMEM;
+	for (unsigned i = 0; i < w->n; i++) {
+		struct worker *wk = &w->w[i];
+		Dfccl__V1__DeviceStats *d = calloc(1, sizeof(*d));
+		if (!d)
+			return -ENOMEM;
+		dfccl__v1__device_stats__init(d);
+		r->stats[r->n_stats++] = d;
+		d->device = i;
+		d->completed = load64(&wk->stats->completed);
+		d->errors = load64(&wk->stats->errors);
+		d->preemptions = load64(&wk->stats->preemptions);
+		d->context_switches = load64(&wk->stats->context_switches);
+		d->spins = load64(&wk->stats->spins);
+		d->queue_pairs = wk->nqps;
+		d->worker_up = wk->state == W_READY;
+	}
+	return 0;
+}
+
+int workers_fill_queues(struct workers *w, Dfccl__V1__QueryReply *r)
+{
+	if (!w)
+		return 0;
+	size_t n = 0;
+	for (unsigned i = 0; i < w->n; i++)
+		n += w->w[i].nqps;
+	r->queues = calloc(n ? n : 1, sizeof(*r->queues));
+	if (!r->queues)
+		return -ENOMEM;
+	for (unsigned i = 0; i < w->n; i++) {
+		for (struct qp_rec *q = w->w[i].qps; q; q = q->next) {
+			Dfccl__V1__QueueInfo *qi = calloc(1, sizeof(*qi));
+			if (!qi)
+				return -ENOMEM;
+			dfccl__v1__queue_info__init(qi);
+			r->queues[r->n_queues++] = qi;
+			qi->session_id = q->session_id;
+			qi->device = i;
+			qi->qp_id = q->qp_id;
+			qi->sq_entries = q->sq_entries;
+			qi->sq_tail = load64(&q->hdr->sq_tail);
+			qi->sq_head = load64(&q->hdr->sq_head);
+			qi->completed = load64(&q->hdr->completed);
+			qi->engine_state = (char *)queue_engine_state_name(
+			    atomic_load_explicit((_Atomic uint32_t *)&q->hdr->engine_state, memory_order_relaxed));
+		}
+	}
+	return 0;
+}
+
+void workers_query_free(Dfccl__V1__QueryReply *r, Dfccl__V1__StatusInfo *st)
+{
+	if (st) {
+		for (size_t i = 0; i < st->n_devices; i++)
+			free(st->devices[i]);
+		free(st->devices);
+		st->devices = NULL;
+		st->n_devices = 0;
+	}
+	if (r) {
+		for (size_t i = 0; i < r->n_stats; i++)
+			free(r->stats[i]);
+		free(r->stats);
+		r->stats = NULL;
+		r->n_stats = 0;
+		for (size_t i = 0; i < r->n_queues; i++)
+			free(r->queues[i]);
+		free(r->queues);
+		r->queues = NULL;
+		r->n_queues = 0;
+	}
+}
+
+static void worker_grace_cb(uv_timer_t *t)
+{
+	struct worker *wk = t->data;
+	if (wk->proc_alive) {
+		log_warn("worker", "device %u: worker %d did not exit in time; killing it", wk->device, wk->pid);
+		uv_process_kill(&wk->proc, SIGKILL);
+	}
+}
+
+void workers_stop(struct workers *w, void (*done)(struct server *srv))
+{
+	w->stop_done = done;
+	for (unsigned i = 0; i < w->n; i++) {
+		struct worker *wk = &w->w[i];
+		uv_timer_stop(&wk->timer);
+		if (wk->proc_alive) {
+			wk->state = W_STOPPING;
+			uv_process_kill(&wk->proc, SIGTERM);
+			uv_timer_start(&wk->timer, worker_grace_cb, (uint64_t)w->srv->cfg.shutdown_grace_ms, 0);
+		} else {
+			/* Nothing to wait for: the timer goes now. A live worker's
+			 * timer is the grace timer; its exit callback closes it. */
+			wk->state = W_STOPPED;
+			uv_close((uv_handle_t *)&wk->timer, worker_timer_closed);
+		}
+	}
+	if (w->handles_open == 0 && done)
+		done(w->srv);
+}
+
+void workers_free(struct workers *w)
+{
+	if (!w)
+		return;
+	for (unsigned i = 0; i < w->n; i++) {
+		struct worker *wk = &w->w[i];
+		while (wk->qps) {
+			struct qp_rec *q = wk->qps;
+			wk->qps = q->next;
+			qp_rec_free(q);
+		}
+		while (wk->regs) {
+			struct reg_rec *r = wk->regs;
+			wk->regs = r->next;
+			reg_rec_free(r);
+		}
+		if (wk->stats)
+			munmap(wk->stats, DFCCL_STATS_SIZE);
+		if (wk->stats_fd >= 0)
+			close(wk->stats_fd);
+	}
+	free(w->w);
+	free(w);
+}

@@ -1,0 +1,69 @@
+/*
+ * The supervisor's side of the engine workers: one process per device.
+ *
+ * For each device the supervisor keeps what a worker needs to do its job
+ * (the queue pairs and registrations of every session on that device, and a
+ * statistics page) and hands all of it to each worker it starts, so a worker
+ * that dies can be replaced without the clients doing anything: the
+ * collectives that were in flight on the device fail with DEVICE_LOST, its
+ * communicators are told, and the new worker serves the same queue pairs.
+ *
+ * Worker states: starting (spawned, no WorkerHello yet) -> ready ->
+ * dead (exited; restart scheduled with back-off) -> starting ... ; and
+ * stopping (shutdown: SIGTERM, then SIGKILL after shutdown-grace-ms).
+ */
+#ifndef DFCCLD_WORKERS_H
+#define DFCCLD_WORKERS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "devices.h"
+#include "dfccl.pb-c.h"
+
+struct server;
+struct workers;
+
+/* Spawns one worker per device. Returns 0 or a negative errno. */
+int workers_new(struct server *srv, const struct device_desc *devs, unsigned ndevices, struct workers **out);
+
+unsigned workers_ndevices(const struct workers *w);
+
+/*
+ * Creates the queue pair of a session on a device (memfd region and doorbell
+ * eventfd) and hands it to the device's worker (now, or when it is ready).
+ * The returned descriptors stay owned by the workers table. Returns 0 or a
+ * negative errno.
+ */
+int workers_attach_qp(struct workers *w, uint32_t device, uint64_t session_id, uint32_t sq_entries,
+                      uint32_t *qp_id, int *memfd, int *efd, size_t *size);
+
+/* The descriptors of an existing queue pair (borrowed). 0 or -ENOENT. */
+int workers_qp_fds(struct workers *w, uint32_t device, uint32_t qp_id, int *memfd, int *efd, size_t *size);
+
+/* Closes a queue pair: the engine stops reading it. */
+void workers_detach_qp(struct workers *w, uint32_t device, uint32_t qp_id);
+
+/* Adds a registration (fd borrowed and duplicated; -1 for none). */
+int workers_add_reg(struct workers *w, uint32_t device, uint32_t reg_id, uint64_t session_id, int kind,
+                    uint64_t size, uint64_t offset, const uint8_t *ipc_handle, size_t ipc_len, int fd);
+void workers_del_reg(struct workers *w, uint32_t device, uint32_t reg_id);
+
+/* Fills status->devices / reply->stats / reply->queues (allocating; freed by
+ * workers_query_free). */
+int workers_fill_status(struct workers *w, Dfccl__V1__StatusInfo *st);
+int workers_fill_stats(struct workers *w, Dfccl__V1__QueryReply *r);
+int workers_fill_queues(struct workers *w, Dfccl__V1__QueryReply *r);
+void workers_query_free(Dfccl__V1__QueryReply *r, Dfccl__V1__StatusInfo *st);
+
+/* Workers currently up (ready). */
+unsigned workers_ready_count(const struct workers *w);
+
+/* Stops every worker (SIGTERM, SIGKILL after the grace period); calls done
+ * once all have exited and every handle is closed. */
+void workers_stop(struct workers *w, void (*done)(struct server *srv));
+
+/* Frees the table (after workers_stop completed). */
+void workers_free(struct workers *w);
+
+#endif

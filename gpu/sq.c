@@ -1,0 +1,158 @@
+/*
+ * See sq.h. Memory ordering: the client stores `arm` with release after
+ * writing the entry, so an acquire load of `arm` that sees the expected
+ * sequence number makes the rest of the entry visible to the copy. The
+ * completion word is stored with release after any result data.
+ */
+#include "sq.h"
+
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "queue.h"
+
+#define A64(p) ((_Atomic uint64_t *)(p))
+#define A32(p) ((_Atomic uint32_t *)(p))
+
+/* Element sizes by dfcclDataType_t (client/include/dfccl.h). */
+static const unsigned dtype_sizes[] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2};
+#define NDTYPES (sizeof(dtype_sizes) / sizeof(dtype_sizes[0]))
+#define NREDOPS 5u
+#define KNOWN_FLAGS (DFCCL_SQE_F_INPLACE | DFCCL_SQE_F_REGISTERED | DFCCL_SQE_F_PRIORITY | DFCCL_SQE_F_STREAM_ARMED)
+
+unsigned sq_dtype_size(uint32_t dtype)
+{
+	return dtype < NDTYPES ? dtype_sizes[dtype] : 0;
+}
+
+int sq_queue_open(struct sq_queue *q, void *map, size_t size, uint32_t qp_id, uint64_t session_id, char *err,
+                  size_t errlen)
+{
+	memset(q, 0, sizeof(*q));
+	struct dfccl_qp_header *h = map;
+	int rc = queue_header_check(h, size, err, errlen);
+	if (rc < 0)
+		return rc;
+	q->hdr = h;
+	q->size = size;
+	q->n = h->sq_entries;
+	q->qp_id = qp_id;
+	q->session_id = session_id;
+	q->sq = (struct dfccl_sqe *)((char *)map + DFCCL_QP_SQ_OFFSET);
+	q->cw = (uint64_t *)((char *)map + DFCCL_QP_CW_OFFSET(q->n));
+	q->taken = calloc(q->n, sizeof(*q->taken));
+	if (!q->taken)
+		return -ENOMEM;
+	uint64_t head = atomic_load_explicit(A64(&h->sq_head), memory_order_acquire);
+	q->head = head ? head : 1;
+	/* Entries below head were handled by an earlier worker (or failed by
+	 * the supervisor when it died): mark their slots as taken. */
+	for (uint64_t s = q->head > q->n ? q->head - q->n : 1; s < q->head; s++)
+		q->taken[DFCCL_QP_SLOT(s, q->n)] = s;
+	atomic_store_explicit(A64(&h->sq_head), q->head, memory_order_release);
+	return 0;
+}
+
+void sq_queue_close(struct sq_queue *q)
+{
+	free(q->taken);
+	q->taken = NULL;
+}
+
+static uint64_t sq_tail_clamped(const struct sq_queue *q)
+{
+	uint64_t tail = atomic_load_explicit(A64(&q->hdr->sq_tail), memory_order_acquire);
+	/* The client owns the tail: never look further than one lap ahead. */
+	if (tail >= q->head + q->n)
+		tail = q->head + q->n - 1;
+	return tail;
+}
+
+int sq_pending(const struct sq_queue *q)
+{
+	return sq_tail_clamped(q) >= q->head;
+}
+
+unsigned sq_take(struct sq_queue *q, struct dfccl_sqe *out, unsigned max)
+{
+	uint64_t tail = sq_tail_clamped(q);
+	unsigned got = 0;
+	for (uint64_t s = q->head; s <= tail && got < max; s++) {
+		uint32_t slot = DFCCL_QP_SLOT(s, q->n);
+		if (q->taken[slot] == s)
+			continue;
+		struct dfccl_sqe *e = &q->sq[slot];
+		if (atomic_load_explicit(A64(&e->arm), memory_order_acquire) != s)
+			continue; /* not armed yet: later entries may be */
+		memcpy(&out[got], e, sizeof(*e));
+		q->taken[slot] = s;
+		got++;
+	}
+	/* Advance head over the contiguous run of taken entries. */
+	while (q->head <= tail && q->taken[DFCCL_QP_SLOT(q->head, q->n)] == q->head)
+		q->head++;
+	atomic_store_explicit(A64(&q->hdr->sq_head), q->head, memory_order_release);
+	return got;
+}
+
+static uint32_t check_range(const struct sq_queue *q, uint32_t reg_id, uint64_t off, uint64_t bytes, int required,
+                            sq_reg_lookup_fn lookup, void *ctx)
+{
+	if (reg_id == 0)
+		return required ? DFCCL_CQ_BAD_REG : DFCCL_CQ_OK;
+	const struct sq_reg *r = lookup(ctx, reg_id);
+	if (!r || r->session_id != q->session_id)
+		return DFCCL_CQ_BAD_REG;
+	if (off > r->size || bytes > r->size - off)
+		return DFCCL_CQ_OUT_OF_RANGE;
+	return DFCCL_CQ_OK;
+}
+
+uint32_t sq_check(const struct sq_queue *q, const struct dfccl_sqe *e, sq_reg_lookup_fn lookup, void *ctx)
+{
+	if (e->seq != e->arm)
+		return DFCCL_CQ_BAD_ENTRY;
+	if (e->opcode >= DFCCL_OP_COUNT_)
+		return DFCCL_CQ_BAD_OPCODE;
+	if (e->flags & ~KNOWN_FLAGS)
+		return DFCCL_CQ_BAD_ENTRY;
+	if (e->opcode == DFCCL_OP_NOP)
+		return DFCCL_CQ_OK;
+	unsigned dsize = sq_dtype_size(e->dtype);
+	if (!dsize)
+		return DFCCL_CQ_BAD_DTYPE;
+	int reducing = e->opcode == DFCCL_OP_ALLREDUCE || e->opcode == DFCCL_OP_REDUCESCATTER ||
+	               e->opcode == DFCCL_OP_REDUCE;
+	if (reducing && e->redop >= NREDOPS)
+		return DFCCL_CQ_BAD_REDOP;
+	if (e->comm_id == 0)
+		return DFCCL_CQ_BAD_COMM;
+	if (e->count > UINT64_MAX / dsize)
+		return DFCCL_CQ_OUT_OF_RANGE;
+	uint64_t bytes = e->count * dsize;
+	int sends = e->opcode != DFCCL_OP_RECV && e->opcode != DFCCL_OP_BROADCAST && e->opcode != DFCCL_OP_REDUCE;
+	int recvs = e->opcode != DFCCL_OP_SEND && e->opcode != DFCCL_OP_BROADCAST && e->opcode != DFCCL_OP_REDUCE;
+	uint32_t st = check_range(q, e->send_reg, e->send_off, bytes, sends, lookup, ctx);
+	if (st == DFCCL_CQ_OK)
+		st = check_range(q, e->recv_reg, e->recv_off, bytes, recvs, lookup, ctx);
+	return st;
+}
+
+void sq_complete(struct sq_queue *q, uint64_t seq, uint32_t status)
+{
+	uint32_t slot = DFCCL_QP_SLOT(seq, q->n);
+	atomic_store_explicit(A64(&q->cw[slot]), DFCCL_CW_MAKE(seq, status), memory_order_release);
+	atomic_fetch_add_explicit(A64(&q->hdr->completed), 1, memory_order_release);
+}
+
+void sq_set_engine_state(struct sq_queue *q, uint32_t state)
+{
+	atomic_store_explicit(A32(&q->hdr->engine_state), state, memory_order_seq_cst);
+}
+
+uint32_t sq_qp_state(const struct sq_queue *q)
+{
+	return atomic_load_explicit(A32(&q->hdr->qp_state), memory_order_acquire);
+}

@@ -1,0 +1,75 @@
+/*
+ * The engine's side of a queue pair (proto/dfccl_queue.h): taking armed
+ * submission entries, checking them, and writing completion words.
+ *
+ * Shared by every engine. An entry is copied out of shared memory before any
+ * field is looked at, so a client that rewrites an entry while the engine
+ * reads it can only hurt itself; every check runs on the copy. Entries are
+ * taken in any order (an unarmed entry never blocks an armed one behind it),
+ * and the engine keeps its own record of what it took, never trusting the
+ * client-writable region for that.
+ */
+#ifndef DFCCL_SQ_H
+#define DFCCL_SQ_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dfccl_queue.h"
+
+/* A registered buffer as the engine knows it. */
+struct sq_reg {
+	uint32_t reg_id;
+	uint64_t session_id;
+	uint64_t size;
+	void *base; /* the engine's mapping, NULL where it has none */
+};
+
+/* Looks a registration up by id; NULL if unknown. */
+typedef const struct sq_reg *(*sq_reg_lookup_fn)(void *ctx, uint32_t reg_id);
+
+struct sq_queue {
+	struct dfccl_qp_header *hdr;
+	size_t size;
+	uint32_t n;           /* entries: from the engine's own record, not the header */
+	uint32_t qp_id;
+	uint64_t session_id;
+	struct dfccl_sqe *sq;
+	uint64_t *cw;
+	uint64_t *taken;      /* per slot: the sequence number last taken from it */
+	uint64_t head;        /* lowest sequence number not yet taken */
+};
+
+/*
+ * Binds q to a mapped region of `size` bytes (checked with
+ * queue_header_check). Returns 0 or a negative errno with a sentence in err.
+ */
+int sq_queue_open(struct sq_queue *q, void *map, size_t size, uint32_t qp_id, uint64_t session_id, char *err,
+                  size_t errlen);
+void sq_queue_close(struct sq_queue *q);
+
+/*
+ * Copies up to max ready entries into out (in slot order from head, skipping
+ * unarmed ones) and records them as taken. Returns how many.
+ */
+unsigned sq_take(struct sq_queue *q, struct dfccl_sqe *out, unsigned max);
+
+/* Whether any entry is submitted but not yet taken (armed or not). */
+int sq_pending(const struct sq_queue *q);
+
+/*
+ * Checks a copied entry against the registrations of q's session. Returns
+ * DFCCL_CQ_OK or the DFCCL_CQ_* status to complete it with.
+ */
+uint32_t sq_check(const struct sq_queue *q, const struct dfccl_sqe *e, sq_reg_lookup_fn lookup, void *ctx);
+
+/* Writes the completion word of entry `seq` (one 64-bit store). */
+void sq_complete(struct sq_queue *q, uint64_t seq, uint32_t status);
+
+void sq_set_engine_state(struct sq_queue *q, uint32_t state);
+uint32_t sq_qp_state(const struct sq_queue *q);
+
+/* Bytes of one element of a dfcclDataType_t value; 0 if unknown. */
+unsigned sq_dtype_size(uint32_t dtype);
+
+#endif

@@ -1,0 +1,41 @@
+/*
+ * The per-device statistics page shared by a worker and the supervisor.
+ *
+ * The supervisor creates one page per device in a memfd and hands it to the
+ * worker it starts for that device (and to every replacement after a
+ * restart, so counters survive a worker's death). The worker's engine is the
+ * only writer; the supervisor reads it to answer dfcclctl without a round
+ * trip to the worker, so a stuck worker cannot stall a query. Counters only
+ * grow; readers use relaxed 64-bit loads.
+ */
+#ifndef DFCCL_STATS_H
+#define DFCCL_STATS_H
+
+#include <stdint.h>
+
+#include "dfccl_queue.h"
+
+#define DFCCL_STATS_MAGIC 0x3130535443434644ull /* "DFCCST01" */
+#define DFCCL_STATS_SIZE 4096u
+
+struct dfccl_worker_stats {
+	uint64_t magic;            /* supervisor, at creation */
+	uint32_t device;           /* supervisor */
+	uint32_t reserved0;
+	uint64_t completed;        /* worker: entries completed with DFCCL_CQ_OK */
+	uint64_t errors;           /* worker: entries completed with an error status */
+	uint64_t preemptions;      /* worker: collectives preempted */
+	uint64_t context_switches; /* worker: task switches */
+	uint64_t spins;            /* worker: polling rounds that found nothing */
+	uint64_t doorbells;        /* worker: wake-ups by a doorbell */
+	uint64_t heartbeat_ns;     /* worker: CLOCK_MONOTONIC of its last loop turn */
+	uint8_t reserved[DFCCL_STATS_SIZE - 72];
+};
+
+DFCCL_STATIC_ASSERT(sizeof(struct dfccl_worker_stats) == DFCCL_STATS_SIZE, "stats page size");
+DFCCL_STATIC_ASSERT(offsetof(struct dfccl_worker_stats, completed) == 16, "completed offset");
+DFCCL_STATIC_ASSERT(offsetof(struct dfccl_worker_stats, errors) == 24, "errors offset");
+DFCCL_STATIC_ASSERT(offsetof(struct dfccl_worker_stats, preemptions) == 32, "preemptions offset");
+DFCCL_STATIC_ASSERT(offsetof(struct dfccl_worker_stats, heartbeat_ns) == 64, "heartbeat offset");
+
+#endif

@@ -1,0 +1,38 @@
+/*
+ * Helpers around the queue-pair ABI (dfccl_queue.h) that every party needs:
+ * the supervisor creates and initialises a region, the worker and the client
+ * check a region they were handed before trusting any offset in it.
+ */
+#ifndef DFCCL_QUEUE_HELPERS_H
+#define DFCCL_QUEUE_HELPERS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dfccl_queue.h"
+
+/* Writes a fresh header for a region of DFCCL_QP_REGION_SIZE(sq_entries)
+ * bytes (the rest of the region must be zero, as a new memfd is). */
+void queue_header_init(struct dfccl_qp_header *h, uint32_t qp_id, uint32_t device, uint32_t sq_entries);
+
+/*
+ * Checks that a mapped region of `mapped` bytes carries a header this code
+ * understands and that every offset stays inside the mapping. Returns 0, or
+ * -EPROTO (magic or ABI version), -EINVAL (geometry) with a sentence in err.
+ */
+int queue_header_check(const struct dfccl_qp_header *h, size_t mapped, char *err, size_t errlen);
+
+/*
+ * Creates a memfd holding an initialised region. Returns the descriptor
+ * (close-on-exec, sealed against shrinking) or a negative errno; *size gets
+ * the region size.
+ */
+int queue_region_create(uint32_t qp_id, uint32_t device, uint32_t sq_entries, size_t *size);
+
+/* Human name of an engine_state value ("polling", "sleeping", ...). */
+const char *queue_engine_state_name(uint32_t state);
+
+/* Human sentence for a completion status (DFCCL_CQ_*). */
+const char *queue_status_string(uint32_t status);
+
+#endif
