@@ -225,6 +225,31 @@ static struct session_reg *reg_find(struct session *s, uint32_t reg_id, struct s
 	return NULL;
 }
 
+/* Drops the session's record of r (unlinked by the caller) and its charge. */
+static void reg_forget(struct session *s, struct session_reg *r)
+{
+	user_uncharge_bytes(s->user, (int64_t)r->size);
+	s->nregs--;
+	s->registered_bytes -= r->size;
+	free(r);
+}
+
+static void reg_release(struct session *s, struct session_reg *r)
+{
+	workers_del_reg(s->srv->workers, r->device, r->reg_id);
+	reg_forget(s, r);
+}
+
+static void reply_registered(struct session *s, uint64_t req, uint32_t reg_id)
+{
+	Dfccl__V1__RegisterReply rep = DFCCL__V1__REGISTER_REPLY__INIT;
+	rep.reg_id = reg_id;
+	Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
+	env.body_case = DFCCL__V1__ENVELOPE__BODY_REGISTER_REPLY;
+	env.register_reply = &rep;
+	session_reply(s, req, &env, NULL, 0);
+}
+
 static void handle_register(struct session *s, uint64_t req, const Dfccl__V1__RegisterMem *m, int *fds,
                             unsigned nfds)
 {
@@ -299,7 +324,7 @@ static void handle_register(struct session *s, uint64_t req, const Dfccl__V1__Re
 	r->device = m->device;
 	r->size = m->size;
 	int rc = workers_add_reg(srv->workers, m->device, r->reg_id, s->id, m->kind, m->size, m->offset,
-	                         m->ipc_handle.data, m->ipc_handle.len, fd);
+	                         m->ipc_handle.data, m->ipc_handle.len, fd, req);
 	if (rc < 0) {
 		user_uncharge_bytes(s->user, (int64_t)m->size);
 		free(r);
@@ -310,21 +335,31 @@ static void handle_register(struct session *s, uint64_t req, const Dfccl__V1__Re
 	s->regs = r;
 	s->nregs++;
 	s->registered_bytes += m->size;
-	Dfccl__V1__RegisterReply rep = DFCCL__V1__REGISTER_REPLY__INIT;
-	rep.reg_id = r->reg_id;
-	Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
-	env.body_case = DFCCL__V1__ENVELOPE__BODY_REGISTER_REPLY;
-	env.register_reply = &rep;
-	session_reply(s, req, &env, NULL, 0);
+	if (rc == 1)
+		reply_registered(s, req, r->reg_id);
+	/* else: answered by session_reg_done once the worker mapped it */
 }
 
-static void reg_release(struct session *s, struct session_reg *r)
+
+void session_reg_done(struct server *srv, uint64_t session_id, uint64_t request_id, uint32_t reg_id, int code,
+                      const char *message)
 {
-	workers_del_reg(s->srv->workers, r->device, r->reg_id);
-	user_uncharge_bytes(s->user, (int64_t)r->size);
-	s->nregs--;
-	s->registered_bytes -= r->size;
-	free(r);
+	struct session *s = srv->sessions;
+	while (s && s->id != session_id)
+		s = s->next;
+	if (!s)
+		return;
+	if (code == DFCCL__V1__ERROR_CODE__ERROR_NONE) {
+		reply_registered(s, request_id, reg_id);
+		return;
+	}
+	struct session_reg **pp;
+	struct session_reg *r = reg_find(s, reg_id, &pp);
+	if (r) {
+		*pp = r->next;
+		reg_forget(s, r); /* the worker already forgot it */
+	}
+	reply_error_msg(s, request_id, code, message && *message ? message : "the device's worker refused the buffer");
 }
 
 static void handle_deregister(struct session *s, uint64_t req, uint32_t reg_id)

@@ -72,6 +72,11 @@ int session_reply_error(struct session *s, uint64_t request_id, int code, const 
     __attribute__((format(printf, 4, 5)));
 int session_send_notice(struct session *s, int code, uint64_t comm_id, uint32_t device, const char *message);
 
+/* The worker acknowledged (code 0) or refused a registration: answer the
+ * client's RegisterMem (request_id) if the session still exists. */
+void session_reg_done(struct server *srv, uint64_t session_id, uint64_t request_id, uint32_t reg_id, int code,
+                      const char *message);
+
 /* Feeds raw bytes to the session's frame handler (fuzzing). */
 int session_feed(struct session *s, const uint8_t *data, size_t len);
 

@@ -149,11 +149,30 @@ static void detach_qp(struct worker_state *w, uint32_t qp_id)
 	}
 }
 
+static void reg_ack(struct worker_state *w, uint32_t reg_id, int code, const char *msg)
+{
+	Dfccl__V1__WorkerRegAck ack = DFCCL__V1__WORKER_REG_ACK__INIT;
+	ack.reg_id = reg_id;
+	ack.code = code;
+	ack.message = (char *)msg;
+	Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
+	env.body_case = DFCCL__V1__ENVELOPE__BODY_WORKER_REG_ACK;
+	env.worker_reg_ack = &ack;
+	/* A small frame on a socket the supervisor drains; a full buffer means
+	 * the supervisor is wedged, and the loop notices its death anyway. */
+	int fl = fcntl(w->ctl, F_GETFL);
+	fcntl(w->ctl, F_SETFL, fl & ~O_NONBLOCK);
+	frame_send(w->ctl, &env, NULL, 0);
+	fcntl(w->ctl, F_SETFL, fl);
+}
+
 static void add_reg(struct worker_state *w, const Dfccl__V1__WorkerAddReg *a, int *fds, unsigned nfds)
 {
 	struct wreg *r = calloc(1, sizeof(*r));
-	if (!r)
+	if (!r) {
+		reg_ack(w, a->reg_id, DFCCL__V1__ERROR_CODE__ERROR_RESOURCE, "worker out of memory");
 		return;
+	}
 	r->r.reg_id = a->reg_id;
 	r->r.session_id = a->session_id;
 	r->r.size = a->size;
@@ -164,15 +183,18 @@ static void add_reg(struct worker_state *w, const Dfccl__V1__WorkerAddReg *a, in
 		r->map_len = a->offset + a->size;
 		r->map = mmap(NULL, r->map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
 		if (r->map == MAP_FAILED) {
-			log_err("worker", "cannot map registration %u: %s; its collectives will fail", a->reg_id,
-			        strerror(errno));
+			char msg[160];
+			snprintf(msg, sizeof(msg), "the device's worker cannot map the buffer: %s", strerror(errno));
+			log_err("worker", "registration %u: %s", a->reg_id, msg);
 			free(r);
+			reg_ack(w, a->reg_id, DFCCL__V1__ERROR_CODE__ERROR_RESOURCE, msg);
 			return;
 		}
 		r->r.base = (char *)r->map + a->offset;
 	}
 	r->next = w->regs;
 	w->regs = r;
+	reg_ack(w, a->reg_id, DFCCL__V1__ERROR_CODE__ERROR_NONE, "");
 }
 
 static void del_reg(struct worker_state *w, uint32_t reg_id)

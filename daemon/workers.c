@@ -30,6 +30,7 @@
 #include "log.h"
 #include "queue.h"
 #include "server.h"
+#include "session.h"
 #include "worker.h"
 
 #define BACKOFF_MAX_MS 5000u
@@ -54,6 +55,7 @@ struct reg_rec {
 	uint8_t ipc[64];
 	size_t ipc_len;
 	int fd;
+	uint64_t request_id; /* a client's RegisterMem waiting for the worker's ack; 0: none */
 };
 
 enum worker_state { W_STARTING, W_READY, W_DEAD, W_STOPPING, W_STOPPED };
@@ -246,6 +248,15 @@ static void worker_exit_cb(uv_process_t *p, int64_t status, int sig)
 
 	for (struct qp_rec *q = wk->qps; q; q = q->next)
 		qp_fail_pending(q);
+	/* Registrations the dead worker never acknowledged stay recorded and go
+	 * to its replacement; their clients need not wait for that. */
+	for (struct reg_rec *r = wk->regs; r; r = r->next) {
+		if (r->request_id) {
+			uint64_t req = r->request_id;
+			r->request_id = 0;
+			session_reg_done(srv, r->session_id, req, r->reg_id, DFCCL__V1__ERROR_CODE__ERROR_NONE, "");
+		}
+	}
 
 	if (wk->state == W_STOPPING) {
 		log_info("worker", "device %u: worker %d exited", wk->device, wk->pid);
@@ -286,6 +297,27 @@ static void worker_start_timeout_cb(uv_timer_t *t)
 
 /* ------------------------------------------------------------ the control channel */
 
+static void worker_reg_acked(struct worker *wk, const Dfccl__V1__WorkerRegAck *ack)
+{
+	for (struct reg_rec **pp = &wk->regs; *pp; pp = &(*pp)->next) {
+		struct reg_rec *r = *pp;
+		if (r->reg_id != ack->reg_id)
+			continue;
+		uint64_t req = r->request_id;
+		uint64_t sid = r->session_id;
+		r->request_id = 0;
+		if (ack->code != DFCCL__V1__ERROR_CODE__ERROR_NONE) {
+			log_warn("worker", "device %u: registration %u failed: %s", wk->device, r->reg_id, ack->message);
+			*pp = r->next;
+			reg_rec_free(r);
+		}
+		if (req)
+			session_reg_done(wk->ws->srv, sid, req, ack->reg_id, ack->code, ack->message);
+		return;
+	}
+	/* Unknown: the session deregistered (or ended) before the ack came. */
+}
+
 static void worker_on_frame(struct conn *c, dfccl_envelope *env, int *fds, unsigned nfds)
 {
 	struct worker *wk = c->owner;
@@ -308,6 +340,8 @@ static void worker_on_frame(struct conn *c, dfccl_envelope *env, int *fds, unsig
 			worker_send_qp(wk, q);
 		for (struct reg_rec *r = wk->regs; r; r = r->next)
 			worker_send_reg(wk, r);
+	} else if (env->body_case == DFCCL__V1__ENVELOPE__BODY_WORKER_REG_ACK) {
+		worker_reg_acked(wk, env->worker_reg_ack);
 	} else {
 		log_warn("worker", "device %u: unexpected message %d from the worker", wk->device, (int)env->body_case);
 	}
@@ -576,7 +610,8 @@ void workers_detach_qp(struct workers *w, uint32_t device, uint32_t qp_id)
 }
 
 int workers_add_reg(struct workers *w, uint32_t device, uint32_t reg_id, uint64_t session_id, int kind,
-                    uint64_t size, uint64_t offset, const uint8_t *ipc_handle, size_t ipc_len, int fd)
+                    uint64_t size, uint64_t offset, const uint8_t *ipc_handle, size_t ipc_len, int fd,
+                    uint64_t request_id)
 {
 	if (!w)
 		return -ENODEV;
@@ -607,8 +642,10 @@ int workers_add_reg(struct workers *w, uint32_t device, uint32_t reg_id, uint64_
 	r->ipc_len = ipc_len;
 	r->next = wk->regs;
 	wk->regs = r;
-	if (wk->state == W_READY)
-		worker_send_reg(wk, r);
+	if (wk->state != W_READY)
+		return 1;
+	r->request_id = request_id;
+	worker_send_reg(wk, r);
 	return 0;
 }
 

@@ -44,9 +44,16 @@ int workers_qp_fds(struct workers *w, uint32_t device, uint32_t qp_id, int *memf
 /* Closes a queue pair: the engine stops reading it. */
 void workers_detach_qp(struct workers *w, uint32_t device, uint32_t qp_id);
 
-/* Adds a registration (fd borrowed and duplicated; -1 for none). */
+/*
+ * Adds a registration (fd borrowed and duplicated; -1 for none) and hands
+ * it to the device's worker. Returns 0 when the worker will acknowledge it
+ * (session_reg_done is called then, with request_id), 1 when it is recorded
+ * and there is nothing to wait for (the worker is down: the replacement gets
+ * it), or a negative errno.
+ */
 int workers_add_reg(struct workers *w, uint32_t device, uint32_t reg_id, uint64_t session_id, int kind,
-                    uint64_t size, uint64_t offset, const uint8_t *ipc_handle, size_t ipc_len, int fd);
+                    uint64_t size, uint64_t offset, const uint8_t *ipc_handle, size_t ipc_len, int fd,
+                    uint64_t request_id);
 void workers_del_reg(struct workers *w, uint32_t device, uint32_t reg_id);
 
 /* Fills status->devices / reply->stats / reply->queues (allocating; freed by

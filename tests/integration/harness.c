@@ -1,0 +1,297 @@
+/*
+ * See harness.h. The daemon's stderr goes to a log file in the test's
+ * temporary directory, so a failing test can print what the daemon said.
+ */
+#include "harness.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifndef DFCCLD_PATH
+#error "DFCCLD_PATH must name the dfccld binary"
+#endif
+
+uint64_t now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+void daemon_dump_log(const struct daemon_proc *d)
+{
+	FILE *f = fopen(d->log, "r");
+	if (!f)
+		return;
+	char line[1024];
+	fprintf(stderr, "---- dfccld log ----\n");
+	while (fgets(line, sizeof(line), f))
+		fputs(line, stderr);
+	fprintf(stderr, "---- end of log ----\n");
+	fclose(f);
+}
+
+int daemon_log_contains(const struct daemon_proc *d, const char *needle)
+{
+	FILE *f = fopen(d->log, "r");
+	if (!f)
+		return 0;
+	char line[1024];
+	int n = 0;
+	while (fgets(line, sizeof(line), f))
+		n += strstr(line, needle) != NULL;
+	fclose(f);
+	return n;
+}
+
+static int all_up(const Dfccl__V1__StatusInfo *st, void *arg)
+{
+	unsigned ndev = *(unsigned *)arg;
+	if (st->n_devices != ndev)
+		return 0;
+	for (size_t i = 0; i < st->n_devices; i++)
+		if (!st->devices[i]->worker_up)
+			return 0;
+	return 1;
+}
+
+int daemon_start(struct daemon_proc *d, unsigned ndev, ...)
+{
+	memset(d, 0, sizeof(*d));
+	snprintf(d->dir, sizeof(d->dir), "/tmp/dfccl-test-XXXXXX");
+	if (!mkdtemp(d->dir))
+		return -1;
+	/* Other uids must reach the socket (the uid tests drop privileges). */
+	chmod(d->dir, 0755);
+	snprintf(d->socket, sizeof(d->socket), "%s/dfccld.sock", d->dir);
+	snprintf(d->log, sizeof(d->log), "%s/dfccld.log", d->dir);
+	setenv("DFCCL_SOCKET", d->socket, 1);
+
+	char ndevs[16];
+	snprintf(ndevs, sizeof(ndevs), "%u", ndev);
+	const char *argv[48] = {DFCCLD_PATH, "--socket", d->socket, "--engine", "host", "--host-devices", ndevs,
+	                        "--log-level", "debug", "--log-target", "stderr", "--config", "/dev/null"};
+	int argc = 13;
+	va_list ap;
+	va_start(ap, ndev);
+	const char *a;
+	while ((a = va_arg(ap, const char *)) != NULL && argc < 46)
+		argv[argc++] = a;
+	va_end(ap);
+	argv[argc] = NULL;
+
+	d->pid = fork();
+	if (d->pid < 0)
+		return -1;
+	if (d->pid == 0) {
+		int fd = open(d->log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+		if (fd >= 0) {
+			dup2(fd, STDERR_FILENO);
+			dup2(fd, STDOUT_FILENO);
+		}
+		unsetenv("NOTIFY_SOCKET");
+		unsetenv("LISTEN_FDS");
+		execv(DFCCLD_PATH, (char *const *)argv);
+		_exit(127);
+	}
+	/* Wait for the socket, then for every worker. */
+	uint64_t deadline = now_ms() + 15000;
+	struct raw_client c;
+	while (now_ms() < deadline) {
+		if (raw_connect(&c, d->socket, DFCCL_PROTO_MIN_VERSION, DFCCL_PROTO_VERSION, NULL) == 0) {
+			int ok = raw_wait_status(&c, all_up, &ndev, (int)(deadline - now_ms()));
+			raw_close(&c);
+			if (ok)
+				return 0;
+			break;
+		}
+		int st;
+		if (waitpid(d->pid, &st, WNOHANG) == d->pid) {
+			d->pid = 0;
+			break;
+		}
+		usleep(20000);
+	}
+	fprintf(stderr, "dfccld did not come up\n");
+	daemon_dump_log(d);
+	return -1;
+}
+
+int child_wait(pid_t pid, int timeout_ms)
+{
+	uint64_t deadline = now_ms() + (uint64_t)timeout_ms;
+	int st;
+	for (;;) {
+		pid_t r = waitpid(pid, &st, WNOHANG);
+		if (r == pid)
+			break;
+		if (r < 0 && errno != EINTR)
+			return -1;
+		if (now_ms() >= deadline) {
+			kill(pid, SIGKILL);
+			waitpid(pid, &st, 0);
+			return -1;
+		}
+		usleep(5000);
+	}
+	if (WIFEXITED(st))
+		return WEXITSTATUS(st);
+	if (WIFSIGNALED(st))
+		return 128 + WTERMSIG(st);
+	return -1;
+}
+
+int daemon_stop(struct daemon_proc *d)
+{
+	int rc = 0; /* a test may have stopped it already */
+	if (d->pid > 0) {
+		kill(d->pid, SIGTERM);
+		rc = child_wait(d->pid, 10000);
+		d->pid = 0;
+	}
+	char cmd[600];
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", d->dir);
+	if (d->dir[0] && system(cmd) != 0)
+		fprintf(stderr, "could not remove %s\n", d->dir);
+	return rc;
+}
+
+pid_t child_run(int (*fn)(void *arg, int rank), void *arg, int rank)
+{
+	fflush(stdout);
+	fflush(stderr);
+	pid_t pid = fork();
+	if (pid == 0)
+		_exit(fn(arg, rank));
+	return pid;
+}
+
+/* ------------------------------------------------------------ raw client */
+
+static void set_timeout(int fd, int ms)
+{
+	struct timeval tv = {.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+}
+
+dfccl_envelope *raw_next(struct raw_client *c, int timeout_ms, int *rfds, unsigned *nrfds)
+{
+	int fds[DFCCL_FRAME_MAX_FDS];
+	unsigned n = 0;
+	dfccl_envelope *env = NULL;
+	set_timeout(c->fd, timeout_ms);
+	int rc = frame_recv(&c->rd, c->fd, &env, fds, &n);
+	if (rc <= 0)
+		return NULL;
+	if (rfds && nrfds) {
+		memcpy(rfds, fds, n * sizeof(int));
+		*nrfds = n;
+	} else {
+		frame_close_fds(fds, n);
+	}
+	return env;
+}
+
+dfccl_envelope *raw_request(struct raw_client *c, dfccl_envelope *env, const int *fds, unsigned nfds, int *rfds,
+                            unsigned *nrfds)
+{
+	env->request_id = c->next_req++;
+	if (frame_send(c->fd, env, fds, nfds) < 0)
+		return NULL;
+	for (;;) {
+		dfccl_envelope *r = raw_next(c, 10000, rfds, nrfds);
+		if (!r)
+			return NULL;
+		if (r->request_id == env->request_id)
+			return r;
+		frame_envelope_free(r); /* a notice, or a reply to something else */
+	}
+}
+
+int raw_connect(struct raw_client *c, const char *socket_path, uint32_t minv, uint32_t maxv, dfccl_envelope **err_env)
+{
+	memset(c, 0, sizeof(*c));
+	c->next_req = 1;
+	if (err_env)
+		*err_env = NULL;
+	c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", socket_path);
+	if (c->fd < 0 || connect(c->fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		if (c->fd >= 0)
+			close(c->fd);
+		c->fd = -1;
+		return -1;
+	}
+	Dfccl__V1__Hello h = DFCCL__V1__HELLO__INIT;
+	h.min_version = minv;
+	h.max_version = maxv;
+	h.client_name = "integration-test";
+	Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
+	env.body_case = DFCCL__V1__ENVELOPE__BODY_HELLO;
+	env.hello = &h;
+	dfccl_envelope *r = raw_request(c, &env, NULL, 0, NULL, NULL);
+	if (r && r->body_case == DFCCL__V1__ENVELOPE__BODY_HELLO_REPLY) {
+		c->session_id = r->hello_reply->session_id;
+		frame_envelope_free(r);
+		return 0;
+	}
+	if (err_env)
+		*err_env = r;
+	else
+		frame_envelope_free(r);
+	raw_close(c);
+	return -1;
+}
+
+void raw_close(struct raw_client *c)
+{
+	if (c->fd >= 0)
+		close(c->fd);
+	c->fd = -1;
+	frame_reader_free(&c->rd);
+}
+
+dfccl_envelope *raw_query(struct raw_client *c, int kind)
+{
+	Dfccl__V1__Query q = DFCCL__V1__QUERY__INIT;
+	q.kind = kind;
+	Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
+	env.body_case = DFCCL__V1__ENVELOPE__BODY_QUERY;
+	env.query = &q;
+	dfccl_envelope *r = raw_request(c, &env, NULL, 0, NULL, NULL);
+	if (r && r->body_case != DFCCL__V1__ENVELOPE__BODY_QUERY_REPLY) {
+		frame_envelope_free(r);
+		return NULL;
+	}
+	return r;
+}
+
+int raw_wait_status(struct raw_client *c, int (*cond)(const Dfccl__V1__StatusInfo *st, void *arg), void *arg,
+                    int timeout_ms)
+{
+	uint64_t deadline = now_ms() + (uint64_t)timeout_ms;
+	do {
+		dfccl_envelope *r = raw_query(c, DFCCL__V1__QUERY_KIND__QUERY_STATUS);
+		if (!r)
+			return 0;
+		int ok = cond(r->query_reply->status, arg);
+		frame_envelope_free(r);
+		if (ok)
+			return 1;
+		usleep(20000);
+	} while (now_ms() < deadline);
+	return 0;
+}

@@ -1,0 +1,76 @@
+/*
+ * Integration-test harness: starts the real dfccld on a temporary socket,
+ * talks to it over the raw protocol (no libdfccl, so the test process can
+ * still fork clean client processes), and runs client processes with a
+ * deadline.
+ */
+#ifndef DFCCL_TEST_HARNESS_H
+#define DFCCL_TEST_HARNESS_H
+
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "frame.h"
+
+struct daemon_proc {
+	pid_t pid;
+	char dir[64];
+	char socket[108]; /* sizeof(sun_path) */
+	char log[128];
+};
+
+/* Starts dfccld --engine host --host-devices ndev (plus extra "--k v" args,
+ * NULL-terminated) and waits until every worker is up. Sets DFCCL_SOCKET.
+ * Returns 0 or -1 (and prints the daemon's log). */
+int daemon_start(struct daemon_proc *d, unsigned ndev, ...);
+
+/* SIGTERM, wait up to 10 s; returns the exit status (or -1 if it had to be
+ * killed). Removes the temporary directory. */
+int daemon_stop(struct daemon_proc *d);
+
+/* Prints the daemon's log to stderr (for failing tests). */
+void daemon_dump_log(const struct daemon_proc *d);
+
+/* Lines of the daemon's log that contain needle. */
+int daemon_log_contains(const struct daemon_proc *d, const char *needle);
+
+/* A raw protocol connection. */
+struct raw_client {
+	int fd;
+	struct frame_reader rd;
+	uint64_t next_req;
+	uint64_t session_id;
+};
+
+/* Connects and says Hello with [minv, maxv]. Returns 0, or -1 with the
+ * error reply (if any) in *err_env (caller frees). */
+int raw_connect(struct raw_client *c, const char *socket, uint32_t minv, uint32_t maxv, dfccl_envelope **err_env);
+void raw_close(struct raw_client *c);
+
+/* Sends env as a request and returns its reply (notices are skipped and
+ * freed). fds out: up to 8 received descriptors. Returns the reply or NULL
+ * on timeout/EOF. */
+dfccl_envelope *raw_request(struct raw_client *c, dfccl_envelope *env, const int *fds, unsigned nfds, int *rfds,
+                            unsigned *nrfds);
+
+/* Waits up to timeout_ms for the next frame of any kind. */
+dfccl_envelope *raw_next(struct raw_client *c, int timeout_ms, int *rfds, unsigned *nrfds);
+
+/* A status/stats/... query; NULL on failure. */
+dfccl_envelope *raw_query(struct raw_client *c, int kind);
+
+/* Polls a status query until cond(status) holds or timeout; returns 1 if it held. */
+int raw_wait_status(struct raw_client *c, int (*cond)(const Dfccl__V1__StatusInfo *st, void *arg), void *arg,
+                    int timeout_ms);
+
+/* Forks a child running fn(arg, rank); returns its pid. The child exits with
+ * fn's return value. */
+pid_t child_run(int (*fn)(void *arg, int rank), void *arg, int rank);
+
+/* Waits for pid up to timeout_ms; returns its exit code, 128+signal, or -1
+ * on timeout (the child is then killed). */
+int child_wait(pid_t pid, int timeout_ms);
+
+uint64_t now_ms(void);
+
+#endif

@@ -1,0 +1,612 @@
+/*
+ * The daemon at the protocol level, driven by raw frames: version
+ * negotiation, bad input (malformed, oversized, wrong descriptors), the
+ * shared-memory queue pair (a NOP round trip, garbage entries, an unarmed
+ * entry that must not block armed ones), and SIGTERM shutdown. Every test
+ * starts its own dfccld.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "dfccl_queue.h"
+#include "harness.h"
+
+#define EC(x) DFCCL__V1__ERROR_CODE__ERROR_##x
+
+static int setup(void **state)
+{
+	struct daemon_proc *d = calloc(1, sizeof(*d));
+	if (daemon_start(d, 2, NULL) < 0) {
+		free(d);
+		return -1;
+	}
+	*state = d;
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	struct daemon_proc *d = *state;
+	int rc = daemon_stop(d);
+	free(d);
+	return rc == 0 ? 0 : -1;
+}
+
+static struct raw_client connect_ok(struct daemon_proc *d)
+{
+	struct raw_client c;
+	assert_int_equal(raw_connect(&c, d->socket, DFCCL_PROTO_MIN_VERSION, DFCCL_PROTO_VERSION, NULL), 0);
+	assert_true(c.session_id > 0);
+	return c;
+}
+
+/* The code of an ErrorReply (-1 when the reply is something else). */
+static int error_code(const dfccl_envelope *r)
+{
+	return r && r->body_case == DFCCL__V1__ENVELOPE__BODY_ERROR ? (int)r->error->code : -1;
+}
+
+static void test_hello_and_status(void **state)
+{
+	struct daemon_proc *d = *state;
+	struct raw_client c = connect_ok(d);
+	dfccl_envelope *r = raw_query(&c, DFCCL__V1__QUERY_KIND__QUERY_STATUS);
+	assert_non_null(r);
+	const Dfccl__V1__StatusInfo *st = r->query_reply->status;
+	assert_int_equal(st->protocol_version, DFCCL_PROTO_VERSION);
+	assert_int_equal(st->engine, DFCCL__V1__ENGINE_KIND__ENGINE_HOST);
+	assert_int_equal(st->n_devices, 2);
+	assert_int_equal(st->nsessions, 1);
+	assert_string_equal(st->socket_path, d->socket);
+	for (size_t i = 0; i < st->n_devices; i++) {
+		assert_true(st->devices[i]->worker_up);
+		assert_true(st->devices[i]->worker_pid > 0);
+	}
+	frame_envelope_free(r);
+
+	/* A second Hello on the same connection is refused, the session lives on. */
+	Dfccl__V1__Hello h = DFCCL__V1__HELLO__INIT;
+	h.min_version = h.max_version = DFCCL_PROTO_VERSION;
+	Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
+	env.body_case = DFCCL__V1__ENVELOPE__BODY_HELLO;
+	env.hello = &h;
+	r = raw_request(&c, &env, NULL, 0, NULL, NULL);
+	assert_int_equal(error_code(r), EC(INVALID_USAGE));
+	frame_envelope_free(r);
+	r = raw_query(&c, DFCCL__V1__QUERY_KIND__QUERY_SESSIONS);
+	assert_non_null(r);
+	assert_int_equal(r->query_reply->n_sessions, 1);
+	assert_int_equal(r->query_reply->sessions[0]->pid, getpid());
+	assert_int_equal(r->query_reply->sessions[0]->uid, getuid());
+	assert_string_equal(r->query_reply->sessions[0]->client_name, "integration-test");
+	frame_envelope_free(r);
+	raw_close(&c);
+}
+
+static void test_version_mismatch(void **state)
+{
+	struct daemon_proc *d = *state;
+	struct raw_client c;
+	dfccl_envelope *err = NULL;
+	uint32_t v = DFCCL_PROTO_VERSION + 7;
+	assert_int_equal(raw_connect(&c, d->socket, v, v, &err), -1);
+	assert_int_equal(error_code(err), EC(VERSION_MISMATCH));
+	/* The message names both ranges so the user knows what to install. */
+	char want[64];
+	snprintf(want, sizeof(want), "versions %u..%u", v, v);
+	assert_non_null(strstr(err->error->message, want));
+	snprintf(want, sizeof(want), "%u..%u", DFCCL_PROTO_MIN_VERSION, DFCCL_PROTO_VERSION);
+	assert_non_null(strstr(err->error->message, want));
+	frame_envelope_free(err);
+	/* The daemon still serves everyone else. */
+	struct raw_client ok = connect_ok(d);
+	raw_close(&ok);
+}
+
+static void test_request_before_hello(void **state)
+{
+	struct daemon_proc *d = *state;
+	struct raw_client c;
+	memset(&c, 0, sizeof(c));
+	c.next_req = 1;
+	c.fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", d->socket);
+	assert_int_equal(connect(c.fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	Dfccl__V1__Query q = DFCCL__V1__QUERY__INIT;
+	q.kind = DFCCL__V1__QUERY_KIND__QUERY_STATUS;
+	Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
+	env.body_case = DFCCL__V1__ENVELOPE__BODY_QUERY;
+	env.query = &q;
+	dfccl_envelope *r = raw_request(&c, &env, NULL, 0, NULL, NULL);
+	assert_int_equal(error_code(r), EC(INVALID_USAGE));
+	frame_envelope_free(r);
+	raw_close(&c);
+}
+
+static void send_bytes(int fd, const void *p, size_t n)
+{
+	assert_int_equal(write(fd, p, n), (ssize_t)n);
+}
+
+static void test_malformed_frames(void **state)
+{
+	struct daemon_proc *d = *state;
+	struct raw_client bad = connect_ok(d);
+	struct raw_client good = connect_ok(d);
+
+	/* A well-framed payload that is not an Envelope: an error reply with
+	 * request id 0, and the session keeps working. */
+	uint8_t junk[] = {5, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff};
+	send_bytes(bad.fd, junk, sizeof(junk));
+	dfccl_envelope *r = raw_next(&bad, 5000, NULL, NULL);
+	assert_int_equal(error_code(r), EC(INVALID_ARGUMENT));
+	assert_int_equal(r->request_id, 0);
+	frame_envelope_free(r);
+	r = raw_query(&bad, DFCCL__V1__QUERY_KIND__QUERY_STATUS);
+	assert_non_null(r);
+	frame_envelope_free(r);
+
+	/* An envelope with an unknown body (field 99): refused, session lives. */
+	uint8_t unknown[] = {3, 0, 0, 0, 0x98, 0x06, 0x01};
+	send_bytes(bad.fd, unknown, sizeof(unknown));
+	r = raw_next(&bad, 5000, NULL, NULL);
+	assert_int_equal(error_code(r), EC(INVALID_ARGUMENT));
+	frame_envelope_free(r);
+
+	/* A worker-only message on the client socket. */
+	Dfccl__V1__WorkerDetachQp wd = DFCCL__V1__WORKER_DETACH_QP__INIT;
+	Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
+	env.body_case = DFCCL__V1__ENVELOPE__BODY_WORKER_DETACH_QP;
+	env.worker_detach_qp = &wd;
+	r = raw_request(&bad, &env, NULL, 0, NULL, NULL);
+	assert_int_equal(error_code(r), EC(INVALID_ARGUMENT));
+	frame_envelope_free(r);
+
+	/* Descriptors on a request that takes none: refused and closed. */
+	int efd = eventfd(0, EFD_CLOEXEC);
+	Dfccl__V1__Query q = DFCCL__V1__QUERY__INIT;
+	q.kind = DFCCL__V1__QUERY_KIND__QUERY_STATUS;
+	env = (Dfccl__V1__Envelope)DFCCL__V1__ENVELOPE__INIT;
+	env.body_case = DFCCL__V1__ENVELOPE__BODY_QUERY;
+	env.query = &q;
+	r = raw_request(&bad, &env, &efd, 1, NULL, NULL);
+	assert_int_equal(error_code(r), EC(INVALID_ARGUMENT));
+	assert_non_null(strstr(r->error->message, "descriptors"));
+	frame_envelope_free(r);
+	close(efd);
+
+	/* An oversized length prefix: that connection is closed... */
+	uint8_t huge[] = {0xff, 0xff, 0xff, 0x7f, 1, 2, 3};
+	send_bytes(bad.fd, huge, sizeof(huge));
+	r = raw_next(&bad, 5000, NULL, NULL);
+	assert_null(r);
+	raw_close(&bad);
+
+	/* ...and the daemon keeps serving the other client. */
+	r = raw_query(&good, DFCCL__V1__QUERY_KIND__QUERY_STATUS);
+	assert_non_null(r);
+	assert_int_equal(r->query_reply->status->nsessions, 1);
+	frame_envelope_free(r);
+	raw_close(&good);
+}
+
+static void test_truncated_frame_then_close(void **state)
+{
+	struct daemon_proc *d = *state;
+	struct raw_client c = connect_ok(d);
+	uint8_t partial[] = {100, 0, 0, 0, 1, 2, 3};
+	send_bytes(c.fd, partial, sizeof(partial));
+	raw_close(&c);
+	struct raw_client c2 = connect_ok(d);
+	dfccl_envelope *r = raw_query(&c2, DFCCL__V1__QUERY_KIND__QUERY_STATUS);
+	assert_non_null(r);
+	assert_int_equal(r->query_reply->status->nsessions, 1);
+	frame_envelope_free(r);
+	raw_close(&c2);
+}
+
+/* ------------------------------------------------------------ queue pairs */
+
+struct qp_map {
+	struct dfccl_qp_header *h;
+	size_t size;
+	int efd;
+	struct dfccl_sqe *sq;
+	_Atomic uint64_t *cw;
+	uint32_t n;
+};
+
+static struct qp_map attach(struct raw_client *c, uint32_t device)
+{
+	Dfccl__V1__AttachDevice a = DFCCL__V1__ATTACH_DEVICE__INIT;
+	a.device = device;
+	a.sq_entries = 16;
+	Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
+	env.body_case = DFCCL__V1__ENVELOPE__BODY_ATTACH;
+	env.attach = &a;
+	int fds[8];
+	unsigned nfds = 0;
+	dfccl_envelope *r = raw_request(c, &env, NULL, 0, fds, &nfds);
+	assert_non_null(r);
+	assert_int_equal(r->body_case, DFCCL__V1__ENVELOPE__BODY_ATTACH_REPLY);
+	assert_int_equal(nfds, 2);
+	struct qp_map m;
+	m.size = r->attach_reply->region_size;
+	m.h = mmap(NULL, m.size, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
+	assert_true(m.h != MAP_FAILED);
+	close(fds[0]);
+	m.efd = fds[1];
+	assert_int_equal(m.h->magic, DFCCL_QP_MAGIC);
+	assert_int_equal(m.h->abi_version, DFCCL_QUEUE_ABI_VERSION);
+	assert_int_equal(m.h->sq_entries, 16);
+	assert_int_equal(m.h->device, device);
+	m.n = m.h->sq_entries;
+	m.sq = (struct dfccl_sqe *)((char *)m.h + m.h->sq_offset);
+	m.cw = (_Atomic uint64_t *)((char *)m.h + m.h->cw_offset);
+	frame_envelope_free(r);
+	return m;
+}
+
+/* Writes entry seq (not armed). */
+static struct dfccl_sqe *put(struct qp_map *m, uint64_t seq, uint8_t opcode)
+{
+	struct dfccl_sqe *e = &m->sq[DFCCL_QP_SLOT(seq, m->n)];
+	memset((char *)e + 8, 0, sizeof(*e) - 8);
+	e->seq = seq;
+	e->opcode = opcode;
+	e->user_tag = 1000 + seq;
+	e->comm_id = 1;
+	e->dtype = 7;
+	return e;
+}
+
+static void arm(struct qp_map *m, uint64_t seq)
+{
+	struct dfccl_sqe *e = &m->sq[DFCCL_QP_SLOT(seq, m->n)];
+	atomic_store_explicit((_Atomic uint64_t *)&e->arm, seq, memory_order_release);
+	atomic_thread_fence(memory_order_seq_cst);
+	if (atomic_load((_Atomic uint32_t *)&m->h->engine_state) != DFCCL_ENGINE_POLLING) {
+		uint64_t one = 1;
+		assert_int_equal(write(m->efd, &one, sizeof(one)), 8);
+	}
+}
+
+static void reserve(struct qp_map *m, uint64_t tail)
+{
+	atomic_store_explicit((_Atomic uint64_t *)&m->h->sq_tail, tail, memory_order_release);
+}
+
+/* Waits for the completion word of seq; returns its status or -1. */
+static int wait_cw(struct qp_map *m, uint64_t seq, int timeout_ms)
+{
+	uint64_t deadline = now_ms() + (uint64_t)timeout_ms;
+	while (now_ms() < deadline) {
+		uint64_t w = atomic_load_explicit(&m->cw[DFCCL_QP_SLOT(seq, m->n)], memory_order_acquire);
+		if (DFCCL_CW_SEQ(w) == seq)
+			return (int)DFCCL_CW_STATUS(w);
+		usleep(200);
+	}
+	return -1;
+}
+
+static void qp_unmap(struct qp_map *m)
+{
+	munmap(m->h, m->size);
+	close(m->efd);
+}
+
+static void test_queue_nop_and_garbage(void **state)
+{
+	struct daemon_proc *d = *state;
+	struct raw_client c = connect_ok(d);
+	struct qp_map m = attach(&c, 1);
+
+	/* A NOP completes OK; a well-formed entry naming no registration is
+	 * refused with a precise status. */
+	put(&m, 1, DFCCL_OP_NOP);
+	reserve(&m, 1);
+	arm(&m, 1);
+	assert_int_equal(wait_cw(&m, 1, 5000), DFCCL_CQ_OK);
+
+	struct dfccl_sqe *e = put(&m, 2, 200); /* unknown opcode */
+	(void)e;
+	e = put(&m, 3, DFCCL_OP_ALLREDUCE);
+	e->dtype = 77; /* unknown data type */
+	e = put(&m, 4, DFCCL_OP_ALLREDUCE);
+	e->redop = 9; /* unknown reduction */
+	e = put(&m, 5, DFCCL_OP_ALLREDUCE);
+	e->send_reg = 12345; /* never registered */
+	e->recv_reg = 12345;
+	e->count = 4;
+	e = put(&m, 6, DFCCL_OP_ALLREDUCE);
+	e->comm_id = 0; /* no communicator */
+	e = put(&m, 7, DFCCL_OP_NOP);
+	e->flags = 0x8000; /* unknown flag */
+	reserve(&m, 7);
+	for (uint64_t s = 2; s <= 7; s++)
+		arm(&m, s);
+	assert_int_equal(wait_cw(&m, 2, 5000), DFCCL_CQ_BAD_OPCODE);
+	assert_int_equal(wait_cw(&m, 3, 5000), DFCCL_CQ_BAD_DTYPE);
+	assert_int_equal(wait_cw(&m, 4, 5000), DFCCL_CQ_BAD_REDOP);
+	assert_int_equal(wait_cw(&m, 5, 5000), DFCCL_CQ_BAD_REG);
+	assert_int_equal(wait_cw(&m, 6, 5000), DFCCL_CQ_BAD_COMM);
+	assert_int_equal(wait_cw(&m, 7, 5000), DFCCL_CQ_BAD_ENTRY);
+	assert_int_equal(atomic_load((_Atomic uint64_t *)&m.h->completed), 7);
+
+	/* An entry whose seq field disagrees with its arm word. */
+	e = put(&m, 8, DFCCL_OP_NOP);
+	e->seq = 999;
+	reserve(&m, 8);
+	atomic_store_explicit((_Atomic uint64_t *)&e->arm, 8, memory_order_release);
+	uint64_t one = 1;
+	assert_int_equal(write(m.efd, &one, sizeof(one)), 8);
+	assert_int_equal(wait_cw(&m, 8, 5000), DFCCL_CQ_BAD_ENTRY);
+
+	/* The daemon counted the errors and still serves. */
+	dfccl_envelope *r = raw_query(&c, DFCCL__V1__QUERY_KIND__QUERY_STATS);
+	assert_non_null(r);
+	assert_int_equal(r->query_reply->n_stats, 2);
+	assert_int_equal(r->query_reply->stats[1]->completed, 1);
+	assert_int_equal(r->query_reply->stats[1]->errors, 7);
+	assert_int_equal(r->query_reply->stats[0]->errors, 0);
+	frame_envelope_free(r);
+	qp_unmap(&m);
+	raw_close(&c);
+}
+
+static void test_unarmed_does_not_block(void **state)
+{
+	struct daemon_proc *d = *state;
+	struct raw_client c = connect_ok(d);
+	struct qp_map m = attach(&c, 0);
+
+	/* Entries 1..4 reserved; 1 and 3 stay unarmed (as if their GPU
+	 * streams had not reached them yet); 2 and 4 are armed. */
+	for (uint64_t s = 1; s <= 4; s++)
+		put(&m, s, DFCCL_OP_NOP);
+	reserve(&m, 4);
+	arm(&m, 2);
+	arm(&m, 4);
+	assert_int_equal(wait_cw(&m, 2, 5000), DFCCL_CQ_OK);
+	assert_int_equal(wait_cw(&m, 4, 5000), DFCCL_CQ_OK);
+	assert_int_equal(wait_cw(&m, 1, 50), -1);
+	assert_int_equal(wait_cw(&m, 3, 50), -1);
+	/* The head stays at the oldest unarmed entry. */
+	assert_int_equal(atomic_load((_Atomic uint64_t *)&m.h->sq_head), 1);
+	arm(&m, 3);
+	assert_int_equal(wait_cw(&m, 3, 5000), DFCCL_CQ_OK);
+	arm(&m, 1);
+	assert_int_equal(wait_cw(&m, 1, 5000), DFCCL_CQ_OK);
+	uint64_t deadline = now_ms() + 2000;
+	while (atomic_load((_Atomic uint64_t *)&m.h->sq_head) != 5 && now_ms() < deadline)
+		usleep(1000);
+	assert_int_equal(atomic_load((_Atomic uint64_t *)&m.h->sq_head), 5);
+
+	/* Many laps through the 16-entry ring, with the engine asleep between
+	 * some of them: every entry completes exactly once. */
+	for (uint64_t s = 5; s < 5 + 16 * 20; s++) {
+		put(&m, s, DFCCL_OP_NOP);
+		reserve(&m, s);
+		arm(&m, s);
+		assert_int_equal(wait_cw(&m, s, 5000), DFCCL_CQ_OK);
+		if (s % 97 == 0)
+			usleep(2000);
+	}
+	assert_int_equal(atomic_load((_Atomic uint64_t *)&m.h->completed), 4 + 16 * 20);
+	qp_unmap(&m);
+	raw_close(&c);
+}
+
+static void test_register_checks(void **state)
+{
+	struct daemon_proc *d = *state;
+	struct raw_client c = connect_ok(d);
+	Dfccl__V1__RegisterMem rm = DFCCL__V1__REGISTER_MEM__INIT;
+	rm.kind = DFCCL__V1__MEM_KIND__MEM_HOST_MEMFD;
+	rm.device = 0;
+	rm.size = 4096;
+	Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
+	env.body_case = DFCCL__V1__ENVELOPE__BODY_REGISTER_MEM;
+	env.register_mem = &rm;
+
+	/* Unsealed memfd: refused (it could shrink under the engine). */
+	int fd = memfd_create("t", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	assert_int_equal(ftruncate(fd, 8192), 0);
+	dfccl_envelope *r = raw_request(&c, &env, &fd, 1, NULL, NULL);
+	assert_int_equal(error_code(r), EC(INVALID_ARGUMENT));
+	assert_non_null(strstr(r->error->message, "F_SEAL_SHRINK"));
+	frame_envelope_free(r);
+
+	/* Sealed: accepted; a range beyond the file is refused. */
+	assert_int_equal(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK), 0);
+	rm.offset = 8000;
+	r = raw_request(&c, &env, &fd, 1, NULL, NULL);
+	assert_int_equal(error_code(r), EC(INVALID_ARGUMENT));
+	frame_envelope_free(r);
+	rm.offset = 4096;
+	r = raw_request(&c, &env, &fd, 1, NULL, NULL);
+	assert_non_null(r);
+	assert_int_equal(r->body_case, DFCCL__V1__ENVELOPE__BODY_REGISTER_REPLY);
+	uint32_t reg_id = r->register_reply->reg_id;
+	assert_true(reg_id > 0);
+	frame_envelope_free(r);
+
+	/* No descriptor at all; an unknown device. */
+	r = raw_request(&c, &env, NULL, 0, NULL, NULL);
+	assert_int_equal(error_code(r), EC(INVALID_ARGUMENT));
+	frame_envelope_free(r);
+	rm.device = 9;
+	r = raw_request(&c, &env, &fd, 1, NULL, NULL);
+	assert_int_equal(error_code(r), EC(NOT_FOUND));
+	assert_non_null(strstr(r->error->message, "device 9 does not exist"));
+	frame_envelope_free(r);
+
+	r = raw_query(&c, DFCCL__V1__QUERY_KIND__QUERY_SESSIONS);
+	assert_int_equal(r->query_reply->sessions[0]->nregs, 1);
+	assert_int_equal(r->query_reply->sessions[0]->registered_bytes, 4096);
+	frame_envelope_free(r);
+
+	Dfccl__V1__DeregisterMem dm = DFCCL__V1__DEREGISTER_MEM__INIT;
+	dm.reg_id = reg_id + 1000;
+	env = (Dfccl__V1__Envelope)DFCCL__V1__ENVELOPE__INIT;
+	env.body_case = DFCCL__V1__ENVELOPE__BODY_DEREGISTER_MEM;
+	env.deregister_mem = &dm;
+	r = raw_request(&c, &env, NULL, 0, NULL, NULL);
+	assert_int_equal(error_code(r), EC(NOT_FOUND));
+	frame_envelope_free(r);
+	dm.reg_id = reg_id;
+	r = raw_request(&c, &env, NULL, 0, NULL, NULL);
+	assert_int_equal(r->body_case, DFCCL__V1__ENVELOPE__BODY_OK);
+	frame_envelope_free(r);
+	close(fd);
+	raw_close(&c);
+}
+
+static void test_registered_range_checked_by_engine(void **state)
+{
+	struct daemon_proc *d = *state;
+	struct raw_client c = connect_ok(d);
+	struct qp_map m = attach(&c, 0);
+	int fd = memfd_create("t", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	assert_int_equal(ftruncate(fd, 4096), 0);
+	assert_int_equal(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK), 0);
+	Dfccl__V1__RegisterMem rm = DFCCL__V1__REGISTER_MEM__INIT;
+	rm.kind = DFCCL__V1__MEM_KIND__MEM_HOST_MEMFD;
+	rm.size = 4096;
+	Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
+	env.body_case = DFCCL__V1__ENVELOPE__BODY_REGISTER_MEM;
+	env.register_mem = &rm;
+	dfccl_envelope *r = raw_request(&c, &env, &fd, 1, NULL, NULL);
+	assert_int_equal(r->body_case, DFCCL__V1__ENVELOPE__BODY_REGISTER_REPLY);
+	uint32_t reg = r->register_reply->reg_id;
+	frame_envelope_free(r);
+
+	/* 1024 floats fit exactly; 1025 do not; an offset near 2^64 does not
+	 * wrap around. */
+	struct dfccl_sqe *e = put(&m, 1, DFCCL_OP_ALLREDUCE);
+	e->send_reg = e->recv_reg = reg;
+	e->count = 1024;
+	e = put(&m, 2, DFCCL_OP_ALLREDUCE);
+	e->send_reg = e->recv_reg = reg;
+	e->count = 1025;
+	e = put(&m, 3, DFCCL_OP_ALLREDUCE);
+	e->send_reg = e->recv_reg = reg;
+	e->count = 4;
+	e->send_off = UINT64_MAX - 8;
+	e = put(&m, 4, DFCCL_OP_ALLREDUCE);
+	e->send_reg = e->recv_reg = reg;
+	e->count = UINT64_MAX / 2;
+	reserve(&m, 4);
+	for (uint64_t s = 1; s <= 4; s++)
+		arm(&m, s);
+	/* In range, and the engine does not execute collectives yet. */
+	assert_int_equal(wait_cw(&m, 1, 5000), DFCCL_CQ_NOT_SUPPORTED);
+	assert_int_equal(wait_cw(&m, 2, 5000), DFCCL_CQ_OUT_OF_RANGE);
+	assert_int_equal(wait_cw(&m, 3, 5000), DFCCL_CQ_OUT_OF_RANGE);
+	assert_int_equal(wait_cw(&m, 4, 5000), DFCCL_CQ_OUT_OF_RANGE);
+
+	/* Another session cannot use this session's registration. */
+	struct raw_client other = connect_ok(d);
+	struct qp_map m2 = attach(&other, 0);
+	e = put(&m2, 1, DFCCL_OP_ALLREDUCE);
+	e->send_reg = e->recv_reg = reg;
+	e->count = 16;
+	reserve(&m2, 1);
+	arm(&m2, 1);
+	assert_int_equal(wait_cw(&m2, 1, 5000), DFCCL_CQ_BAD_REG);
+	qp_unmap(&m2);
+	raw_close(&other);
+	qp_unmap(&m);
+	close(fd);
+	raw_close(&c);
+}
+
+static void test_disconnect_cleans_up(void **state)
+{
+	struct daemon_proc *d = *state;
+	struct raw_client c = connect_ok(d);
+	struct qp_map m = attach(&c, 0);
+	struct qp_map m1 = attach(&c, 1);
+	qp_unmap(&m);
+	qp_unmap(&m1);
+	struct raw_client watcher = connect_ok(d);
+	dfccl_envelope *r = raw_query(&watcher, DFCCL__V1__QUERY_KIND__QUERY_QUEUES);
+	assert_int_equal(r->query_reply->n_queues, 2);
+	frame_envelope_free(r);
+	raw_close(&c);
+	uint64_t deadline = now_ms() + 3000;
+	size_t nq = 99, ns = 99;
+	while (now_ms() < deadline) {
+		r = raw_query(&watcher, DFCCL__V1__QUERY_KIND__QUERY_QUEUES);
+		nq = r->query_reply->n_queues;
+		frame_envelope_free(r);
+		r = raw_query(&watcher, DFCCL__V1__QUERY_KIND__QUERY_SESSIONS);
+		ns = r->query_reply->n_sessions;
+		frame_envelope_free(r);
+		if (nq == 0 && ns == 1)
+			break;
+		usleep(10000);
+	}
+	assert_int_equal(nq, 0);
+	assert_int_equal(ns, 1);
+	raw_close(&watcher);
+}
+
+static void test_sigterm_tells_clients(void **state)
+{
+	struct daemon_proc *d = *state;
+	struct raw_client c = connect_ok(d);
+	kill(d->pid, SIGTERM);
+	dfccl_envelope *r = raw_next(&c, 5000, NULL, NULL);
+	assert_non_null(r);
+	assert_int_equal(r->body_case, DFCCL__V1__ENVELOPE__BODY_NOTICE);
+	assert_int_equal(r->notice->code, EC(SHUTTING_DOWN));
+	frame_envelope_free(r);
+	assert_null(raw_next(&c, 5000, NULL, NULL)); /* then the connection ends */
+	raw_close(&c);
+	int rc = child_wait(d->pid, 10000);
+	d->pid = 0;
+	assert_int_equal(rc, 0);
+	struct stat st;
+	assert_int_equal(stat(d->socket, &st), -1); /* the socket is gone */
+	/* Its workers are gone too. */
+	assert_int_equal(daemon_log_contains(d, "worker 0") + 0 >= 0, 1);
+	assert_true(daemon_log_contains(d, "stopped") >= 1);
+}
+
+int main(void)
+{
+	signal(SIGPIPE, SIG_IGN);
+	const struct CMUnitTest tests[] = {
+	    cmocka_unit_test_setup_teardown(test_hello_and_status, setup, teardown),
+	    cmocka_unit_test_setup_teardown(test_version_mismatch, setup, teardown),
+	    cmocka_unit_test_setup_teardown(test_request_before_hello, setup, teardown),
+	    cmocka_unit_test_setup_teardown(test_malformed_frames, setup, teardown),
+	    cmocka_unit_test_setup_teardown(test_truncated_frame_then_close, setup, teardown),
+	    cmocka_unit_test_setup_teardown(test_queue_nop_and_garbage, setup, teardown),
+	    cmocka_unit_test_setup_teardown(test_unarmed_does_not_block, setup, teardown),
+	    cmocka_unit_test_setup_teardown(test_register_checks, setup, teardown),
+	    cmocka_unit_test_setup_teardown(test_registered_range_checked_by_engine, setup, teardown),
+	    cmocka_unit_test_setup_teardown(test_disconnect_cleans_up, setup, teardown),
+	    cmocka_unit_test_setup_teardown(test_sigterm_tells_clients, setup, teardown),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
