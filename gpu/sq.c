@@ -8,6 +8,7 @@
 
 #include <errno.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -42,10 +43,18 @@ int sq_queue_open(struct sq_queue *q, void *map, size_t size, uint32_t qp_id, ui
 	q->session_id = session_id;
 	q->sq = (struct dfccl_sqe *)((char *)map + DFCCL_QP_SQ_OFFSET);
 	q->cw = (uint64_t *)((char *)map + DFCCL_QP_CW_OFFSET(q->n));
+	uint64_t head = atomic_load_explicit(A64(&h->sq_head), memory_order_acquire);
+	/* The client can write sq_head too. Sequence numbers must fit the 48
+	 * bits of a completion word; a head beyond that is forged, and one near
+	 * 2^64 would make head + n wrap and sq_take's scan never end. */
+	if (head > DFCCL_CW_SEQ(UINT64_MAX) - q->n) {
+		snprintf(err, errlen, "queue region's sq_head %llu is beyond the sequence space (corrupt region)",
+		         (unsigned long long)head);
+		return -EINVAL;
+	}
 	q->taken = calloc(q->n, sizeof(*q->taken));
 	if (!q->taken)
 		return -ENOMEM;
-	uint64_t head = atomic_load_explicit(A64(&h->sq_head), memory_order_acquire);
 	q->head = head ? head : 1;
 	/* Entries below head were handled by an earlier worker (or failed by
 	 * the supervisor when it died): mark their slots as taken. */

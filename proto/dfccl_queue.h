@@ -22,13 +22,19 @@
  *
  * Submission protocol (client side):
  *   1. Take the next sequence number s = ++sq_tail (s starts at 1). The entry
- *      lives in slot (s - 1) & (n - 1). The slot is free when its completion
- *      word says the previous occupant (s - n) completed, or s <= n.
+ *      lives in slot (s - 1) & (n - 1). The slot is free once the previous
+ *      occupant (s - n) completed AND its owner has read its completion word
+ *      (or s <= n): the next occupant's completion overwrites the word, so a
+ *      client must not reuse a slot whose status nobody has read yet. That
+ *      bookkeeping is the client's own; the engine needs none of it.
  *   2. Write every field of the entry except `arm`, with `seq` = s.
  *   3. Arm it: store `arm` = s with release ordering. A stream-ordered call
  *      instead lets its GPU stream write `arm` = s after the work before it.
- *   4. If `engine_state` is not DFCCL_ENGINE_POLLING (full fence between 3 and
- *      4), ring the doorbell eventfd.
+ *   4. If `engine_state` is not DFCCL_ENGINE_POLLING, ring the doorbell
+ *      eventfd. Steps 3 and 4 need a full barrier between them (a seq_cst
+ *      store of `arm` and a seq_cst load of `engine_state` will do): the
+ *      engine stores SLEEPING, then re-reads the arm words, so one of the two
+ *      sides always sees the other.
  * Engine side: scan slots of sequence numbers (sq_head, sq_tail]; an entry is
  * ready when arm == seq == its expected sequence. The engine copies the entry
  * before it checks it, and takes ready entries in any order, so an unarmed

@@ -63,7 +63,11 @@ int frame_reader_fill(struct frame_reader *r, int sock)
 		return -errno;
 
 	int overflow = (msg.msg_flags & MSG_CTRUNC) != 0;
-	uint64_t pos = r->base + r->len;
+	/* Linux returns a message's descriptors when a read reaches the buffer
+	 * that carries them, and ends that read inside it; the read may have
+	 * begun in earlier frames that carried none. So the descriptors belong
+	 * to the frame of the last byte read, not the first. */
+	uint64_t pos = r->base + r->len + (n > 0 ? (uint64_t)n - 1 : 0);
 	for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
 		if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
 			continue;
@@ -140,10 +144,10 @@ int frame_reader_next(struct frame_reader *r, dfccl_envelope **env, int *fds, un
 	reader_consume(r, total);
 	if (got > DFCCL_FRAME_MAX_FDS || !fds) {
 		frame_close_fds(tmp, got < FRAME_READER_MAX_FDS ? got : FRAME_READER_MAX_FDS);
-		if (e)
+		if (got > DFCCL_FRAME_MAX_FDS) {
 			frame_envelope_free(e);
-		if (got > DFCCL_FRAME_MAX_FDS)
 			return -E2BIG;
+		}
 		if (!e)
 			return -EBADMSG;
 		*env = e;

@@ -3,9 +3,9 @@
  *
  * A frame is a 4-byte little-endian length L (1 <= L <= DFCCL_FRAME_MAX)
  * followed by L bytes of a packed dfccl.v1.Envelope. Descriptors are sent as
- * SCM_RIGHTS with the first sendmsg() of their frame; the kernel delivers them
- * with the first byte of that frame, so the reader remembers the stream
- * position at which each descriptor arrived and hands a frame exactly the
+ * SCM_RIGHTS with the first sendmsg() of their frame; the kernel ends the read
+ * that delivers them inside that sendmsg's bytes, so the reader remembers the
+ * stream position of the last byte of that read and hands a frame exactly the
  * descriptors that arrived inside it. A peer cannot smuggle descriptors into
  * somebody else's frame, and a frame with a surprising number of descriptors
  * is the handler's to reject.

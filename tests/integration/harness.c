@@ -67,7 +67,28 @@ static int all_up(const Dfccl__V1__StatusInfo *st, void *arg)
 	return 1;
 }
 
+static int daemon_vstart(struct daemon_proc *d, const struct daemon_opts *o, unsigned ndev, va_list ap);
+
 int daemon_start(struct daemon_proc *d, unsigned ndev, ...)
+{
+	static const struct daemon_opts defaults = {0};
+	va_list ap;
+	va_start(ap, ndev);
+	int rc = daemon_vstart(d, &defaults, ndev, ap);
+	va_end(ap);
+	return rc;
+}
+
+int daemon_start_with(struct daemon_proc *d, const struct daemon_opts *o, unsigned ndev, ...)
+{
+	va_list ap;
+	va_start(ap, ndev);
+	int rc = daemon_vstart(d, o, ndev, ap);
+	va_end(ap);
+	return rc;
+}
+
+static int daemon_vstart(struct daemon_proc *d, const struct daemon_opts *o, unsigned ndev, va_list ap)
 {
 	memset(d, 0, sizeof(*d));
 	snprintf(d->dir, sizeof(d->dir), "/tmp/dfccl-test-XXXXXX");
@@ -84,12 +105,9 @@ int daemon_start(struct daemon_proc *d, unsigned ndev, ...)
 	const char *argv[48] = {DFCCLD_PATH, "--socket", d->socket, "--engine", "host", "--host-devices", ndevs,
 	                        "--log-level", "debug", "--log-target", "stderr", "--config", "/dev/null"};
 	int argc = 13;
-	va_list ap;
-	va_start(ap, ndev);
 	const char *a;
 	while ((a = va_arg(ap, const char *)) != NULL && argc < 46)
 		argv[argc++] = a;
-	va_end(ap);
 	argv[argc] = NULL;
 
 	d->pid = fork();
@@ -101,11 +119,29 @@ int daemon_start(struct daemon_proc *d, unsigned ndev, ...)
 			dup2(fd, STDERR_FILENO);
 			dup2(fd, STDOUT_FILENO);
 		}
-		unsetenv("NOTIFY_SOCKET");
+		if (!o->keep_systemd_env) {
+			unsetenv("NOTIFY_SOCKET");
+			unsetenv("WATCHDOG_USEC");
+		}
+		unsetenv("WATCHDOG_PID");
 		unsetenv("LISTEN_FDS");
+		unsetenv("LISTEN_PID");
+		if (o->listen_fd > 0) {
+			/* Socket activation: the socket on fd 3, LISTEN_PID = us. */
+			char pid[16];
+			if (o->listen_fd == 3)
+				fcntl(3, F_SETFD, 0); /* dup2 onto itself keeps close-on-exec */
+			else
+				dup2(o->listen_fd, 3);
+			snprintf(pid, sizeof(pid), "%d", (int)getpid());
+			setenv("LISTEN_FDS", "1", 1);
+			setenv("LISTEN_PID", pid, 1);
+		}
 		execv(DFCCLD_PATH, (char *const *)argv);
 		_exit(127);
 	}
+	if (o->listen_path)
+		snprintf(d->socket, sizeof(d->socket), "%s", o->listen_path);
 	/* Wait for the socket, then for every worker. */
 	uint64_t deadline = now_ms() + 15000;
 	struct raw_client c;
@@ -208,15 +244,19 @@ dfccl_envelope *raw_request(struct raw_client *c, dfccl_envelope *env, const int
                             unsigned *nrfds)
 {
 	env->request_id = c->next_req++;
-	if (frame_send(c->fd, env, fds, nfds) < 0)
-		return NULL;
+	/* A daemon that refused the connection has said why and hung up: the
+	 * send may fail, the reason is still there to read. */
+	int sent = frame_send(c->fd, env, fds, nfds);
 	for (;;) {
-		dfccl_envelope *r = raw_next(c, 10000, rfds, nrfds);
+		dfccl_envelope *r = raw_next(c, sent < 0 ? 1000 : 10000, rfds, nrfds);
 		if (!r)
 			return NULL;
-		if (r->request_id == env->request_id)
+		/* The reply; or an error that answers no request in particular
+		 * (a refused connection, a malformed frame). Notices are skipped. */
+		if (r->request_id == env->request_id ||
+		    (r->request_id == 0 && r->body_case == DFCCL__V1__ENVELOPE__BODY_ERROR))
 			return r;
-		frame_envelope_free(r); /* a notice, or a reply to something else */
+		frame_envelope_free(r);
 	}
 }
 

@@ -19,6 +19,15 @@ struct daemon_proc {
 	char log[128];
 };
 
+/* How to start it, beyond the defaults of daemon_start. */
+struct daemon_opts {
+	int keep_systemd_env; /* pass NOTIFY_SOCKET / WATCHDOG_USEC from the environment */
+	int listen_fd;        /* > 0: hand this listening socket over as systemd would (fd 3) */
+	const char *listen_path; /* where listen_fd is bound: clients connect there */
+};
+
+int daemon_start_with(struct daemon_proc *d, const struct daemon_opts *o, unsigned ndev, ...);
+
 /* Starts dfccld --engine host --host-devices ndev (plus extra "--k v" args,
  * NULL-terminated) and waits until every worker is up. Sets DFCCL_SOCKET.
  * Returns 0 or -1 (and prints the daemon's log). */

@@ -21,6 +21,7 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -592,6 +593,91 @@ static void test_sigterm_tells_clients(void **state)
 	assert_true(daemon_log_contains(d, "stopped") >= 1);
 }
 
+static void test_uid_quotas(void **state)
+{
+	struct daemon_proc d;
+	assert_int_equal(daemon_start(&d, 1, "--max-sessions-per-uid", "2", "--max-registered-bytes-per-uid", "8K",
+	                              NULL),
+	                 0);
+	/* The harness's own readiness check has closed its session; two may be
+	 * open, a third is refused with a reason. */
+	struct raw_client a = connect_ok(&d), b = connect_ok(&d), c;
+	dfccl_envelope *err = NULL;
+	uint64_t deadline = now_ms() + 2000;
+	int rc;
+	while ((rc = raw_connect(&c, d.socket, DFCCL_PROTO_MIN_VERSION, DFCCL_PROTO_VERSION, &err)) == 0 &&
+	       now_ms() < deadline) {
+		/* The daemon may not have reaped the readiness session yet. */
+		raw_close(&c);
+		usleep(10000);
+	}
+	assert_int_equal(rc, -1);
+	assert_int_equal(error_code(err), EC(RESOURCE));
+	assert_non_null(strstr(err->error->message, "max-sessions-per-uid"));
+	frame_envelope_free(err);
+	raw_close(&b);
+
+	/* 8 KiB of registrations: 4 KiB + 4 KiB fit, one byte more does not,
+	 * and deregistering makes room again. */
+	int fd = memfd_create("t", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	assert_int_equal(ftruncate(fd, 16384), 0);
+	assert_int_equal(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK), 0);
+	Dfccl__V1__RegisterMem rm = DFCCL__V1__REGISTER_MEM__INIT;
+	rm.kind = DFCCL__V1__MEM_KIND__MEM_HOST_MEMFD;
+	rm.size = 4096;
+	Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
+	env.body_case = DFCCL__V1__ENVELOPE__BODY_REGISTER_MEM;
+	env.register_mem = &rm;
+	uint32_t ids[2];
+	for (int i = 0; i < 2; i++) {
+		dfccl_envelope *r = raw_request(&a, &env, &fd, 1, NULL, NULL);
+		assert_int_equal(r->body_case, DFCCL__V1__ENVELOPE__BODY_REGISTER_REPLY);
+		ids[i] = r->register_reply->reg_id;
+		frame_envelope_free(r);
+	}
+	rm.size = 1;
+	dfccl_envelope *r = raw_request(&a, &env, &fd, 1, NULL, NULL);
+	assert_int_equal(error_code(r), EC(RESOURCE));
+	assert_non_null(strstr(r->error->message, "max-registered-bytes-per-uid"));
+	frame_envelope_free(r);
+	Dfccl__V1__DeregisterMem dm = DFCCL__V1__DEREGISTER_MEM__INIT;
+	dm.reg_id = ids[0];
+	Dfccl__V1__Envelope denv = DFCCL__V1__ENVELOPE__INIT;
+	denv.body_case = DFCCL__V1__ENVELOPE__BODY_DEREGISTER_MEM;
+	denv.deregister_mem = &dm;
+	r = raw_request(&a, &denv, NULL, 0, NULL, NULL);
+	assert_int_equal(r->body_case, DFCCL__V1__ENVELOPE__BODY_OK);
+	frame_envelope_free(r);
+	r = raw_request(&a, &env, &fd, 1, NULL, NULL);
+	assert_int_equal(r->body_case, DFCCL__V1__ENVELOPE__BODY_REGISTER_REPLY);
+	frame_envelope_free(r);
+	close(fd);
+	raw_close(&a);
+	assert_int_equal(daemon_stop(&d), 0);
+}
+
+static void test_engine_cuda_without_gpu(void **state)
+{
+	/* Asking for the CUDA engine where no GPU can be used fails at start
+	 * with a reason, instead of serving devices that do not work. Skipped
+	 * where a GPU is present. */
+	if (access("/dev/nvidiactl", F_OK) == 0) {
+		print_message("skipped: this machine has a GPU\n");
+		skip();
+	}
+	char cmd[512];
+	snprintf(cmd, sizeof(cmd), "%s --engine cuda --socket /tmp/dfccl-nogpu-%d.sock --config /dev/null "
+	         "--log-target stderr 2>&1", DFCCLD_PATH, (int)getpid());
+	FILE *p = popen(cmd, "r");
+	assert_non_null(p);
+	char out[4096] = "";
+	size_t n = fread(out, 1, sizeof(out) - 1, p);
+	out[n] = '\0';
+	int st = pclose(p);
+	assert_true(WIFEXITED(st) && WEXITSTATUS(st) != 0);
+	assert_non_null(strstr(out, "no usable GPU"));
+}
+
 int main(void)
 {
 	signal(SIGPIPE, SIG_IGN);
@@ -607,6 +693,8 @@ int main(void)
 	    cmocka_unit_test_setup_teardown(test_registered_range_checked_by_engine, setup, teardown),
 	    cmocka_unit_test_setup_teardown(test_disconnect_cleans_up, setup, teardown),
 	    cmocka_unit_test_setup_teardown(test_sigterm_tells_clients, setup, teardown),
+	    cmocka_unit_test(test_uid_quotas),
+	    cmocka_unit_test(test_engine_cuda_without_gpu),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

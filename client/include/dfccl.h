@@ -1,0 +1,209 @@
+/*
+ * dfccl.h - the public interface of libdfccl, the client library of dfccld.
+ *
+ * Shaped like NCCL where the concepts match: result codes, a 128-byte unique
+ * id handed from rank 0 to the others out of band, communicators created by
+ * dfcclCommInitRank, collectives with a stream argument. The collectives run
+ * in dfccld, the node's collective-communication daemon; libdfccl talks to it
+ * over a Unix socket (found through DFCCL_SOCKET, default
+ * /run/dfccl/dfccld.sock) and submits work through shared-memory queues.
+ *
+ * Every function returns a dfcclResult_t. On failure, dfcclGetLastError()
+ * returns a sentence saying what went wrong and what to do about it.
+ * Thread safety: every function may be called from any thread.
+ *
+ * A process has one session with the daemon, opened on first need. A child
+ * created by fork() does not share it: communicators and buffers inherited
+ * across fork fail with dfcclDaemonUnavailable in the child, and the child's
+ * own calls open a session of its own.
+ *
+ * Environment:
+ *   DFCCL_SOCKET                    the daemon's socket (default DFCCL_DEFAULT_SOCKET)
+ *   DFCCL_DEBUG=WARN                print where each failure originated on stderr
+ *   DFCCL_PROTO_VERSION_OVERRIDE=N  diagnostic knob: claim to speak exactly control
+ *                                   protocol version N, to test the daemon's version
+ *                                   negotiation; never needed in normal use
+ */
+#ifndef DFCCL_H
+#define DFCCL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DFCCL_MAJOR 0
+#define DFCCL_MINOR 1
+#define DFCCL_PATCH 0
+#define DFCCL_VERSION_CODE (DFCCL_MAJOR * 10000 + DFCCL_MINOR * 100 + DFCCL_PATCH)
+
+#define DFCCL_DEFAULT_SOCKET "/run/dfccl/dfccld.sock"
+#define DFCCL_UNIQUE_ID_BYTES 128
+
+typedef enum {
+	dfcclSuccess = 0,
+	dfcclUnhandledCudaError = 1,
+	dfcclSystemError = 2,
+	dfcclInternalError = 3,
+	dfcclInvalidArgument = 4,
+	dfcclInvalidUsage = 5,
+	dfcclRemoteError = 6, /* a peer rank failed or disconnected */
+	dfcclInProgress = 7,
+	/* dfccl-specific results */
+	dfcclDaemonUnavailable = 8, /* cannot reach dfccld */
+	dfcclVersionMismatch = 9,   /* library and daemon share no protocol version */
+	dfcclPermissionDenied = 10, /* another user's communicator, or a quota */
+	dfcclTimeout = 11,
+	dfcclAborted = 12,          /* the communicator was aborted */
+	dfcclDeviceLost = 13,       /* the daemon's worker for the device died */
+	dfcclNotSupported = 14,     /* not available with the daemon's engine */
+	dfcclNumResults = 15
+} dfcclResult_t;
+
+typedef enum {
+	dfcclInt8 = 0,
+	dfcclChar = 0,
+	dfcclUint8 = 1,
+	dfcclInt32 = 2,
+	dfcclInt = 2,
+	dfcclUint32 = 3,
+	dfcclInt64 = 4,
+	dfcclUint64 = 5,
+	dfcclFloat16 = 6,
+	dfcclHalf = 6,
+	dfcclFloat32 = 7,
+	dfcclFloat = 7,
+	dfcclFloat64 = 8,
+	dfcclDouble = 8,
+	dfcclBfloat16 = 9,
+	dfcclNumTypes = 10
+} dfcclDataType_t;
+
+typedef enum {
+	dfcclSum = 0,
+	dfcclProd = 1,
+	dfcclMax = 2,
+	dfcclMin = 3,
+	dfcclAvg = 4,
+	dfcclNumOps = 5
+} dfcclRedOp_t;
+
+typedef struct {
+	char internal[DFCCL_UNIQUE_ID_BYTES];
+} dfcclUniqueId;
+
+typedef struct dfcclComm *dfcclComm_t;
+
+/* A CUDA stream (cudaStream_t) or NULL; host-engine calls take NULL. */
+typedef struct CUstream_st *dfcclStream_t;
+
+/* Options for dfcclCommInitRankConfig; start from DFCCL_CONFIG_INITIALIZER. */
+typedef struct {
+	size_t size;          /* sizeof(dfcclConfig_t) */
+	unsigned int magic;   /* DFCCL_CONFIG_MAGIC */
+	unsigned int version; /* DFCCL_VERSION_CODE */
+	int device;           /* -1: the calling thread's device (dfcclSetDevice) */
+	int initTimeoutMs;    /* 0: the daemon's default (setting comm-init-timeout-ms) */
+} dfcclConfig_t;
+
+#define DFCCL_CONFIG_MAGIC 0xdfcc1cf9u
+#define DFCCL_CONFIG_INITIALIZER \
+	{sizeof(dfcclConfig_t), DFCCL_CONFIG_MAGIC, DFCCL_VERSION_CODE, -1, 0}
+
+/* ---------------------------------------------------------------- basics */
+
+const char *dfcclGetErrorString(dfcclResult_t result);
+
+/* The last error of the calling thread as a full sentence ("" if none).
+ * comm is accepted for NCCL symmetry and may be NULL. */
+const char *dfcclGetLastError(dfcclComm_t comm);
+
+/* DFCCL_VERSION_CODE of the library. */
+dfcclResult_t dfcclGetVersion(int *version);
+
+/* Select the device that later dfcclCommInitRank calls of this thread use
+ * (like cudaSetDevice for NCCL). Default 0. */
+dfcclResult_t dfcclSetDevice(int device);
+dfcclResult_t dfcclGetDevice(int *device);
+
+/* Number of devices the daemon serves (GPUs, or the host engine's emulated
+ * devices). Connects to the daemon. */
+dfcclResult_t dfcclGetDeviceCount(int *count);
+
+/* ---------------------------------------------------------------- communicators */
+
+/* 128 random bytes from the kernel's CSPRNG, with a version tag and room
+ * for a bootstrap address. Call on one rank, share with the others. */
+dfcclResult_t dfcclGetUniqueId(dfcclUniqueId *uniqueId);
+
+/* Joins rank `rank` of an `nranks` communicator identified by commId on the
+ * calling thread's device. Blocks until every rank has joined, or fails with
+ * dfcclTimeout naming the ranks that never came. */
+dfcclResult_t dfcclCommInitRank(dfcclComm_t *comm, int nranks, dfcclUniqueId commId, int rank);
+dfcclResult_t dfcclCommInitRankConfig(dfcclComm_t *comm, int nranks, dfcclUniqueId commId,
+                                      int rank, const dfcclConfig_t *config);
+
+/* Leaves the communicator after its collectives completed and frees it. */
+dfcclResult_t dfcclCommDestroy(dfcclComm_t comm);
+
+/* Leaves at once: the daemon fails the other ranks' pending and later
+ * collectives with dfcclAborted. Frees comm. */
+dfcclResult_t dfcclCommAbort(dfcclComm_t comm);
+
+dfcclResult_t dfcclCommCount(const dfcclComm_t comm, int *count);
+dfcclResult_t dfcclCommUserRank(const dfcclComm_t comm, int *rank);
+dfcclResult_t dfcclCommDevice(const dfcclComm_t comm, int *device);
+
+/* dfcclSuccess, or the error the daemon reported for this communicator
+ * (a peer lost, an abort, the device's worker lost). Never blocks. */
+dfcclResult_t dfcclCommGetAsyncError(dfcclComm_t comm, dfcclResult_t *asyncError);
+
+/* ---------------------------------------------------------------- memory */
+
+/* Allocates size bytes the daemon can reach: host shared memory on the host
+ * engine. The buffer is registered with the daemon as it is allocated. */
+dfcclResult_t dfcclMemAlloc(void **ptr, size_t size);
+dfcclResult_t dfcclMemFree(void *ptr);
+
+/* Registers [buff, buff+size) for collectives of comm and returns a handle.
+ * The range must lie inside one dfcclMemAlloc allocation on the host engine.
+ * Registering the same range twice returns the same registration. */
+dfcclResult_t dfcclCommRegister(const dfcclComm_t comm, void *buff, size_t size, void **handle);
+dfcclResult_t dfcclCommDeregister(const dfcclComm_t comm, void *handle);
+
+/* ---------------------------------------------------------------- collectives
+ *
+ * NCCL-style collectives: calls on one communicator match across ranks by
+ * their order on that communicator. Buffers must come from dfcclMemAlloc
+ * (host engine) or be device memory (CUDA engine).
+ */
+
+dfcclResult_t dfcclAllReduce(const void *sendbuff, void *recvbuff, size_t count,
+                             dfcclDataType_t datatype, dfcclRedOp_t op, dfcclComm_t comm,
+                             dfcclStream_t stream);
+dfcclResult_t dfcclBroadcast(const void *sendbuff, void *recvbuff, size_t count,
+                             dfcclDataType_t datatype, int root, dfcclComm_t comm,
+                             dfcclStream_t stream);
+dfcclResult_t dfcclReduce(const void *sendbuff, void *recvbuff, size_t count,
+                          dfcclDataType_t datatype, dfcclRedOp_t op, int root, dfcclComm_t comm,
+                          dfcclStream_t stream);
+dfcclResult_t dfcclAllGather(const void *sendbuff, void *recvbuff, size_t sendcount,
+                             dfcclDataType_t datatype, dfcclComm_t comm, dfcclStream_t stream);
+dfcclResult_t dfcclReduceScatter(const void *sendbuff, void *recvbuff, size_t recvcount,
+                                 dfcclDataType_t datatype, dfcclRedOp_t op, dfcclComm_t comm,
+                                 dfcclStream_t stream);
+dfcclResult_t dfcclSend(const void *sendbuff, size_t count, dfcclDataType_t datatype, int peer,
+                        dfcclComm_t comm, dfcclStream_t stream);
+dfcclResult_t dfcclRecv(void *recvbuff, size_t count, dfcclDataType_t datatype, int peer,
+                        dfcclComm_t comm, dfcclStream_t stream);
+
+dfcclResult_t dfcclGroupStart(void);
+dfcclResult_t dfcclGroupEnd(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DFCCL_H */

@@ -1,0 +1,723 @@
+/*
+ * The session with dfccld; see client.h for the model.
+ *
+ * Locks, in the order they may nest: default_lock (the process-wide session
+ * pointer, held while it is opened), attach_lock (held across the attach
+ * request, so two threads never map the same device twice), then either
+ * lock (waiters, async slots, the lost state) or write_lock (one frame at a
+ * time on the socket), never both. The poller takes only `lock`, and never
+ * while reading, so a slow daemon cannot make a caller wait for a lock.
+ */
+#include "client.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "dfccl_internal.h"
+#include "errors.h"
+
+#define STRINGIFY_(x) #x
+#define STRINGIFY(x) STRINGIFY_(x)
+#define CLIENT_LIBRARY_VERSION STRINGIFY(DFCCL_MAJOR) "." STRINGIFY(DFCCL_MINOR) "." STRINGIFY(DFCCL_PATCH)
+
+/* How long the Hello may take. Generous, because a socket-activated daemon
+ * answers only once it has started its workers; finite, so that a wedged
+ * daemon turns into an error instead of a silent hang. */
+#define CLIENT_HELLO_TIMEOUT_S 60
+
+/* One caller blocked in a request. Lives on the caller's stack. */
+struct client_waiter {
+	struct client_waiter *next;
+	uint64_t id;
+	pthread_cond_t cond;
+	bool done;                  /* the reply was delivered into rep */
+	struct client_reply *rep;
+	struct client_async *bind;  /* client_comm_init: link under the new comm_id */
+};
+
+struct client {
+	int refs;              /* atomic */
+	int fd;
+	int lost;              /* atomic; qp waits read it through qp->lost */
+	uint64_t next_id;      /* atomic; request ids, never 0 */
+	bool poller_started;
+	pthread_t poller;
+
+	pthread_mutex_t lock;  /* waiters, asyncs, lost_reason */
+	struct client_waiter *waiters;
+	struct client_async *asyncs;
+	char lost_reason[256];
+
+	pthread_mutex_t write_lock;
+
+	pthread_mutex_t attach_lock;
+	struct qp **qps;       /* [info.ndevices] */
+
+	struct frame_reader reader; /* the hello, then the poller only */
+	char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+	struct client_info info;
+};
+
+static _Thread_local int current_device;
+
+static pthread_mutex_t default_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct client *default_client;
+
+const char *client_socket_path(void)
+{
+	const char *p = getenv("DFCCL_SOCKET");
+	return p && *p ? p : DFCCL_DEFAULT_SOCKET;
+}
+
+int client_current_device(void)
+{
+	return current_device;
+}
+
+const struct client_info *client_info(const struct client *c)
+{
+	return &c->info;
+}
+
+bool client_lost(const struct client *c)
+{
+	return __atomic_load_n(&c->lost, __ATOMIC_ACQUIRE) != 0;
+}
+
+dfcclResult_t client_check_device(const struct client *c, int device)
+{
+	if (device < 0 || (uint32_t)device >= c->info.ndevices)
+		return errors_set(dfcclInvalidArgument, "device %d does not exist: dfccld serves %u device(s) (dfcclGetDeviceCount)",
+		                  device, c->info.ndevices);
+	return dfcclSuccess;
+}
+
+struct client *client_ref(struct client *c)
+{
+	__atomic_add_fetch(&c->refs, 1, __ATOMIC_RELAXED);
+	return c;
+}
+
+/* Frees a session in any state of construction. */
+static void client_destroy(struct client *c)
+{
+	if (c->poller_started) {
+		/* Wakes the poller out of recvmsg with an end of stream. */
+		shutdown(c->fd, SHUT_RDWR);
+		pthread_join(c->poller, NULL);
+	}
+	if (c->fd >= 0)
+		close(c->fd);
+	if (c->qps)
+		for (uint32_t i = 0; i < c->info.ndevices; i++)
+			qp_free(c->qps[i]);
+	free(c->qps);
+	frame_reader_free(&c->reader);
+	pthread_mutex_destroy(&c->lock);
+	pthread_mutex_destroy(&c->write_lock);
+	pthread_mutex_destroy(&c->attach_lock);
+	free(c);
+}
+
+void client_unref(struct client *c)
+{
+	if (c && __atomic_sub_fetch(&c->refs, 1, __ATOMIC_ACQ_REL) == 0)
+		client_destroy(c);
+}
+
+void client_reply_release(struct client_reply *rep)
+{
+	frame_close_fds(rep->fds, rep->nfds);
+	frame_envelope_free(rep->env);
+	*rep = (struct client_reply)CLIENT_REPLY_INIT;
+}
+
+/* The result of a reply whose body should be `expect`. */
+static dfcclResult_t reply_result(const dfccl_envelope *env, int expect)
+{
+	if (env->body_case == DFCCL__V1__ENVELOPE__BODY_ERROR) {
+		dfcclResult_t r = errors_from_code(env->error->code);
+		if (r == dfcclSuccess)
+			r = dfcclInternalError;
+		return errors_set(r, "%s", env->error->message[0] ? env->error->message : "dfccld refused the request without a reason");
+	}
+	if ((int)env->body_case != expect)
+		return errors_set(dfcclInternalError, "dfccld answered with message %d where %d was expected",
+		                  (int)env->body_case, expect);
+	return dfcclSuccess;
+}
+
+/* ---------------------------------------------------------------- async slots */
+
+static void async_set_locked(struct client_async *a, dfcclResult_t error, const char *message)
+{
+	if (a->error != dfcclSuccess)
+		return;
+	a->error = error;
+	snprintf(a->message, sizeof(a->message), "%s", message);
+}
+
+void client_async_set(struct client *c, struct client_async *a, dfcclResult_t error, const char *message)
+{
+	pthread_mutex_lock(&c->lock);
+	async_set_locked(a, error, message);
+	pthread_mutex_unlock(&c->lock);
+}
+
+dfcclResult_t client_async_get(struct client *c, const struct client_async *a, char *msg, size_t msglen)
+{
+	pthread_mutex_lock(&c->lock);
+	dfcclResult_t r = a->error;
+	snprintf(msg, msglen, "%s", a->message);
+	pthread_mutex_unlock(&c->lock);
+	return r;
+}
+
+void client_async_remove(struct client *c, struct client_async *a)
+{
+	pthread_mutex_lock(&c->lock);
+	for (struct client_async **p = &c->asyncs; *p; p = &(*p)->next) {
+		if (*p == a) {
+			*p = a->next;
+			break;
+		}
+	}
+	a->next = NULL;
+	pthread_mutex_unlock(&c->lock);
+}
+
+/* A notice with a comm_id concerns that communicator. Without one it
+ * concerns the session: a lost device fails the communicators on that
+ * device, anything else (the daemon shutting down) fails them all. */
+static void client_notice(struct client *c, const Dfccl__V1__Notice *n)
+{
+	dfcclResult_t r = errors_from_code(n->code);
+	if (r == dfcclSuccess)
+		return;
+	char msg[256];
+	if (n->message[0])
+		snprintf(msg, sizeof(msg), "%s", n->message);
+	else
+		snprintf(msg, sizeof(msg), "dfccld reported: %s", dfcclGetErrorString(r));
+
+	pthread_mutex_lock(&c->lock);
+	for (struct client_async *a = c->asyncs; a; a = a->next) {
+		bool hit;
+		if (n->comm_id != 0)
+			hit = a->comm_id == n->comm_id;
+		else if (n->code == DFCCL__V1__ERROR_CODE__ERROR_DEVICE_LOST)
+			hit = a->device == n->device;
+		else
+			hit = true;
+		if (hit)
+			async_set_locked(a, r, msg);
+	}
+	pthread_mutex_unlock(&c->lock);
+}
+
+/* ---------------------------------------------------------------- the poller */
+
+static void waiter_unlink_locked(struct client *c, struct client_waiter *w)
+{
+	for (struct client_waiter **p = &c->waiters; *p; p = &(*p)->next) {
+		if (*p == w) {
+			*p = w->next;
+			return;
+		}
+	}
+}
+
+/* Hands a frame to whoever waits for it; takes ownership of env and fds. */
+static void client_dispatch(struct client *c, dfccl_envelope *env, int *fds, unsigned nfds)
+{
+	if (env->request_id == 0) {
+		if (env->body_case == DFCCL__V1__ENVELOPE__BODY_NOTICE)
+			client_notice(c, env->notice);
+		frame_close_fds(fds, nfds);
+		frame_envelope_free(env);
+		return;
+	}
+
+	pthread_mutex_lock(&c->lock);
+	struct client_waiter *w = c->waiters;
+	while (w && w->id != env->request_id)
+		w = w->next;
+	if (w) {
+		w->rep->env = env;
+		memcpy(w->rep->fds, fds, nfds * sizeof(int));
+		w->rep->nfds = nfds;
+		if (w->bind && env->body_case == DFCCL__V1__ENVELOPE__BODY_COMM_INIT_REPLY) {
+			w->bind->comm_id = env->comm_init_reply->comm_id;
+			w->bind->next = c->asyncs;
+			c->asyncs = w->bind;
+		}
+		w->done = true;
+		waiter_unlink_locked(c, w);
+		pthread_cond_signal(&w->cond);
+	}
+	pthread_mutex_unlock(&c->lock);
+
+	if (!w) {
+		/* Nobody asked: requests are never abandoned, so this is a daemon
+		 * bug; dropping the frame is all that can be done. */
+		frame_close_fds(fds, nfds);
+		frame_envelope_free(env);
+	}
+}
+
+static void client_mark_lost(struct client *c, int rc)
+{
+	pthread_mutex_lock(&c->lock);
+	snprintf(c->lost_reason, sizeof(c->lost_reason),
+	         "lost the connection to dfccld (%s); is dfccld running? (systemctl status dfccld)",
+	         rc == 0 ? "the daemon closed it" : strerror(-rc));
+	__atomic_store_n(&c->lost, 1, __ATOMIC_RELEASE);
+	for (struct client_waiter *w = c->waiters; w; w = w->next)
+		pthread_cond_signal(&w->cond);
+	c->waiters = NULL;
+	for (struct client_async *a = c->asyncs; a; a = a->next)
+		async_set_locked(a, dfcclDaemonUnavailable, c->lost_reason);
+	pthread_mutex_unlock(&c->lock);
+}
+
+static void *client_poll(void *arg)
+{
+	struct client *c = arg;
+	int rc;
+	for (;;) {
+		dfccl_envelope *env;
+		int fds[DFCCL_FRAME_MAX_FDS];
+		unsigned nfds = 0;
+		/* Any failure, an undecodable frame included, ends the session: the
+		 * frame may have been the reply some caller waits for. */
+		rc = frame_recv(&c->reader, c->fd, &env, fds, &nfds);
+		if (rc <= 0)
+			break;
+		client_dispatch(c, env, fds, nfds);
+	}
+	client_mark_lost(c, rc);
+	return NULL;
+}
+
+/* ---------------------------------------------------------------- requests */
+
+static dfcclResult_t client_call(struct client *c, dfccl_envelope *req, const int *fds, unsigned nfds, int expect,
+                                 struct client_async *bind, struct client_reply *rep)
+{
+	dfcclResult_t r = dfcclSuccess;
+	struct client_waiter w = {.rep = rep, .bind = bind};
+
+	*rep = (struct client_reply)CLIENT_REPLY_INIT;
+	w.id = __atomic_add_fetch(&c->next_id, 1, __ATOMIC_RELAXED);
+	req->request_id = w.id;
+	pthread_cond_init(&w.cond, NULL);
+
+	/* Linked before the frame leaves, so the reply always finds it. */
+	pthread_mutex_lock(&c->lock);
+	if (client_lost(c)) {
+		r = errors_set(dfcclDaemonUnavailable, "%s", c->lost_reason);
+		pthread_mutex_unlock(&c->lock);
+		goto out;
+	}
+	w.next = c->waiters;
+	c->waiters = &w;
+	pthread_mutex_unlock(&c->lock);
+
+	pthread_mutex_lock(&c->write_lock);
+	int rc = frame_send(c->fd, req, fds, nfds);
+	pthread_mutex_unlock(&c->write_lock);
+
+	pthread_mutex_lock(&c->lock);
+	if (rc < 0) {
+		waiter_unlink_locked(c, &w);
+		pthread_mutex_unlock(&c->lock);
+		if (rc == -EINVAL || rc == -EMSGSIZE)
+			r = errors_set(dfcclInternalError, "cannot encode a request for dfccld: %s", strerror(-rc));
+		else
+			r = errors_set(dfcclDaemonUnavailable, "cannot send to dfccld at %s: %s; is dfccld running? "
+			               "(systemctl status dfccld)", c->path, strerror(-rc));
+		goto out;
+	}
+	while (!w.done && !client_lost(c))
+		pthread_cond_wait(&w.cond, &c->lock);
+	if (!w.done) {
+		waiter_unlink_locked(c, &w);
+		r = errors_set(dfcclDaemonUnavailable, "%s", c->lost_reason);
+	}
+	pthread_mutex_unlock(&c->lock);
+
+	if (r == dfcclSuccess) {
+		r = reply_result(rep->env, expect);
+		if (r != dfcclSuccess) {
+			/* A failed comm_init never linked `bind`; nothing to undo. */
+			client_reply_release(rep);
+		}
+	}
+out:
+	pthread_cond_destroy(&w.cond);
+	return r;
+}
+
+dfcclResult_t client_request(struct client *c, dfccl_envelope *req, const int *fds, unsigned nfds, int expect,
+                             struct client_reply *rep)
+{
+	return client_call(c, req, fds, nfds, expect, NULL, rep);
+}
+
+dfcclResult_t client_request_ok(struct client *c, dfccl_envelope *req)
+{
+	struct client_reply rep;
+	dfcclResult_t r = client_call(c, req, NULL, 0, DFCCL__V1__ENVELOPE__BODY_OK, NULL, &rep);
+	if (r == dfcclSuccess)
+		client_reply_release(&rep);
+	return r;
+}
+
+dfcclResult_t client_comm_init(struct client *c, dfccl_envelope *req, struct client_async *async,
+                               struct client_reply *rep)
+{
+	return client_call(c, req, NULL, 0, DFCCL__V1__ENVELOPE__BODY_COMM_INIT_REPLY, async, rep);
+}
+
+/* ---------------------------------------------------------------- connecting */
+
+/* DFCCL_PROTO_VERSION_OVERRIDE=N: claim exactly version N (a diagnostic
+ * knob for testing the daemon's version negotiation). */
+static dfcclResult_t hello_versions(uint32_t *minv, uint32_t *maxv)
+{
+	*minv = DFCCL_PROTO_MIN_VERSION;
+	*maxv = DFCCL_PROTO_VERSION;
+	const char *ov = getenv("DFCCL_PROTO_VERSION_OVERRIDE");
+	if (!ov || !*ov)
+		return dfcclSuccess;
+	char *end;
+	errno = 0;
+	unsigned long v = strtoul(ov, &end, 10);
+	if (errno || *end || v > UINT32_MAX)
+		return errors_set(dfcclInvalidArgument, "DFCCL_PROTO_VERSION_OVERRIDE=%s is not a protocol version number", ov);
+	*minv = *maxv = (uint32_t)v;
+	return dfcclSuccess;
+}
+
+static void set_recv_timeout(int fd, int seconds)
+{
+	struct timeval tv = {.tv_sec = seconds, .tv_usec = 0};
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+}
+
+/* Hello and its reply, before the poller runs. */
+static dfcclResult_t client_hello(struct client *c, const char *name)
+{
+	dfcclResult_t r;
+	uint32_t minv, maxv;
+	dfccl_envelope *env = NULL;
+	int fds[DFCCL_FRAME_MAX_FDS];
+	unsigned nfds = 0;
+
+	r = hello_versions(&minv, &maxv);
+	if (r != dfcclSuccess)
+		return r;
+
+	Dfccl__V1__Hello hello = DFCCL__V1__HELLO__INIT;
+	hello.min_version = minv;
+	hello.max_version = maxv;
+	hello.client_name = (char *)name;
+	hello.library_version = (char *)CLIENT_LIBRARY_VERSION;
+	dfccl_envelope req = DFCCL__V1__ENVELOPE__INIT;
+	req.request_id = __atomic_add_fetch(&c->next_id, 1, __ATOMIC_RELAXED);
+	req.body_case = DFCCL__V1__ENVELOPE__BODY_HELLO;
+	req.hello = &hello;
+
+	int rc = frame_send(c->fd, &req, NULL, 0);
+	if (rc < 0)
+		return errors_set(dfcclDaemonUnavailable, "cannot talk to dfccld at %s: %s", c->path, strerror(-rc));
+	set_recv_timeout(c->fd, CLIENT_HELLO_TIMEOUT_S);
+	rc = frame_recv(&c->reader, c->fd, &env, fds, &nfds);
+	set_recv_timeout(c->fd, 0);
+	if (rc <= 0) {
+		if (rc == 0)
+			return errors_set(dfcclDaemonUnavailable, "dfccld at %s closed the connection before answering Hello", c->path);
+		if (rc == -EAGAIN)
+			return errors_set(dfcclDaemonUnavailable, "dfccld at %s did not answer Hello within %d s",
+			                  c->path, CLIENT_HELLO_TIMEOUT_S);
+		return errors_set(dfcclDaemonUnavailable, "cannot read dfccld's answer to Hello at %s: %s", c->path,
+		                  strerror(-rc));
+	}
+	frame_close_fds(fds, nfds);
+
+	if (env->request_id != req.request_id) {
+		r = errors_set(dfcclInternalError, "dfccld answered Hello with request id %llu instead of %llu",
+		               (unsigned long long)env->request_id, (unsigned long long)req.request_id);
+		goto out;
+	}
+	r = reply_result(env, DFCCL__V1__ENVELOPE__BODY_HELLO_REPLY);
+	if (r != dfcclSuccess)
+		goto out;
+	const Dfccl__V1__HelloReply *h = env->hello_reply;
+	if (h->version < minv || h->version > maxv) {
+		r = errors_set(dfcclVersionMismatch, "dfccld chose protocol version %u; this libdfccl speaks %u to %u",
+		               h->version, minv, maxv);
+		goto out;
+	}
+	c->info.version = h->version;
+	snprintf(c->info.daemon_version, sizeof(c->info.daemon_version), "%s", h->daemon_version);
+	c->info.session_id = h->session_id;
+	c->info.engine = h->engine;
+	c->info.ndevices = h->ndevices;
+out:
+	frame_envelope_free(env);
+	return r;
+}
+
+dfcclResult_t client_open(const char *path, const char *name, struct client **out)
+{
+	dfcclResult_t r;
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+
+	if (strlen(path) >= sizeof(sa.sun_path))
+		return errors_set(dfcclInvalidArgument, "socket path %s is longer than %zu bytes", path, sizeof(sa.sun_path) - 1);
+	memcpy(sa.sun_path, path, strlen(path) + 1);
+
+	struct client *c = calloc(1, sizeof(*c));
+	if (!c)
+		return errors_set(dfcclSystemError, "out of memory");
+	c->refs = 1;
+	c->fd = -1;
+	c->reader = (struct frame_reader)FRAME_READER_INIT;
+	snprintf(c->path, sizeof(c->path), "%s", path);
+	pthread_mutex_init(&c->lock, NULL);
+	pthread_mutex_init(&c->write_lock, NULL);
+	pthread_mutex_init(&c->attach_lock, NULL);
+
+	c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (c->fd < 0) {
+		r = errors_set(dfcclSystemError, "cannot create a socket: %s", strerror(errno));
+		goto fail;
+	}
+	if (connect(c->fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		r = errors_set(dfcclDaemonUnavailable, "cannot connect to %s: %s; is dfccld running? (systemctl start dfccld)",
+		               path, strerror(errno));
+		goto fail;
+	}
+	r = client_hello(c, name);
+	if (r != dfcclSuccess)
+		goto fail;
+	c->qps = calloc(c->info.ndevices ? c->info.ndevices : 1, sizeof(*c->qps));
+	if (!c->qps) {
+		r = errors_set(dfcclSystemError, "out of memory");
+		goto fail;
+	}
+
+	/* The poller must never run the application's signal handlers. */
+	sigset_t all, old;
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	int rc = pthread_create(&c->poller, NULL, client_poll, c);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	if (rc != 0) {
+		r = errors_set(dfcclSystemError, "cannot start the libdfccl poller thread: %s", strerror(rc));
+		goto fail;
+	}
+	c->poller_started = true;
+	*out = c;
+	return dfcclSuccess;
+
+fail:
+	client_destroy(c);
+	return r;
+}
+
+/*
+ * At exit, settle the process-wide session's poller so that the thread
+ * sanitizer does not report it as leaked: join it if the connection was
+ * lost (it has finished, and communicators may still hold the session), and
+ * detach it otherwise (other threads may still use the session while the
+ * process exits, and the daemon may close the connection at any moment).
+ * The library keeps its reference, so the session is never freed under the
+ * detached thread. Registered with atexit (which glibc ties to this library,
+ * so dlclose runs it too) rather than as a destructor, because the
+ * sanitizer's own exit checks run before the destructors of shared
+ * libraries.
+ */
+static void client_default_reap(void)
+{
+	pthread_mutex_lock(&default_lock);
+	struct client *c = default_client;
+	if (c && c->poller_started) {
+		if (client_lost(c))
+			pthread_join(c->poller, NULL);
+		else
+			pthread_detach(c->poller);
+		c->poller_started = false;
+	}
+	pthread_mutex_unlock(&default_lock);
+}
+
+/*
+ * A forked child inherits the session's socket and queue pairs but not its
+ * poller, and must not speak for the parent on either. The child marks the
+ * inherited session lost (so communicators and buffers it inherited fail
+ * with dfcclDaemonUnavailable instead of writing into the parent's queues),
+ * closes its copy of the socket, and forgets it, so that its first call opens
+ * a session of its own. The session's memory is left alone: inherited
+ * objects still point to it. Its locks may have been held by threads that
+ * do not exist in the child, hence the re-initialisation.
+ */
+static void client_fork_prepare(void)
+{
+	pthread_mutex_lock(&default_lock);
+}
+
+static void client_fork_parent(void)
+{
+	pthread_mutex_unlock(&default_lock);
+}
+
+static void client_fork_child(void)
+{
+	struct client *c = default_client;
+	pthread_mutex_init(&default_lock, NULL);
+	if (!c)
+		return;
+	pthread_mutex_init(&c->lock, NULL);
+	pthread_mutex_init(&c->write_lock, NULL);
+	pthread_mutex_init(&c->attach_lock, NULL);
+	snprintf(c->lost_reason, sizeof(c->lost_reason),
+	         "this process was forked from the one that connected to dfccld; communicators and buffers do not "
+	         "survive fork: create them after it");
+	for (struct client_async *a = c->asyncs; a; a = a->next)
+		async_set_locked(a, dfcclDaemonUnavailable, c->lost_reason);
+	c->waiters = NULL;
+	__atomic_store_n(&c->lost, 1, __ATOMIC_RELEASE);
+	c->poller_started = false;
+	close(c->fd);
+	c->fd = -1;
+	default_client = NULL;
+}
+
+static pthread_once_t default_once = PTHREAD_ONCE_INIT;
+
+static void client_default_once(void)
+{
+	atexit(client_default_reap);
+	pthread_atfork(client_fork_prepare, client_fork_parent, client_fork_child);
+}
+
+dfcclResult_t client_default(struct client **out)
+{
+	dfcclResult_t r = dfcclSuccess;
+	pthread_mutex_lock(&default_lock);
+	if (default_client && client_lost(default_client)) {
+		client_unref(default_client);
+		default_client = NULL;
+	}
+	if (!default_client) {
+		pthread_once(&default_once, client_default_once);
+		r = client_open(client_socket_path(), program_invocation_short_name, &default_client);
+	}
+	if (r == dfcclSuccess)
+		*out = client_ref(default_client);
+	pthread_mutex_unlock(&default_lock);
+	return r;
+}
+
+/* ---------------------------------------------------------------- devices */
+
+dfcclResult_t client_attach(struct client *c, uint32_t device, struct qp **out)
+{
+	dfcclResult_t r = client_check_device(c, (int)device);
+	if (r != dfcclSuccess)
+		return r;
+
+	pthread_mutex_lock(&c->attach_lock);
+	if (c->qps[device]) {
+		*out = c->qps[device];
+		goto out;
+	}
+	Dfccl__V1__AttachDevice attach = DFCCL__V1__ATTACH_DEVICE__INIT;
+	attach.device = device;
+	dfccl_envelope req = DFCCL__V1__ENVELOPE__INIT;
+	req.body_case = DFCCL__V1__ENVELOPE__BODY_ATTACH;
+	req.attach = &attach;
+	struct client_reply rep;
+	r = client_request(c, &req, NULL, 0, DFCCL__V1__ENVELOPE__BODY_ATTACH_REPLY, &rep);
+	if (r != dfcclSuccess)
+		goto out;
+	const Dfccl__V1__AttachReply *a = rep.env->attach_reply;
+	if (a->device != device || a->nfds != 2 || rep.nfds != 2) {
+		r = errors_set(dfcclInternalError, "dfccld attached device %u with %u descriptor(s) when device %u with 2 "
+		               "was asked for", a->device, rep.nfds, device);
+	} else {
+		r = qp_map(rep.fds[0], rep.fds[1], a->region_size, device, &c->lost, &c->qps[device]);
+		rep.nfds = 0; /* qp_map took both descriptors */
+		if (r == dfcclSuccess)
+			*out = c->qps[device];
+	}
+	client_reply_release(&rep);
+out:
+	pthread_mutex_unlock(&c->attach_lock);
+	return r;
+}
+
+dfcclResult_t client_nop(struct client *c, uint32_t device)
+{
+	struct qp *q;
+	dfcclResult_t r = client_attach(c, device, &q);
+	if (r != dfcclSuccess)
+		return r;
+	struct dfccl_sqe e;
+	memset(&e, 0, sizeof(e));
+	e.opcode = DFCCL_OP_NOP;
+	return qp_run(q, &e);
+}
+
+/* ---------------------------------------------------------------- public */
+
+dfcclResult_t dfcclSetDevice(int device)
+{
+	if (device < 0)
+		return errors_set(dfcclInvalidArgument, "dfcclSetDevice: device %d is negative", device);
+	current_device = device;
+	return dfcclSuccess;
+}
+
+dfcclResult_t dfcclGetDevice(int *device)
+{
+	if (!device)
+		return errors_set(dfcclInvalidArgument, "dfcclGetDevice: device is NULL");
+	*device = current_device;
+	return dfcclSuccess;
+}
+
+dfcclResult_t dfcclGetDeviceCount(int *count)
+{
+	if (!count)
+		return errors_set(dfcclInvalidArgument, "dfcclGetDeviceCount: count is NULL");
+	struct client *c;
+	dfcclResult_t r = client_default(&c);
+	if (r != dfcclSuccess)
+		return r;
+	*count = (int)client_info(c)->ndevices;
+	client_unref(c);
+	return dfcclSuccess;
+}
+
+dfcclResult_t dfcclInternalNop(int device)
+{
+	struct client *c;
+	dfcclResult_t r = client_default(&c);
+	if (r != dfcclSuccess)
+		return r;
+	r = client_nop(c, (uint32_t)device);
+	client_unref(c);
+	return r;
+}

@@ -1,0 +1,143 @@
+/*
+ * A session with dfccld: one Unix-socket connection, its poller thread, and
+ * what the session owns on the daemon's side (queue pairs per device).
+ *
+ * Model. client_open connects, says Hello, and starts the poller thread,
+ * which from then on is the only reader of the socket. A caller sends a
+ * request (writes are serialised by a mutex) and sleeps on its own condition
+ * variable until the poller hands it the reply with the same request_id, so
+ * any number of threads can have requests in flight at once (four ranks of
+ * one process blocking in CommInitRank, say). Unsolicited notices
+ * (request_id 0) set the asynchronous error of the communicators they name
+ * through "async slots" that communicators register here, so this module
+ * does not need to know what a communicator is.
+ *
+ * States: ready -> lost. A session becomes lost when the socket reaches end
+ * of stream or fails; every waiting and later request then fails with
+ * dfcclDaemonUnavailable, every async slot gets that error, and queue-pair
+ * waits stop. A lost session is never revived: client_default opens a new
+ * one for later calls while objects that hold the old one keep failing.
+ *
+ * Lifetime: reference counted. The process-wide session (client_default) is
+ * held by the library, by every communicator and by every allocation made
+ * through it; the last client_unref stops the poller and unmaps the queue
+ * pairs.
+ *
+ * Functions return dfcclSuccess or a result with the thread's last error set.
+ */
+#ifndef DFCCL_CLIENT_CLIENT_H
+#define DFCCL_CLIENT_CLIENT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "dfccl.h"
+#include "frame.h"
+#include "qp.h"
+
+struct client;
+
+/* What the daemon said in its HelloReply. */
+struct client_info {
+	uint32_t version;        /* protocol version in use */
+	char daemon_version[64];
+	uint64_t session_id;
+	uint32_t engine;         /* dfccl.v1.EngineKind */
+	uint32_t ndevices;
+};
+
+/* A reply: the envelope and the descriptors that came with it. Descriptors
+ * still >= 0 at client_reply_release are closed there. */
+struct client_reply {
+	dfccl_envelope *env;
+	int fds[DFCCL_FRAME_MAX_FDS];
+	unsigned nfds;
+};
+
+#define CLIENT_REPLY_INIT {NULL, {0}, 0}
+
+/*
+ * The asynchronous error of one communicator. Owned by the communicator;
+ * linked into its session by client_comm_init and unlinked by
+ * client_async_remove. `error` and `message` are guarded by the session.
+ */
+struct client_async {
+	struct client_async *next;
+	uint64_t comm_id;
+	uint32_t device;
+	dfcclResult_t error; /* first error wins */
+	char message[256];
+};
+
+/* $DFCCL_SOCKET, or DFCCL_DEFAULT_SOCKET. */
+const char *client_socket_path(void);
+
+/*
+ * Connects to the daemon at `path`, introduces itself as `name`, and starts
+ * the poller. Honours DFCCL_PROTO_VERSION_OVERRIDE (see dfccl.h).
+ */
+dfcclResult_t client_open(const char *path, const char *name, struct client **out);
+
+/* The process-wide session, opened on first use at client_socket_path() and
+ * reopened if the previous one was lost. Returns a new reference. */
+dfcclResult_t client_default(struct client **out);
+
+struct client *client_ref(struct client *c);
+void client_unref(struct client *c);
+
+const struct client_info *client_info(const struct client *c);
+
+/* True once the connection is gone. */
+bool client_lost(const struct client *c);
+
+/* dfcclSuccess if the daemon serves `device`, else dfcclInvalidArgument. */
+dfcclResult_t client_check_device(const struct client *c, int device);
+
+/*
+ * Sends `req` (its request_id is assigned here) with `fds` attached and waits
+ * for the reply. An ErrorReply becomes its result with the daemon's message
+ * as the last error; any other body than `expect` (a
+ * DFCCL__V1__ENVELOPE__BODY_* value) is a protocol error. On success the
+ * caller owns `rep` and releases it with client_reply_release.
+ */
+dfcclResult_t client_request(struct client *c, dfccl_envelope *req, const int *fds, unsigned nfds, int expect,
+                             struct client_reply *rep);
+
+/* client_request for a request answered by Ok: nothing to hand back. */
+dfcclResult_t client_request_ok(struct client *c, dfccl_envelope *req);
+
+/*
+ * client_request for a CommInit. If the daemon answers with a
+ * CommInitReply, the poller links `async` into the session under the new
+ * comm_id before it reads the next frame, so no notice about the new
+ * communicator can slip past it.
+ */
+dfcclResult_t client_comm_init(struct client *c, dfccl_envelope *req, struct client_async *async,
+                               struct client_reply *rep);
+
+void client_reply_release(struct client_reply *rep);
+
+/* Unlinks an async slot (no-op if it was never linked). */
+void client_async_remove(struct client *c, struct client_async *a);
+
+/* Reads a slot: its error, with the message copied into msg. */
+dfcclResult_t client_async_get(struct client *c, const struct client_async *a, char *msg, size_t msglen);
+
+/* Sets a slot's error unless it already has one. */
+void client_async_set(struct client *c, struct client_async *a, dfcclResult_t error, const char *message);
+
+/*
+ * The session's queue pair on `device`, attaching on first use (once per
+ * device per session, also when several threads ask at once). The queue
+ * pair lives as long as the session.
+ */
+dfcclResult_t client_attach(struct client *c, uint32_t device, struct qp **out);
+
+/* Submits a NOP on `device` and waits for its completion: a probe of the
+ * whole queue path (dfcclctl ping). */
+dfcclResult_t client_nop(struct client *c, uint32_t device);
+
+/* The calling thread's device (dfcclSetDevice; 0 by default). */
+int client_current_device(void);
+
+#endif /* DFCCL_CLIENT_CLIENT_H */

@@ -1,0 +1,218 @@
+/*
+ * Communicator lifecycle: init, destroy, abort, queries and the async
+ * error; see comm.h.
+ *
+ * Arguments are checked here before anything reaches the daemon, so the
+ * common mistakes (a rank outside 0..nranks-1, an id that did not come from
+ * dfcclGetUniqueId) fail at once with a sentence that names them, and the
+ * daemon's own checks are the second line for what only it can know (ranks
+ * that disagree on nranks, another user's communicator).
+ */
+#include "comm.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "errors.h"
+#include "mem.h"
+#include "uniqueid.h"
+
+static void comm_free(struct dfcclComm *comm)
+{
+	if (!comm)
+		return;
+	if (comm->client) {
+		client_async_remove(comm->client, &comm->async);
+		client_unref(comm->client);
+	}
+	mem_comm_release(comm);
+	pthread_mutex_destroy(&comm->lock);
+	free(comm);
+}
+
+static dfcclResult_t comm_config(const dfcclConfig_t *config, int *device, int *timeout_ms)
+{
+	*device = client_current_device();
+	*timeout_ms = 0;
+	if (!config)
+		return dfcclSuccess;
+	if (config->magic != DFCCL_CONFIG_MAGIC || config->size < sizeof(dfcclConfig_t))
+		return errors_set(dfcclInvalidArgument, "config was not initialised with DFCCL_CONFIG_INITIALIZER");
+	if (config->device < -1)
+		return errors_set(dfcclInvalidArgument, "config device %d: use a device index, or -1 for the calling "
+		                  "thread's device", config->device);
+	if (config->initTimeoutMs < 0)
+		return errors_set(dfcclInvalidArgument, "config initTimeoutMs %d is negative (0 means the daemon's default)",
+		                  config->initTimeoutMs);
+	if (config->device >= 0)
+		*device = config->device;
+	*timeout_ms = config->initTimeoutMs;
+	return dfcclSuccess;
+}
+
+dfcclResult_t dfcclCommInitRankConfig(dfcclComm_t *comm, int nranks, dfcclUniqueId commId, int rank,
+                                      const dfcclConfig_t *config)
+{
+	dfcclResult_t r;
+	int device, timeout_ms;
+	struct client *c = NULL;
+	struct qp *qp;
+	struct dfcclComm *cm = NULL;
+	struct client_reply rep = CLIENT_REPLY_INIT;
+
+	if (!comm)
+		return errors_set(dfcclInvalidArgument, "dfcclCommInitRank: comm is NULL");
+	*comm = NULL;
+	if (nranks < 1)
+		return errors_set(dfcclInvalidArgument, "nranks %d: a communicator needs at least one rank", nranks);
+	if (rank < 0 || rank >= nranks)
+		return errors_set(dfcclInvalidArgument, "rank %d is outside 0..%d for a communicator of %d rank(s)",
+		                  rank, nranks - 1, nranks);
+	if (uniqueid_check(&commId) < 0)
+		return errors_set(dfcclInvalidArgument, "not a dfccl unique id (use dfcclGetUniqueId)");
+	r = comm_config(config, &device, &timeout_ms);
+	if (r != dfcclSuccess)
+		return r;
+
+	r = client_default(&c);
+	if (r != dfcclSuccess)
+		return r;
+	r = client_attach(c, (uint32_t)device, &qp);
+	if (r != dfcclSuccess)
+		goto fail;
+
+	cm = calloc(1, sizeof(*cm));
+	if (!cm) {
+		r = errors_set(dfcclSystemError, "out of memory");
+		goto fail;
+	}
+	pthread_mutex_init(&cm->lock, NULL);
+	cm->async.device = (uint32_t)device;
+
+	Dfccl__V1__CommInit init = DFCCL__V1__COMM_INIT__INIT;
+	init.unique_id.data = (uint8_t *)commId.internal;
+	init.unique_id.len = sizeof(commId.internal);
+	init.nranks = (uint32_t)nranks;
+	init.rank = (uint32_t)rank;
+	init.device = (uint32_t)device;
+	init.timeout_ms = (uint32_t)timeout_ms;
+	dfccl_envelope req = DFCCL__V1__ENVELOPE__INIT;
+	req.body_case = DFCCL__V1__ENVELOPE__BODY_COMM_INIT;
+	req.comm_init = &init;
+	r = client_comm_init(c, &req, &cm->async, &rep);
+	if (r != dfcclSuccess)
+		goto fail;
+	/* From here the async slot is linked; comm_free unlinks it. */
+	cm->client = c;
+	c = NULL;
+
+	const Dfccl__V1__CommInitReply *cr = rep.env->comm_init_reply;
+	if (cr->nranks != (uint32_t)nranks || cr->rank != (uint32_t)rank || cr->comm_id == 0) {
+		r = errors_set(dfcclInternalError, "dfccld created communicator %llu as rank %u of %u, not rank %d of %d",
+		               (unsigned long long)cr->comm_id, cr->rank, cr->nranks, rank, nranks);
+		goto fail;
+	}
+	cm->qp = qp;
+	cm->id = cr->comm_id;
+	cm->nranks = nranks;
+	cm->rank = rank;
+	cm->device = device;
+	client_reply_release(&rep);
+	*comm = cm;
+	return dfcclSuccess;
+
+fail:
+	client_reply_release(&rep);
+	comm_free(cm);
+	client_unref(c);
+	return r;
+}
+
+dfcclResult_t dfcclCommInitRank(dfcclComm_t *comm, int nranks, dfcclUniqueId commId, int rank)
+{
+	return dfcclCommInitRankConfig(comm, nranks, commId, rank, NULL);
+}
+
+/* Destroy and abort: tell the daemon, then free the communicator whatever
+ * it answered, because the caller gives up the handle either way. */
+static dfcclResult_t comm_leave(struct dfcclComm *comm, bool abort)
+{
+	Dfccl__V1__CommDestroy destroy = DFCCL__V1__COMM_DESTROY__INIT;
+	Dfccl__V1__CommAbort ab = DFCCL__V1__COMM_ABORT__INIT;
+	dfccl_envelope req = DFCCL__V1__ENVELOPE__INIT;
+	if (abort) {
+		ab.comm_id = comm->id;
+		req.body_case = DFCCL__V1__ENVELOPE__BODY_COMM_ABORT;
+		req.comm_abort = &ab;
+	} else {
+		destroy.comm_id = comm->id;
+		req.body_case = DFCCL__V1__ENVELOPE__BODY_COMM_DESTROY;
+		req.comm_destroy = &destroy;
+	}
+	dfcclResult_t r = client_request_ok(comm->client, &req);
+	comm_free(comm);
+	return r;
+}
+
+dfcclResult_t dfcclCommDestroy(dfcclComm_t comm)
+{
+	if (!comm)
+		return dfcclSuccess;
+	return comm_leave(comm, false);
+}
+
+dfcclResult_t dfcclCommAbort(dfcclComm_t comm)
+{
+	if (!comm)
+		return dfcclSuccess;
+	dfcclResult_t r = comm_leave(comm, true);
+	/* Without a daemon there is nothing left to abort: the other ranks have
+	 * lost their sessions too. */
+	return r == dfcclDaemonUnavailable ? dfcclSuccess : r;
+}
+
+dfcclResult_t dfcclCommCount(const dfcclComm_t comm, int *count)
+{
+	if (!comm || !count)
+		return errors_set(dfcclInvalidArgument, "dfcclCommCount: %s is NULL", comm ? "count" : "comm");
+	*count = comm->nranks;
+	return dfcclSuccess;
+}
+
+dfcclResult_t dfcclCommUserRank(const dfcclComm_t comm, int *rank)
+{
+	if (!comm || !rank)
+		return errors_set(dfcclInvalidArgument, "dfcclCommUserRank: %s is NULL", comm ? "rank" : "comm");
+	*rank = comm->rank;
+	return dfcclSuccess;
+}
+
+dfcclResult_t dfcclCommDevice(const dfcclComm_t comm, int *device)
+{
+	if (!comm || !device)
+		return errors_set(dfcclInvalidArgument, "dfcclCommDevice: %s is NULL", comm ? "device" : "comm");
+	*device = comm->device;
+	return dfcclSuccess;
+}
+
+dfcclResult_t comm_check(struct dfcclComm *comm)
+{
+	char msg[sizeof(comm->async.message)];
+	dfcclResult_t r = client_async_get(comm->client, &comm->async, msg, sizeof(msg));
+	if (r != dfcclSuccess)
+		return errors_set(r, "communicator %llu: %s", (unsigned long long)comm->id, msg);
+	return qp_health(comm->qp);
+}
+
+uint64_t comm_next_seq(struct dfcclComm *comm)
+{
+	return __atomic_add_fetch(&comm->next_seq, 1, __ATOMIC_RELAXED);
+}
+
+dfcclResult_t dfcclCommGetAsyncError(dfcclComm_t comm, dfcclResult_t *asyncError)
+{
+	if (!comm || !asyncError)
+		return errors_set(dfcclInvalidArgument, "dfcclCommGetAsyncError: %s is NULL", comm ? "asyncError" : "comm");
+	*asyncError = comm_check(comm);
+	return dfcclSuccess;
+}

@@ -1,0 +1,345 @@
+/*
+ * Submission and completion on a queue pair; see qp.h and the protocol in
+ * proto/dfccl_queue.h.
+ *
+ * The region is shared with another process, so every access to a word that
+ * the other side reads or writes goes through the __atomic builtins: they
+ * give the orderings the protocol needs (release on `arm`, acquire on the
+ * completion words, a full barrier between arming and reading
+ * engine_state) and they keep the compiler from caching or tearing those
+ * words.
+ *
+ * Waiting spins briefly, because the engine answers a NOP in a few
+ * microseconds when it is polling, and then sleeps with a doubling delay up
+ * to QP_SLEEP_MAX_NS: CI machines have two cores and run eight ranks, so a
+ * waiter that kept spinning would steal the very CPU the engine needs.
+ */
+#include "qp.h"
+
+#include <errno.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "errors.h"
+#include "queue.h"
+
+#define QP_SPINS 256u               /* polls before the first sleep */
+#define QP_SLEEP_MIN_NS 1000ull     /* first sleep: 1 us */
+#define QP_SLEEP_MAX_NS 1000000ull  /* longest sleep: 1 ms */
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#elif defined(__aarch64__)
+	__asm__ __volatile__("yield" ::: "memory");
+#endif
+}
+
+static uint64_t monotonic_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* The supervisor reads this to tell a stopped client from a slow one. */
+static void qp_heartbeat(struct qp *q)
+{
+	__atomic_store_n(&q->hdr->client_heartbeat_ns, monotonic_ns(), __ATOMIC_RELAXED);
+}
+
+const char *qp_op_name(unsigned opcode)
+{
+	static const char *const names[DFCCL_OP_COUNT_] = {
+	    [DFCCL_OP_NOP] = "NOP",
+	    [DFCCL_OP_ALLREDUCE] = "AllReduce",
+	    [DFCCL_OP_ALLGATHER] = "AllGather",
+	    [DFCCL_OP_REDUCESCATTER] = "ReduceScatter",
+	    [DFCCL_OP_BROADCAST] = "Broadcast",
+	    [DFCCL_OP_REDUCE] = "Reduce",
+	    [DFCCL_OP_SEND] = "Send",
+	    [DFCCL_OP_RECV] = "Recv",
+	};
+	return opcode < DFCCL_OP_COUNT_ ? names[opcode] : "unknown operation";
+}
+
+dfcclResult_t qp_map(int memfd, int doorbell, uint64_t region_size, uint32_t device, const int *lost,
+                     struct qp **out)
+{
+	dfcclResult_t r;
+	struct qp *q = NULL;
+	void *base = MAP_FAILED;
+	struct stat st;
+	char err[256];
+
+	/* The daemon chose the size, but a size that does not match the
+	 * descriptor would make the first access beyond its end a SIGBUS. */
+	if (region_size < DFCCL_QP_REGION_SIZE(DFCCL_SQ_MIN_ENTRIES) ||
+	    region_size > DFCCL_QP_REGION_SIZE(DFCCL_SQ_MAX_ENTRIES)) {
+		r = errors_set(dfcclInternalError, "dfccld sent a queue pair of %llu bytes, outside the sizes the queue ABI allows",
+		               (unsigned long long)region_size);
+		goto fail;
+	}
+	if (fstat(memfd, &st) < 0 || (uint64_t)st.st_size < region_size) {
+		r = errors_set(dfcclInternalError, "the queue-pair descriptor from dfccld is smaller than the %llu bytes announced",
+		               (unsigned long long)region_size);
+		goto fail;
+	}
+	base = mmap(NULL, region_size, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
+	if (base == MAP_FAILED) {
+		r = errors_set(dfcclSystemError, "cannot map the queue pair of device %u: mmap: %s", device, strerror(errno));
+		goto fail;
+	}
+	if (queue_header_check(base, region_size, err, sizeof(err)) < 0) {
+		r = errors_set(dfcclVersionMismatch, "queue pair of device %u: %s", device, err);
+		goto fail;
+	}
+	struct dfccl_qp_header *h = base;
+	if (h->device != device) {
+		r = errors_set(dfcclInternalError, "dfccld sent the queue pair of device %u when device %u was asked for",
+		               h->device, device);
+		goto fail;
+	}
+	q = calloc(1, sizeof(*q));
+	if (q) {
+		q->tickets = calloc(h->sq_entries, sizeof(*q->tickets));
+		q->reaped = calloc(h->sq_entries, sizeof(*q->reaped));
+	}
+	if (!q || !q->tickets || !q->reaped) {
+		r = errors_set(dfcclSystemError, "out of memory");
+		goto fail;
+	}
+	q->hdr = h;
+	q->sq = (struct dfccl_sqe *)((char *)base + h->sq_offset);
+	q->cw = (uint64_t *)((char *)base + h->cw_offset);
+	q->size = region_size;
+	q->entries = h->sq_entries;
+	q->device = device;
+	q->qp_id = h->qp_id;
+	q->doorbell = doorbell;
+	q->lost = lost;
+	close(memfd);
+	*out = q;
+	return dfcclSuccess;
+
+fail:
+	if (q) {
+		free(q->tickets);
+		free(q->reaped);
+		free(q);
+	}
+	if (base != MAP_FAILED)
+		munmap(base, region_size);
+	close(memfd);
+	close(doorbell);
+	return r;
+}
+
+void qp_free(struct qp *q)
+{
+	if (!q)
+		return;
+	munmap(q->hdr, q->size);
+	close(q->doorbell);
+	free(q->tickets);
+	free(q->reaped);
+	free(q);
+}
+
+dfcclResult_t qp_health(const struct qp *q)
+{
+	uint32_t qs = __atomic_load_n(&q->hdr->qp_state, __ATOMIC_ACQUIRE);
+	uint32_t es = __atomic_load_n(&q->hdr->engine_state, __ATOMIC_ACQUIRE);
+	if (qs == DFCCL_QP_DEAD || es == DFCCL_ENGINE_DEAD)
+		return errors_set(dfcclDeviceLost, "the daemon's worker for device %u died; its collectives failed "
+		                  "(dfcclctl status shows when it is back)", q->device);
+	if (qs == DFCCL_QP_CLOSED)
+		return errors_set(dfcclDaemonUnavailable, "dfccld closed the queue pair of device %u", q->device);
+	if (__atomic_load_n(q->lost, __ATOMIC_ACQUIRE))
+		return errors_set(dfcclDaemonUnavailable, "lost the connection to dfccld while using device %u; "
+		                  "is dfccld running? (systemctl status dfccld)", q->device);
+	return dfcclSuccess;
+}
+
+/*
+ * Moves the completion of slot's occupant t (word w) into t and frees the
+ * slot. Only the thread that wins the exchange touches t, so a ticket is
+ * never written after its owner saw it done and let it go.
+ */
+static void qp_harvest(struct qp *q, uint32_t slot, struct qp_ticket *t, uint64_t w)
+{
+	if (!__atomic_compare_exchange_n(&q->tickets[slot], &t, NULL, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+		return;
+	uint64_t seq = t->seq;
+	t->status = DFCCL_CW_STATUS(w);
+	/* The owner may return and reuse t the moment done is set. */
+	__atomic_store_n(&t->done, 1, __ATOMIC_RELEASE);
+	__atomic_store_n(&q->reaped[slot], seq, __ATOMIC_RELEASE);
+}
+
+/* What a wait waits for: the slot's previous occupant `prev` reaped (ticket
+ * NULL), or the completion of ticket t. */
+struct qp_cond {
+	uint32_t slot;
+	uint64_t prev;
+	struct qp_ticket *ticket;
+};
+
+static bool qp_cond_met(struct qp *q, const struct qp_cond *c)
+{
+	uint64_t w;
+	if (c->ticket) {
+		if (__atomic_load_n(&c->ticket->done, __ATOMIC_ACQUIRE))
+			return true;
+		w = __atomic_load_n(&q->cw[c->slot], __ATOMIC_ACQUIRE);
+		if (DFCCL_CW_SEQ(w) == c->ticket->seq)
+			qp_harvest(q, c->slot, c->ticket, w);
+		return __atomic_load_n(&c->ticket->done, __ATOMIC_ACQUIRE);
+	}
+	if (__atomic_load_n(&q->reaped[c->slot], __ATOMIC_ACQUIRE) >= c->prev)
+		return true;
+	/* Once the completion word shows entry prev, the slot's ticket can only
+	 * be prev's (or already gone), so it is safe to harvest it unseen. */
+	w = __atomic_load_n(&q->cw[c->slot], __ATOMIC_ACQUIRE);
+	struct qp_ticket *t = __atomic_load_n(&q->tickets[c->slot], __ATOMIC_ACQUIRE);
+	if (DFCCL_CW_SEQ(w) == c->prev && t)
+		qp_harvest(q, c->slot, t, w);
+	return __atomic_load_n(&q->reaped[c->slot], __ATOMIC_ACQUIRE) >= c->prev;
+}
+
+/* Polls until c is met, spinning first, then sleeping with a doubling delay;
+ * gives up when the queue pair or the connection dies. */
+static dfcclResult_t qp_poll(struct qp *q, const struct qp_cond *c)
+{
+	uint64_t delay = QP_SLEEP_MIN_NS;
+	for (unsigned i = 0;; i++) {
+		if (qp_cond_met(q, c))
+			return dfcclSuccess;
+		if (i < QP_SPINS) {
+			cpu_relax();
+			continue;
+		}
+		dfcclResult_t r = qp_health(q);
+		if (r != dfcclSuccess)
+			return r;
+		qp_heartbeat(q);
+		struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)delay};
+		nanosleep(&ts, NULL);
+		if (delay < QP_SLEEP_MAX_NS)
+			delay = delay * 2 > QP_SLEEP_MAX_NS ? QP_SLEEP_MAX_NS : delay * 2;
+	}
+}
+
+static void qp_ring(struct qp *q)
+{
+	uint64_t one = 1;
+	ssize_t n;
+	/* The counter cannot overflow in practice (the engine drains it on every
+	 * wake-up), and a failed ring only delays the engine until its next
+	 * poll, so errors other than EINTR are ignored. */
+	do {
+		n = write(q->doorbell, &one, sizeof(one));
+	} while (n < 0 && errno == EINTR);
+}
+
+dfcclResult_t qp_submit(struct qp *q, const struct dfccl_sqe *e, struct qp_ticket *t)
+{
+	dfcclResult_t r = qp_health(q);
+	if (r != dfcclSuccess)
+		return r;
+
+	uint64_t s = __atomic_add_fetch(&q->hdr->sq_tail, 1, __ATOMIC_SEQ_CST);
+	uint32_t slot = DFCCL_QP_SLOT(s, q->entries);
+	if (s > q->entries) {
+		struct qp_cond c = {.slot = slot, .prev = s - q->entries};
+		r = qp_poll(q, &c);
+		if (r != dfcclSuccess)
+			return r;
+	}
+	/* The slot is ours until our status is reaped: entry s + n waits for
+	 * that, so no other thread stores here meanwhile. */
+	*t = (struct qp_ticket){.seq = s};
+	__atomic_store_n(&q->tickets[slot], t, __ATOMIC_RELEASE);
+
+	/* Everything but `arm` first; the engine ignores the slot until arm ==
+	 * seq == s, and arm still holds the previous lap's number. */
+	struct dfccl_sqe tmp = *e;
+	tmp.seq = s;
+	struct dfccl_sqe *d = &q->sq[slot];
+	memcpy((char *)d + sizeof(d->arm), (const char *)&tmp + sizeof(tmp.arm), sizeof(tmp) - sizeof(tmp.arm));
+	/* Arm, then read engine_state, with a full barrier between them: a
+	 * sequentially consistent store and load are never reordered with each
+	 * other (xchg on x86, stlr/ldar on Arm), which is the fence the protocol
+	 * asks for, in a form the thread sanitizer understands. The engine
+	 * publishes SLEEPING, fences, and scans once more before it sleeps, so
+	 * either it sees this entry or we see that it sleeps and ring. The store
+	 * also releases the fields written above. */
+	__atomic_store_n(&d->arm, s, __ATOMIC_SEQ_CST);
+	if (__atomic_load_n(&q->hdr->engine_state, __ATOMIC_SEQ_CST) != DFCCL_ENGINE_POLLING)
+		qp_ring(q);
+	qp_heartbeat(q);
+	return dfcclSuccess;
+}
+
+dfcclResult_t qp_wait(struct qp *q, struct qp_ticket *t)
+{
+	struct qp_cond c = {.slot = DFCCL_QP_SLOT(t->seq, q->entries), .ticket = t};
+	dfcclResult_t r = qp_poll(q, &c);
+	if (r == dfcclSuccess)
+		return r;
+	/* Giving up: take the ticket out of its slot so that nobody writes into
+	 * it after we return. If another thread is harvesting it right now,
+	 * the entry did complete; wait the moment it takes to say so. */
+	struct qp_ticket *expected = t;
+	if (__atomic_compare_exchange_n(&q->tickets[c.slot], &expected, NULL, false, __ATOMIC_ACQ_REL,
+	                                __ATOMIC_ACQUIRE))
+		return r;
+	while (!__atomic_load_n(&t->done, __ATOMIC_ACQUIRE))
+		cpu_relax();
+	return dfcclSuccess;
+}
+
+dfcclResult_t qp_status_result(uint32_t status, unsigned opcode)
+{
+	dfcclResult_t r;
+	switch (status) {
+	case DFCCL_CQ_OK:
+		return dfcclSuccess;
+	case DFCCL_CQ_NOT_SUPPORTED:
+		return errors_set(dfcclNotSupported, "the daemon's engine does not execute %s yet", qp_op_name(opcode));
+	case DFCCL_CQ_PEER_LOST:
+		r = dfcclRemoteError;
+		break;
+	case DFCCL_CQ_ABORTED:
+		r = dfcclAborted;
+		break;
+	case DFCCL_CQ_DEVICE_LOST:
+		r = dfcclDeviceLost;
+		break;
+	case DFCCL_CQ_TIMEOUT:
+		r = dfcclTimeout;
+		break;
+	default:
+		/* The engine refused the entry: something in it was wrong. */
+		r = dfcclInvalidArgument;
+		break;
+	}
+	return errors_set(r, "%s failed: %s", qp_op_name(opcode), queue_status_string(status));
+}
+
+dfcclResult_t qp_run(struct qp *q, const struct dfccl_sqe *e)
+{
+	struct qp_ticket t;
+	dfcclResult_t r = qp_submit(q, e, &t);
+	if (r == dfcclSuccess)
+		r = qp_wait(q, &t);
+	if (r == dfcclSuccess)
+		r = qp_status_result(t.status, e->opcode);
+	return r;
+}

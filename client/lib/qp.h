@@ -1,0 +1,91 @@
+/*
+ * The client side of a queue pair (proto/dfccl_queue.h): mapping the region
+ * the daemon handed over, submitting entries, and waiting for their
+ * completion words.
+ *
+ * A struct qp is one mapped region plus its doorbell eventfd. Any number of
+ * threads may submit to it at once: sequence numbers are reserved with an
+ * atomic increment of sq_tail, and each submission owns its slot until its
+ * completion status has been read. The completion word alone cannot say
+ * that: the next lap's entry overwrites it as soon as the engine completes
+ * that entry. So each submission carries a ticket, and the process keeps,
+ * per slot, the ticket of its occupant and the last sequence number whose
+ * status was read ("reaped"). A slot is free for entry s once entry s - n is
+ * reaped. Whoever sees the occupant's completion first (the waiting owner,
+ * or a submitter that needs the slot) moves its status into the ticket, so
+ * a thread that waits for a slot held by its own earlier entry (a group
+ * larger than the queue) still makes progress. Nothing here talks to the
+ * daemon's socket; the owner (the client session) passes a flag that says
+ * when the connection is gone, so that a wait never outlives the daemon.
+ *
+ * Every engine submits and waits through this module: the host engine's
+ * collectives now, and the same entry points for the CUDA engine later.
+ * Functions return dfcclSuccess or a result with the thread's last error set.
+ */
+#ifndef DFCCL_CLIENT_QP_H
+#define DFCCL_CLIENT_QP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dfccl.h"
+#include "dfccl_queue.h"
+
+/* One submission in flight; owned by the submitter until qp_wait returns. */
+struct qp_ticket {
+	uint64_t seq;     /* queue sequence number */
+	uint32_t status;  /* DFCCL_CQ_*, valid once done */
+	int done;         /* atomic: status captured, slot released */
+};
+
+struct qp {
+	struct dfccl_qp_header *hdr;
+	struct dfccl_sqe *sq;
+	uint64_t *cw;
+	size_t size;       /* bytes mapped */
+	uint32_t entries;  /* n, a power of two */
+	uint32_t device;
+	uint32_t qp_id;
+	int doorbell;      /* eventfd the engine sleeps on */
+	const int *lost;   /* nonzero once the owner's connection to the daemon is gone */
+	struct qp_ticket **tickets; /* [entries], atomic: the occupant of each slot */
+	uint64_t *reaped;  /* [entries], atomic: last sequence number of each slot whose status was read */
+};
+
+/*
+ * Maps a queue-pair region. Takes ownership of both descriptors: on success
+ * the memfd is closed (the mapping keeps the memory) and the doorbell is
+ * kept; on failure both are closed. `lost` must outlive the qp; it is read
+ * atomically while waiting.
+ */
+dfcclResult_t qp_map(int memfd, int doorbell, uint64_t region_size, uint32_t device, const int *lost,
+                     struct qp **out);
+
+void qp_free(struct qp *q);
+
+/*
+ * Submits a copy of `e` (its seq and arm fields are ignored) under ticket t.
+ * Blocks while the entry's slot is still held by the entry one lap earlier.
+ * After success the caller must qp_wait on t before t goes away.
+ */
+dfcclResult_t qp_submit(struct qp *q, const struct dfccl_sqe *e, struct qp_ticket *t);
+
+/* Waits for the entry of ticket t to complete; its DFCCL_CQ_* status is then
+ * in t->status. */
+dfcclResult_t qp_wait(struct qp *q, struct qp_ticket *t);
+
+/* The result for a completion status of an entry of `opcode`; sets the last
+ * error for every status but DFCCL_CQ_OK. */
+dfcclResult_t qp_status_result(uint32_t status, unsigned opcode);
+
+/* Submit, wait and map in one call. */
+dfcclResult_t qp_run(struct qp *q, const struct dfccl_sqe *e);
+
+/* "AllReduce", "Send", ... for an opcode. */
+const char *qp_op_name(unsigned opcode);
+
+/* The result that stops a wait on this queue pair now (the worker died,
+ * the queue was closed, the connection is gone), or dfcclSuccess. */
+dfcclResult_t qp_health(const struct qp *q);
+
+#endif /* DFCCL_CLIENT_QP_H */

@@ -1,0 +1,584 @@
+/*
+ * dfcclctl: what dfccld is doing, from the command line.
+ *
+ * Each subcommand is one query over a session of its own (client_open with
+ * the socket given by --socket, $DFCCL_SOCKET or the default), printed as
+ * aligned tables for people or, with --json, as JSON for scripts. The JSON
+ * is produced from the protobuf-c descriptors of the reply, so a field added
+ * to the protocol appears in it without a change here; the tables choose
+ * and format their columns by hand.
+ *
+ * Exit status: 0 success, 1 the daemon could not be reached or refused, 2 a
+ * usage error.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "client.h"
+#include "errors.h"
+
+#define EXIT_USAGE 2
+
+static const char usage[] =
+    "Usage: dfcclctl [--socket PATH] [--json] COMMAND [OPTIONS]\n"
+    "Shows the state of dfccld, the node's collective-communication daemon.\n"
+    "\n"
+    "Commands:\n"
+    "  status       daemon version, uptime, engine, MPS, sessions, devices\n"
+    "  sessions     connected client processes\n"
+    "  comms        communicators: ranks, members, state\n"
+    "  queues       queue pairs: submitted, consumed, completed entries\n"
+    "  stats        per-device engine counters\n"
+    "  ping         round trip of NOP entries through a device's queue pair\n"
+    "               --device N   the device (default 0)\n"
+    "               --count K    how many NOPs (default 5)\n"
+    "\n"
+    "Options:\n"
+    "  -s, --socket PATH   the daemon's socket (default $DFCCL_SOCKET, else " DFCCL_DEFAULT_SOCKET ")\n"
+    "  -j, --json          print JSON instead of tables\n"
+    "  -h, --help          this text\n"
+    "  -V, --version       versions of dfcclctl and its protocol\n"
+    "\n"
+    "Exit status: 0 success, 1 dfccld unreachable or a failed request, 2 usage error.\n";
+
+/* ---------------------------------------------------------------- tables */
+
+#define TABLE_MAX_COLS 12
+
+/* Cells are collected first and printed once every column's width is known. */
+struct table {
+	unsigned ncols;
+	char **cells;      /* row-major */
+	size_t ncells;
+	size_t cap;
+};
+
+static void table_init(struct table *t, unsigned ncols)
+{
+	if (ncols == 0 || ncols > TABLE_MAX_COLS)
+		abort(); /* a table of this file is wider than TABLE_MAX_COLS */
+	*t = (struct table){.ncols = ncols};
+}
+
+static void table_cell(struct table *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void table_cell(struct table *t, const char *fmt, ...)
+{
+	char *s;
+	va_list ap;
+	va_start(ap, fmt);
+	if (vasprintf(&s, fmt, ap) < 0)
+		s = NULL;
+	va_end(ap);
+	if (t->ncells == t->cap) {
+		size_t cap = t->cap ? 2 * t->cap : 64;
+		char **cells = realloc(t->cells, cap * sizeof(*cells));
+		if (!cells) {
+			free(s);
+			return;
+		}
+		t->cells = cells;
+		t->cap = cap;
+	}
+	t->cells[t->ncells++] = s;
+}
+
+static void table_print_free(struct table *t)
+{
+	size_t width[TABLE_MAX_COLS] = {0};
+	for (size_t i = 0; i < t->ncells; i++) {
+		size_t len = t->cells[i] ? strlen(t->cells[i]) : 0;
+		if (len > width[i % t->ncols])
+			width[i % t->ncols] = len;
+	}
+	for (size_t i = 0; i < t->ncells; i++) {
+		unsigned col = (unsigned)(i % t->ncols);
+		const char *s = t->cells[i] ? t->cells[i] : "";
+		if (col + 1 == t->ncols || i + 1 == t->ncells)
+			printf("%s\n", s);
+		else
+			printf("%-*s  ", (int)width[col], s);
+		free(t->cells[i]);
+	}
+	free(t->cells);
+	*t = (struct table){0};
+}
+
+/* A table whose first row is the header. */
+static void table_start(struct table *t, unsigned ncols, ...)
+{
+	va_list ap;
+	table_init(t, ncols);
+	va_start(ap, ncols);
+	for (unsigned i = 0; i < ncols; i++)
+		table_cell(t, "%s", va_arg(ap, const char *));
+	va_end(ap);
+}
+
+/* ---------------------------------------------------------------- formatting */
+
+static void format_duration(char *buf, size_t len, uint64_t ms)
+{
+	uint64_t s = ms / 1000;
+	if (s < 60)
+		snprintf(buf, len, "%llu.%llus", (unsigned long long)s, (unsigned long long)(ms % 1000 / 100));
+	else if (s < 3600)
+		snprintf(buf, len, "%llum %02llus", (unsigned long long)(s / 60), (unsigned long long)(s % 60));
+	else if (s < 86400)
+		snprintf(buf, len, "%lluh %02llum %02llus", (unsigned long long)(s / 3600),
+		         (unsigned long long)(s / 60 % 60), (unsigned long long)(s % 60));
+	else
+		snprintf(buf, len, "%llud %02lluh %02llum", (unsigned long long)(s / 86400),
+		         (unsigned long long)(s / 3600 % 24), (unsigned long long)(s / 60 % 60));
+}
+
+static void format_bytes(char *buf, size_t len, uint64_t bytes)
+{
+	static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+	double v = (double)bytes;
+	unsigned u = 0;
+	while (v >= 1024 && u + 1 < sizeof(units) / sizeof(units[0])) {
+		v /= 1024;
+		u++;
+	}
+	if (u == 0)
+		snprintf(buf, len, "%llu B", (unsigned long long)bytes);
+	else
+		snprintf(buf, len, "%.1f %s", v, units[u]);
+}
+
+static const char *engine_name(uint32_t engine)
+{
+	switch (engine) {
+	case DFCCL__V1__ENGINE_KIND__ENGINE_HOST: return "host";
+	case DFCCL__V1__ENGINE_KIND__ENGINE_CUDA: return "cuda";
+	default: return "unknown";
+	}
+}
+
+/* ---------------------------------------------------------------- JSON */
+
+static json_t *pb_json(const ProtobufCMessage *m);
+
+/* Enum values as the lower-case part of their name after the first '_'
+ * (ENGINE_HOST -> "host"), which is how people name them. */
+static json_t *pb_enum_json(const ProtobufCEnumDescriptor *ed, int value)
+{
+	const ProtobufCEnumValue *v = protobuf_c_enum_descriptor_get_value(ed, value);
+	if (!v)
+		return json_integer(value);
+	const char *name = strchr(v->name, '_');
+	name = name ? name + 1 : v->name;
+	char buf[64];
+	size_t i;
+	for (i = 0; name[i] && i + 1 < sizeof(buf); i++)
+		buf[i] = (char)(name[i] >= 'A' && name[i] <= 'Z' ? name[i] - 'A' + 'a' : name[i]);
+	buf[i] = 0;
+	return json_string(buf);
+}
+
+static size_t pb_type_size(ProtobufCType type)
+{
+	switch (type) {
+	case PROTOBUF_C_TYPE_INT64:
+	case PROTOBUF_C_TYPE_SINT64:
+	case PROTOBUF_C_TYPE_SFIXED64:
+	case PROTOBUF_C_TYPE_UINT64:
+	case PROTOBUF_C_TYPE_FIXED64: return 8;
+	case PROTOBUF_C_TYPE_DOUBLE: return sizeof(double);
+	case PROTOBUF_C_TYPE_BOOL: return sizeof(protobuf_c_boolean);
+	case PROTOBUF_C_TYPE_STRING:
+	case PROTOBUF_C_TYPE_MESSAGE: return sizeof(void *);
+	case PROTOBUF_C_TYPE_BYTES: return sizeof(ProtobufCBinaryData);
+	default: return 4; /* the 32-bit integers, float, enum */
+	}
+}
+
+static json_t *pb_value_json(const ProtobufCFieldDescriptor *f, const void *p)
+{
+	switch (f->type) {
+	case PROTOBUF_C_TYPE_INT32:
+	case PROTOBUF_C_TYPE_SINT32:
+	case PROTOBUF_C_TYPE_SFIXED32: return json_integer(*(const int32_t *)p);
+	case PROTOBUF_C_TYPE_UINT32:
+	case PROTOBUF_C_TYPE_FIXED32: return json_integer(*(const uint32_t *)p);
+	case PROTOBUF_C_TYPE_INT64:
+	case PROTOBUF_C_TYPE_SINT64:
+	case PROTOBUF_C_TYPE_SFIXED64: return json_integer(*(const int64_t *)p);
+	case PROTOBUF_C_TYPE_UINT64:
+	case PROTOBUF_C_TYPE_FIXED64: return json_integer((json_int_t) * (const uint64_t *)p);
+	case PROTOBUF_C_TYPE_FLOAT: return json_real(*(const float *)p);
+	case PROTOBUF_C_TYPE_DOUBLE: return json_real(*(const double *)p);
+	case PROTOBUF_C_TYPE_BOOL: return json_boolean(*(const protobuf_c_boolean *)p);
+	case PROTOBUF_C_TYPE_ENUM: return pb_enum_json(f->descriptor, *(const int *)p);
+	case PROTOBUF_C_TYPE_STRING: {
+		const char *s = *(char *const *)p;
+		return json_string(s ? s : "");
+	}
+	case PROTOBUF_C_TYPE_BYTES: {
+		const ProtobufCBinaryData *b = p;
+		return json_integer((json_int_t)b->len); /* no query carries bytes; say how many */
+	}
+	case PROTOBUF_C_TYPE_MESSAGE: {
+		const ProtobufCMessage *m = *(const ProtobufCMessage *const *)p;
+		return m ? pb_json(m) : json_null();
+	}
+	}
+	return json_null();
+}
+
+/* One field of m: a value, or an array for a repeated field. */
+static json_t *pb_field_json(const ProtobufCMessage *m, const ProtobufCFieldDescriptor *f)
+{
+	const char *field = (const char *)m + f->offset;
+	if (f->label != PROTOBUF_C_LABEL_REPEATED)
+		return pb_value_json(f, field);
+	size_t n = *(const size_t *)((const char *)m + f->quantifier_offset);
+	const char *elems = *(char *const *)field;
+	json_t *a = json_array();
+	for (size_t k = 0; k < n; k++)
+		json_array_append_new(a, pb_value_json(f, elems + k * pb_type_size(f->type)));
+	return a;
+}
+
+/* A message as a JSON object keyed by its proto field names. */
+static json_t *pb_json(const ProtobufCMessage *m)
+{
+	const ProtobufCMessageDescriptor *d = m->descriptor;
+	json_t *o = json_object();
+	for (unsigned i = 0; i < d->n_fields; i++)
+		json_object_set_new(o, d->fields[i].name, pb_field_json(m, &d->fields[i]));
+	return o;
+}
+
+static void json_print_free(json_t *j)
+{
+	json_dumpf(j, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+	fputc('\n', stdout);
+	json_decref(j);
+}
+
+/* ---------------------------------------------------------------- subcommands */
+
+static void print_status(const Dfccl__V1__StatusInfo *s, const char *socket_path)
+{
+	char buf[64];
+	struct table t;
+
+	format_duration(buf, sizeof(buf), s->uptime_ms);
+	printf("dfccld %s, protocol %u, up %s\n\n", s->daemon_version, s->protocol_version, buf);
+	table_init(&t, 2);
+	table_cell(&t, "engine");
+	table_cell(&t, "%s", engine_name(s->engine));
+	table_cell(&t, "MPS");
+	table_cell(&t, "%s", s->engine != DFCCL__V1__ENGINE_KIND__ENGINE_CUDA ? "n/a (host engine)"
+	                     : s->mps_active                                  ? "active"
+	                                                                      : "not active");
+	table_cell(&t, "socket");
+	table_cell(&t, "%s", s->socket_path[0] ? s->socket_path : socket_path);
+	table_cell(&t, "sessions");
+	table_cell(&t, "%u", s->nsessions);
+	table_cell(&t, "communicators");
+	table_cell(&t, "%u (%u initializing)", s->ncomms, s->npending_comms);
+	table_print_free(&t);
+	printf("\n");
+
+	table_start(&t, 7, "DEVICE", "NAME", "PCI BUS ID", "WORKER PID", "STATE", "RESTARTS", "QUEUE PAIRS");
+	for (size_t i = 0; i < s->n_devices; i++) {
+		const Dfccl__V1__DeviceInfo *d = s->devices[i];
+		table_cell(&t, "%u", d->index);
+		table_cell(&t, "%s", d->name);
+		table_cell(&t, "%s", d->pci_bus_id[0] ? d->pci_bus_id : "-");
+		table_cell(&t, "%d", d->worker_pid);
+		table_cell(&t, "%s", d->worker_up ? "up" : "down");
+		table_cell(&t, "%u", d->worker_restarts);
+		table_cell(&t, "%u", d->queue_pairs);
+	}
+	table_print_free(&t);
+}
+
+static void print_sessions(const Dfccl__V1__QueryReply *q, const char *socket_path)
+{
+	struct table t;
+	char age[64], bytes[64], devices[256];
+	table_start(&t, 9, "SESSION", "UID", "PID", "NAME", "COMMS", "REGS", "REGISTERED", "DEVICES", "AGE");
+	for (size_t i = 0; i < q->n_sessions; i++) {
+		const Dfccl__V1__SessionInfo *s = q->sessions[i];
+		size_t off = 0;
+		devices[0] = 0;
+		for (size_t k = 0; k < s->n_devices && off < sizeof(devices); k++)
+			off += (size_t)snprintf(devices + off, sizeof(devices) - off, "%s%u", k ? "," : "", s->devices[k]);
+		format_duration(age, sizeof(age), s->age_ms);
+		format_bytes(bytes, sizeof(bytes), s->registered_bytes);
+		table_cell(&t, "%llu", (unsigned long long)s->session_id);
+		table_cell(&t, "%u", s->uid);
+		table_cell(&t, "%d", s->pid);
+		table_cell(&t, "%s", s->client_name[0] ? s->client_name : "-");
+		table_cell(&t, "%u", s->ncomms);
+		table_cell(&t, "%u", s->nregs);
+		table_cell(&t, "%s", bytes);
+		table_cell(&t, "%s", devices[0] ? devices : "-");
+		table_cell(&t, "%s", age);
+	}
+	table_print_free(&t);
+}
+
+static void print_comms(const Dfccl__V1__QueryReply *q, const char *socket_path)
+{
+	struct table t;
+	char age[64], members[512];
+	table_start(&t, 7, "COMM", "UID", "RANKS", "JOINED", "STATE", "AGE", "MEMBERS (rank:pid@device)");
+	for (size_t i = 0; i < q->n_comms; i++) {
+		const Dfccl__V1__CommInfo *c = q->comms[i];
+		size_t off = 0;
+		members[0] = 0;
+		for (size_t k = 0; k < c->n_ranks && off < sizeof(members); k++)
+			off += (size_t)snprintf(members + off, sizeof(members) - off, "%s%u:%d@%u", k ? " " : "",
+			                        c->ranks[k]->rank, c->ranks[k]->pid, c->ranks[k]->device);
+		format_duration(age, sizeof(age), c->age_ms);
+		table_cell(&t, "%llu", (unsigned long long)c->comm_id);
+		table_cell(&t, "%u", c->uid);
+		table_cell(&t, "%u", c->nranks);
+		table_cell(&t, "%u", c->joined);
+		table_cell(&t, "%s", c->state);
+		table_cell(&t, "%s", age);
+		table_cell(&t, "%s", members);
+	}
+	table_print_free(&t);
+}
+
+static void print_queues(const Dfccl__V1__QueryReply *q, const char *socket_path)
+{
+	struct table t;
+	table_start(&t, 8, "SESSION", "DEVICE", "QP", "ENTRIES", "SUBMITTED", "CONSUMED", "COMPLETED", "ENGINE");
+	for (size_t i = 0; i < q->n_queues; i++) {
+		const Dfccl__V1__QueueInfo *u = q->queues[i];
+		table_cell(&t, "%llu", (unsigned long long)u->session_id);
+		table_cell(&t, "%u", u->device);
+		table_cell(&t, "%u", u->qp_id);
+		table_cell(&t, "%u", u->sq_entries);
+		table_cell(&t, "%llu", (unsigned long long)u->sq_tail);
+		table_cell(&t, "%llu", (unsigned long long)(u->sq_head ? u->sq_head - 1 : 0));
+		table_cell(&t, "%llu", (unsigned long long)u->completed);
+		table_cell(&t, "%s", u->engine_state);
+	}
+	table_print_free(&t);
+}
+
+static void print_stats(const Dfccl__V1__QueryReply *q, const char *socket_path)
+{
+	struct table t;
+	table_start(&t, 8, "DEVICE", "COMPLETED", "PREEMPTIONS", "ERRORS", "CTX SWITCHES", "SPINS", "QUEUE PAIRS",
+	            "WORKER");
+	for (size_t i = 0; i < q->n_stats; i++) {
+		const Dfccl__V1__DeviceStats *s = q->stats[i];
+		table_cell(&t, "%u", s->device);
+		table_cell(&t, "%llu", (unsigned long long)s->completed);
+		table_cell(&t, "%llu", (unsigned long long)s->preemptions);
+		table_cell(&t, "%llu", (unsigned long long)s->errors);
+		table_cell(&t, "%llu", (unsigned long long)s->context_switches);
+		table_cell(&t, "%llu", (unsigned long long)s->spins);
+		table_cell(&t, "%u", s->queue_pairs);
+		table_cell(&t, "%s", s->worker_up ? "up" : "down");
+	}
+	table_print_free(&t);
+}
+
+static void print_status_reply(const Dfccl__V1__QueryReply *q, const char *socket_path)
+{
+	print_status(q->status, socket_path);
+}
+
+/*
+ * The query subcommands. `field` names the QueryReply field that carries the
+ * answer; --json prints it as {"<json_key>": ...}, or, for the status, the
+ * StatusInfo object itself.
+ */
+struct query_cmd {
+	const char *name;
+	Dfccl__V1__QueryKind kind;
+	const char *field;
+	const char *json_key; /* NULL: the field's object, unwrapped */
+	void (*print)(const Dfccl__V1__QueryReply *q, const char *socket_path);
+};
+
+static const struct query_cmd query_cmds[] = {
+    {"status", DFCCL__V1__QUERY_KIND__QUERY_STATUS, "status", NULL, print_status_reply},
+    {"sessions", DFCCL__V1__QUERY_KIND__QUERY_SESSIONS, "sessions", "sessions", print_sessions},
+    {"comms", DFCCL__V1__QUERY_KIND__QUERY_COMMS, "comms", "comms", print_comms},
+    {"queues", DFCCL__V1__QUERY_KIND__QUERY_QUEUES, "queues", "queues", print_queues},
+    {"stats", DFCCL__V1__QUERY_KIND__QUERY_STATS, "stats", "devices", print_stats},
+};
+
+static dfcclResult_t run_query(struct client *c, const struct query_cmd *cmd, bool json, const char *socket_path)
+{
+	Dfccl__V1__Query query = DFCCL__V1__QUERY__INIT;
+	query.kind = cmd->kind;
+	dfccl_envelope req = DFCCL__V1__ENVELOPE__INIT;
+	req.body_case = DFCCL__V1__ENVELOPE__BODY_QUERY;
+	req.query = &query;
+	struct client_reply rep;
+	dfcclResult_t r = client_request(c, &req, NULL, 0, DFCCL__V1__ENVELOPE__BODY_QUERY_REPLY, &rep);
+	if (r != dfcclSuccess)
+		return r;
+	const Dfccl__V1__QueryReply *q = rep.env->query_reply;
+
+	if (cmd->kind == DFCCL__V1__QUERY_KIND__QUERY_STATUS && !q->status) {
+		r = errors_set(dfcclInternalError, "dfccld answered the status query without a status");
+	} else if (json) {
+		const ProtobufCFieldDescriptor *f =
+		    protobuf_c_message_descriptor_get_field_by_name(q->base.descriptor, cmd->field);
+		json_t *v = pb_field_json(&q->base, f);
+		json_print_free(cmd->json_key ? json_pack("{s:o}", cmd->json_key, v) : v);
+	} else {
+		cmd->print(q, socket_path);
+	}
+	client_reply_release(&rep);
+	return r;
+}
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static dfcclResult_t run_ping(struct client *c, int device, long count, bool json)
+{
+	/* The first NOP also attaches the queue pair; it is not a round trip. */
+	dfcclResult_t r = client_nop(c, (uint32_t)device);
+	if (r != dfcclSuccess)
+		return r;
+
+	uint64_t min = UINT64_MAX, max = 0, sum = 0;
+	json_t *samples = json ? json_array() : NULL;
+	for (long i = 0; i < count; i++) {
+		uint64_t t0 = now_ns();
+		r = client_nop(c, (uint32_t)device);
+		uint64_t dt = now_ns() - t0;
+		if (r != dfcclSuccess)
+			break;
+		min = dt < min ? dt : min;
+		max = dt > max ? dt : max;
+		sum += dt;
+		/* Every sample in JSON; as text, each one only for a short run. */
+		if (json)
+			json_array_append_new(samples, json_integer((json_int_t)dt));
+		else if (count <= 10)
+			printf("nop %ld on device %d: %.1f us\n", i + 1, device, (double)dt / 1e3);
+	}
+	if (r != dfcclSuccess) {
+		json_decref(samples);
+		return r;
+	}
+	if (json) {
+		json_t *o = json_pack("{s:i, s:i, s:I, s:I, s:I, s:o}", "device", device, "count", (int)count, "min_ns",
+		                      (json_int_t)min, "avg_ns", (json_int_t)(sum / (uint64_t)count), "max_ns",
+		                      (json_int_t)max, "ping", samples);
+		json_print_free(o);
+	} else {
+		printf("device %d: %ld NOPs, round trip min/avg/max = %.1f/%.1f/%.1f us\n", device, count,
+		       (double)min / 1e3, (double)sum / (double)count / 1e3, (double)max / 1e3);
+	}
+	return dfcclSuccess;
+}
+
+/* ---------------------------------------------------------------- main */
+
+static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+static int usage_error(const char *fmt, ...)
+{
+	va_list ap;
+	fputs("dfcclctl: ", stderr);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputs(" (see dfcclctl --help)\n", stderr);
+	return EXIT_USAGE;
+}
+
+static bool parse_long(const char *s, long lo, long hi, long *out)
+{
+	char *end;
+	errno = 0;
+	long v = strtol(s, &end, 10);
+	if (errno || end == s || *end || v < lo || v > hi)
+		return false;
+	*out = v;
+	return true;
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option opts[] = {
+	    {"socket", required_argument, NULL, 's'}, {"json", no_argument, NULL, 'j'},
+	    {"device", required_argument, NULL, 'd'}, {"count", required_argument, NULL, 'c'},
+	    {"help", no_argument, NULL, 'h'},         {"version", no_argument, NULL, 'V'},
+	    {NULL, 0, NULL, 0},
+	};
+	const char *socket_path = client_socket_path();
+	bool json = false, ping_opts = false;
+	long device = 0, count = 5;
+	int opt;
+
+	opterr = 0;
+	while ((opt = getopt_long(argc, argv, "s:jd:c:hV", opts, NULL)) != -1) {
+		switch (opt) {
+		case 's': socket_path = optarg; break;
+		case 'j': json = true; break;
+		case 'd':
+			if (!parse_long(optarg, 0, INT32_MAX, &device))
+				return usage_error("--device takes a device index, not '%s'", optarg);
+			ping_opts = true;
+			break;
+		case 'c':
+			if (!parse_long(optarg, 1, 1000000, &count))
+				return usage_error("--count takes a number from 1 to 1000000, not '%s'", optarg);
+			ping_opts = true;
+			break;
+		case 'h': fputs(usage, stdout); return 0;
+		case 'V':
+			printf("dfcclctl %d.%d.%d (protocol %u..%u)\n", DFCCL_MAJOR, DFCCL_MINOR, DFCCL_PATCH,
+			       DFCCL_PROTO_MIN_VERSION, DFCCL_PROTO_VERSION);
+			return 0;
+		default:
+			return usage_error("unknown option '%s'", argv[optind - 1]);
+		}
+	}
+	if (optind >= argc)
+		return usage_error("no command given");
+	if (optind + 1 < argc)
+		return usage_error("unexpected argument '%s'", argv[optind + 1]);
+	const char *name = argv[optind];
+
+	const struct query_cmd *cmd = NULL;
+	for (size_t i = 0; i < sizeof(query_cmds) / sizeof(query_cmds[0]); i++)
+		if (!strcmp(name, query_cmds[i].name))
+			cmd = &query_cmds[i];
+	bool ping = !strcmp(name, "ping");
+	if (!cmd && !ping)
+		return usage_error("unknown command '%s'", name);
+	if (ping_opts && !ping)
+		return usage_error("--device and --count go with ping");
+
+	struct client *c;
+	dfcclResult_t r = client_open(socket_path, "dfcclctl", &c);
+	if (r == dfcclSuccess) {
+		r = ping ? run_ping(c, (int)device, count, json) : run_query(c, cmd, json, socket_path);
+		client_unref(c);
+	}
+	if (r != dfcclSuccess) {
+		fprintf(stderr, "dfcclctl: %s\n", errors_last());
+		return 1;
+	}
+	return 0;
+}

@@ -1,0 +1,564 @@
+/*
+ * Unit tests of libdfccl's logic that needs no daemon: result strings and
+ * the mapping of daemon error codes, the unique-id layout, the allocation
+ * table and buffer translation, group nesting, argument checks that fail
+ * before any connection, and the queue-pair submission protocol against an
+ * engine emulated by a thread of this test.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "client.h"
+#include "coll.h"
+#include "dfccl.h"
+#include "errors.h"
+#include "mem.h"
+#include "qp.h"
+#include "queue.h"
+#include "uniqueid.h"
+
+/* ---------------------------------------------------------------- results */
+
+static void test_error_strings(void **state)
+{
+	for (int i = 0; i < dfcclNumResults; i++) {
+		const char *s = dfcclGetErrorString((dfcclResult_t)i);
+		assert_non_null(s);
+		assert_string_not_equal(s, "unknown result code");
+		for (int k = 0; k < i; k++)
+			assert_string_not_equal(s, dfcclGetErrorString((dfcclResult_t)k));
+	}
+	assert_string_equal(dfcclGetErrorString(dfcclNumResults), "unknown result code");
+	assert_string_equal(dfcclGetErrorString((dfcclResult_t)-1), "unknown result code");
+}
+
+static void test_error_codes(void **state)
+{
+	static const struct {
+		uint32_t code;
+		dfcclResult_t result;
+	} map[] = {
+	    {DFCCL__V1__ERROR_CODE__ERROR_NONE, dfcclSuccess},
+	    {DFCCL__V1__ERROR_CODE__ERROR_INTERNAL, dfcclInternalError},
+	    {DFCCL__V1__ERROR_CODE__ERROR_INVALID_ARGUMENT, dfcclInvalidArgument},
+	    {DFCCL__V1__ERROR_CODE__ERROR_INVALID_USAGE, dfcclInvalidUsage},
+	    {DFCCL__V1__ERROR_CODE__ERROR_VERSION_MISMATCH, dfcclVersionMismatch},
+	    {DFCCL__V1__ERROR_CODE__ERROR_PERMISSION, dfcclPermissionDenied},
+	    {DFCCL__V1__ERROR_CODE__ERROR_NOT_FOUND, dfcclInvalidArgument},
+	    {DFCCL__V1__ERROR_CODE__ERROR_TIMEOUT, dfcclTimeout},
+	    {DFCCL__V1__ERROR_CODE__ERROR_PEER_LOST, dfcclRemoteError},
+	    {DFCCL__V1__ERROR_CODE__ERROR_ABORTED, dfcclAborted},
+	    {DFCCL__V1__ERROR_CODE__ERROR_DEVICE_LOST, dfcclDeviceLost},
+	    {DFCCL__V1__ERROR_CODE__ERROR_SHUTTING_DOWN, dfcclDaemonUnavailable},
+	    {DFCCL__V1__ERROR_CODE__ERROR_RESOURCE, dfcclSystemError},
+	    {DFCCL__V1__ERROR_CODE__ERROR_NOT_SUPPORTED, dfcclNotSupported},
+	    {1000, dfcclInternalError}, /* a code from a newer daemon */
+	};
+	for (size_t i = 0; i < sizeof(map) / sizeof(map[0]); i++)
+		assert_int_equal(errors_from_code(map[i].code), map[i].result);
+}
+
+static void *other_thread_last_error(void *arg)
+{
+	*(int *)arg = dfcclGetLastError(NULL)[0] == 0;
+	return NULL;
+}
+
+static void test_last_error(void **state)
+{
+	assert_int_equal(errors_set(dfcclTimeout, "ranks %d and %d never came", 2, 3), dfcclTimeout);
+	assert_string_equal(dfcclGetLastError(NULL), "ranks 2 and 3 never came");
+	assert_string_equal(errors_last(), "ranks 2 and 3 never came");
+
+	/* The sentence belongs to the thread that failed. */
+	pthread_t t;
+	int empty = 0;
+	assert_int_equal(pthread_create(&t, NULL, other_thread_last_error, &empty), 0);
+	pthread_join(t, NULL);
+	assert_true(empty);
+
+	int version = 0;
+	assert_int_equal(dfcclGetVersion(&version), dfcclSuccess);
+	assert_int_equal(version, DFCCL_VERSION_CODE);
+	assert_int_equal(dfcclGetVersion(NULL), dfcclInvalidArgument);
+}
+
+/* ---------------------------------------------------------------- unique ids */
+
+static void test_unique_id_format(void **state)
+{
+	dfcclUniqueId a, b;
+	assert_int_equal(dfcclGetUniqueId(&a), dfcclSuccess);
+	assert_int_equal(dfcclGetUniqueId(&b), dfcclSuccess);
+
+	const struct uniqueid_layout *l = (const void *)a.internal;
+	assert_memory_equal(l->tag, "DFC\x01", 4);
+	assert_memory_equal(l->flags, "\0\0\0\0", 4);
+	static const uint8_t zero[64] = {0};
+	assert_memory_equal(&l->bootstrap_family, zero, 24); /* node-local: no bootstrap address */
+	assert_memory_equal(l->reserved, zero, sizeof(l->reserved));
+	assert_memory_not_equal(l->random, zero, UNIQUEID_RANDOM_BYTES);
+
+	/* Two draws share the tag and nothing of the random part. */
+	assert_memory_not_equal(a.internal + 8, b.internal + 8, UNIQUEID_RANDOM_BYTES);
+	assert_memory_equal(a.internal + 40, b.internal + 40, DFCCL_UNIQUE_ID_BYTES - 40);
+
+	assert_int_equal(uniqueid_check(&a), 0);
+	a.internal[3] = 2; /* another layout version */
+	assert_int_equal(uniqueid_check(&a), -EINVAL);
+	memset(&b, 0, sizeof(b));
+	assert_int_equal(uniqueid_check(&b), -EINVAL);
+	assert_int_equal(dfcclGetUniqueId(NULL), dfcclInvalidArgument);
+}
+
+static void test_unique_ids_differ(void **state)
+{
+	enum { N = 256 };
+	static dfcclUniqueId ids[N];
+	for (int i = 0; i < N; i++)
+		assert_int_equal(dfcclGetUniqueId(&ids[i]), dfcclSuccess);
+	for (int i = 0; i < N; i++)
+		for (int k = 0; k < i; k++)
+			assert_memory_not_equal(ids[i].internal, ids[k].internal, DFCCL_UNIQUE_ID_BYTES);
+}
+
+/* ---------------------------------------------------------------- allocations */
+
+static struct mem_alloc fake_alloc(uint64_t id, uintptr_t base, size_t size, uint32_t reg_id)
+{
+	return (struct mem_alloc){.id = id, .base = base, .size = size, .map_size = size, .reg_id = reg_id,
+	                          .memfd = -1, .device = 0, .client = NULL};
+}
+
+static void test_mem_table(void **state)
+{
+	struct mem_table t = MEM_TABLE_INIT;
+	struct mem_alloc a = fake_alloc(1, 0x10000, 0x1000, 7);
+	struct mem_alloc b = fake_alloc(2, 0x30000, 0x2000, 8);
+	struct mem_alloc c = fake_alloc(3, 0x11000, 0x1000, 9); /* adjacent to a */
+	struct mem_alloc overlap = fake_alloc(4, 0x30fff, 0x10, 10);
+	struct mem_alloc under = fake_alloc(5, 0x2ffff, 0x2, 11);
+
+	assert_int_equal(mem_table_insert(&t, &b), 0);
+	assert_int_equal(mem_table_insert(&t, &a), 0);
+	assert_int_equal(mem_table_insert(&t, &c), 0);
+	assert_int_equal(mem_table_insert(&t, &overlap), -EEXIST);
+	assert_int_equal(mem_table_insert(&t, &under), -EEXIST);
+	assert_int_equal(t.n, 3);
+
+	assert_ptr_equal(mem_table_find(&t, 0x10000), &a);
+	assert_ptr_equal(mem_table_find(&t, 0x10fff), &a);
+	assert_ptr_equal(mem_table_find(&t, 0x11000), &c);
+	assert_ptr_equal(mem_table_find(&t, 0x31fff), &b);
+	assert_null(mem_table_find(&t, 0xffff));
+	assert_null(mem_table_find(&t, 0x12000));
+	assert_null(mem_table_find(&t, 0x32000));
+
+	assert_null(mem_table_take(&t, 0x10008)); /* only the base frees */
+	assert_ptr_equal(mem_table_take(&t, 0x11000), &c);
+	assert_null(mem_table_take(&t, 0x11000));
+	assert_int_equal(t.n, 2);
+	assert_null(mem_table_find(&t, 0x11000));
+	mem_table_clear(&t);
+	assert_int_equal(t.n, 0);
+}
+
+static void test_mem_translate_bounds(void **state)
+{
+	struct mem_table t = MEM_TABLE_INIT;
+	struct mem_alloc a = fake_alloc(41, 0x10000, 0x1000, 7);
+	struct mem_alloc b = fake_alloc(42, 0x11000, 0x1000, 8); /* right after a */
+	struct mem_ref ref;
+	assert_int_equal(mem_table_insert(&t, &a), 0);
+	assert_int_equal(mem_table_insert(&t, &b), 0);
+
+	assert_int_equal(mem_table_translate(&t, NULL, (void *)0x10000, 0x1000, &ref), dfcclSuccess);
+	assert_int_equal(ref.reg_id, 7);
+	assert_int_equal(ref.offset, 0);
+	assert_int_equal(ref.alloc_id, 41);
+
+	assert_int_equal(mem_table_translate(&t, NULL, (void *)0x10ff0, 0x10, &ref), dfcclSuccess);
+	assert_int_equal(ref.offset, 0xff0);
+
+	assert_int_equal(mem_table_translate(&t, NULL, (void *)0x11800, 8, &ref), dfcclSuccess);
+	assert_int_equal(ref.reg_id, 8);
+	assert_int_equal(ref.offset, 0x800);
+
+	/* One byte past the end, spanning two adjacent allocations, before the
+	 * first, and a length that wraps the address space all fail. */
+	assert_int_equal(mem_table_translate(&t, NULL, (void *)0x10ff0, 0x11, &ref), dfcclInvalidArgument);
+	assert_non_null(strstr(dfcclGetLastError(NULL), "host-engine buffers must come from dfcclMemAlloc"));
+	assert_int_equal(mem_table_translate(&t, NULL, (void *)0x10800, 0x1000, &ref), dfcclInvalidArgument);
+	assert_int_equal(mem_table_translate(&t, NULL, (void *)0xfff0, 0x20, &ref), dfcclInvalidArgument);
+	assert_int_equal(mem_table_translate(&t, NULL, (void *)0x10010, SIZE_MAX, &ref), dfcclInvalidArgument);
+	assert_int_equal(mem_table_translate(&t, NULL, (void *)0x12000, 1, &ref), dfcclInvalidArgument);
+
+	/* An allocation of another session (the daemon restarted since). */
+	assert_int_equal(mem_table_translate(&t, (struct client *)&a, (void *)0x10000, 8, &ref), dfcclInvalidUsage);
+	mem_table_clear(&t);
+}
+
+static void test_mem_api_arguments(void **state)
+{
+	void *p = (void *)1;
+	assert_int_equal(dfcclMemAlloc(NULL, 10), dfcclInvalidArgument);
+	assert_int_equal(dfcclMemAlloc(&p, 0), dfcclInvalidArgument);
+	assert_null(p);
+	assert_int_equal(dfcclMemFree(NULL), dfcclSuccess);
+	int on_stack;
+	assert_int_equal(dfcclMemFree(&on_stack), dfcclInvalidArgument);
+}
+
+/* ---------------------------------------------------------------- groups */
+
+static void test_group_nesting(void **state)
+{
+	assert_int_equal(coll_group_depth(), 0);
+	assert_int_equal(dfcclGroupEnd(), dfcclInvalidUsage);
+	assert_non_null(strstr(dfcclGetLastError(NULL), "without a matching dfcclGroupStart"));
+
+	assert_int_equal(dfcclGroupStart(), dfcclSuccess);
+	assert_int_equal(dfcclGroupStart(), dfcclSuccess);
+	assert_int_equal(coll_group_depth(), 2);
+	assert_int_equal(dfcclGroupEnd(), dfcclSuccess);
+	assert_int_equal(coll_group_depth(), 1);
+	assert_int_equal(dfcclGroupEnd(), dfcclSuccess); /* an empty group submits nothing */
+	assert_int_equal(coll_group_depth(), 0);
+	assert_int_equal(dfcclGroupEnd(), dfcclInvalidUsage);
+}
+
+static void test_group_failed_call(void **state)
+{
+	int buf[4];
+	assert_int_equal(dfcclGroupStart(), dfcclSuccess);
+	assert_int_equal(dfcclAllReduce(buf, buf, 4, dfcclInt, dfcclSum, NULL, NULL), dfcclInvalidArgument);
+	/* The failure is returned again by the outermost GroupEnd, which submits
+	 * nothing, and the next group starts clean. */
+	assert_int_equal(dfcclGroupEnd(), dfcclInvalidArgument);
+	assert_non_null(strstr(dfcclGetLastError(NULL), "none of the group was submitted"));
+	assert_int_equal(coll_group_depth(), 0);
+	assert_int_equal(dfcclGroupStart(), dfcclSuccess);
+	assert_int_equal(dfcclGroupEnd(), dfcclSuccess);
+}
+
+static void test_dtype_sizes(void **state)
+{
+	static const size_t want[dfcclNumTypes] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2};
+	for (int i = 0; i < dfcclNumTypes; i++)
+		assert_int_equal(coll_dtype_size(i), want[i]);
+	assert_int_equal(coll_dtype_size(dfcclNumTypes), 0);
+	assert_int_equal(coll_dtype_size(-1), 0);
+}
+
+/* ---------------------------------------------------------------- checks before connecting */
+
+static int setup_no_daemon(void **state)
+{
+	setenv("DFCCL_SOCKET", "/nonexistent/dfccld.sock", 1);
+	return 0;
+}
+
+static void test_comm_init_arguments(void **state)
+{
+	dfcclComm_t comm = (dfcclComm_t)1;
+	dfcclUniqueId id, bad;
+	assert_int_equal(dfcclGetUniqueId(&id), dfcclSuccess);
+	memset(&bad, 0, sizeof(bad));
+
+	assert_int_equal(dfcclCommInitRank(NULL, 2, id, 0), dfcclInvalidArgument);
+	assert_int_equal(dfcclCommInitRank(&comm, 0, id, 0), dfcclInvalidArgument);
+	assert_null(comm);
+	assert_int_equal(dfcclCommInitRank(&comm, 2, id, 2), dfcclInvalidArgument);
+	assert_int_equal(dfcclCommInitRank(&comm, 2, id, -1), dfcclInvalidArgument);
+	assert_int_equal(dfcclCommInitRank(&comm, 2, bad, 0), dfcclInvalidArgument);
+	assert_string_equal(dfcclGetLastError(NULL), "not a dfccl unique id (use dfcclGetUniqueId)");
+
+	dfcclConfig_t config = DFCCL_CONFIG_INITIALIZER;
+	config.magic = 0;
+	assert_int_equal(dfcclCommInitRankConfig(&comm, 2, id, 0, &config), dfcclInvalidArgument);
+	config = (dfcclConfig_t)DFCCL_CONFIG_INITIALIZER;
+	config.initTimeoutMs = -5;
+	assert_int_equal(dfcclCommInitRankConfig(&comm, 2, id, 0, &config), dfcclInvalidArgument);
+
+	/* Valid arguments reach the connection, which fails clearly. */
+	assert_int_equal(dfcclCommInitRank(&comm, 2, id, 0), dfcclDaemonUnavailable);
+	assert_non_null(strstr(dfcclGetLastError(NULL), "cannot connect to /nonexistent/dfccld.sock"));
+	assert_non_null(strstr(dfcclGetLastError(NULL), "is dfccld running? (systemctl start dfccld)"));
+
+	assert_int_equal(dfcclCommDestroy(NULL), dfcclSuccess);
+	assert_int_equal(dfcclCommAbort(NULL), dfcclSuccess);
+	int n;
+	assert_int_equal(dfcclGetDeviceCount(&n), dfcclDaemonUnavailable);
+}
+
+static void test_devices(void **state)
+{
+	int d = -1;
+	assert_int_equal(dfcclGetDevice(&d), dfcclSuccess);
+	assert_int_equal(d, 0);
+	assert_int_equal(dfcclSetDevice(3), dfcclSuccess);
+	assert_int_equal(dfcclGetDevice(&d), dfcclSuccess);
+	assert_int_equal(d, 3);
+	assert_int_equal(client_current_device(), 3);
+	assert_int_equal(dfcclSetDevice(-1), dfcclInvalidArgument);
+	assert_int_equal(dfcclSetDevice(0), dfcclSuccess);
+}
+
+/* ---------------------------------------------------------------- the queue pair */
+
+#define TEST_SQ_ENTRIES 16u
+
+/* A queue pair mapped as the client maps it, with a thread in the role of
+ * the engine: it completes every armed entry in order, NOPs with OK and
+ * everything else with the status in `status`. */
+struct qp_fixture {
+	struct qp *q;
+	struct dfccl_qp_header *engine_view; /* the engine's own mapping of the region */
+	size_t size;
+	int bell;
+	int lost;
+	int stop;
+	int status;     /* atomic */
+	int engine_on;  /* atomic: the engine thread completes entries */
+	pthread_t engine;
+};
+
+static void *fake_engine(void *arg)
+{
+	struct qp_fixture *f = arg;
+	struct dfccl_qp_header *h = f->engine_view;
+	struct dfccl_sqe *sq = (void *)((char *)h + h->sq_offset);
+	uint64_t *cw = (void *)((char *)h + h->cw_offset);
+	uint64_t head = 1;
+	while (!__atomic_load_n(&f->stop, __ATOMIC_ACQUIRE)) {
+		if (!__atomic_load_n(&f->engine_on, __ATOMIC_ACQUIRE)) {
+			usleep(100);
+			continue;
+		}
+		uint32_t slot = DFCCL_QP_SLOT(head, h->sq_entries);
+		if (head > __atomic_load_n(&h->sq_tail, __ATOMIC_ACQUIRE) ||
+		    __atomic_load_n(&sq[slot].arm, __ATOMIC_ACQUIRE) != head) {
+			usleep(20);
+			continue;
+		}
+		uint32_t st = sq[slot].opcode == DFCCL_OP_NOP ? DFCCL_CQ_OK : (uint32_t)__atomic_load_n(&f->status, __ATOMIC_ACQUIRE);
+		__atomic_store_n(&cw[slot], DFCCL_CW_MAKE(head, st), __ATOMIC_RELEASE);
+		head++;
+		__atomic_store_n(&h->sq_head, head, __ATOMIC_RELEASE);
+		__atomic_add_fetch(&h->completed, 1, __ATOMIC_RELEASE);
+	}
+	return NULL;
+}
+
+static int qp_setup(void **state)
+{
+	struct qp_fixture *f = calloc(1, sizeof(*f));
+	int memfd = queue_region_create(5, 0, TEST_SQ_ENTRIES, &f->size);
+	assert_true(memfd >= 0);
+	f->engine_view = mmap(NULL, f->size, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
+	assert_true(f->engine_view != MAP_FAILED);
+	f->bell = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	int client_bell = dup(f->bell);
+	f->status = DFCCL_CQ_NOT_SUPPORTED;
+	f->engine_on = 1;
+	assert_int_equal(qp_map(memfd, client_bell, f->size, 0, &f->lost, &f->q), dfcclSuccess);
+	assert_int_equal(f->q->entries, TEST_SQ_ENTRIES);
+	assert_int_equal(f->q->qp_id, 5);
+	assert_int_equal(pthread_create(&f->engine, NULL, fake_engine, f), 0);
+	*state = f;
+	return 0;
+}
+
+static int qp_teardown(void **state)
+{
+	struct qp_fixture *f = *state;
+	__atomic_store_n(&f->stop, 1, __ATOMIC_RELEASE);
+	pthread_join(f->engine, NULL);
+	qp_free(f->q);
+	munmap(f->engine_view, f->size);
+	close(f->bell);
+	free(f);
+	return 0;
+}
+
+static struct dfccl_sqe sqe_of(unsigned opcode)
+{
+	struct dfccl_sqe e;
+	memset(&e, 0, sizeof(e));
+	e.opcode = (uint8_t)opcode;
+	return e;
+}
+
+static void test_qp_map_rejects(void **state)
+{
+	int lost = 0;
+	struct qp *q;
+	size_t size;
+	int memfd = queue_region_create(1, 0, TEST_SQ_ENTRIES, &size);
+	/* Another device than the one asked for. */
+	assert_int_equal(qp_map(memfd, eventfd(0, 0), size, 1, &lost, &q), dfcclInternalError);
+	/* Garbage instead of a region. */
+	memfd = memfd_create("not-a-qp", 0);
+	assert_int_equal(ftruncate(memfd, (off_t)size), 0);
+	assert_int_equal(qp_map(memfd, eventfd(0, 0), size, 0, &lost, &q), dfcclVersionMismatch);
+	/* A size the descriptor does not have. */
+	memfd = queue_region_create(1, 0, TEST_SQ_ENTRIES, &size);
+	assert_int_equal(qp_map(memfd, eventfd(0, 0), size * 2, 0, &lost, &q), dfcclInternalError);
+}
+
+static void test_qp_nop_and_doorbell(void **state)
+{
+	struct qp_fixture *f = *state;
+	struct dfccl_sqe e = sqe_of(DFCCL_OP_NOP);
+
+	/* The engine says it sleeps: every submission rings. */
+	__atomic_store_n(&f->engine_view->engine_state, DFCCL_ENGINE_SLEEPING, __ATOMIC_RELEASE);
+	for (int i = 0; i < 3; i++)
+		assert_int_equal(qp_run(f->q, &e), dfcclSuccess);
+	uint64_t rings = 0;
+	assert_int_equal(read(f->bell, &rings, sizeof(rings)), sizeof(rings));
+	assert_int_equal(rings, 3);
+
+	/* A polling engine needs no doorbell. */
+	__atomic_store_n(&f->engine_view->engine_state, DFCCL_ENGINE_POLLING, __ATOMIC_RELEASE);
+	assert_int_equal(qp_run(f->q, &e), dfcclSuccess);
+	assert_int_equal(read(f->bell, &rings, sizeof(rings)), -1);
+
+	assert_int_equal(f->engine_view->sq_tail, 4);
+	assert_true(f->engine_view->client_heartbeat_ns > 0);
+}
+
+static void test_qp_status_mapping(void **state)
+{
+	struct qp_fixture *f = *state;
+	struct dfccl_sqe e = sqe_of(DFCCL_OP_ALLREDUCE);
+	assert_int_equal(qp_run(f->q, &e), dfcclNotSupported);
+	assert_string_equal(dfcclGetLastError(NULL), "the daemon's engine does not execute AllReduce yet");
+
+	static const struct {
+		uint32_t status;
+		dfcclResult_t result;
+	} map[] = {
+	    {DFCCL_CQ_OK, dfcclSuccess},
+	    {DFCCL_CQ_PEER_LOST, dfcclRemoteError},
+	    {DFCCL_CQ_ABORTED, dfcclAborted},
+	    {DFCCL_CQ_DEVICE_LOST, dfcclDeviceLost},
+	    {DFCCL_CQ_TIMEOUT, dfcclTimeout},
+	    {DFCCL_CQ_NOT_SUPPORTED, dfcclNotSupported},
+	    {DFCCL_CQ_BAD_REG, dfcclInvalidArgument},
+	    {DFCCL_CQ_OUT_OF_RANGE, dfcclInvalidArgument},
+	    {DFCCL_CQ_BAD_ENTRY, dfcclInvalidArgument},
+	    {999, dfcclInvalidArgument},
+	};
+	for (size_t i = 0; i < sizeof(map) / sizeof(map[0]); i++)
+		assert_int_equal(qp_status_result(map[i].status, DFCCL_OP_SEND), map[i].result);
+	qp_status_result(DFCCL_CQ_OUT_OF_RANGE, DFCCL_OP_RECV);
+	assert_non_null(strstr(dfcclGetLastError(NULL), "Recv failed: buffer offset and size fall outside"));
+}
+
+/* More entries than the queue has slots, all submitted before the first
+ * wait: the submitter itself must reap its own completed entries to free
+ * their slots, and every ticket must still get its own status. */
+static void test_qp_more_than_a_lap(void **state)
+{
+	struct qp_fixture *f = *state;
+	enum { N = 3 * TEST_SQ_ENTRIES + 5 };
+	struct qp_ticket t[N];
+	for (int i = 0; i < N; i++) {
+		struct dfccl_sqe e = sqe_of(i % 2 ? DFCCL_OP_NOP : DFCCL_OP_SEND);
+		assert_int_equal(qp_submit(f->q, &e, &t[i]), dfcclSuccess);
+	}
+	for (int i = 0; i < N; i++) {
+		assert_int_equal(qp_wait(f->q, &t[i]), dfcclSuccess);
+		assert_int_equal(t[i].status, i % 2 ? DFCCL_CQ_OK : DFCCL_CQ_NOT_SUPPORTED);
+	}
+}
+
+struct nop_thread {
+	struct qp *q;
+	int failures;
+};
+
+static void *nop_loop(void *arg)
+{
+	struct nop_thread *n = arg;
+	struct dfccl_sqe e = sqe_of(DFCCL_OP_NOP);
+	for (int i = 0; i < 200; i++)
+		n->failures += qp_run(n->q, &e) != dfcclSuccess;
+	return NULL;
+}
+
+static void test_qp_threads(void **state)
+{
+	struct qp_fixture *f = *state;
+	enum { T = 6 };
+	pthread_t th[T];
+	struct nop_thread n[T];
+	for (int i = 0; i < T; i++) {
+		n[i] = (struct nop_thread){.q = f->q};
+		assert_int_equal(pthread_create(&th[i], NULL, nop_loop, &n[i]), 0);
+	}
+	for (int i = 0; i < T; i++) {
+		pthread_join(th[i], NULL);
+		assert_int_equal(n[i].failures, 0);
+	}
+}
+
+static void test_qp_dead_and_lost(void **state)
+{
+	struct qp_fixture *f = *state;
+	struct dfccl_sqe e = sqe_of(DFCCL_OP_NOP);
+	struct qp_ticket t;
+
+	/* The worker dies with an entry outstanding. */
+	__atomic_store_n(&f->engine_on, 0, __ATOMIC_RELEASE);
+	usleep(1000);
+	assert_int_equal(qp_submit(f->q, &e, &t), dfcclSuccess);
+	__atomic_store_n(&f->engine_view->qp_state, DFCCL_QP_DEAD, __ATOMIC_RELEASE);
+	assert_int_equal(qp_wait(f->q, &t), dfcclDeviceLost);
+	assert_int_equal(qp_run(f->q, &e), dfcclDeviceLost);
+	assert_int_equal(qp_health(f->q), dfcclDeviceLost);
+
+	__atomic_store_n(&f->engine_view->qp_state, DFCCL_QP_ACTIVE, __ATOMIC_RELEASE);
+	__atomic_store_n(&f->lost, 1, __ATOMIC_RELEASE);
+	assert_int_equal(qp_run(f->q, &e), dfcclDaemonUnavailable);
+	assert_non_null(strstr(dfcclGetLastError(NULL), "lost the connection to dfccld"));
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+	    cmocka_unit_test(test_error_strings),
+	    cmocka_unit_test(test_error_codes),
+	    cmocka_unit_test(test_last_error),
+	    cmocka_unit_test(test_unique_id_format),
+	    cmocka_unit_test(test_unique_ids_differ),
+	    cmocka_unit_test(test_mem_table),
+	    cmocka_unit_test(test_mem_translate_bounds),
+	    cmocka_unit_test(test_mem_api_arguments),
+	    cmocka_unit_test(test_group_nesting),
+	    cmocka_unit_test(test_group_failed_call),
+	    cmocka_unit_test(test_dtype_sizes),
+	    cmocka_unit_test_setup(test_comm_init_arguments, setup_no_daemon),
+	    cmocka_unit_test(test_devices),
+	    cmocka_unit_test(test_qp_map_rejects),
+	    cmocka_unit_test_setup_teardown(test_qp_nop_and_doorbell, qp_setup, qp_teardown),
+	    cmocka_unit_test_setup_teardown(test_qp_status_mapping, qp_setup, qp_teardown),
+	    cmocka_unit_test_setup_teardown(test_qp_more_than_a_lap, qp_setup, qp_teardown),
+	    cmocka_unit_test_setup_teardown(test_qp_threads, qp_setup, qp_teardown),
+	    cmocka_unit_test_setup_teardown(test_qp_dead_and_lost, qp_setup, qp_teardown),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

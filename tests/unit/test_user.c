@@ -1,0 +1,144 @@
+/*
+ * Tests of per-uid accounting (daemon/user.c): a user object per uid shared
+ * by every reference and freed with the last one; each quota (sessions,
+ * registered bytes, communicator memberships) refuses the charge that would
+ * pass the limit, charges nothing when it refuses, and makes room again when
+ * a charge is returned.
+ */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "user.h"
+
+static struct user_table table(int64_t sessions, int64_t bytes, int64_t comms)
+{
+	struct user_table t = {.head = NULL, .limits = {sessions, bytes, comms}};
+	return t;
+}
+
+static unsigned count_users(const struct user_table *t)
+{
+	unsigned n = 0;
+	for (const struct user *u = t->head; u; u = u->next)
+		n++;
+	return n;
+}
+
+static void test_refcount(void **state)
+{
+	struct user_table t = table(4, 100, 4);
+	struct user *a = user_ref(&t, 1000);
+	struct user *b = user_ref(&t, 1001);
+	struct user *a2 = user_ref(&t, 1000);
+	assert_non_null(a);
+	assert_non_null(b);
+	assert_ptr_equal(a, a2);
+	assert_ptr_not_equal(a, b);
+	assert_int_equal(a->refs, 2);
+	assert_int_equal(a->uid, 1000);
+	assert_int_equal(count_users(&t), 2);
+
+	user_unref(&t, a);
+	assert_int_equal(count_users(&t), 2); /* a2 still holds it */
+	user_unref(&t, b);
+	assert_int_equal(count_users(&t), 1);
+	assert_ptr_equal(t.head, a2);
+	user_unref(&t, a2);
+	assert_int_equal(count_users(&t), 0);
+	assert_null(t.head);
+
+	/* A uid that comes back starts from nothing. */
+	struct user *c = user_ref(&t, 1000);
+	assert_int_equal(c->refs, 1);
+	assert_int_equal(c->nsessions, 0);
+	user_unref(&t, NULL); /* harmless */
+	user_table_free(&t);
+	assert_null(t.head);
+}
+
+static void test_unlink_middle(void **state)
+{
+	struct user_table t = table(4, 100, 4);
+	struct user *u[3];
+	for (unsigned i = 0; i < 3; i++)
+		u[i] = user_ref(&t, 10 + i);
+	user_unref(&t, u[1]);
+	assert_int_equal(count_users(&t), 2);
+	for (const struct user *x = t.head; x; x = x->next)
+		assert_int_not_equal(x->uid, 11);
+	user_unref(&t, u[0]);
+	user_unref(&t, u[2]);
+	assert_null(t.head);
+}
+
+static void test_session_quota(void **state)
+{
+	struct user_table t = table(2, 100, 4);
+	struct user *u = user_ref(&t, 1);
+	struct user *other = user_ref(&t, 2);
+	assert_int_equal(user_charge_session(&t, u), 0);
+	assert_int_equal(user_charge_session(&t, u), 0);
+	assert_int_equal(user_charge_session(&t, u), -EDQUOT);
+	assert_int_equal(u->nsessions, 2);
+	/* Quotas are per uid: another user is not affected. */
+	assert_int_equal(user_charge_session(&t, other), 0);
+	user_uncharge_session(u);
+	assert_int_equal(user_charge_session(&t, u), 0);
+	assert_int_equal(user_charge_session(&t, u), -EDQUOT);
+	user_table_free(&t);
+}
+
+static void test_bytes_quota(void **state)
+{
+	struct user_table t = table(4, 1000, 4);
+	struct user *u = user_ref(&t, 1);
+	assert_int_equal(user_charge_bytes(&t, u, 600), 0);
+	assert_int_equal(user_charge_bytes(&t, u, 401), -EDQUOT);
+	assert_int_equal(u->registered_bytes, 600);
+	assert_int_equal(user_charge_bytes(&t, u, 400), 0); /* exactly to the limit */
+	assert_int_equal(user_charge_bytes(&t, u, 1), -EDQUOT);
+	assert_int_equal(user_charge_bytes(&t, u, 0), 0);
+	user_uncharge_bytes(u, 600);
+	assert_int_equal(user_charge_bytes(&t, u, 600), 0);
+	/* Negative and absurd sizes never pass (and cannot overflow the sum). */
+	assert_int_equal(user_charge_bytes(&t, u, -5), -EDQUOT);
+	assert_int_equal(user_charge_bytes(&t, u, INT64_MAX), -EDQUOT);
+	assert_int_equal(u->registered_bytes, 1000);
+	user_table_free(&t);
+
+	/* The default quota is a large number; the check must not overflow. */
+	struct user_table big = table(4, INT64_MAX, 4);
+	u = user_ref(&big, 1);
+	assert_int_equal(user_charge_bytes(&big, u, INT64_MAX - 10), 0);
+	assert_int_equal(user_charge_bytes(&big, u, 11), -EDQUOT);
+	assert_int_equal(user_charge_bytes(&big, u, 10), 0);
+	user_table_free(&big);
+}
+
+static void test_comm_quota(void **state)
+{
+	struct user_table t = table(4, 100, 3);
+	struct user *u = user_ref(&t, 1);
+	for (int i = 0; i < 3; i++)
+		assert_int_equal(user_charge_comm(&t, u), 0);
+	assert_int_equal(user_charge_comm(&t, u), -EDQUOT);
+	assert_int_equal(u->ncomms, 3);
+	user_uncharge_comm(u);
+	assert_int_equal(user_charge_comm(&t, u), 0);
+	user_table_free(&t);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+	    cmocka_unit_test(test_refcount),      cmocka_unit_test(test_unlink_middle),
+	    cmocka_unit_test(test_session_quota), cmocka_unit_test(test_bytes_quota),
+	    cmocka_unit_test(test_comm_quota),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
