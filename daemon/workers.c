@@ -170,8 +170,19 @@ static void qp_fail_pending(struct qp_rec *q)
 	uint64_t head = atomic_load_explicit((_Atomic uint64_t *)&h->sq_head, memory_order_relaxed);
 	if (head == 0)
 		head = 1;
+	/* The client can scribble on both counters. Sequence numbers live in
+	 * the 48 bits of a completion word; anything beyond is forged, and a
+	 * value near 2^64 would make the loop below wrap and never end. */
+	if (head > DFCCL_CW_SEQ(UINT64_MAX) - n) {
+		log_notice("worker", "queue pair %u: corrupt sq_head %llu; nothing to fail", q->qp_id,
+		           (unsigned long long)head);
+		atomic_store_explicit((_Atomic uint32_t *)&h->engine_state, DFCCL_ENGINE_DEAD, memory_order_release);
+		return;
+	}
 	if (tail >= head + n) /* a client that lies about its tail gets a clamp */
 		tail = head + n - 1;
+	if (tail < head) /* nothing outstanding (or a tail moved backwards) */
+		tail = head - 1;
 	uint64_t failed = 0;
 	for (uint64_t s = tail >= n ? tail - n + 1 : 1; s <= tail; s++) {
 		uint32_t slot = DFCCL_QP_SLOT(s, n);
