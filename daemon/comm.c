@@ -81,7 +81,9 @@ static void comm_member_leave(struct comm *c, uint32_t r)
 	struct comm_member *m = &c->members[r];
 	if (m->session && m->session->user)
 		user_uncharge_comm(m->session->user);
-	m->state = MEMBER_LEFT;
+	/* A rank that leaves before init completes may come back (a restarted
+	 * process) and is missing until it does; after init a slot is final. */
+	m->state = c->state == COMM_INITIALIZING ? MEMBER_EMPTY : MEMBER_LEFT;
 	m->session = NULL;
 	c->joined--;
 	if (c->joined == 0)

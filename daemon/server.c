@@ -246,9 +246,11 @@ static void server_finish(struct server *srv)
 	if (srv->state == SERVER_STOPPED)
 		return;
 	srv->state = SERVER_STOPPED;
-	close_handle((uv_handle_t *)&srv->sig_term);
-	close_handle((uv_handle_t *)&srv->sig_int);
-	close_handle((uv_handle_t *)&srv->watchdog_timer);
+	if (srv->exe_path) { /* a detached server never made these */
+		close_handle((uv_handle_t *)&srv->sig_term);
+		close_handle((uv_handle_t *)&srv->sig_int);
+		close_handle((uv_handle_t *)&srv->watchdog_timer);
+	}
 	close_handle((uv_handle_t *)&srv->stop_timer);
 	comm_free_all(srv);
 	log_info("server", "stopped");
