@@ -7,22 +7,29 @@
 #include "comm.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
+#include "dfccl_comm.h"
 #include "log.h"
 #include "server.h"
 #include "session.h"
 #include "user.h"
+#include "workers.h"
 
 #define EC(x) DFCCL__V1__ERROR_CODE__ERROR_##x
-#define COMM_MAX_RANKS 65536u
+#define COMM_MAX_RANKS DFCCL_COMM_MAX_RANKS
 
 const char *comm_state_name(enum comm_state st)
 {
 	switch (st) {
 	case COMM_INITIALIZING: return "initializing";
+	case COMM_ACTIVATING: return "activating";
 	case COMM_READY: return "ready";
 	case COMM_ABORTED: return "aborted";
 	case COMM_PEER_LOST: return "peer-lost";
@@ -52,6 +59,15 @@ static void comm_timer_closed(uv_handle_t *h)
 /* Unlinks and frees c (after its timer handle is closed). */
 static void comm_free(struct comm *c)
 {
+	for (uint32_t d = 0; d < 64; d++)
+		if (c->acks & (1ull << d))
+			workers_comm_del(c->srv->workers, d, c->id);
+	if (c->region)
+		munmap(c->region, c->region_size);
+	if (c->region_fd >= 0)
+		close(c->region_fd);
+	c->region = NULL;
+	c->region_fd = -1;
 	comm_unlink(c->srv, c);
 	uv_timer_stop(&c->timer);
 	uv_close((uv_handle_t *)&c->timer, comm_timer_closed);
@@ -101,6 +117,21 @@ static void comm_notify(struct comm *c, int except, int code, const char *msg)
 	}
 }
 
+/* The ready communicator c failed: every worker's tasks of it see `status`
+ * in the region at their next wait, and the workers fail later entries. */
+static void comm_break(struct comm *c, enum comm_state st, uint32_t status)
+{
+	c->state = st;
+	if (c->region) {
+		uint64_t zero = 0;
+		atomic_compare_exchange_strong((_Atomic uint64_t *)&((struct dfccl_comm_header *)c->region)->aborted,
+		                               &zero, (uint64_t)status);
+	}
+	for (uint32_t d = 0; d < 64; d++)
+		if (c->acks & (1ull << d))
+			workers_comm_abort(c->srv->workers, d, c->id, status);
+}
+
 static void comm_init_timeout(uv_timer_t *t)
 {
 	struct comm *c = t->data;
@@ -137,20 +168,31 @@ static void comm_init_timeout(uv_timer_t *t)
 	(void)srv;
 }
 
-static void comm_complete_init(struct comm *c)
+/* Answers every joining rank with error `code` and dissolves c. */
+static void comm_fail_init(struct comm *c, int code, const char *msg)
 {
 	uv_timer_stop(&c->timer);
+	log_notice("comm", "communicator %llu: init failed: %s", (unsigned long long)c->id, msg);
+	for (uint32_t r = 0; r < c->nranks; r++)
+		if (c->members[r].state == MEMBER_JOINING)
+			session_reply_error(c->members[r].session, c->members[r].request_id, code, "%s", msg);
+	/* Members that joined leave; the last one frees c. A slot emptied
+	 * during activation must not count, so leave only the joined ones. */
+	for (uint32_t r = 0; r < c->nranks && c->joined > 0; r++)
+		if (c->members[r].state == MEMBER_JOINING)
+			comm_member_leave(c, r);
+}
+
+/* Every worker took the communicator: answer the ranks. */
+static void comm_finish_init(struct comm *c)
+{
 	c->state = COMM_READY;
 	Dfccl__V1__CommRank *ranks = calloc(c->nranks, sizeof(*ranks));
 	Dfccl__V1__CommRank **rankp = calloc(c->nranks, sizeof(*rankp));
 	if (!ranks || !rankp) {
 		free(ranks);
 		free(rankp);
-		for (uint32_t r = 0; r < c->nranks; r++)
-			session_reply_error(c->members[r].session, c->members[r].request_id, EC(RESOURCE),
-			                    "out of memory completing communicator init");
-		for (uint32_t r = 0; r < c->nranks && c->joined > 0; r++)
-			comm_member_leave(c, r);
+		comm_fail_init(c, EC(RESOURCE), "out of memory completing communicator init");
 		return;
 	}
 	for (uint32_t r = 0; r < c->nranks; r++) {
@@ -179,6 +221,104 @@ static void comm_complete_init(struct comm *c)
 	}
 	free(ranks);
 	free(rankp);
+}
+
+static int comm_region_create(struct comm *c)
+{
+	size_t size = DFCCL_COMM_REGION_SIZE(c->nranks);
+	int fd = memfd_create("dfccl-comm", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (fd < 0)
+		return -errno;
+	void *p = MAP_FAILED;
+	if (ftruncate(fd, (off_t)size) < 0 ||
+	    (p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) {
+		int e = errno;
+		close(fd);
+		return -e;
+	}
+	fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+	struct dfccl_comm_header *h = p;
+	h->magic = DFCCL_COMM_MAGIC;
+	h->comm_id = c->id;
+	h->nranks = c->nranks;
+	h->header_size = sizeof(*h);
+	h->region_size = size;
+	c->region_fd = fd;
+	c->region = p;
+	c->region_size = size;
+	return 0;
+}
+
+/* Every rank joined: create the shared region and hand it to the workers
+ * of the devices the ranks are on. */
+static void comm_activate(struct comm *c)
+{
+	struct server *srv = c->srv;
+	uv_timer_stop(&c->timer);
+	c->state = COMM_ACTIVATING;
+	int rc = comm_region_create(c);
+	if (rc < 0) {
+		char msg[160];
+		snprintf(msg, sizeof(msg), "cannot create the communicator's shared region: %s", strerror(-rc));
+		comm_fail_init(c, EC(RESOURCE), msg);
+		return;
+	}
+	Dfccl__V1__CommRank *ranks = calloc(c->nranks, sizeof(*ranks));
+	const Dfccl__V1__CommRank **rankp = calloc(c->nranks, sizeof(*rankp));
+	if (!ranks || !rankp) {
+		free(ranks);
+		free(rankp);
+		comm_fail_init(c, EC(RESOURCE), "out of memory activating the communicator");
+		return;
+	}
+	for (uint32_t r = 0; r < c->nranks; r++) {
+		dfccl__v1__comm_rank__init(&ranks[r]);
+		ranks[r].rank = r;
+		ranks[r].device = c->members[r].device;
+		ranks[r].session_id = c->members[r].session_id;
+		ranks[r].pid = c->members[r].pid;
+		rankp[r] = &ranks[r];
+		c->devices |= 1ull << c->members[r].device;
+	}
+	int failed_dev = -1;
+	for (uint32_t d = 0; d < 64 && failed_dev < 0 && srv->workers; d++) {
+		if (!(c->devices & (1ull << d)))
+			continue;
+		if (workers_comm_add(srv->workers, d, c->id, c->nranks, rankp, c->region_fd, c->region_size) < 0)
+			failed_dev = (int)d;
+	}
+	free(ranks);
+	free(rankp);
+	if (!srv->workers) {
+		/* A detached server (server_init_detached) has no workers to
+		 * hand the communicator to: it is ready as it stands. */
+		comm_finish_init(c);
+		return;
+	}
+	if (failed_dev >= 0) {
+		char msg[200];
+		snprintf(msg, sizeof(msg),
+		         "the daemon's worker for device %d is not running (restarting after a fault); retry the init",
+		         failed_dev);
+		comm_fail_init(c, EC(DEVICE_LOST), msg);
+	}
+}
+
+void comm_worker_acked(struct server *srv, uint64_t comm_id, uint32_t device, int code, const char *message)
+{
+	struct comm *c = comm_find_id(srv, comm_id);
+	if (!c || c->state != COMM_ACTIVATING || device >= 64)
+		return;
+	if (code) {
+		char msg[300];
+		snprintf(msg, sizeof(msg), "the worker for device %u could not take the communicator: %s", device,
+		         message && *message ? message : "unknown error");
+		comm_fail_init(c, code, msg);
+		return;
+	}
+	c->acks |= 1ull << device;
+	if (c->acks == c->devices)
+		comm_finish_init(c);
 }
 
 int comm_join(struct server *srv, struct session *s, uint64_t request_id, const uint8_t *unique_id, size_t idlen,
@@ -246,6 +386,7 @@ int comm_join(struct server *srv, struct session *s, uint64_t request_id, const 
 		c->uid = s->uid;
 		c->nranks = nranks;
 		c->state = COMM_INITIALIZING;
+		c->region_fd = -1;
 		c->created_ms = server_now_ms();
 		uv_timer_init(srv->loop, &c->timer);
 		c->timer.data = c;
@@ -267,7 +408,7 @@ int comm_join(struct server *srv, struct session *s, uint64_t request_id, const 
 	m->pid = s->pid;
 	c->joined++;
 	if (c->joined == c->nranks)
-		comm_complete_init(c);
+		comm_activate(c);
 	return 0;
 }
 
@@ -282,7 +423,7 @@ int comm_leave(struct server *srv, struct session *s, uint64_t comm_id, int abor
 	}
 	if (abort) {
 		if (c->state == COMM_READY)
-			c->state = COMM_ABORTED;
+			comm_break(c, COMM_ABORTED, DFCCL_CQ_ABORTED);
 		char msg[256];
 		snprintf(msg, sizeof(msg), "rank %d (pid %d) aborted communicator %llu", r, (int)s->pid,
 		         (unsigned long long)c->id);
@@ -299,9 +440,16 @@ void comm_session_gone(struct server *srv, struct session *s)
 	while (c) {
 		struct comm *next = c->next;
 		int r = comm_rank_of(c, s);
-		if (r >= 0) {
+		if (r >= 0 && c->state == COMM_ACTIVATING) {
+			char msg[200];
+			snprintf(msg, sizeof(msg), "rank %d (pid %d) disconnected while the communicator was being set up",
+			         r, (int)s->pid);
+			/* Its own reply goes nowhere (the session is closing); the
+			 * others learn why their init failed. */
+			comm_fail_init(c, EC(PEER_LOST), msg);
+		} else if (r >= 0) {
 			if (c->state == COMM_READY) {
-				c->state = COMM_PEER_LOST;
+				comm_break(c, COMM_PEER_LOST, DFCCL_CQ_PEER_LOST);
 				char msg[256];
 				snprintf(msg, sizeof(msg),
 				         "rank %d (pid %d) of communicator %llu disconnected; its collectives cannot complete",
@@ -317,7 +465,16 @@ void comm_session_gone(struct server *srv, struct session *s)
 
 void comm_device_lost(struct server *srv, uint32_t device)
 {
-	for (struct comm *c = srv->comms; c; c = c->next) {
+	struct comm *next;
+	for (struct comm *c = srv->comms; c; c = next) {
+		next = c->next;
+		if (c->state == COMM_ACTIVATING && device < 64 && (c->devices & (1ull << device))) {
+			char msg[200];
+			snprintf(msg, sizeof(msg), "the daemon's worker for device %u died while the communicator was being "
+			         "set up; retry the init", device);
+			comm_fail_init(c, EC(DEVICE_LOST), msg);
+			continue;
+		}
 		if (c->state != COMM_READY)
 			continue;
 		int hit = 0;
@@ -326,7 +483,7 @@ void comm_device_lost(struct server *srv, uint32_t device)
 				hit = 1;
 		if (!hit)
 			continue;
-		c->state = COMM_DEVICE_LOST;
+		comm_break(c, COMM_DEVICE_LOST, DFCCL_CQ_DEVICE_LOST);
 		char msg[256];
 		snprintf(msg, sizeof(msg),
 		         "the daemon's worker for device %u died; collectives of communicator %llu fail (create a new "

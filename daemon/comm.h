@@ -8,7 +8,16 @@
  * for every rank that joined after the init timeout, with an error naming the
  * ranks that never came.
  *
- * States: initializing -> ready -> (aborted | peer-lost | device-lost), and
+ * Once every rank joined, the supervisor creates the communicator's shared
+ * region (proto/dfccl_comm.h) and hands it to each worker with a rank in it;
+ * the ranks' CommInit is answered when every one of those workers has
+ * acknowledged, so no entry can name a communicator its worker does not
+ * know. A failure is broadcast by storing the status into the region's
+ * `aborted` word (every task of every worker sees it at its next wait) and
+ * by telling the workers, which fail later entries at once.
+ *
+ * States: initializing -> activating -> ready -> (aborted | peer-lost |
+ * device-lost), and
  * the communicator is freed when its last member has left (destroy, abort or
  * disconnect). Once it left `ready`, the surviving members have been told
  * with a Notice and their collectives fail.
@@ -26,7 +35,14 @@
 struct server;
 struct session;
 
-enum comm_state { COMM_INITIALIZING, COMM_READY, COMM_ABORTED, COMM_PEER_LOST, COMM_DEVICE_LOST };
+enum comm_state {
+	COMM_INITIALIZING, /* ranks joining */
+	COMM_ACTIVATING,   /* every rank joined; the workers are taking the communicator */
+	COMM_READY,
+	COMM_ABORTED,
+	COMM_PEER_LOST,
+	COMM_DEVICE_LOST,
+};
 
 enum comm_member_state { MEMBER_EMPTY = 0, MEMBER_JOINING, MEMBER_ACTIVE, MEMBER_LEFT };
 
@@ -53,6 +69,11 @@ struct comm {
 	struct comm_member *members;
 	uv_timer_t timer; /* init timeout */
 	uint64_t created_ms;
+	int region_fd;    /* the shared region, once activating; -1 before */
+	void *region;
+	size_t region_size;
+	uint64_t devices; /* bitmask of the devices with a rank (devices < 64) */
+	uint64_t acks;    /* bitmask of the devices whose worker acknowledged */
 };
 
 /*
@@ -72,6 +93,9 @@ void comm_session_gone(struct server *srv, struct session *s);
 
 /* The worker of `device` died: every communicator with a rank there fails. */
 void comm_device_lost(struct server *srv, uint32_t device);
+
+/* A worker acknowledged (code 0) or refused a communicator it was given. */
+void comm_worker_acked(struct server *srv, uint64_t comm_id, uint32_t device, int code, const char *message);
 
 /* Counts for status. */
 void comm_count(struct server *srv, unsigned *ready, unsigned *pending);

@@ -32,6 +32,8 @@ struct setting {
 };
 
 static const char *const engine_choices[] = {"auto", "host", "cuda", NULL};
+/* Indexed by enum topo_force (topology/topo_select.h). */
+static const char *const algo_choices[] = {"auto", "direct", "ring", "tree", "multitree", NULL};
 /* Indexed by enum log_level: the first three slots are unused. */
 static const char *const level_choices[] = {"", "", "", "err", "warn", "notice", "info", "debug", NULL};
 static const char *const target_choices[] = {"auto", "stderr", "journal", NULL};
@@ -45,6 +47,10 @@ static const struct setting settings[] = {
      "configuration file of 'name = value' lines (command line and environment only)"},
     {"topology", T_STRING, F(topology_file), 0, 0, "", NULL,
      "topology model file to load instead of detecting the node"},
+    {"tuning-file", T_STRING, F(tuning_file), 0, 0, "", NULL,
+     "algorithm selection overrides (JSON, see topology/topo_json.h) applied over the cost model"},
+    {"algo", T_ENUM, F(algo), 0, 0, "auto", algo_choices,
+     "force a collective algorithm where it applies: auto, direct, ring, tree or multitree"},
     {"engine", T_ENUM, F(engine), 0, 0, "auto", engine_choices,
      "engine that executes collectives: host, cuda, or auto (cuda when GPUs are present)"},
     {"host-devices", T_INT, F(host_devices), 1, 64, "2", NULL,

@@ -21,6 +21,8 @@ struct dfccld_config {
 	char socket_path[108]; /* sizeof(sun_path) */
 	char config_file[256];
 	char topology_file[256];
+	char tuning_file[256];
+	int algo;              /* enum topo_force: auto, direct, ring, tree, multitree */
 	int engine;            /* enum dfccld_engine */
 	int64_t host_devices;
 	int log_level;         /* enum log_level */

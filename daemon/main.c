@@ -1,8 +1,9 @@
 /*
  * dfccld's entry point. The same binary runs three ways: the supervisor (the
  * daemon proper, settings from config.c), an engine worker for one device
- * (`--worker-device N`, started only by the supervisor), and the GPU probe
- * (`--probe-devices`, started only by the supervisor).
+ * (`--worker-device N`, started only by the supervisor), and the GPU probes
+ * (`--probe-devices`, and `--probe-topology`, which prints the detected
+ * topology model as JSON; started by the supervisor, and useful by hand).
  */
 #include <limits.h>
 #include <stdio.h>
@@ -14,6 +15,7 @@
 #include "devices.h"
 #include "log.h"
 #include "server.h"
+#include "topo_detect.h"
 #include "worker.h"
 
 static int worker_entry(int argc, char **argv)
@@ -45,6 +47,8 @@ int main(int argc, char **argv)
 {
 	if (argc >= 2 && strcmp(argv[1], "--probe-devices") == 0)
 		return devices_probe_print(stdout);
+	if (argc >= 2 && strcmp(argv[1], "--probe-topology") == 0)
+		return topo_detect_print(stdout);
 	if (argc >= 3 && strcmp(argv[1], "--worker-device") == 0)
 		return worker_entry(argc, argv);
 

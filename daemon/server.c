@@ -27,9 +27,11 @@
 #include "log.h"
 #include "notify.h"
 #include "session.h"
+#include "topo_json.h"
 #include "workers.h"
 
 #define PROBE_TIMEOUT_MS 60000
+#define PROBE_TOPOLOGY_MAX (1u << 20) /* a 64-GPU model is about 250 KiB of JSON */
 #define MAX_DEVICES 64
 
 uint64_t server_now_ms(void)
@@ -41,8 +43,9 @@ uint64_t server_now_ms(void)
 
 /* ------------------------------------------------------------ devices */
 
-/* Runs `exe --probe-devices` and collects its output. */
-static int run_probe(const char *exe, char *out, size_t outlen)
+/* Runs `exe MODE` (--probe-devices, --probe-topology) and collects its
+ * output. */
+static int run_probe(const char *exe, const char *mode, char *out, size_t outlen)
 {
 	int pfd[2];
 	if (pipe2(pfd, O_CLOEXEC) < 0)
@@ -56,7 +59,7 @@ static int run_probe(const char *exe, char *out, size_t outlen)
 	}
 	if (pid == 0) {
 		dup2(pfd[1], STDOUT_FILENO);
-		execl(exe, exe, "--probe-devices", (char *)NULL);
+		execl(exe, exe, mode, (char *)NULL);
 		_exit(127);
 	}
 	close(pfd[1]);
@@ -106,7 +109,7 @@ static int server_find_devices(struct server *srv, struct device_desc *devs, uns
 	}
 	notify_status("probing GPUs");
 	char out[8192];
-	int rc = run_probe(srv->exe_path, out, sizeof(out));
+	int rc = run_probe(srv->exe_path, "--probe-devices", out, sizeof(out));
 	int mps = 0, ngpus = rc < 0 ? rc : devices_parse_probe(out, devs, MAX_DEVICES, &mps);
 	if (ngpus > MAX_DEVICES)
 		ngpus = MAX_DEVICES;
@@ -130,6 +133,107 @@ static int server_find_devices(struct server *srv, struct device_desc *devs, uns
 	devices_host(devs, *ndev);
 	log_info("server", "no GPU found; using the host engine with %u emulated devices", *ndev);
 	return 0;
+}
+
+/*
+ * Settles the topology model and the document dfcclctl shows: the file
+ * given by `topology`, else for GPUs the model the probe process detects
+ * (the supervisor never touches a GPU), else the host engine's uniform
+ * model. A model that describes another number of devices than the daemon
+ * serves is refused: every decision made from it would be about the wrong
+ * machine. Detection failing is not fatal: the daemon serves with a
+ * uniform model and says how to give the right one.
+ */
+static int server_load_topology(struct server *srv, unsigned ndev)
+{
+	char err[512] = "";
+	struct topo_model *m = NULL;
+	const char *source = "the host engine";
+	int rc;
+	if (srv->cfg.topology_file[0]) {
+		source = srv->cfg.topology_file;
+		rc = topo_json_load_file(srv->cfg.topology_file, &m, err, sizeof(err));
+		if (rc < 0) {
+			log_err("server", "cannot load the topology model: %s", err);
+			return rc;
+		}
+	} else if (srv->engine == DFCCLD_ENGINE_CUDA) {
+		source = "detection";
+		char *out = malloc(PROBE_TOPOLOGY_MAX);
+		if (!out)
+			return -ENOMEM;
+		notify_status("detecting the topology");
+		rc = run_probe(srv->exe_path, "--probe-topology", out, PROBE_TOPOLOGY_MAX);
+		const char *why = out[0] == '#' ? out + 1 : NULL;
+		if (rc == 0)
+			rc = topo_json_parse(out, &m, err, sizeof(err));
+		else
+			snprintf(err, sizeof(err), "%s", why ? why + strspn(why, " ") : strerror(-rc));
+		free(out);
+		if (rc < 0) {
+			err[strcspn(err, "\n")] = '\0';
+			log_warn("server", "topology detection failed (%s); choosing algorithms as for %u GPUs linked alike "
+			                   "(give the model with --topology FILE)", err, ndev);
+			source = "a uniform stand-in";
+			rc = topo_model_uniform(ndev, TOPO_LINK_SYS, 10.0, 2.5, &m);
+		}
+	} else {
+		rc = topo_model_host(ndev, &m);
+	}
+	if (rc < 0)
+		return rc;
+	if (m->ndev != ndev) {
+		log_err("server", "the topology model from %s describes %u device%s, but this daemon serves %u (%s engine); "
+		                  "give a model of this node",
+		        source, m->ndev, m->ndev == 1 ? "" : "s", ndev, config_engine_name(srv->engine));
+		topo_model_free(m);
+		return -EINVAL;
+	}
+
+	/* The whole-node communicator: rank i on device i. */
+	unsigned ids[TOPO_MAX_DEVICES];
+	for (unsigned i = 0; i < ndev; i++)
+		ids[i] = i;
+	struct topo_select_params p;
+	topo_select_params_default(&p);
+	p.force = srv->cfg.algo;
+	unsigned ntrees = ndev < TOPO_MAX_TREES ? ndev : TOPO_MAX_TREES;
+	struct topo_select_table *t = NULL;
+	struct topo_ring *rings = calloc(p.max_channels, sizeof(*rings));
+	struct topo_tree *trees = calloc(ntrees, sizeof(*trees));
+	rc = rings && trees ? 0 : -ENOMEM;
+	if (rc == 0)
+		rc = topo_select_table_build(m, ids, ndev, &p, &t);
+	if (rc == 0)
+		rc = topo_rings(m, ids, ndev, p.max_channels, p.penalty, rings);
+	if (rc == 0)
+		rc = topo_trees(m, ids, ndev, ntrees, p.penalty, trees);
+	if (rc < 0) {
+		log_err("server", "cannot compute rings, trees and the selection table: %s", strerror(-rc));
+		goto out;
+	}
+	if (srv->cfg.tuning_file[0]) {
+		rc = topo_json_load_tuning(t, srv->cfg.tuning_file, err, sizeof(err));
+		if (rc < 0) {
+			log_err("server", "cannot apply the tuning file: %s", err);
+			goto out;
+		}
+		log_info("server", "applied %d selection override%s from %s", rc, rc == 1 ? "" : "s", srv->cfg.tuning_file);
+	}
+	srv->topo_doc = topo_json_document(m, rings, p.max_channels, trees, ntrees, t);
+	rc = srv->topo_doc ? 0 : -ENOMEM;
+	if (rc == 0) {
+		log_info("server", "topology: %s from %s, %u device%s%s", m->name[0] ? m->name : "unnamed model", source, ndev,
+		         ndev == 1 ? "" : "s", p.force ? "; one algorithm forced by the setting 'algo'" : "");
+		srv->topo = m;
+		m = NULL;
+	}
+out:
+	topo_select_table_free(t);
+	free(trees);
+	free(rings);
+	topo_model_free(m);
+	return rc < 0 ? rc : 0;
 }
 
 /* ------------------------------------------------------------ the socket */
@@ -337,6 +441,8 @@ int server_run(const struct dfccld_config *cfg, const char *exe_path)
 	struct device_desc devs[MAX_DEVICES];
 	unsigned ndev = 0;
 	int rc = server_find_devices(srv, devs, &ndev);
+	if (rc == 0)
+		rc = server_load_topology(srv, ndev);
 	if (rc == 0) {
 		notify_status("starting %u worker%s", ndev, ndev == 1 ? "" : "s");
 		rc = workers_new(srv, devs, ndev, &srv->workers);
@@ -357,6 +463,8 @@ int server_run(const struct dfccld_config *cfg, const char *exe_path)
 	uv_run(loop, UV_RUN_DEFAULT);
 	workers_free(srv->workers);
 	srv->workers = NULL;
+	topo_model_free(srv->topo);
+	free(srv->topo_doc);
 	user_table_free(&srv->users);
 	uv_loop_close(loop);
 	return srv->exit_code;

@@ -24,6 +24,7 @@
 struct session;
 struct comm;
 struct workers;
+struct topo_model;
 
 enum server_state { SERVER_STARTING, SERVER_SERVING, SERVER_STOPPING, SERVER_STOPPED };
 
@@ -53,6 +54,9 @@ struct server {
 
 	struct user_table users;
 	struct workers *workers;
+
+	struct topo_model *topo;    /* the node's model: loaded, detected by the probe, or the host engine's */
+	char *topo_doc;             /* its JSON document (model, rings, trees, selection) for QUERY_TOPOLOGY */
 
 	int engine;                 /* enum dfccld_engine, resolved (never AUTO) */
 	int mps_active;

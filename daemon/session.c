@@ -236,7 +236,7 @@ static void reg_forget(struct session *s, struct session_reg *r)
 
 static void reg_release(struct session *s, struct session_reg *r)
 {
-	workers_del_reg(s->srv->workers, r->device, r->reg_id);
+	workers_del_reg_all(s->srv->workers, r->device, r->reg_id);
 	reg_forget(s, r);
 }
 
@@ -443,6 +443,10 @@ static void handle_query(struct session *s, uint64_t req, const Dfccl__V1__Query
 	case DFCCL__V1__QUERY_KIND__QUERY_COMMS: rc = comm_query(srv, &r); break;
 	case DFCCL__V1__QUERY_KIND__QUERY_QUEUES: rc = workers_fill_queues(srv->workers, &r); break;
 	case DFCCL__V1__QUERY_KIND__QUERY_STATS: rc = workers_fill_stats(srv->workers, &r); break;
+	case DFCCL__V1__QUERY_KIND__QUERY_TOPOLOGY:
+		/* Computed once at start; a detached server (tests) has none. */
+		r.topology_json = srv->topo_doc ? srv->topo_doc : (char *)"";
+		break;
 	default:
 		session_reply_error(s, req, EC(INVALID_ARGUMENT), "unknown query kind %d", (int)q->kind);
 		return;

@@ -26,13 +26,20 @@
 
 #include "config.h"
 #include "devices.h"
+#include "dfccl_comm.h"
 #include "dfccl_stats.h"
 #include "frame.h"
+#include "host_engine.h"
 #include "log.h"
 #include "sq.h"
 
 #define WORKER_SPIN_NS 200000ull /* keep polling this long after the last entry */
 #define TAKE_BATCH 32u
+/* With every task blocked on a peer in another worker, nothing can wake us:
+ * poll again after a pause that grows from MIN to MAX, so a blocked engine
+ * costs little CPU (CI runs 8 ranks on 2 cores) yet notices progress soon. */
+#define BLOCKED_PAUSE_MIN_NS 5000ull
+#define BLOCKED_PAUSE_MAX_NS 200000ull
 
 struct wqp {
 	struct wqp *next;
@@ -49,6 +56,13 @@ struct wreg {
 	size_t map_len;
 };
 
+struct wcomm {
+	struct wcomm *next;
+	uint64_t comm_id;
+	void *map;
+	size_t size;
+};
+
 struct worker_state {
 	unsigned device;
 	int engine;
@@ -56,8 +70,10 @@ struct worker_state {
 	int ep;
 	struct frame_reader rd;
 	struct dfccl_worker_stats *stats;
+	struct host_engine *eng;
 	struct wqp *qps;
 	struct wreg *regs;
+	struct wcomm *comms;
 };
 
 static volatile sig_atomic_t worker_stop;
@@ -93,6 +109,7 @@ static const struct sq_reg *reg_lookup(void *ctx, uint32_t reg_id)
 
 static void wqp_free(struct worker_state *w, struct wqp *p)
 {
+	host_engine_queue_gone(w->eng, &p->q);
 	epoll_ctl(w->ep, EPOLL_CTL_DEL, p->efd, NULL);
 	close(p->efd);
 	sq_queue_close(&p->q);
@@ -149,6 +166,20 @@ static void detach_qp(struct worker_state *w, uint32_t qp_id)
 	}
 }
 
+/* Sends one frame to the supervisor. The control socket is non-blocking for
+ * the loop's sake; a reply is small and the supervisor drains the socket,
+ * so a blocking send cannot stall for long (and a wedged supervisor is
+ * noticed through its death anyway). */
+static void ctl_send(struct worker_state *w, Dfccl__V1__Envelope *env)
+{
+	int fl = fcntl(w->ctl, F_GETFL);
+	fcntl(w->ctl, F_SETFL, fl & ~O_NONBLOCK);
+	int rc = frame_send(w->ctl, env, NULL, 0);
+	fcntl(w->ctl, F_SETFL, fl);
+	if (rc < 0)
+		log_warn("worker", "cannot answer the supervisor: %s", strerror(-rc));
+}
+
 static void reg_ack(struct worker_state *w, uint32_t reg_id, int code, const char *msg)
 {
 	Dfccl__V1__WorkerRegAck ack = DFCCL__V1__WORKER_REG_ACK__INIT;
@@ -158,12 +189,96 @@ static void reg_ack(struct worker_state *w, uint32_t reg_id, int code, const cha
 	Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
 	env.body_case = DFCCL__V1__ENVELOPE__BODY_WORKER_REG_ACK;
 	env.worker_reg_ack = &ack;
-	/* A small frame on a socket the supervisor drains; a full buffer means
-	 * the supervisor is wedged, and the loop notices its death anyway. */
-	int fl = fcntl(w->ctl, F_GETFL);
-	fcntl(w->ctl, F_SETFL, fl & ~O_NONBLOCK);
-	frame_send(w->ctl, &env, NULL, 0);
-	fcntl(w->ctl, F_SETFL, fl);
+	ctl_send(w, &env);
+}
+
+static void comm_ack(struct worker_state *w, uint64_t comm_id, int code, const char *msg)
+{
+	Dfccl__V1__WorkerCommAck ack = DFCCL__V1__WORKER_COMM_ACK__INIT;
+	ack.comm_id = comm_id;
+	ack.code = code;
+	ack.message = (char *)msg;
+	Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
+	env.body_case = DFCCL__V1__ENVELOPE__BODY_WORKER_COMM_ACK;
+	env.worker_comm_ack = &ack;
+	ctl_send(w, &env);
+}
+
+static void add_comm(struct worker_state *w, const Dfccl__V1__WorkerCommAdd *a, int *fds, unsigned nfds)
+{
+	char msg[200] = "";
+	int code = DFCCL__V1__ERROR_CODE__ERROR_INTERNAL;
+	struct host_comm_member *members = NULL;
+	struct wcomm *c = calloc(1, sizeof(*c));
+	if (!c || nfds != 1 || a->nranks == 0 || a->nranks > DFCCL_COMM_MAX_RANKS || a->n_members != a->nranks ||
+	    a->region_size != DFCCL_COMM_REGION_SIZE(a->nranks)) {
+		snprintf(msg, sizeof(msg), "malformed communicator %llu", (unsigned long long)a->comm_id);
+		goto fail;
+	}
+	c->comm_id = a->comm_id;
+	c->size = a->region_size;
+	c->map = mmap(NULL, c->size, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
+	if (c->map == MAP_FAILED) {
+		c->map = NULL;
+		snprintf(msg, sizeof(msg), "cannot map the communicator region: %s", strerror(errno));
+		code = DFCCL__V1__ERROR_CODE__ERROR_RESOURCE;
+		goto fail;
+	}
+	const struct dfccl_comm_header *h = c->map;
+	if (h->magic != DFCCL_COMM_MAGIC || h->comm_id != a->comm_id || h->nranks != a->nranks) {
+		snprintf(msg, sizeof(msg), "communicator region does not match communicator %llu",
+		         (unsigned long long)a->comm_id);
+		goto fail;
+	}
+	members = calloc(a->nranks, sizeof(*members));
+	if (!members)
+		goto fail;
+	for (size_t i = 0; i < a->n_members; i++) {
+		uint32_t r = a->members[i]->rank;
+		if (r >= a->nranks || members[r].session_id) {
+			snprintf(msg, sizeof(msg), "communicator %llu lists rank %u twice or out of range",
+			         (unsigned long long)a->comm_id, r);
+			goto fail;
+		}
+		members[r].rank = r;
+		members[r].device = a->members[i]->device;
+		members[r].session_id = a->members[i]->session_id;
+	}
+	int rc = host_engine_comm_add(w->eng, a->comm_id, a->nranks, members, c->map, c->size);
+	if (rc < 0) {
+		snprintf(msg, sizeof(msg), "the engine cannot take communicator %llu: %s",
+		         (unsigned long long)a->comm_id, strerror(-rc));
+		code = DFCCL__V1__ERROR_CODE__ERROR_RESOURCE;
+		goto fail;
+	}
+	free(members);
+	c->next = w->comms;
+	w->comms = c;
+	log_debug("worker", "device %u: communicator %llu (%u ranks)", w->device, (unsigned long long)a->comm_id,
+	          a->nranks);
+	comm_ack(w, a->comm_id, DFCCL__V1__ERROR_CODE__ERROR_NONE, "");
+	return;
+fail:
+	log_err("worker", "device %u: %s", w->device, msg);
+	free(members);
+	if (c && c->map)
+		munmap(c->map, c->size);
+	free(c);
+	comm_ack(w, a->comm_id, code, msg);
+}
+
+static void del_comm(struct worker_state *w, uint64_t comm_id)
+{
+	for (struct wcomm **pp = &w->comms; *pp; pp = &(*pp)->next) {
+		if ((*pp)->comm_id == comm_id) {
+			struct wcomm *c = *pp;
+			*pp = c->next;
+			host_engine_comm_del(w->eng, comm_id);
+			munmap(c->map, c->size);
+			free(c);
+			return;
+		}
+	}
 }
 
 static void add_reg(struct worker_state *w, const Dfccl__V1__WorkerAddReg *a, int *fds, unsigned nfds)
@@ -235,6 +350,11 @@ static int handle_ctl(struct worker_state *w)
 		case DFCCL__V1__ENVELOPE__BODY_WORKER_DETACH_QP: detach_qp(w, env->worker_detach_qp->qp_id); break;
 		case DFCCL__V1__ENVELOPE__BODY_WORKER_ADD_REG: add_reg(w, env->worker_add_reg, fds, nfds); break;
 		case DFCCL__V1__ENVELOPE__BODY_WORKER_DEL_REG: del_reg(w, env->worker_del_reg->reg_id); break;
+		case DFCCL__V1__ENVELOPE__BODY_WORKER_COMM_ADD: add_comm(w, env->worker_comm_add, fds, nfds); break;
+		case DFCCL__V1__ENVELOPE__BODY_WORKER_COMM_ABORT:
+			host_engine_comm_abort(w->eng, env->worker_comm_abort->comm_id, env->worker_comm_abort->status);
+			break;
+		case DFCCL__V1__ENVELOPE__BODY_WORKER_COMM_DEL: del_comm(w, env->worker_comm_del->comm_id); break;
 		default: log_warn("worker", "unexpected message %d from the supervisor", (int)env->body_case); break;
 		}
 		frame_close_fds(fds, nfds);
@@ -256,12 +376,19 @@ static unsigned serve_queues(struct worker_state *w)
 		while ((got = sq_take(&p->q, batch, TAKE_BATCH)) > 0) {
 			for (unsigned i = 0; i < got; i++) {
 				uint32_t st = sq_check(&p->q, &batch[i], reg_lookup, w);
-				/* The collectives themselves run once the engines exist;
-				 * until then a valid collective is reported as such. */
-				if (st == DFCCL_CQ_OK && batch[i].opcode != DFCCL_OP_NOP)
-					st = DFCCL_CQ_NOT_SUPPORTED;
-				sq_complete(&p->q, batch[i].arm, st);
-				stat_add(st == DFCCL_CQ_OK ? &w->stats->completed : &w->stats->errors, 1);
+				if (batch[i].opcode == DFCCL_OP_NOP && st == DFCCL_CQ_OK) {
+					sq_complete(&p->q, batch[i].arm, st);
+					stat_add(&w->stats->completed, 1);
+				} else if (st == DFCCL_CQ_OK) {
+					/* A collective: the engine checks the rest and
+					 * completes it, now or when it is done. */
+					host_engine_submit(w->eng, &p->q, &batch[i]);
+				} else {
+					/* Refused: the engine fails the entry's
+					 * communicator too, so its peers do not wait
+					 * for a rank that will never post. */
+					host_engine_refuse(w->eng, &p->q, &batch[i], st);
+				}
 			}
 			total += got;
 		}
@@ -278,15 +405,25 @@ static void set_all_states(struct worker_state *w, uint32_t st)
 static int run_loop(struct worker_state *w)
 {
 	uint64_t last_work = now_ns();
+	uint64_t pause_ns = 0;
 	while (!worker_stop) {
-		if (serve_queues(w) > 0) {
+		unsigned work = serve_queues(w);
+		work += host_engine_run(w->eng);
+		if (work > 0) {
 			last_work = now_ns();
+			pause_ns = 0;
 			continue;
 		}
 		uint64_t now = now_ns();
 		atomic_store_explicit((_Atomic uint64_t *)&w->stats->heartbeat_ns, now, memory_order_relaxed);
-		int timeout_ms = 0;
-		if (now - last_work > WORKER_SPIN_NS) {
+		struct timespec ts = {0, 0}, *timeout = &ts;
+		int slept = 0;
+		if (host_engine_pending(w->eng)) {
+			pause_ns = pause_ns ? pause_ns * 2 : BLOCKED_PAUSE_MIN_NS;
+			if (pause_ns > BLOCKED_PAUSE_MAX_NS)
+				pause_ns = BLOCKED_PAUSE_MAX_NS;
+			ts.tv_nsec = (long)pause_ns;
+		} else if (now - last_work > WORKER_SPIN_NS) {
 			/* Going to sleep: announce it, then look once more so an
 			 * entry armed before the announcement is not missed. */
 			set_all_states(w, DFCCL_ENGINE_SLEEPING);
@@ -296,17 +433,16 @@ static int run_loop(struct worker_state *w)
 				last_work = now_ns();
 				continue;
 			}
-			timeout_ms = -1;
-		} else {
-			stat_add(&w->stats->spins, 1);
+			timeout = NULL;
+			slept = 1;
 		}
 		struct epoll_event evs[16];
-		int n = epoll_wait(w->ep, evs, 16, timeout_ms);
+		int n = epoll_pwait2(w->ep, evs, 16, timeout, NULL);
 		if (n < 0 && errno != EINTR) {
-			log_err("worker", "epoll_wait: %s", strerror(errno));
+			log_err("worker", "epoll_pwait2: %s", strerror(errno));
 			return 1;
 		}
-		if (timeout_ms < 0)
+		if (slept)
 			set_all_states(w, DFCCL_ENGINE_POLLING);
 		for (int i = 0; i < n; i++) {
 			if (evs[i].data.ptr == NULL) {
@@ -352,6 +488,21 @@ int worker_main(unsigned device, int engine)
 		return 2;
 	}
 	w.stats = sp;
+	struct host_engine_config ec = {
+	    .device = device,
+	    .sched = {.spin_head = SCHED_DEFAULT_SPIN_HEAD,
+	              .spin_other = SCHED_DEFAULT_SPIN_OTHER,
+	              .stick_mult = SCHED_DEFAULT_STICK_MULT,
+	              .spin_max = SCHED_DEFAULT_SPIN_MAX,
+	              .order = SCHED_FIFO},
+	    .stats = w.stats,
+	    .reg_lookup = reg_lookup,
+	    .reg_ctx = &w,
+	};
+	if (host_engine_new(&ec, &w.eng) < 0) {
+		log_err("worker", "device %u: cannot create the engine", device);
+		return 1;
+	}
 
 	struct device_desc desc;
 	memset(&desc, 0, sizeof(desc));
@@ -400,8 +551,11 @@ int worker_main(unsigned device, int engine)
 		sq_set_engine_state(&p->q, DFCCL_ENGINE_STOPPED);
 		wqp_free(&w, p);
 	}
+	while (w.comms)
+		del_comm(&w, w.comms->comm_id);
 	while (w.regs)
 		del_reg(&w, w.regs->r.reg_id);
+	host_engine_free(w.eng);
 	frame_reader_free(&w.rd);
 	close(w.ep);
 	return rc;

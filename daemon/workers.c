@@ -55,7 +55,17 @@ struct reg_rec {
 	uint8_t ipc[64];
 	size_t ipc_len;
 	int fd;
-	uint64_t request_id; /* a client's RegisterMem waiting for the worker's ack; 0: none */
+};
+
+/* A client's RegisterMem waiting for the workers' acknowledgements. */
+struct reg_wait {
+	struct reg_wait *next;
+	uint32_t reg_id;
+	uint64_t session_id;
+	uint64_t request_id;
+	uint64_t pending;  /* bitmask of devices yet to acknowledge */
+	int code;          /* the first refusal, if any */
+	char message[160];
 };
 
 enum worker_state { W_STARTING, W_READY, W_DEAD, W_STOPPING, W_STOPPED };
@@ -86,11 +96,13 @@ struct workers {
 	struct server *srv;
 	unsigned n;
 	struct worker *w;
+	struct reg_wait *reg_waits;
 	void (*stop_done)(struct server *srv);
 	unsigned handles_open; /* timers, process handles and ctl polls still open */
 };
 
 static int worker_spawn(struct worker *wk);
+static void reg_wait_answer(struct workers *ws, uint32_t reg_id, uint32_t device, int code, const char *msg);
 
 static const char *engine_arg(int engine)
 {
@@ -261,13 +273,8 @@ static void worker_exit_cb(uv_process_t *p, int64_t status, int sig)
 		qp_fail_pending(q);
 	/* Registrations the dead worker never acknowledged stay recorded and go
 	 * to its replacement; their clients need not wait for that. */
-	for (struct reg_rec *r = wk->regs; r; r = r->next) {
-		if (r->request_id) {
-			uint64_t req = r->request_id;
-			r->request_id = 0;
-			session_reg_done(srv, r->session_id, req, r->reg_id, DFCCL__V1__ERROR_CODE__ERROR_NONE, "");
-		}
-	}
+	for (struct reg_rec *r = wk->regs; r; r = r->next)
+		reg_wait_answer(ws, r->reg_id, wk->device, 0, "");
 
 	if (wk->state == W_STOPPING) {
 		log_info("worker", "device %u: worker %d exited", wk->device, wk->pid);
@@ -308,25 +315,46 @@ static void worker_start_timeout_cb(uv_timer_t *t)
 
 /* ------------------------------------------------------------ the control channel */
 
-static void worker_reg_acked(struct worker *wk, const Dfccl__V1__WorkerRegAck *ack)
+static void reg_rec_remove(struct worker *wk, uint32_t reg_id)
 {
 	for (struct reg_rec **pp = &wk->regs; *pp; pp = &(*pp)->next) {
-		struct reg_rec *r = *pp;
-		if (r->reg_id != ack->reg_id)
-			continue;
-		uint64_t req = r->request_id;
-		uint64_t sid = r->session_id;
-		r->request_id = 0;
-		if (ack->code != DFCCL__V1__ERROR_CODE__ERROR_NONE) {
-			log_warn("worker", "device %u: registration %u failed: %s", wk->device, r->reg_id, ack->message);
+		if ((*pp)->reg_id == reg_id) {
+			struct reg_rec *r = *pp;
 			*pp = r->next;
 			reg_rec_free(r);
+			return;
 		}
-		if (req)
-			session_reg_done(wk->ws->srv, sid, req, ack->reg_id, ack->code, ack->message);
+	}
+}
+
+/* Device `device` acknowledged (code 0), refused, or died before answering
+ * (code 0: its replacement gets the registration). Answers the client once
+ * every device has. */
+static void reg_wait_answer(struct workers *ws, uint32_t reg_id, uint32_t device, int code, const char *msg)
+{
+	for (struct reg_wait **pp = &ws->reg_waits; *pp; pp = &(*pp)->next) {
+		struct reg_wait *rw = *pp;
+		if (rw->reg_id != reg_id || !(rw->pending & (1ull << device)))
+			continue;
+		rw->pending &= ~(1ull << device);
+		if (code && !rw->code) {
+			rw->code = code;
+			snprintf(rw->message, sizeof(rw->message), "%s", msg ? msg : "");
+		}
+		if (rw->pending)
+			return;
+		*pp = rw->next;
+		if (rw->code) {
+			log_warn("worker", "registration %u refused: %s", rw->reg_id, rw->message);
+			for (unsigned d = 0; d < ws->n; d++)
+				workers_del_reg(ws, d, rw->reg_id);
+		}
+		session_reg_done(ws->srv, rw->session_id, rw->request_id, rw->reg_id, rw->code, rw->message);
+		free(rw);
 		return;
 	}
-	/* Unknown: the session deregistered (or ended) before the ack came. */
+	/* Not waited for: a registration re-sent to a replacement worker, or
+	 * one the session dropped before the answer came. */
 }
 
 static void worker_on_frame(struct conn *c, dfccl_envelope *env, int *fds, unsigned nfds)
@@ -352,7 +380,11 @@ static void worker_on_frame(struct conn *c, dfccl_envelope *env, int *fds, unsig
 		for (struct reg_rec *r = wk->regs; r; r = r->next)
 			worker_send_reg(wk, r);
 	} else if (env->body_case == DFCCL__V1__ENVELOPE__BODY_WORKER_REG_ACK) {
-		worker_reg_acked(wk, env->worker_reg_ack);
+		reg_wait_answer(wk->ws, env->worker_reg_ack->reg_id, wk->device, env->worker_reg_ack->code,
+		                env->worker_reg_ack->message);
+	} else if (env->body_case == DFCCL__V1__ENVELOPE__BODY_WORKER_COMM_ACK) {
+		comm_worker_acked(wk->ws->srv, env->worker_comm_ack->comm_id, wk->device, env->worker_comm_ack->code,
+		                  env->worker_comm_ack->message);
 	} else {
 		log_warn("worker", "device %u: unexpected message %d from the worker", wk->device, (int)env->body_case);
 	}
@@ -620,6 +652,18 @@ void workers_detach_qp(struct workers *w, uint32_t device, uint32_t qp_id)
 	}
 }
 
+/* Records registration r on one worker and sends it if that worker is up.
+ * Returns 1 when an acknowledgement will come. */
+static int worker_add_reg_rec(struct worker *wk, struct reg_rec *r)
+{
+	r->next = wk->regs;
+	wk->regs = r;
+	if (wk->state != W_READY)
+		return 0;
+	worker_send_reg(wk, r);
+	return 1;
+}
+
 int workers_add_reg(struct workers *w, uint32_t device, uint32_t reg_id, uint64_t session_id, int kind,
                     uint64_t size, uint64_t offset, const uint8_t *ipc_handle, size_t ipc_len, int fd,
                     uint64_t request_id)
@@ -630,59 +674,127 @@ int workers_add_reg(struct workers *w, uint32_t device, uint32_t reg_id, uint64_
 		return -ENODEV;
 	if (ipc_len > sizeof(((struct reg_rec *)0)->ipc))
 		return -EINVAL;
-	struct worker *wk = &w->w[device];
-	struct reg_rec *r = calloc(1, sizeof(*r));
-	if (!r)
+	/* The host engine's collectives read peers' buffers directly, so every
+	 * worker maps every registration; a GPU's worker maps only its own. */
+	unsigned first = device, last = device;
+	if (w->srv->engine == DFCCLD_ENGINE_HOST) {
+		first = 0;
+		last = w->n - 1;
+	}
+	struct reg_wait *rw = calloc(1, sizeof(*rw));
+	if (!rw)
 		return -ENOMEM;
-	r->fd = -1;
-	if (fd >= 0) {
-		r->fd = fcntl(fd, F_DUPFD_CLOEXEC, 3);
-		if (r->fd < 0) {
-			int e = errno;
+	rw->reg_id = reg_id;
+	rw->session_id = session_id;
+	rw->request_id = request_id;
+	for (unsigned d = first; d <= last; d++) {
+		struct reg_rec *r = calloc(1, sizeof(*r));
+		int e = 0;
+		if (!r)
+			e = ENOMEM;
+		else if (fd >= 0 && (r->fd = fcntl(fd, F_DUPFD_CLOEXEC, 3)) < 0)
+			e = errno;
+		if (e) {
 			free(r);
+			for (unsigned u = first; u < d; u++)
+				workers_del_reg(w, u, reg_id);
+			free(rw);
 			return -e;
 		}
+		if (fd < 0)
+			r->fd = -1;
+		r->reg_id = reg_id;
+		r->session_id = session_id;
+		r->kind = kind;
+		r->size = size;
+		r->offset = offset;
+		if (ipc_len)
+			memcpy(r->ipc, ipc_handle, ipc_len);
+		r->ipc_len = ipc_len;
+		if (worker_add_reg_rec(&w->w[d], r))
+			rw->pending |= 1ull << d;
 	}
-	r->reg_id = reg_id;
-	r->session_id = session_id;
-	r->kind = kind;
-	r->size = size;
-	r->offset = offset;
-	if (ipc_len)
-		memcpy(r->ipc, ipc_handle, ipc_len);
-	r->ipc_len = ipc_len;
-	r->next = wk->regs;
-	wk->regs = r;
-	if (wk->state != W_READY)
+	if (!rw->pending) {
+		free(rw);
 		return 1;
-	r->request_id = request_id;
-	worker_send_reg(wk, r);
+	}
+	rw->next = w->reg_waits;
+	w->reg_waits = rw;
 	return 0;
 }
 
 void workers_del_reg(struct workers *w, uint32_t device, uint32_t reg_id)
 {
-	if (!w)
-		return;
-	if (device >= w->n)
+	if (!w || device >= w->n)
 		return;
 	struct worker *wk = &w->w[device];
-	for (struct reg_rec **pp = &wk->regs; *pp; pp = &(*pp)->next) {
-		struct reg_rec *r = *pp;
-		if (r->reg_id != reg_id)
-			continue;
-		*pp = r->next;
-		if (wk->state == W_READY) {
-			Dfccl__V1__WorkerDelReg d = DFCCL__V1__WORKER_DEL_REG__INIT;
-			d.reg_id = reg_id;
-			Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
-			env.body_case = DFCCL__V1__ENVELOPE__BODY_WORKER_DEL_REG;
-			env.worker_del_reg = &d;
-			conn_send(&wk->ctl, &env, NULL, 0);
-		}
-		reg_rec_free(r);
+	reg_rec_remove(wk, reg_id);
+	if (wk->state == W_READY) {
+		Dfccl__V1__WorkerDelReg d = DFCCL__V1__WORKER_DEL_REG__INIT;
+		d.reg_id = reg_id;
+		Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
+		env.body_case = DFCCL__V1__ENVELOPE__BODY_WORKER_DEL_REG;
+		env.worker_del_reg = &d;
+		conn_send(&wk->ctl, &env, NULL, 0);
+	}
+}
+
+void workers_del_reg_all(struct workers *w, uint32_t device, uint32_t reg_id)
+{
+	if (!w)
+		return;
+	if (w->srv->engine != DFCCLD_ENGINE_HOST) {
+		workers_del_reg(w, device, reg_id);
 		return;
 	}
+	for (unsigned d = 0; d < w->n; d++)
+		workers_del_reg(w, d, reg_id);
+}
+
+/* ------------------------------------------------------------ communicators */
+
+static int worker_send_env(struct workers *w, uint32_t device, Dfccl__V1__Envelope *env, const int *fds,
+                           unsigned nfds)
+{
+	if (!w || device >= w->n || w->w[device].state != W_READY)
+		return -ENODEV;
+	return conn_send(&w->w[device].ctl, env, fds, nfds);
+}
+
+int workers_comm_add(struct workers *w, uint32_t device, uint64_t comm_id, uint32_t nranks,
+                     const Dfccl__V1__CommRank **members, int region_fd, size_t region_size)
+{
+	Dfccl__V1__WorkerCommAdd a = DFCCL__V1__WORKER_COMM_ADD__INIT;
+	a.comm_id = comm_id;
+	a.nranks = nranks;
+	a.n_members = nranks;
+	a.members = (Dfccl__V1__CommRank **)members;
+	a.region_size = region_size;
+	Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
+	env.body_case = DFCCL__V1__ENVELOPE__BODY_WORKER_COMM_ADD;
+	env.worker_comm_add = &a;
+	return worker_send_env(w, device, &env, &region_fd, 1);
+}
+
+void workers_comm_abort(struct workers *w, uint32_t device, uint64_t comm_id, uint32_t status)
+{
+	Dfccl__V1__WorkerCommAbort a = DFCCL__V1__WORKER_COMM_ABORT__INIT;
+	a.comm_id = comm_id;
+	a.status = status;
+	Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
+	env.body_case = DFCCL__V1__ENVELOPE__BODY_WORKER_COMM_ABORT;
+	env.worker_comm_abort = &a;
+	worker_send_env(w, device, &env, NULL, 0);
+}
+
+void workers_comm_del(struct workers *w, uint32_t device, uint64_t comm_id)
+{
+	Dfccl__V1__WorkerCommDel a = DFCCL__V1__WORKER_COMM_DEL__INIT;
+	a.comm_id = comm_id;
+	Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
+	env.body_case = DFCCL__V1__ENVELOPE__BODY_WORKER_COMM_DEL;
+	env.worker_comm_del = &a;
+	worker_send_env(w, device, &env, NULL, 0);
 }
 
 static uint64_t load64(const uint64_t *p)
@@ -845,6 +957,11 @@ void workers_free(struct workers *w)
 			munmap(wk->stats, DFCCL_STATS_SIZE);
 		if (wk->stats_fd >= 0)
 			close(wk->stats_fd);
+	}
+	while (w->reg_waits) {
+		struct reg_wait *rw = w->reg_waits;
+		w->reg_waits = rw->next;
+		free(rw);
 	}
 	free(w->w);
 	free(w);

@@ -54,7 +54,24 @@ void workers_detach_qp(struct workers *w, uint32_t device, uint32_t qp_id);
 int workers_add_reg(struct workers *w, uint32_t device, uint32_t reg_id, uint64_t session_id, int kind,
                     uint64_t size, uint64_t offset, const uint8_t *ipc_handle, size_t ipc_len, int fd,
                     uint64_t request_id);
+/* Removes a registration from one device's worker. */
 void workers_del_reg(struct workers *w, uint32_t device, uint32_t reg_id);
+/* Removes a registration made with workers_add_reg from every worker that
+ * got it (all of them on the host engine). */
+void workers_del_reg_all(struct workers *w, uint32_t device, uint32_t reg_id);
+
+/*
+ * Hands a ready communicator's shared region (fd borrowed) to the worker of
+ * `device`; its acknowledgement arrives through comm_worker_acked. Returns
+ * 0, or -ENODEV when that worker is not running.
+ */
+int workers_comm_add(struct workers *w, uint32_t device, uint64_t comm_id, uint32_t nranks,
+                     const Dfccl__V1__CommRank **members, int region_fd, size_t region_size);
+/* The communicator failed with status (DFCCL_CQ_*): the worker fails its
+ * pending and later entries. */
+void workers_comm_abort(struct workers *w, uint32_t device, uint64_t comm_id, uint32_t status);
+/* The communicator is gone. */
+void workers_comm_del(struct workers *w, uint32_t device, uint64_t comm_id);
 
 /* Fills status->devices / reply->stats / reply->queues (allocating; freed by
  * workers_query_free). */

@@ -17,6 +17,13 @@ DFCCL_DEBIAN_PACKAGES=(
 	clang libclang-rt-14-dev
 )
 
+# Optional: Open MPI, only for the comparison benchmark tests/perf/mpi_allreduce
+# (tests/perf/compare_mpi.sh). Nothing builds or tests against it otherwise,
+# so ensure_packages installs these only when DFCCL_WITH_MPI=1.
+DFCCL_DEBIAN_OPTIONAL_PACKAGES=(
+	openmpi-bin libopenmpi-dev
+)
+
 banner() {
 	printf '\n==== %s ====\n' "$*"
 }
@@ -26,15 +33,19 @@ die() {
 	exit 1
 }
 
-# Installs whichever of DFCCL_DEBIAN_PACKAGES is not installed yet.
+# Installs whichever of DFCCL_DEBIAN_PACKAGES (and, with DFCCL_WITH_MPI=1,
+# DFCCL_DEBIAN_OPTIONAL_PACKAGES) is not installed yet.
 ensure_packages() {
-	local missing=() p
+	local missing=() p wanted=("${DFCCL_DEBIAN_PACKAGES[@]}")
+	if [ "${DFCCL_WITH_MPI:-0}" = 1 ]; then
+		wanted+=("${DFCCL_DEBIAN_OPTIONAL_PACKAGES[@]}")
+	fi
 	if ! command -v dpkg-query >/dev/null 2>&1; then
 		echo "not a Debian system: make sure these (or their equivalents) are installed:"
-		echo "  ${DFCCL_DEBIAN_PACKAGES[*]}"
+		echo "  ${wanted[*]}"
 		return 0
 	fi
-	for p in "${DFCCL_DEBIAN_PACKAGES[@]}"; do
+	for p in "${wanted[@]}"; do
 		if [ "$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null)" != installed ]; then
 			missing+=("$p")
 		fi

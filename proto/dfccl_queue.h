@@ -170,7 +170,10 @@ struct dfccl_sqe {
 	uint64_t seq;      /* client: this entry's sequence number (>= 1) */
 	uint64_t user_tag; /* client: opaque, for the client's own bookkeeping */
 	uint64_t comm_id;  /* client: communicator id from CommInitReply */
-	uint64_t comm_seq; /* client: per-communicator sequence (NCCL-style), or run number (registered) */
+	uint64_t comm_seq; /* client: >= 1; NCCL-style collectives: per-communicator sequence of
+	                    * collectives (send/recv do not count); send/recv: the n-th send to
+	                    * (or receive from) `peer` on this communicator; registered: the run
+	                    * number of coll_id */
 	uint64_t count;    /* client: element count */
 	uint64_t send_off; /* client: byte offset of the send buffer inside send_reg */
 	uint64_t recv_off; /* client: byte offset of the receive buffer inside recv_reg */
@@ -184,7 +187,8 @@ struct dfccl_sqe {
 	uint8_t opcode;    /* client: enum dfccl_opcode */
 	uint8_t dtype;     /* client: dfcclDataType_t value */
 	uint8_t redop;     /* client: dfcclRedOp_t value */
-	uint8_t reserved8[7];
+	uint8_t reserved8[3];
+	uint32_t rank;     /* client: the submitting rank in comm_id (a process may hold several ranks) */
 	uint64_t reserved[4]; /* client: zero */
 };
 
@@ -226,6 +230,7 @@ DFCCL_STATIC_ASSERT(offsetof(struct dfccl_sqe, flags) == 84, "flags offset");
 DFCCL_STATIC_ASSERT(offsetof(struct dfccl_sqe, opcode) == 86, "opcode offset");
 DFCCL_STATIC_ASSERT(offsetof(struct dfccl_sqe, dtype) == 87, "dtype offset");
 DFCCL_STATIC_ASSERT(offsetof(struct dfccl_sqe, redop) == 88, "redop offset");
+DFCCL_STATIC_ASSERT(offsetof(struct dfccl_sqe, rank) == 92, "rank offset");
 DFCCL_STATIC_ASSERT(offsetof(struct dfccl_sqe, reserved) == 96, "reserved offset");
 
 /* Geometry of a region with n entries; the SQ starts on its own page-aligned

@@ -199,8 +199,87 @@ dfcclResult_t dfcclSend(const void *sendbuff, size_t count, dfcclDataType_t data
 dfcclResult_t dfcclRecv(void *recvbuff, size_t count, dfcclDataType_t datatype, int peer,
                         dfcclComm_t comm, dfcclStream_t stream);
 
+/* All-to-all: rank r sends block j of sendbuff (count elements) to rank j
+ * and receives block j of recvbuff from rank j; built on send/recv. Both
+ * buffers hold nranks * count elements; not in place. */
+dfcclResult_t dfcclAllToAll(const void *sendbuff, void *recvbuff, size_t count, dfcclDataType_t datatype,
+                            dfcclComm_t comm, dfcclStream_t stream);
+
 dfcclResult_t dfcclGroupStart(void);
 dfcclResult_t dfcclGroupEnd(void);
+
+/*
+ * Completion of NCCL-style calls on the host engine (stream NULL): the calls
+ * return once submitted, and collectives of different communicators may be
+ * issued in any order on different ranks. dfcclCommSynchronize waits until
+ * every collective this process submitted on comm has completed and returns
+ * the first error among them (dfcclSuccess if none); dfcclCommQuery tells
+ * whether they all have, without blocking (dfcclSuccess: all done,
+ * dfcclInProgress: not yet, else the first error). An error is reported
+ * until a dfcclCommSynchronize has returned it. dfcclCommDestroy waits for
+ * the outstanding collectives; dfcclCommAbort does not.
+ */
+dfcclResult_t dfcclCommSynchronize(dfcclComm_t comm);
+dfcclResult_t dfcclCommQuery(dfcclComm_t comm);
+
+/* ---------------------------------------------------------------- registered collectives
+ *
+ * DFCCL-style: describe a collective once, under an id the application
+ * chooses (0 <= collId < DFCCL_MAX_COLL_ID, the same on every rank), then run
+ * it many times. Runs of different registered collectives match by (collId,
+ * run number), so ranks may run them in any order; a run completes through
+ * a callback on the library's completion thread, or dfcclWait/dfcclTest.
+ * dfcclRunCollective submits at once, also between dfcclGroupStart and
+ * dfcclGroupEnd. Re-registering an id keeps counting its runs.
+ */
+
+#define DFCCL_MAX_COLL_ID 256
+
+typedef enum {
+	dfcclCollAllReduce = 0,
+	dfcclCollAllGather = 1,
+	dfcclCollReduceScatter = 2,
+	dfcclCollBroadcast = 3,
+	dfcclCollReduce = 4,
+	dfcclNumCollTypes = 5
+} dfcclCollType_t;
+
+typedef struct {
+	dfcclCollType_t type;
+	size_t count;             /* as for the NCCL-style call (sendcount, recvcount) */
+	dfcclDataType_t datatype;
+	dfcclRedOp_t op;          /* reductions only */
+	int root;                 /* broadcast and reduce only */
+	int priority;             /* larger runs first when the engine has a choice; 0 default */
+} dfcclCollDesc_t;
+
+typedef struct dfcclRequest *dfcclRequest_t;
+
+/* Called once per run, on the library's completion thread (one thread of
+ * libdfccl per process, started with the first run that has a callback;
+ * never the caller's thread), with the run's result. It must not block; it
+ * may submit more work. The callback and dfcclWait/dfcclTest report the
+ * same run independently: either may come first. */
+typedef void (*dfcclCallback_t)(dfcclResult_t result, void *userArg);
+
+dfcclResult_t dfcclRegisterCollective(dfcclComm_t comm, int collId, const dfcclCollDesc_t *desc);
+dfcclResult_t dfcclDeregisterCollective(dfcclComm_t comm, int collId);
+
+/*
+ * Runs registered collective collId once on these buffers. callback (may
+ * be NULL) runs when it completes. If request is not NULL it receives a
+ * request to pass to dfcclWait or dfcclTest exactly once (which frees it);
+ * with a NULL request only the callback reports completion.
+ */
+dfcclResult_t dfcclRunCollective(dfcclComm_t comm, int collId, const void *sendbuff, void *recvbuff,
+                                 dfcclCallback_t callback, void *userArg, dfcclRequest_t *request);
+
+/* Blocks until the request completes; returns its result and frees it. */
+dfcclResult_t dfcclWait(dfcclRequest_t request);
+
+/* *done = 1 and the result (request freed) if it completed; *done = 0 and
+ * dfcclSuccess otherwise. */
+dfcclResult_t dfcclTest(dfcclRequest_t request, int *done);
 
 #ifdef __cplusplus
 }

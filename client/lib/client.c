@@ -24,6 +24,7 @@
 
 #include "dfccl_internal.h"
 #include "errors.h"
+#include "req.h"
 
 #define STRINGIFY_(x) #x
 #define STRINGIFY(x) STRINGIFY_(x)
@@ -62,6 +63,8 @@ struct client {
 	pthread_mutex_t attach_lock;
 	struct qp **qps;       /* [info.ndevices] */
 
+	struct req_poller *reqs; /* the completion thread and its trackers */
+
 	struct frame_reader reader; /* the hello, then the poller only */
 	char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
 	struct client_info info;
@@ -81,6 +84,11 @@ const char *client_socket_path(void)
 int client_current_device(void)
 {
 	return current_device;
+}
+
+struct req_poller *client_req_poller(const struct client *c)
+{
+	return c->reqs;
 }
 
 const struct client_info *client_info(const struct client *c)
@@ -117,6 +125,8 @@ static void client_destroy(struct client *c)
 	}
 	if (c->fd >= 0)
 		close(c->fd);
+	/* Before the queue pairs: its thread reads their completion words. */
+	req_poller_free(c->reqs);
 	if (c->qps)
 		for (uint32_t i = 0; i < c->info.ndevices; i++)
 			qp_free(c->qps[i]);
@@ -373,6 +383,16 @@ dfcclResult_t client_request(struct client *c, dfccl_envelope *req, const int *f
 	return client_call(c, req, fds, nfds, expect, NULL, rep);
 }
 
+dfcclResult_t client_query(struct client *c, int kind, struct client_reply *rep)
+{
+	Dfccl__V1__Query query = DFCCL__V1__QUERY__INIT;
+	query.kind = (Dfccl__V1__QueryKind)kind;
+	dfccl_envelope req = DFCCL__V1__ENVELOPE__INIT;
+	req.body_case = DFCCL__V1__ENVELOPE__BODY_QUERY;
+	req.query = &query;
+	return client_request(c, &req, NULL, 0, DFCCL__V1__ENVELOPE__BODY_QUERY_REPLY, rep);
+}
+
 dfcclResult_t client_request_ok(struct client *c, dfccl_envelope *req)
 {
 	struct client_reply rep;
@@ -511,6 +531,9 @@ dfcclResult_t client_open(const char *path, const char *name, struct client **ou
 	r = client_hello(c, name);
 	if (r != dfcclSuccess)
 		goto fail;
+	r = req_poller_new(&c->reqs);
+	if (r != dfcclSuccess)
+		goto fail;
 	c->qps = calloc(c->info.ndevices ? c->info.ndevices : 1, sizeof(*c->qps));
 	if (!c->qps) {
 		r = errors_set(dfcclSystemError, "out of memory");
@@ -591,6 +614,8 @@ static void client_fork_child(void)
 	pthread_mutex_init(&c->lock, NULL);
 	pthread_mutex_init(&c->write_lock, NULL);
 	pthread_mutex_init(&c->attach_lock, NULL);
+	if (c->reqs)
+		req_poller_after_fork(c->reqs);
 	snprintf(c->lost_reason, sizeof(c->lost_reason),
 	         "this process was forked from the one that connected to dfccld; communicators and buffers do not "
 	         "survive fork: create them after it");

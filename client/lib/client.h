@@ -18,6 +18,9 @@
  * waits stop. A lost session is never revived: client_default opens a new
  * one for later calls while objects that hold the old one keep failing.
  *
+ * Besides the poller, a session has a completion thread (req.h), started
+ * with the first entry that has a callback; callbacks run on it.
+ *
  * Lifetime: reference counted. The process-wide session (client_default) is
  * held by the library, by every communicator and by every allocation made
  * through it; the last client_unref stops the poller and unmaps the queue
@@ -36,6 +39,7 @@
 #include "qp.h"
 
 struct client;
+struct req_poller;
 
 /* What the daemon said in its HelloReply. */
 struct client_info {
@@ -87,6 +91,9 @@ void client_unref(struct client *c);
 
 const struct client_info *client_info(const struct client *c);
 
+/* The session's completion thread and outstanding-entry trackers (req.h). */
+struct req_poller *client_req_poller(const struct client *c);
+
 /* True once the connection is gone. */
 bool client_lost(const struct client *c);
 
@@ -102,6 +109,10 @@ dfcclResult_t client_check_device(const struct client *c, int device);
  */
 dfcclResult_t client_request(struct client *c, dfccl_envelope *req, const int *fds, unsigned nfds, int expect,
                              struct client_reply *rep);
+
+/* client_request for a dfcclctl query (kind: dfccl.v1.QueryKind); the
+ * caller reads rep->env->query_reply and releases rep. */
+dfcclResult_t client_query(struct client *c, int kind, struct client_reply *rep);
 
 /* client_request for a request answered by Ok: nothing to hand back. */
 dfcclResult_t client_request_ok(struct client *c, dfccl_envelope *req);

@@ -22,7 +22,6 @@
 struct coll_op {
 	struct dfcclComm *comm;
 	struct dfccl_sqe sqe;
-	struct qp_ticket ticket; /* once submitted */
 };
 
 /* What one collective call asked for. */
@@ -63,55 +62,87 @@ int coll_group_depth(void)
 	return group.depth;
 }
 
-/* Translates one buffer of `bytes` into the entry's (reg, off). */
-static dfcclResult_t coll_buffer(const struct coll_args *a, const void *ptr, size_t bytes, uint32_t *reg,
-                                 uint64_t *off)
+/*
+ * Translates one buffer of `scale` * count elements into the entry's (reg,
+ * off), saying in the message how large the buffer must be.
+ */
+static dfcclResult_t coll_buffer(const struct coll_args *a, const char *what, const void *ptr, size_t scale,
+                                 uint32_t *reg, uint64_t *off)
 {
+	const char *name = qp_op_name(a->opcode);
+	size_t elems = a->count * scale, bytes = elems * coll_dtype_size(a->dtype);
 	struct mem_ref ref;
 	dfcclResult_t r = mem_translate(a->comm->client, ptr, bytes, &ref);
-	if (r != dfcclSuccess)
-		return r;
+	if (r != dfcclSuccess) {
+		char why[512];
+		snprintf(why, sizeof(why), "%s", errors_last());
+		return errors_set(r, "%s: %s must hold %s = %zu elements (%zu bytes): %s", name, what,
+		                  scale > 1 ? "nranks*count" : "count", elems, bytes, why);
+	}
 	if (ref.device != a->comm->device)
 		return errors_set(dfcclInvalidArgument, "%s: buffer %p was allocated for device %d but the communicator uses "
-		                  "device %d (call dfcclSetDevice before dfcclMemAlloc)", qp_op_name(a->opcode), ptr,
-		                  ref.device, a->comm->device);
+		                  "device %d (call dfcclSetDevice before dfcclMemAlloc)", name, ptr, ref.device,
+		                  a->comm->device);
 	*reg = ref.reg_id;
 	*off = ref.offset;
 	return dfcclSuccess;
 }
 
-/*
- * Checks a call and builds its entry. *empty is set for a call with nothing
- * to move (count 0), which NCCL completes without submitting anything.
- */
-static dfcclResult_t coll_prepare(const struct coll_args *a, struct coll_op *op, bool *empty)
+/* The checks every call shares: communicator, stream, type, reduction,
+ * root or peer, size, and that the communicator is still usable. */
+static dfcclResult_t coll_check(const struct coll_args *a)
 {
 	const char *name = qp_op_name(a->opcode);
 	struct dfcclComm *comm = a->comm;
-
-	*empty = false;
-	if (!comm)
-		return errors_set(dfcclInvalidArgument, "%s: comm is NULL", name);
-	if (a->stream)
-		return errors_set(dfcclNotSupported, "%s: stream-ordered submission needs the CUDA engine, which this "
-		                  "release does not have; pass a NULL stream", name);
-	size_t elem = coll_dtype_size(a->dtype);
-	if (elem == 0)
-		return errors_set(dfcclInvalidArgument, "%s: unknown data type %d", name, a->dtype);
 	unsigned o = a->opcode;
 	bool reduces = o == DFCCL_OP_ALLREDUCE || o == DFCCL_OP_REDUCE || o == DFCCL_OP_REDUCESCATTER;
 	bool p2p = o == DFCCL_OP_SEND || o == DFCCL_OP_RECV;
 	bool has_peer = p2p || o == DFCCL_OP_BROADCAST || o == DFCCL_OP_REDUCE;
+
+	if (!comm)
+		return errors_set(dfcclInvalidArgument, "%s: comm is NULL", name);
+	if (a->stream)
+		return errors_set(dfcclNotSupported, "%s: stream-ordered submission needs the CUDA engine, which this "
+		                  "release does not have; pass a NULL stream (the call then returns once submitted, and "
+		                  "dfcclCommSynchronize waits for it)", name);
+	size_t elem = coll_dtype_size(a->dtype);
+	if (elem == 0)
+		return errors_set(dfcclInvalidArgument, "%s: unknown data type %d", name, a->dtype);
 	if (reduces && (a->redop < 0 || a->redop >= dfcclNumOps))
 		return errors_set(dfcclInvalidArgument, "%s: unknown reduction operation %d", name, a->redop);
 	if (has_peer && (a->peer < 0 || a->peer >= comm->nranks))
 		return errors_set(dfcclInvalidArgument, "%s: %s %d is outside 0..%d", name, p2p ? "peer" : "root", a->peer,
 		                  comm->nranks - 1);
-	dfcclResult_t r = comm_check(comm);
+	if (p2p && a->peer == comm->rank)
+		return errors_set(dfcclInvalidArgument, "%s: peer %d is this rank itself; copy the data locally instead",
+		                  name, a->peer);
+	/* nranks * nranks covers all-to-all's nranks blocks of nranks * count. */
+	if (a->count > SIZE_MAX / elem / (size_t)comm->nranks / (size_t)comm->nranks)
+		return errors_set(dfcclInvalidArgument, "%s: count %zu is too large", name, a->count);
+	return comm_check(comm);
+}
+
+/*
+ * Checks a call and builds its entry (all but its key). *empty is set for a
+ * call with nothing to move (count 0), which NCCL completes without
+ * submitting anything.
+ */
+static dfcclResult_t coll_prepare(const struct coll_args *a, struct coll_op *op, bool *empty)
+{
+	struct dfcclComm *comm = a->comm;
+	unsigned o = a->opcode;
+	dfcclResult_t r = coll_check(a);
+	*empty = false;
 	if (r != dfcclSuccess)
 		return r;
+	if (a->count == 0) {
+		*empty = true;
+		return dfcclSuccess;
+	}
 
-	/* Which buffers this rank touches, and how many bytes of each. */
+	/* Which buffers this rank touches, and how many elements of each. */
+	bool reduces = o == DFCCL_OP_ALLREDUCE || o == DFCCL_OP_REDUCE || o == DFCCL_OP_REDUCESCATTER;
+	bool has_peer = o == DFCCL_OP_SEND || o == DFCCL_OP_RECV || o == DFCCL_OP_BROADCAST || o == DFCCL_OP_REDUCE;
 	bool root = has_peer && a->peer == comm->rank;
 	size_t scale_send = 1, scale_recv = 1;
 	bool use_send = true, use_recv = true;
@@ -124,65 +155,54 @@ static dfcclResult_t coll_prepare(const struct coll_args *a, struct coll_op *op,
 	case DFCCL_OP_RECV: use_send = false; break;
 	default: break;
 	}
-	if (a->count > SIZE_MAX / elem / (size_t)comm->nranks)
-		return errors_set(dfcclInvalidArgument, "%s: count %zu is too large", name, a->count);
-	if (a->count == 0) {
-		*empty = true;
-		return dfcclSuccess;
-	}
-	size_t bytes = a->count * elem;
 
 	struct dfccl_sqe *e = &op->sqe;
 	memset(op, 0, sizeof(*op));
 	op->comm = comm;
 	e->comm_id = comm->id;
+	e->rank = (uint32_t)comm->rank;
 	e->count = a->count;
 	e->peer = has_peer ? (uint32_t)a->peer : 0;
 	e->opcode = (uint8_t)o;
 	e->dtype = (uint8_t)a->dtype;
 	e->redop = reduces ? (uint8_t)a->redop : 0;
-	if (use_send && (r = coll_buffer(a, a->send, bytes * scale_send, &e->send_reg, &e->send_off)) != dfcclSuccess)
+	if (use_send && (r = coll_buffer(a, "sendbuff", a->send, scale_send, &e->send_reg, &e->send_off)) != dfcclSuccess)
 		return r;
-	if (use_recv && (r = coll_buffer(a, a->recv, bytes * scale_recv, &e->recv_reg, &e->recv_off)) != dfcclSuccess)
+	if (use_recv && (r = coll_buffer(a, "recvbuff", a->recv, scale_recv, &e->recv_reg, &e->recv_off)) != dfcclSuccess)
 		return r;
 	if (use_send && use_recv && a->send == a->recv)
 		e->flags |= DFCCL_SQE_F_INPLACE;
 	return dfcclSuccess;
 }
 
+/* Submits a prepared entry as a tracked, asynchronous one. */
+static dfcclResult_t coll_submit(struct dfcclComm *comm, const struct dfccl_sqe *e, dfcclCallback_t callback,
+                                 void *user_arg, struct req **handle)
+{
+	struct req *r = req_new(e->opcode, callback, user_arg, handle != NULL);
+	if (!r)
+		return errors_set(dfcclSystemError, "out of memory");
+	dfcclResult_t res = req_submit(&comm->tracker, comm->qp, e, r);
+	if (res == dfcclSuccess && handle)
+		*handle = r;
+	return res;
+}
+
 /*
- * Submits ops[0..n) in order, then waits for each. Returns the first
- * failure, keeping its sentence as the last error even when later entries
- * fail too.
+ * Submits ops[0..n) in order, without waiting: each gets its key now, in
+ * call order. Stops at the first failure (the queue pair died), whose
+ * sentence stays the last error.
  */
 static dfcclResult_t coll_run(struct coll_op *ops, size_t n)
 {
-	dfcclResult_t first = dfcclSuccess, r;
-	char message[sizeof(group.message)] = "";
-	size_t submitted = 0;
-
-	for (; submitted < n; submitted++) {
-		struct coll_op *op = &ops[submitted];
-		op->sqe.comm_seq = comm_next_seq(op->comm);
-		r = qp_submit(op->comm->qp, &op->sqe, &op->ticket);
-		if (r != dfcclSuccess) {
-			first = r;
-			snprintf(message, sizeof(message), "%s", errors_last());
-			break;
-		}
+	for (size_t i = 0; i < n; i++) {
+		struct coll_op *op = &ops[i];
+		op->sqe.comm_seq = comm_next_seq(op->comm, op->sqe.opcode, (int)op->sqe.peer);
+		dfcclResult_t r = coll_submit(op->comm, &op->sqe, NULL, NULL, NULL);
+		if (r != dfcclSuccess)
+			return r;
 	}
-	for (size_t i = 0; i < submitted; i++) {
-		r = qp_wait(ops[i].comm->qp, &ops[i].ticket);
-		if (r == dfcclSuccess)
-			r = qp_status_result(ops[i].ticket.status, ops[i].sqe.opcode);
-		if (r != dfcclSuccess && first == dfcclSuccess) {
-			first = r;
-			snprintf(message, sizeof(message), "%s", errors_last());
-		}
-	}
-	if (first != dfcclSuccess && strcmp(message, errors_last()) != 0)
-		errors_set(first, "%s", message);
-	return first;
+	return dfcclSuccess;
 }
 
 static dfcclResult_t coll_group_add(const struct coll_op *op)
@@ -199,6 +219,16 @@ static dfcclResult_t coll_group_add(const struct coll_op *op)
 	return dfcclSuccess;
 }
 
+/* Inside a group, a failure is kept for the outermost GroupEnd. */
+static dfcclResult_t coll_group_note(dfcclResult_t r)
+{
+	if (r != dfcclSuccess && group.depth > 0 && group.error == dfcclSuccess) {
+		group.error = r;
+		snprintf(group.message, sizeof(group.message), "%s", errors_last());
+	}
+	return r;
+}
+
 static dfcclResult_t coll_call(const struct coll_args *a)
 {
 	struct coll_op op;
@@ -206,11 +236,7 @@ static dfcclResult_t coll_call(const struct coll_args *a)
 	dfcclResult_t r = coll_prepare(a, &op, &empty);
 	if (r == dfcclSuccess && !empty)
 		r = group.depth > 0 ? coll_group_add(&op) : coll_run(&op, 1);
-	if (r != dfcclSuccess && group.depth > 0 && group.error == dfcclSuccess) {
-		group.error = r;
-		snprintf(group.message, sizeof(group.message), "%s", errors_last());
-	}
-	return r;
+	return coll_group_note(r);
 }
 
 dfcclResult_t dfcclGroupStart(void)
@@ -288,4 +314,171 @@ dfcclResult_t dfcclRecv(void *recvbuff, size_t count, dfcclDataType_t datatype, 
 {
 	struct coll_args a = {DFCCL_OP_RECV, NULL, recvbuff, count, datatype, 0, peer, comm, stream};
 	return coll_call(&a);
+}
+
+/*
+ * Checks the whole of both buffers first (each rank's blocks are sends and
+ * receives that check only their own block), copies the block to itself
+ * locally (the engine refuses a send to oneself), and issues the rest as one
+ * group, nested in the caller's group if there is one.
+ */
+static dfcclResult_t coll_alltoall(const char *send, char *recv, size_t count, dfcclDataType_t dtype,
+                                   struct dfcclComm *comm, dfcclStream_t stream)
+{
+	/* Checked as an all-gather: no root or peer, and a buffer of nranks
+	 * blocks, here on both sides. */
+	struct coll_args a = {DFCCL_OP_ALLGATHER, send, recv, count, dtype, 0, 0, comm, stream};
+	struct coll_op op;
+	dfcclResult_t r = coll_check(&a);
+	if (r != dfcclSuccess || count == 0)
+		return r;
+	if (send == recv)
+		return errors_set(dfcclInvalidArgument, "AllToAll: sendbuff and recvbuff are the same buffer; all-to-all "
+		                  "does not work in place");
+	size_t n = (size_t)comm->nranks, block = count * coll_dtype_size(dtype);
+	if ((r = coll_buffer(&a, "sendbuff", send, n, &op.sqe.send_reg, &op.sqe.send_off)) != dfcclSuccess ||
+	    (r = coll_buffer(&a, "recvbuff", recv, n, &op.sqe.recv_reg, &op.sqe.recv_off)) != dfcclSuccess)
+		return r;
+
+	memmove(recv + (size_t)comm->rank * block, send + (size_t)comm->rank * block, block);
+	dfcclGroupStart();
+	for (int j = 0; j < comm->nranks; j++) {
+		if (j == comm->rank)
+			continue;
+		dfcclSend(send + (size_t)j * block, count, dtype, j, comm, stream);
+		dfcclRecv(recv + (size_t)j * block, count, dtype, j, comm, stream);
+	}
+	return dfcclGroupEnd();
+}
+
+dfcclResult_t dfcclAllToAll(const void *sendbuff, void *recvbuff, size_t count, dfcclDataType_t datatype,
+                            dfcclComm_t comm, dfcclStream_t stream)
+{
+	return coll_group_note(coll_alltoall(sendbuff, recvbuff, count, datatype, comm, stream));
+}
+
+/* ---------------------------------------------------------------- registered collectives */
+
+static const unsigned coll_type_opcode[dfcclNumCollTypes] = {
+    [dfcclCollAllReduce] = DFCCL_OP_ALLREDUCE, [dfcclCollAllGather] = DFCCL_OP_ALLGATHER,
+    [dfcclCollReduceScatter] = DFCCL_OP_REDUCESCATTER, [dfcclCollBroadcast] = DFCCL_OP_BROADCAST,
+    [dfcclCollReduce] = DFCCL_OP_REDUCE,
+};
+
+static dfcclResult_t coll_id_check(const char *fn, struct dfcclComm *comm, int collId)
+{
+	if (!comm)
+		return errors_set(dfcclInvalidArgument, "%s: comm is NULL", fn);
+	if (collId < 0 || collId >= DFCCL_MAX_COLL_ID)
+		return errors_set(dfcclInvalidArgument, "%s: collId %d is outside 0..%d", fn, collId, DFCCL_MAX_COLL_ID - 1);
+	return dfcclSuccess;
+}
+
+dfcclResult_t dfcclRegisterCollective(dfcclComm_t comm, int collId, const dfcclCollDesc_t *desc)
+{
+	static const char fn[] = "dfcclRegisterCollective";
+	dfcclResult_t r = coll_id_check(fn, comm, collId);
+	if (r != dfcclSuccess)
+		return r;
+	if (!desc)
+		return errors_set(dfcclInvalidArgument, "%s: desc is NULL", fn);
+	if ((unsigned)desc->type >= dfcclNumCollTypes)
+		return errors_set(dfcclInvalidArgument, "%s: unknown collective type %d", fn, (int)desc->type);
+	if (desc->count == 0)
+		return errors_set(dfcclInvalidArgument, "%s: count is 0; a registered collective must move data", fn);
+	unsigned o = coll_type_opcode[desc->type];
+	size_t elem = coll_dtype_size(desc->datatype);
+	if (elem == 0)
+		return errors_set(dfcclInvalidArgument, "%s: unknown data type %d", fn, (int)desc->datatype);
+	if (desc->count > SIZE_MAX / elem / (size_t)comm->nranks)
+		return errors_set(dfcclInvalidArgument, "%s: count %zu is too large", fn, desc->count);
+	if ((o == DFCCL_OP_ALLREDUCE || o == DFCCL_OP_REDUCE || o == DFCCL_OP_REDUCESCATTER) &&
+	    (unsigned)desc->op >= dfcclNumOps)
+		return errors_set(dfcclInvalidArgument, "%s: unknown reduction operation %d", fn, (int)desc->op);
+	if ((o == DFCCL_OP_BROADCAST || o == DFCCL_OP_REDUCE) && (desc->root < 0 || desc->root >= comm->nranks))
+		return errors_set(dfcclInvalidArgument, "%s: root %d is outside 0..%d", fn, desc->root, comm->nranks - 1);
+
+	pthread_mutex_lock(&comm->lock);
+	struct comm_coll *c = &comm->colls[collId];
+	bool taken = c->used;
+	if (!taken) {
+		c->used = true;
+		c->desc = *desc;
+	}
+	pthread_mutex_unlock(&comm->lock);
+	if (taken)
+		return errors_set(dfcclInvalidUsage, "%s: collId %d is registered already; deregister it first", fn, collId);
+	return dfcclSuccess;
+}
+
+dfcclResult_t dfcclDeregisterCollective(dfcclComm_t comm, int collId)
+{
+	static const char fn[] = "dfcclDeregisterCollective";
+	dfcclResult_t r = coll_id_check(fn, comm, collId);
+	if (r != dfcclSuccess)
+		return r;
+	pthread_mutex_lock(&comm->lock);
+	bool used = comm->colls[collId].used;
+	comm->colls[collId].used = false;
+	pthread_mutex_unlock(&comm->lock);
+	if (!used)
+		return errors_set(dfcclInvalidArgument, "%s: collId %d is not registered", fn, collId);
+	return dfcclSuccess;
+}
+
+dfcclResult_t dfcclRunCollective(dfcclComm_t comm, int collId, const void *sendbuff, void *recvbuff,
+                                 dfcclCallback_t callback, void *userArg, dfcclRequest_t *request)
+{
+	static const char fn[] = "dfcclRunCollective";
+	dfcclResult_t r = coll_id_check(fn, comm, collId);
+	if (r != dfcclSuccess)
+		return r;
+	if (request)
+		*request = NULL;
+	pthread_mutex_lock(&comm->lock);
+	bool used = comm->colls[collId].used;
+	dfcclCollDesc_t d = comm->colls[collId].desc;
+	pthread_mutex_unlock(&comm->lock);
+	if (!used)
+		return errors_set(dfcclInvalidArgument, "%s: collId %d is not registered (dfcclRegisterCollective)", fn,
+		                  collId);
+
+	struct coll_args a = {coll_type_opcode[d.type], sendbuff, recvbuff, d.count, d.datatype, d.op, d.root, comm,
+	                      NULL};
+	struct coll_op op;
+	bool empty;
+	r = coll_prepare(&a, &op, &empty);
+	if (r != dfcclSuccess)
+		return r;
+	op.sqe.flags |= DFCCL_SQE_F_REGISTERED;
+	op.sqe.coll_id = (uint32_t)collId;
+	op.sqe.comm_seq = __atomic_add_fetch(&comm->colls[collId].runs, 1, __ATOMIC_RELAXED);
+	if (d.priority != 0) {
+		op.sqe.flags |= DFCCL_SQE_F_PRIORITY;
+		op.sqe.priority = d.priority;
+	}
+	return coll_submit(comm, &op.sqe, callback, userArg, (struct req **)request);
+}
+
+dfcclResult_t dfcclWait(dfcclRequest_t request)
+{
+	if (!request)
+		return errors_set(dfcclInvalidArgument, "dfcclWait: request is NULL");
+	struct req *r = (struct req *)request;
+	dfcclResult_t res = req_wait(r);
+	req_unref(r);
+	return res;
+}
+
+dfcclResult_t dfcclTest(dfcclRequest_t request, int *done)
+{
+	if (!request || !done)
+		return errors_set(dfcclInvalidArgument, "dfcclTest: %s is NULL", request ? "done" : "request");
+	struct req *r = (struct req *)request;
+	*done = req_test(r);
+	if (!*done)
+		return dfcclSuccess;
+	dfcclResult_t res = req_result(r);
+	req_unref(r);
+	return res;
 }

@@ -21,6 +21,9 @@ static void comm_free(struct dfcclComm *comm)
 {
 	if (!comm)
 		return;
+	if (comm->tracking)
+		req_tracker_drain(&comm->tracker);
+	free(comm->p2p_seq);
 	if (comm->client) {
 		client_async_remove(comm->client, &comm->async);
 		client_unref(comm->client);
@@ -88,6 +91,11 @@ dfcclResult_t dfcclCommInitRankConfig(dfcclComm_t *comm, int nranks, dfcclUnique
 	}
 	pthread_mutex_init(&cm->lock, NULL);
 	cm->async.device = (uint32_t)device;
+	cm->p2p_seq = calloc(2 * (size_t)nranks, sizeof(*cm->p2p_seq));
+	if (!cm->p2p_seq) {
+		r = errors_set(dfcclSystemError, "out of memory");
+		goto fail;
+	}
 
 	Dfccl__V1__CommInit init = DFCCL__V1__COMM_INIT__INIT;
 	init.unique_id.data = (uint8_t *)commId.internal;
@@ -113,6 +121,8 @@ dfcclResult_t dfcclCommInitRankConfig(dfcclComm_t *comm, int nranks, dfcclUnique
 		goto fail;
 	}
 	cm->qp = qp;
+	req_tracker_init(&cm->tracker, client_req_poller(cm->client));
+	cm->tracking = true;
 	cm->id = cr->comm_id;
 	cm->nranks = nranks;
 	cm->rank = rank;
@@ -134,9 +144,13 @@ dfcclResult_t dfcclCommInitRank(dfcclComm_t *comm, int nranks, dfcclUniqueId com
 }
 
 /* Destroy and abort: tell the daemon, then free the communicator whatever
- * it answered, because the caller gives up the handle either way. */
+ * it answered, because the caller gives up the handle either way. Destroy
+ * lets the outstanding entries finish first; abort leaves them to fail (the
+ * daemon fails them) and to be reaped by the session. */
 static dfcclResult_t comm_leave(struct dfcclComm *comm, bool abort)
 {
+	if (!abort)
+		req_tracker_drain(&comm->tracker);
 	Dfccl__V1__CommDestroy destroy = DFCCL__V1__COMM_DESTROY__INIT;
 	Dfccl__V1__CommAbort ab = DFCCL__V1__COMM_ABORT__INIT;
 	dfccl_envelope req = DFCCL__V1__ENVELOPE__INIT;
@@ -150,6 +164,9 @@ static dfcclResult_t comm_leave(struct dfcclComm *comm, bool abort)
 		req.comm_destroy = &destroy;
 	}
 	dfcclResult_t r = client_request_ok(comm->client, &req);
+	if (abort)
+		req_tracker_orphan(&comm->tracker);
+	comm->tracking = false;
 	comm_free(comm);
 	return r;
 }
@@ -204,9 +221,28 @@ dfcclResult_t comm_check(struct dfcclComm *comm)
 	return qp_health(comm->qp);
 }
 
-uint64_t comm_next_seq(struct dfcclComm *comm)
+uint64_t comm_next_seq(struct dfcclComm *comm, unsigned opcode, int peer)
 {
-	return __atomic_add_fetch(&comm->next_seq, 1, __ATOMIC_RELAXED);
+	uint64_t *counter = &comm->coll_seq;
+	if (opcode == DFCCL_OP_SEND)
+		counter = &comm->p2p_seq[peer];
+	else if (opcode == DFCCL_OP_RECV)
+		counter = &comm->p2p_seq[comm->nranks + peer];
+	return __atomic_add_fetch(counter, 1, __ATOMIC_RELAXED);
+}
+
+dfcclResult_t dfcclCommSynchronize(dfcclComm_t comm)
+{
+	if (!comm)
+		return errors_set(dfcclInvalidArgument, "dfcclCommSynchronize: comm is NULL");
+	return req_tracker_sync(&comm->tracker, true);
+}
+
+dfcclResult_t dfcclCommQuery(dfcclComm_t comm)
+{
+	if (!comm)
+		return errors_set(dfcclInvalidArgument, "dfcclCommQuery: comm is NULL");
+	return req_tracker_sync(&comm->tracker, false);
 }
 
 dfcclResult_t dfcclCommGetAsyncError(dfcclComm_t comm, dfcclResult_t *asyncError)

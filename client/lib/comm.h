@@ -10,18 +10,37 @@
  * peer lost, an abort by another rank, the device's worker lost, the daemon
  * gone) arrives through the session's async slot and is checked before each
  * submission; once set it stays (first error wins).
+ *
+ * Submissions are asynchronous: each one's entry is tracked in the
+ * communicator's req_tracker (req.h) until it completes. dfcclCommDestroy
+ * first waits for all of them; dfcclCommAbort tells the daemon first (which
+ * fails them) and hands them to the session to reap, so it never waits.
+ *
+ * Keys (sqe.comm_seq) come from separate counters, as the queue ABI asks:
+ * one sequence of NCCL-style collectives, one per peer for sends and one per
+ * peer for receives, and one run counter per registered collective id.
  */
 #ifndef DFCCL_CLIENT_COMM_H
 #define DFCCL_CLIENT_COMM_H
 
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "client.h"
 #include "dfccl.h"
 #include "qp.h"
+#include "req.h"
 
 struct mem_handle;
+
+/* A registered (DFCCL-style) collective of a communicator. */
+struct comm_coll {
+	bool used;              /* comm lock */
+	dfcclCollDesc_t desc;   /* comm lock */
+	uint64_t runs;          /* atomic: runs submitted; kept across re-registration, since
+	                         * runs match across ranks by (id, run number) */
+};
 
 struct dfcclComm {
 	struct client *client;   /* reference held */
@@ -31,10 +50,14 @@ struct dfcclComm {
 	int nranks;
 	int rank;
 	int device;
-	uint64_t next_seq;       /* atomic: comm_seq of the next submission */
+	uint64_t coll_seq;       /* atomic: NCCL-style collectives submitted */
+	uint64_t *p2p_seq;       /* atomic, [2 * nranks]: sends to, then receives from, each peer */
+	struct req_tracker tracker; /* outstanding entries */
+	bool tracking;           /* tracker initialised */
 
-	pthread_mutex_t lock;    /* handles */
+	pthread_mutex_t lock;    /* handles, colls[].used and .desc */
 	struct mem_handle *handles; /* dfcclCommRegister registrations (mem.c) */
+	struct comm_coll colls[DFCCL_MAX_COLL_ID];
 };
 
 /*
@@ -44,7 +67,9 @@ struct dfcclComm {
  */
 dfcclResult_t comm_check(struct dfcclComm *comm);
 
-/* The per-communicator sequence number of the next submission (1, 2, ...). */
-uint64_t comm_next_seq(struct dfcclComm *comm);
+/* The key (sqe.comm_seq, 1, 2, ...) of the next NCCL-style entry of
+ * `opcode`: the collective sequence, or for DFCCL_OP_SEND / DFCCL_OP_RECV
+ * the message number to / from `peer`. */
+uint64_t comm_next_seq(struct dfcclComm *comm, unsigned opcode, int peer);
 
 #endif /* DFCCL_CLIENT_COMM_H */

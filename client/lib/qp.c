@@ -49,7 +49,7 @@ static uint64_t monotonic_ns(void)
 }
 
 /* The supervisor reads this to tell a stopped client from a slow one. */
-static void qp_heartbeat(struct qp *q)
+void qp_heartbeat(struct qp *q)
 {
 	__atomic_store_n(&q->hdr->client_heartbeat_ns, monotonic_ns(), __ATOMIC_RELAXED);
 }
@@ -191,48 +191,72 @@ struct qp_cond {
 	struct qp_ticket *ticket;
 };
 
+bool qp_test(struct qp *q, struct qp_ticket *t)
+{
+	if (__atomic_load_n(&t->done, __ATOMIC_ACQUIRE))
+		return true;
+	uint32_t slot = DFCCL_QP_SLOT(t->seq, q->entries);
+	uint64_t w = __atomic_load_n(&q->cw[slot], __ATOMIC_ACQUIRE);
+	if (DFCCL_CW_SEQ(w) == t->seq)
+		qp_harvest(q, slot, t, w);
+	return __atomic_load_n(&t->done, __ATOMIC_ACQUIRE);
+}
+
 static bool qp_cond_met(struct qp *q, const struct qp_cond *c)
 {
-	uint64_t w;
-	if (c->ticket) {
-		if (__atomic_load_n(&c->ticket->done, __ATOMIC_ACQUIRE))
-			return true;
-		w = __atomic_load_n(&q->cw[c->slot], __ATOMIC_ACQUIRE);
-		if (DFCCL_CW_SEQ(w) == c->ticket->seq)
-			qp_harvest(q, c->slot, c->ticket, w);
-		return __atomic_load_n(&c->ticket->done, __ATOMIC_ACQUIRE);
-	}
+	if (c->ticket)
+		return qp_test(q, c->ticket);
 	if (__atomic_load_n(&q->reaped[c->slot], __ATOMIC_ACQUIRE) >= c->prev)
 		return true;
 	/* Once the completion word shows entry prev, the slot's ticket can only
-	 * be prev's (or already gone), so it is safe to harvest it unseen. */
-	w = __atomic_load_n(&q->cw[c->slot], __ATOMIC_ACQUIRE);
+	 * be prev's (or already gone), so it is safe to harvest it unseen. An
+	 * occupant whose owner abandoned it (qp_abandon) has no ticket: reading
+	 * its word here is the read the ABI asks for, and frees the slot. */
+	uint64_t w = __atomic_load_n(&q->cw[c->slot], __ATOMIC_ACQUIRE);
+	if (DFCCL_CW_SEQ(w) != c->prev)
+		return false;
 	struct qp_ticket *t = __atomic_load_n(&q->tickets[c->slot], __ATOMIC_ACQUIRE);
-	if (DFCCL_CW_SEQ(w) == c->prev && t)
+	if (t)
 		qp_harvest(q, c->slot, t, w);
+	else
+		__atomic_store_n(&q->reaped[c->slot], c->prev, __ATOMIC_RELEASE);
 	return __atomic_load_n(&q->reaped[c->slot], __ATOMIC_ACQUIRE) >= c->prev;
+}
+
+void qp_backoff_pause(struct qp_backoff *b)
+{
+	if (b->spins < QP_SPINS) {
+		b->spins++;
+		cpu_relax();
+		return;
+	}
+	if (b->delay_ns < QP_SLEEP_MIN_NS)
+		b->delay_ns = QP_SLEEP_MIN_NS;
+	struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)b->delay_ns};
+	nanosleep(&ts, NULL);
+	b->delay_ns = b->delay_ns * 2 > QP_SLEEP_MAX_NS ? QP_SLEEP_MAX_NS : b->delay_ns * 2;
+}
+
+bool qp_backoff_sleeping(const struct qp_backoff *b)
+{
+	return b->spins >= QP_SPINS;
 }
 
 /* Polls until c is met, spinning first, then sleeping with a doubling delay;
  * gives up when the queue pair or the connection dies. */
 static dfcclResult_t qp_poll(struct qp *q, const struct qp_cond *c)
 {
-	uint64_t delay = QP_SLEEP_MIN_NS;
-	for (unsigned i = 0;; i++) {
+	struct qp_backoff b = QP_BACKOFF_INIT;
+	for (;;) {
 		if (qp_cond_met(q, c))
 			return dfcclSuccess;
-		if (i < QP_SPINS) {
-			cpu_relax();
-			continue;
+		if (qp_backoff_sleeping(&b)) {
+			dfcclResult_t r = qp_health(q);
+			if (r != dfcclSuccess)
+				return r;
+			qp_heartbeat(q);
 		}
-		dfcclResult_t r = qp_health(q);
-		if (r != dfcclSuccess)
-			return r;
-		qp_heartbeat(q);
-		struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)delay};
-		nanosleep(&ts, NULL);
-		if (delay < QP_SLEEP_MAX_NS)
-			delay = delay * 2 > QP_SLEEP_MAX_NS ? QP_SLEEP_MAX_NS : delay * 2;
+		qp_backoff_pause(&b);
 	}
 }
 
@@ -287,21 +311,26 @@ dfcclResult_t qp_submit(struct qp *q, const struct dfccl_sqe *e, struct qp_ticke
 	return dfcclSuccess;
 }
 
+bool qp_abandon(struct qp *q, struct qp_ticket *t)
+{
+	/* Take the ticket out of its slot so that nobody writes into it after
+	 * we return. If another thread is harvesting it right now, the entry
+	 * did complete; wait the moment it takes to say so. */
+	struct qp_ticket *expected = t;
+	if (__atomic_compare_exchange_n(&q->tickets[DFCCL_QP_SLOT(t->seq, q->entries)], &expected, NULL, false,
+	                                __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+		return true;
+	while (!__atomic_load_n(&t->done, __ATOMIC_ACQUIRE))
+		cpu_relax();
+	return false;
+}
+
 dfcclResult_t qp_wait(struct qp *q, struct qp_ticket *t)
 {
 	struct qp_cond c = {.slot = DFCCL_QP_SLOT(t->seq, q->entries), .ticket = t};
 	dfcclResult_t r = qp_poll(q, &c);
-	if (r == dfcclSuccess)
+	if (r == dfcclSuccess || qp_abandon(q, t))
 		return r;
-	/* Giving up: take the ticket out of its slot so that nobody writes into
-	 * it after we return. If another thread is harvesting it right now,
-	 * the entry did complete; wait the moment it takes to say so. */
-	struct qp_ticket *expected = t;
-	if (__atomic_compare_exchange_n(&q->tickets[c.slot], &expected, NULL, false, __ATOMIC_ACQ_REL,
-	                                __ATOMIC_ACQUIRE))
-		return r;
-	while (!__atomic_load_n(&t->done, __ATOMIC_ACQUIRE))
-		cpu_relax();
 	return dfcclSuccess;
 }
 

@@ -25,6 +25,7 @@
 #ifndef DFCCL_CLIENT_QP_H
 #define DFCCL_CLIENT_QP_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -73,6 +74,39 @@ dfcclResult_t qp_submit(struct qp *q, const struct dfccl_sqe *e, struct qp_ticke
 /* Waits for the entry of ticket t to complete; its DFCCL_CQ_* status is then
  * in t->status. */
 dfcclResult_t qp_wait(struct qp *q, struct qp_ticket *t);
+
+/* True once the entry of ticket t completed (its status is in t->status);
+ * never blocks. Reads the completion word, so it also frees the slot. */
+bool qp_test(struct qp *q, struct qp_ticket *t);
+
+/*
+ * Gives up on ticket t (its queue pair or connection died): after this the
+ * queue never writes into t. True if t was taken out of its slot before it
+ * completed; false if it completed meanwhile (t->status is then valid). An
+ * abandoned entry's slot is freed once the engine completes it anyway.
+ */
+bool qp_abandon(struct qp *q, struct qp_ticket *t);
+
+/*
+ * How every waiter of libdfccl waits: QP_SPINS polls with a pause, then
+ * sleeps that double from 1 us to 1 ms, so a waiter costs nothing on a
+ * machine with fewer cores than ranks. Start from QP_BACKOFF_INIT; start
+ * again after progress.
+ */
+struct qp_backoff {
+	unsigned spins;
+	uint64_t delay_ns;
+};
+
+#define QP_BACKOFF_INIT {0, 0}
+
+void qp_backoff_pause(struct qp_backoff *b);
+
+/* True once the spinning is over (a good time for slower checks). */
+bool qp_backoff_sleeping(const struct qp_backoff *b);
+
+/* Tells the supervisor this client is alive and polling. */
+void qp_heartbeat(struct qp *q);
 
 /* The result for a completion status of an entry of `opcode`; sets the last
  * error for every status but DFCCL_CQ_OK. */

@@ -23,8 +23,8 @@
 
 #include "client.h"
 #include "errors.h"
-
-#define EXIT_USAGE 2
+#include "tool.h"
+#include "topo_json.h"
 
 static const char usage[] =
     "Usage: dfcclctl [--socket PATH] [--json] COMMAND [OPTIONS]\n"
@@ -36,6 +36,8 @@ static const char usage[] =
     "  comms        communicators: ranks, members, state\n"
     "  queues       queue pairs: submitted, consumed, completed entries\n"
     "  stats        per-device engine counters\n"
+    "  topo         link matrix, the rings and trees in use, the algorithm selection table\n"
+    "               --dump       print only the model, as `dfccld --topology FILE` loads it\n"
     "  ping         round trip of NOP entries through a device's queue pair\n"
     "               --device N   the device (default 0)\n"
     "               --count K    how many NOPs (default 5)\n"
@@ -417,15 +419,21 @@ static const struct query_cmd query_cmds[] = {
     {"stats", DFCCL__V1__QUERY_KIND__QUERY_STATS, "stats", "devices", print_stats},
 };
 
-static dfcclResult_t run_query(struct client *c, const struct query_cmd *cmd, bool json, const char *socket_path)
+/* Sends one query; the caller releases *rep. */
+static dfcclResult_t query_send(struct client *c, Dfccl__V1__QueryKind kind, struct client_reply *rep)
 {
 	Dfccl__V1__Query query = DFCCL__V1__QUERY__INIT;
-	query.kind = cmd->kind;
+	query.kind = kind;
 	dfccl_envelope req = DFCCL__V1__ENVELOPE__INIT;
 	req.body_case = DFCCL__V1__ENVELOPE__BODY_QUERY;
 	req.query = &query;
+	return client_request(c, &req, NULL, 0, DFCCL__V1__ENVELOPE__BODY_QUERY_REPLY, rep);
+}
+
+static dfcclResult_t run_query(struct client *c, const struct query_cmd *cmd, bool json, const char *socket_path)
+{
 	struct client_reply rep;
-	dfcclResult_t r = client_request(c, &req, NULL, 0, DFCCL__V1__ENVELOPE__BODY_QUERY_REPLY, &rep);
+	dfcclResult_t r = query_send(c, cmd->kind, &rep);
 	if (r != dfcclSuccess)
 		return r;
 	const Dfccl__V1__QueryReply *q = rep.env->query_reply;
@@ -440,6 +448,140 @@ static dfcclResult_t run_query(struct client *c, const struct query_cmd *cmd, bo
 	} else {
 		cmd->print(q, socket_path);
 	}
+	client_reply_release(&rep);
+	return r;
+}
+
+/* ---------------------------------------------------------------- topo */
+
+/* The link matrix, like nvidia-smi topo -m, with each device's NUMA node
+ * and CPUs. */
+static void print_link_matrix(const struct topo_model *m)
+{
+	char label[16];
+	printf("%-7s", "");
+	for (unsigned j = 0; j < m->ndev; j++) {
+		snprintf(label, sizeof(label), "GPU%u", j);
+		printf("%-6s", label);
+	}
+	printf("NUMA  CPU AFFINITY\n");
+	for (unsigned i = 0; i < m->ndev; i++) {
+		snprintf(label, sizeof(label), "GPU%u", i);
+		printf("%-7s", label);
+		for (unsigned j = 0; j < m->ndev; j++) {
+			topo_link_label(topo_model_link(m, i, j), label, sizeof(label));
+			printf("%-6s", label);
+		}
+		if (m->dev[i].numa_node >= 0)
+			printf("%-6d", m->dev[i].numa_node);
+		else
+			printf("%-6s", "-");
+		printf("%s\n", m->dev[i].cpu_affinity[0] ? m->dev[i].cpu_affinity : "-");
+	}
+	printf("\nX = self, NV# = # NVLinks, NVS = NVLink through NVSwitch, PIX = one PCIe switch, PXB = several\n"
+	       "PCIe switches, PHB = a PCIe host bridge, NODE = host bridges of one NUMA node, SYS = across\n"
+	       "sockets, HOST = host engine (copies through host memory)\n");
+	for (unsigned i = 0; i < m->nnic; i++)
+		printf("NIC %s at %s, NUMA %d, %.1f GB/s\n", m->nic[i].name, m->nic[i].pci_bus_id, m->nic[i].numa_node,
+		       m->nic[i].bw_gbps);
+}
+
+/* The rings and trees of the document, one line each. */
+static void print_rings_trees(const json_t *doc)
+{
+	size_t i, k;
+	json_t *e, *x;
+	printf("\nRings (one per channel; slowest hop):\n");
+	json_array_foreach(json_object_get(doc, "rings"), i, e) {
+		printf("  %2zu:", i);
+		json_array_foreach(json_object_get(e, "order"), k, x)
+			printf(" %lld", (long long)json_integer_value(x));
+		printf("  (%g GB/s)\n", json_number_value(json_object_get(e, "bw_gbps")));
+	}
+	printf("\nTrees (child>parent at each level; slowest edge):\n");
+	json_array_foreach(json_object_get(doc, "trees"), i, e) {
+		json_t *parent = json_object_get(e, "parent"), *level = json_object_get(e, "level");
+		json_int_t height = json_integer_value(json_object_get(e, "height"));
+		printf("  %2zu: root %lld, height %lld:", i, (long long)json_integer_value(json_object_get(e, "root")),
+		       (long long)height);
+		for (json_int_t l = 1; l <= height; l++) {
+			printf(" [");
+			int first = 1;
+			json_array_foreach(level, k, x) {
+				if (json_integer_value(x) != l)
+					continue;
+				printf("%s%zu>%lld", first ? "" : " ", k, (long long)json_integer_value(json_array_get(parent, k)));
+				first = 0;
+			}
+			printf("]");
+		}
+		printf("  (%g GB/s)\n", json_number_value(json_object_get(e, "bw_gbps")));
+	}
+}
+
+/* The selection table's rows for the whole node (every rank count is in
+ * --json). */
+static void print_selection(const json_t *sel, json_int_t nranks)
+{
+	struct table t;
+	size_t i;
+	json_t *e;
+	char lo[32], hi[32];
+	printf("\nAlgorithm selection for %lld ranks (tuned entries marked *):\n", (long long)nranks);
+	table_start(&t, 4, "COLLECTIVE", "SIZES", "ALGORITHM", "CHANNELS");
+	json_array_foreach(json_object_get(sel, "entries"), i, e) {
+		if (json_integer_value(json_object_get(e, "nranks")) != nranks)
+			continue;
+		/* Ranges follow each other, so each says where it ends. */
+		json_t *max = json_object_get(e, "max_bytes");
+		json_int_t min = json_integer_value(json_object_get(e, "min_bytes"));
+		if (max)
+			format_bytes(hi, sizeof(hi), (uint64_t)json_integer_value(max));
+		else
+			format_bytes(lo, sizeof(lo), (uint64_t)(min > 0 ? min - 1 : 0));
+		table_cell(&t, "%s", json_string_value(json_object_get(e, "coll")));
+		table_cell(&t, "%s %s", max ? "up to" : "above", max ? hi : lo);
+		table_cell(&t, "%s%s", json_string_value(json_object_get(e, "algo")),
+		           json_is_true(json_object_get(e, "tuned")) ? " *" : "");
+		table_cell(&t, "%lld", (long long)json_integer_value(json_object_get(e, "channels")));
+	}
+	table_print_free(&t);
+}
+
+/* `topo`: the link matrix, rings, trees and selection table; --json the
+ * whole document; --dump the model alone, in the form --topology loads. */
+static dfcclResult_t run_topo(struct client *c, bool json, bool dump)
+{
+	struct client_reply rep;
+	dfcclResult_t r = query_send(c, DFCCL__V1__QUERY_KIND__QUERY_TOPOLOGY, &rep);
+	if (r != dfcclSuccess)
+		return r;
+	const char *text = rep.env->query_reply->topology_json;
+	char err[512];
+	json_error_t je;
+	json_t *doc = text && text[0] ? json_loads(text, 0, &je) : NULL;
+	struct topo_model *m = NULL;
+	if (!doc) {
+		r = errors_set(dfcclInternalError, "dfccld sent no topology document (a dfccld without topology support?)");
+	} else if (topo_json_from(doc, &m, err, sizeof(err)) < 0) {
+		r = errors_set(dfcclInternalError, "dfccld sent a topology model that does not load: %s", err);
+	} else if (dump) {
+		char *s = topo_json_dump(m);
+		if (s)
+			fputs(s, stdout);
+		free(s);
+	} else if (json) {
+		/* As the daemon wrote it: 0.8, not 0.80000000000000004. */
+		json_dumpf(doc, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
+		fputc('\n', stdout);
+	} else {
+		printf("Topology: %s, %u device%s\n\n", m->name[0] ? m->name : "(unnamed)", m->ndev, m->ndev == 1 ? "" : "s");
+		print_link_matrix(m);
+		print_rings_trees(doc);
+		print_selection(json_object_get(doc, "selection"), m->ndev);
+	}
+	topo_model_free(m);
+	json_decref(doc);
 	client_reply_release(&rep);
 	return r;
 }
@@ -503,18 +645,7 @@ static int usage_error(const char *fmt, ...)
 	vfprintf(stderr, fmt, ap);
 	va_end(ap);
 	fputs(" (see dfcclctl --help)\n", stderr);
-	return EXIT_USAGE;
-}
-
-static bool parse_long(const char *s, long lo, long hi, long *out)
-{
-	char *end;
-	errno = 0;
-	long v = strtol(s, &end, 10);
-	if (errno || end == s || *end || v < lo || v > hi)
-		return false;
-	*out = v;
-	return true;
+	return TOOL_EXIT_USAGE;
 }
 
 int main(int argc, char **argv)
@@ -523,10 +654,11 @@ int main(int argc, char **argv)
 	    {"socket", required_argument, NULL, 's'}, {"json", no_argument, NULL, 'j'},
 	    {"device", required_argument, NULL, 'd'}, {"count", required_argument, NULL, 'c'},
 	    {"help", no_argument, NULL, 'h'},         {"version", no_argument, NULL, 'V'},
+	    {"dump", no_argument, NULL, 'D'},
 	    {NULL, 0, NULL, 0},
 	};
 	const char *socket_path = client_socket_path();
-	bool json = false, ping_opts = false;
+	bool json = false, ping_opts = false, dump = false;
 	long device = 0, count = 5;
 	int opt;
 
@@ -536,15 +668,16 @@ int main(int argc, char **argv)
 		case 's': socket_path = optarg; break;
 		case 'j': json = true; break;
 		case 'd':
-			if (!parse_long(optarg, 0, INT32_MAX, &device))
+			if (!tool_parse_long(optarg, 0, INT32_MAX, &device))
 				return usage_error("--device takes a device index, not '%s'", optarg);
 			ping_opts = true;
 			break;
 		case 'c':
-			if (!parse_long(optarg, 1, 1000000, &count))
+			if (!tool_parse_long(optarg, 1, 1000000, &count))
 				return usage_error("--count takes a number from 1 to 1000000, not '%s'", optarg);
 			ping_opts = true;
 			break;
+		case 'D': dump = true; break;
 		case 'h': fputs(usage, stdout); return 0;
 		case 'V':
 			printf("dfcclctl %d.%d.%d (protocol %u..%u)\n", DFCCL_MAJOR, DFCCL_MINOR, DFCCL_PATCH,
@@ -564,16 +697,20 @@ int main(int argc, char **argv)
 	for (size_t i = 0; i < sizeof(query_cmds) / sizeof(query_cmds[0]); i++)
 		if (!strcmp(name, query_cmds[i].name))
 			cmd = &query_cmds[i];
-	bool ping = !strcmp(name, "ping");
-	if (!cmd && !ping)
+	bool ping = !strcmp(name, "ping"), topo = !strcmp(name, "topo");
+	if (!cmd && !ping && !topo)
 		return usage_error("unknown command '%s'", name);
 	if (ping_opts && !ping)
 		return usage_error("--device and --count go with ping");
+	if (dump && !topo)
+		return usage_error("--dump goes with topo");
 
 	struct client *c;
 	dfcclResult_t r = client_open(socket_path, "dfcclctl", &c);
 	if (r == dfcclSuccess) {
-		r = ping ? run_ping(c, (int)device, count, json) : run_query(c, cmd, json, socket_path);
+		r = ping ? run_ping(c, (int)device, count, json)
+		    : topo ? run_topo(c, json, dump)
+		           : run_query(c, cmd, json, socket_path);
 		client_unref(c);
 	}
 	if (r != dfcclSuccess) {

@@ -69,6 +69,25 @@ static int all_up(const Dfccl__V1__StatusInfo *st, void *arg)
 
 static int daemon_vstart(struct daemon_proc *d, const struct daemon_opts *o, unsigned ndev, va_list ap);
 
+int daemon_setup2(void **state)
+{
+	struct daemon_proc *d = calloc(1, sizeof(*d));
+	if (!d || daemon_start(d, 2, NULL) < 0) {
+		free(d);
+		return -1;
+	}
+	*state = d;
+	return 0;
+}
+
+int daemon_teardown(void **state)
+{
+	struct daemon_proc *d = *state;
+	int rc = daemon_stop(d);
+	free(d);
+	return rc == 0 ? 0 : -1;
+}
+
 int daemon_start(struct daemon_proc *d, unsigned ndev, ...)
 {
 	static const struct daemon_opts defaults = {0};

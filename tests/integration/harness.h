@@ -33,6 +33,11 @@ int daemon_start_with(struct daemon_proc *d, const struct daemon_opts *o, unsign
  * Returns 0 or -1 (and prints the daemon's log). */
 int daemon_start(struct daemon_proc *d, unsigned ndev, ...);
 
+/* CMocka fixtures: a daemon with 2 host devices in *state (a struct
+ * daemon_proc), and its stop (which fails the test unless it exits cleanly). */
+int daemon_setup2(void **state);
+int daemon_teardown(void **state);
+
 /* SIGTERM, wait up to 10 s; returns the exit status (or -1 if it had to be
  * killed). Removes the temporary directory. */
 int daemon_stop(struct daemon_proc *d);

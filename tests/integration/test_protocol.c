@@ -518,8 +518,8 @@ static void test_registered_range_checked_by_engine(void **state)
 	reserve(&m, 4);
 	for (uint64_t s = 1; s <= 4; s++)
 		arm(&m, s);
-	/* In range, and the engine does not execute collectives yet. */
-	assert_int_equal(wait_cw(&m, 1, 5000), DFCCL_CQ_NOT_SUPPORTED);
+	/* In range: it reaches the engine, which knows no communicator 1. */
+	assert_int_equal(wait_cw(&m, 1, 5000), DFCCL_CQ_BAD_COMM);
 	assert_int_equal(wait_cw(&m, 2, 5000), DFCCL_CQ_OUT_OF_RANGE);
 	assert_int_equal(wait_cw(&m, 3, 5000), DFCCL_CQ_OUT_OF_RANGE);
 	assert_int_equal(wait_cw(&m, 4, 5000), DFCCL_CQ_OUT_OF_RANGE);

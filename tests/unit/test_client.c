@@ -22,11 +22,13 @@
 
 #include "client.h"
 #include "coll.h"
+#include "comm.h"
 #include "dfccl.h"
 #include "errors.h"
 #include "mem.h"
 #include "qp.h"
 #include "queue.h"
+#include "req.h"
 #include "uniqueid.h"
 
 /* ---------------------------------------------------------------- results */
@@ -321,8 +323,9 @@ static void test_devices(void **state)
 #define TEST_SQ_ENTRIES 16u
 
 /* A queue pair mapped as the client maps it, with a thread in the role of
- * the engine: it completes every armed entry in order, NOPs with OK and
- * everything else with the status in `status`. */
+ * the engine: it completes every armed entry in order, NOPs with OK,
+ * entries with a user_tag with status user_tag - 1, and everything else
+ * with the status in `status`. */
 struct qp_fixture {
 	struct qp *q;
 	struct dfccl_qp_header *engine_view; /* the engine's own mapping of the region */
@@ -333,6 +336,9 @@ struct qp_fixture {
 	int status;     /* atomic */
 	int engine_on;  /* atomic: the engine thread completes entries */
 	pthread_t engine;
+	struct req_poller *reqs; /* a session's completion thread, for the req tests */
+	struct req_tracker t;    /* a communicator's tracker on it */
+	bool t_gone;             /* the test drained or orphaned t itself */
 };
 
 static void *fake_engine(void *arg)
@@ -353,7 +359,9 @@ static void *fake_engine(void *arg)
 			usleep(20);
 			continue;
 		}
-		uint32_t st = sq[slot].opcode == DFCCL_OP_NOP ? DFCCL_CQ_OK : (uint32_t)__atomic_load_n(&f->status, __ATOMIC_ACQUIRE);
+		uint32_t st = sq[slot].opcode == DFCCL_OP_NOP ? DFCCL_CQ_OK
+		              : sq[slot].user_tag   ? (uint32_t)(sq[slot].user_tag - 1)
+		                                    : (uint32_t)__atomic_load_n(&f->status, __ATOMIC_ACQUIRE);
 		__atomic_store_n(&cw[slot], DFCCL_CW_MAKE(head, st), __ATOMIC_RELEASE);
 		head++;
 		__atomic_store_n(&h->sq_head, head, __ATOMIC_RELEASE);
@@ -377,6 +385,8 @@ static int qp_setup(void **state)
 	assert_int_equal(f->q->entries, TEST_SQ_ENTRIES);
 	assert_int_equal(f->q->qp_id, 5);
 	assert_int_equal(pthread_create(&f->engine, NULL, fake_engine, f), 0);
+	assert_int_equal(req_poller_new(&f->reqs), dfcclSuccess);
+	req_tracker_init(&f->t, f->reqs);
 	*state = f;
 	return 0;
 }
@@ -384,6 +394,9 @@ static int qp_setup(void **state)
 static int qp_teardown(void **state)
 {
 	struct qp_fixture *f = *state;
+	if (!f->t_gone)
+		req_tracker_drain(&f->t);
+	req_poller_free(f->reqs);
 	__atomic_store_n(&f->stop, 1, __ATOMIC_RELEASE);
 	pthread_join(f->engine, NULL);
 	qp_free(f->q);
@@ -537,6 +550,259 @@ static void test_qp_dead_and_lost(void **state)
 	assert_non_null(strstr(dfcclGetLastError(NULL), "lost the connection to dfccld"));
 }
 
+/* ---------------------------------------------------------------- outstanding entries */
+
+/* An entry the fake engine completes with `status`. */
+static struct dfccl_sqe sqe_status(uint32_t status)
+{
+	struct dfccl_sqe e = sqe_of(DFCCL_OP_ALLREDUCE);
+	e.user_tag = status + 1;
+	return e;
+}
+
+static struct req *submit_one(struct qp_fixture *f, struct req_tracker *t, uint32_t status, dfcclCallback_t cb,
+                              void *arg, bool handle)
+{
+	struct dfccl_sqe e = sqe_status(status);
+	struct req *r = req_new(DFCCL_OP_ALLREDUCE, cb, arg, handle);
+	assert_non_null(r);
+	assert_int_equal(req_submit(t, f->q, &e, r), dfcclSuccess);
+	return r;
+}
+
+static void engine_pause(struct qp_fixture *f, int on)
+{
+	__atomic_store_n(&f->engine_on, on, __ATOMIC_RELEASE);
+	if (!on)
+		usleep(2000); /* let a turn of the engine in progress finish */
+}
+
+static void test_req_wait_and_test(void **state)
+{
+	struct qp_fixture *f = *state;
+	struct req_tracker *t = &f->t;
+
+	engine_pause(f, 0);
+	struct req *a = submit_one(f, t, DFCCL_CQ_OK, NULL, NULL, true);
+	struct req *b = submit_one(f, t, DFCCL_CQ_TIMEOUT, NULL, NULL, true);
+	int done = 1;
+	assert_int_equal(dfcclTest((dfcclRequest_t)a, &done), dfcclSuccess);
+	assert_int_equal(done, 0);
+	assert_int_equal(dfcclCommQuery(NULL), dfcclInvalidArgument);
+	assert_int_equal(req_tracker_sync(t, false), dfcclInProgress);
+	engine_pause(f, 1);
+	do
+		assert_int_equal(dfcclTest((dfcclRequest_t)a, &done), dfcclSuccess);
+	while (!done);
+	assert_int_equal(dfcclWait((dfcclRequest_t)b), dfcclTimeout);
+	assert_non_null(strstr(dfcclGetLastError(NULL), "AllReduce failed: the collective timed out"));
+	/* The tracker saw the failure too, once. */
+	assert_int_equal(req_tracker_sync(t, true), dfcclTimeout);
+	assert_int_equal(req_tracker_sync(t, true), dfcclSuccess);
+	req_tracker_drain(t);
+	f->t_gone = true;
+}
+
+static void test_req_sync_first_error(void **state)
+{
+	struct qp_fixture *f = *state;
+	struct req_tracker *t = &f->t;
+
+	/* Asynchronous entries nobody holds a handle of: the tracker reports
+	 * the first failure among everything submitted before the call. */
+	engine_pause(f, 0);
+	submit_one(f, t, DFCCL_CQ_OK, NULL, NULL, false);
+	submit_one(f, t, DFCCL_CQ_ABORTED, NULL, NULL, false);
+	submit_one(f, t, DFCCL_CQ_PEER_LOST, NULL, NULL, false);
+	assert_int_equal(req_tracker_sync(t, false), dfcclInProgress);
+	engine_pause(f, 1);
+	assert_int_equal(req_tracker_sync(t, true), dfcclAborted);
+	assert_non_null(strstr(dfcclGetLastError(NULL), "the communicator was aborted"));
+	assert_int_equal(req_tracker_sync(t, false), dfcclSuccess);
+
+	/* Many more entries than the queue has slots, never waited for one by
+	 * one: submitters reap the completed ones, so none is kept. */
+	for (int i = 0; i < 5 * (int)TEST_SQ_ENTRIES; i++)
+		submit_one(f, t, DFCCL_CQ_OK, NULL, NULL, false);
+	assert_int_equal(req_tracker_sync(t, true), dfcclSuccess);
+	assert_null(t->head);
+	req_tracker_drain(t);
+	f->t_gone = true;
+}
+
+struct cb_state {
+	struct qp_fixture *f;
+	struct req_tracker *t;
+	int calls;            /* atomic */
+	int errors;           /* atomic */
+	int resubmit;         /* atomic: submit one more entry from the callback */
+	pthread_t thread;
+	int other_thread;     /* atomic: a callback ran on another thread than the first */
+};
+
+static void on_done(dfcclResult_t result, void *arg)
+{
+	struct cb_state *s = arg;
+	if (__atomic_add_fetch(&s->calls, 1, __ATOMIC_ACQ_REL) == 1)
+		s->thread = pthread_self();
+	else if (!pthread_equal(s->thread, pthread_self()))
+		__atomic_store_n(&s->other_thread, 1, __ATOMIC_RELEASE);
+	if (result != dfcclSuccess)
+		__atomic_add_fetch(&s->errors, 1, __ATOMIC_RELAXED);
+	/* No lock is held here: submitting on the same tracker must work. */
+	if (__atomic_exchange_n(&s->resubmit, 0, __ATOMIC_ACQ_REL))
+		submit_one(s->f, s->t, DFCCL_CQ_OK, on_done, s, false);
+}
+
+static void wait_calls(struct cb_state *s, int n)
+{
+	for (int i = 0; i < 5000 && __atomic_load_n(&s->calls, __ATOMIC_ACQUIRE) < n; i++)
+		usleep(1000);
+	assert_int_equal(__atomic_load_n(&s->calls, __ATOMIC_ACQUIRE), n);
+}
+
+static void test_req_callbacks(void **state)
+{
+	struct qp_fixture *f = *state;
+	struct req_tracker *t = &f->t;
+	struct cb_state s = {.f = f, .t = t, .resubmit = 1};
+
+	for (int i = 0; i < 10; i++)
+		submit_one(f, t, i == 3 ? DFCCL_CQ_BAD_REG : DFCCL_CQ_OK, on_done, &s, false);
+	wait_calls(&s, 11);
+	assert_int_equal(s.errors, 1);
+	/* Every callback ran on the library's completion thread. */
+	assert_false(pthread_equal(s.thread, pthread_self()));
+	assert_int_equal(s.other_thread, 0);
+
+	/* A request with a callback: both report, independently. */
+	struct req *r = submit_one(f, t, DFCCL_CQ_OK, on_done, &s, true);
+	assert_int_equal(dfcclWait((dfcclRequest_t)r), dfcclSuccess);
+	wait_calls(&s, 12);
+	/* Drain waits for the callbacks of the tracker's entries too. */
+	engine_pause(f, 0);
+	submit_one(f, t, DFCCL_CQ_OK, on_done, &s, false);
+	engine_pause(f, 1);
+	req_tracker_drain(t);
+	assert_int_equal(s.calls, 13);
+}
+
+static void test_req_connection_lost(void **state)
+{
+	struct qp_fixture *f = *state;
+	struct req_tracker *t = &f->t;
+	struct cb_state s = {.f = f, .t = t};
+
+	/* The engine never answers and the daemon goes away: the library fails
+	 * every outstanding entry itself. */
+	engine_pause(f, 0);
+	struct req *r = submit_one(f, t, DFCCL_CQ_OK, NULL, NULL, true);
+	submit_one(f, t, DFCCL_CQ_OK, on_done, &s, false);
+	submit_one(f, t, DFCCL_CQ_OK, NULL, NULL, false);
+	__atomic_store_n(&f->lost, 1, __ATOMIC_RELEASE);
+	assert_int_equal(dfcclWait((dfcclRequest_t)r), dfcclDaemonUnavailable);
+	assert_non_null(strstr(dfcclGetLastError(NULL), "AllReduce did not complete: lost the connection"));
+	wait_calls(&s, 1);
+	assert_int_equal(s.errors, 1);
+	assert_int_equal(req_tracker_sync(t, true), dfcclDaemonUnavailable);
+	req_tracker_drain(t);
+	f->t_gone = true;
+
+	/* The abandoned entries' slots come back once the engine completes
+	 * them anyway: a full lap more of submissions does not block. */
+	__atomic_store_n(&f->lost, 0, __ATOMIC_RELEASE);
+	engine_pause(f, 1);
+	struct dfccl_sqe e = sqe_of(DFCCL_OP_NOP);
+	for (int i = 0; i < 2 * (int)TEST_SQ_ENTRIES; i++)
+		assert_int_equal(qp_run(f->q, &e), dfcclSuccess);
+}
+
+static void test_req_orphans(void **state)
+{
+	struct qp_fixture *f = *state;
+	struct req_tracker *t = &f->t;
+	struct cb_state s = {.f = f, .t = t};
+
+	/* An aborted communicator hands its entries to the session, which
+	 * reaps them when they complete; their requests stay valid. */
+	engine_pause(f, 0);
+	struct req *r = submit_one(f, t, DFCCL_CQ_ABORTED, NULL, NULL, true);
+	submit_one(f, t, DFCCL_CQ_ABORTED, NULL, NULL, false);
+	submit_one(f, t, DFCCL_CQ_ABORTED, on_done, &s, false);
+	req_tracker_orphan(t);
+	f->t_gone = true;
+	engine_pause(f, 1);
+	assert_int_equal(dfcclWait((dfcclRequest_t)r), dfcclAborted);
+	wait_calls(&s, 1);
+	for (int i = 0; i < 2 * (int)TEST_SQ_ENTRIES; i++)
+		assert_int_equal(qp_run(f->q, &(struct dfccl_sqe){.opcode = DFCCL_OP_NOP}), dfcclSuccess);
+}
+
+static void test_comm_keys(void **state)
+{
+	/* Separate counters: collectives per communicator, sends and receives
+	 * per peer and direction. */
+	struct dfcclComm *c = calloc(1, sizeof(*c));
+	c->nranks = 4;
+	c->p2p_seq = calloc(8, sizeof(uint64_t));
+	assert_int_equal(comm_next_seq(c, DFCCL_OP_ALLREDUCE, 0), 1);
+	assert_int_equal(comm_next_seq(c, DFCCL_OP_SEND, 1), 1);
+	assert_int_equal(comm_next_seq(c, DFCCL_OP_SEND, 1), 2);
+	assert_int_equal(comm_next_seq(c, DFCCL_OP_RECV, 1), 1);
+	assert_int_equal(comm_next_seq(c, DFCCL_OP_SEND, 3), 1);
+	assert_int_equal(comm_next_seq(c, DFCCL_OP_RECV, 3), 1);
+	assert_int_equal(comm_next_seq(c, DFCCL_OP_BROADCAST, 2), 2);
+	assert_int_equal(comm_next_seq(c, DFCCL_OP_RECV, 1), 2);
+	assert_int_equal(comm_next_seq(c, DFCCL_OP_ALLGATHER, 0), 3);
+	free(c->p2p_seq);
+	free(c);
+}
+
+static void test_registered_arguments(void **state)
+{
+	dfcclCollDesc_t d = {dfcclCollAllReduce, 16, dfcclFloat32, dfcclSum, 0, 0};
+	struct dfcclComm *c = calloc(1, sizeof(*c));
+	c->nranks = 2;
+	pthread_mutex_init(&c->lock, NULL);
+	assert_int_equal(dfcclRegisterCollective(NULL, 0, &d), dfcclInvalidArgument);
+	assert_int_equal(dfcclRegisterCollective(c, -1, &d), dfcclInvalidArgument);
+	assert_int_equal(dfcclRegisterCollective(c, DFCCL_MAX_COLL_ID, &d), dfcclInvalidArgument);
+	assert_non_null(strstr(dfcclGetLastError(NULL), "collId 256 is outside 0..255"));
+	assert_int_equal(dfcclRegisterCollective(c, 0, NULL), dfcclInvalidArgument);
+	d.type = dfcclNumCollTypes;
+	assert_int_equal(dfcclRegisterCollective(c, 0, &d), dfcclInvalidArgument);
+	d.type = dfcclCollReduce;
+	d.root = 2;
+	assert_int_equal(dfcclRegisterCollective(c, 0, &d), dfcclInvalidArgument);
+	assert_non_null(strstr(dfcclGetLastError(NULL), "root 2 is outside 0..1"));
+	d.root = 1;
+	d.op = dfcclNumOps;
+	assert_int_equal(dfcclRegisterCollective(c, 0, &d), dfcclInvalidArgument);
+	d.op = dfcclAvg;
+	d.count = 0;
+	assert_int_equal(dfcclRegisterCollective(c, 0, &d), dfcclInvalidArgument);
+	d.count = 16;
+	assert_int_equal(dfcclRegisterCollective(c, 7, &d), dfcclSuccess);
+	assert_int_equal(dfcclRegisterCollective(c, 7, &d), dfcclInvalidUsage);
+	assert_int_equal(dfcclDeregisterCollective(c, 7), dfcclSuccess);
+	assert_int_equal(dfcclDeregisterCollective(c, 7), dfcclInvalidArgument);
+	assert_int_equal(dfcclRunCollective(c, 7, NULL, NULL, NULL, NULL, NULL), dfcclInvalidArgument);
+	assert_non_null(strstr(dfcclGetLastError(NULL), "collId 7 is not registered"));
+	assert_int_equal(dfcclWait(NULL), dfcclInvalidArgument);
+	int done;
+	assert_int_equal(dfcclTest(NULL, &done), dfcclInvalidArgument);
+	pthread_mutex_destroy(&c->lock);
+	free(c);
+}
+
+static void test_stream_and_alltoall_arguments(void **state)
+{
+	int buf[4] = {0};
+	assert_int_equal(dfcclAllReduce(buf, buf, 4, dfcclInt, dfcclSum, NULL, NULL), dfcclInvalidArgument);
+	assert_int_equal(dfcclAllToAll(buf, buf, 1, dfcclInt, NULL, NULL), dfcclInvalidArgument);
+	assert_int_equal(dfcclCommSynchronize(NULL), dfcclInvalidArgument);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -559,6 +825,14 @@ int main(void)
 	    cmocka_unit_test_setup_teardown(test_qp_more_than_a_lap, qp_setup, qp_teardown),
 	    cmocka_unit_test_setup_teardown(test_qp_threads, qp_setup, qp_teardown),
 	    cmocka_unit_test_setup_teardown(test_qp_dead_and_lost, qp_setup, qp_teardown),
+	    cmocka_unit_test_setup_teardown(test_req_wait_and_test, qp_setup, qp_teardown),
+	    cmocka_unit_test_setup_teardown(test_req_sync_first_error, qp_setup, qp_teardown),
+	    cmocka_unit_test_setup_teardown(test_req_callbacks, qp_setup, qp_teardown),
+	    cmocka_unit_test_setup_teardown(test_req_connection_lost, qp_setup, qp_teardown),
+	    cmocka_unit_test_setup_teardown(test_req_orphans, qp_setup, qp_teardown),
+	    cmocka_unit_test(test_comm_keys),
+	    cmocka_unit_test(test_registered_arguments),
+	    cmocka_unit_test(test_stream_and_alltoall_arguments),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,568 @@
+/*
+ * See host_coll.h. The steps of a task, in order:
+ *
+ *   collectives: SLOT (wait until the slot's previous instance is finished
+ *   everywhere, then post) -> POSTS (wait for every rank's post, check them)
+ *   -> WORK1 -> [allreduce: SYNC1 (wait until every rank finished phase 1)
+ *   -> WORK2] -> FINISH (store done, wait until every rank has).
+ *   send: BOX_FREE (wait until the receiver acknowledged the mailbox's
+ *   previous message, then post) -> BOX_ACK (wait for the acknowledgement).
+ *   recv: BOX_KEY (wait for the sender's post, check it) -> WORK1 (copy,
+ *   then acknowledge).
+ *
+ * Every wait is one predicate, "word >= target" over one word or over the
+ * same word of every rank's post, so one spin loop serves them all. Words
+ * in the regions only grow while an instance is in flight, so a rank seen
+ * ready stays ready and a wait resumes at the first rank it has not seen.
+ *
+ * Memory ordering: a rank's stores of data and post fields happen before
+ * its release store of the word that announces them (key, progress, done,
+ * ack), and a reader acquires that word before it reads them. The release
+ * store of `done` also orders the reads of peers' buffers before it, so a
+ * peer that acquires it may let its client reuse the buffers.
+ */
+#include "host_coll.h"
+
+#include <stdatomic.h>
+#include <string.h>
+
+#include "reduce.h"
+
+#define A64(p) ((_Atomic uint64_t *)(p))
+
+enum coll_step {
+	STEP_SLOT = 0,
+	STEP_POSTS,
+	STEP_WORK1,
+	STEP_SYNC1,
+	STEP_WORK2,
+	STEP_FINISH,
+	STEP_BOX_FREE,
+	STEP_BOX_ACK,
+	STEP_BOX_KEY,
+};
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#elif defined(__aarch64__)
+	__asm__ __volatile__("yield");
+#endif
+}
+
+static inline uint64_t load_acq(const uint64_t *p)
+{
+	return atomic_load_explicit(A64(p), memory_order_acquire);
+}
+
+static inline void store_rel(uint64_t *p, uint64_t v)
+{
+	atomic_store_explicit(A64(p), v, memory_order_release);
+}
+
+/* ------------------------------------------------------------------ buffers */
+
+/*
+ * Bytes of the send and receive buffers a rank uses in a collective (0: it
+ * uses none). Returns -1 when the sizes overflow.
+ */
+static int coll_sizes(uint8_t opcode, uint64_t count, unsigned dsize, uint32_t nranks, int is_root,
+                      uint64_t *send, uint64_t *recv)
+{
+	if (count > UINT64_MAX / dsize / nranks)
+		return -1;
+	uint64_t one = count * dsize, all = one * nranks;
+	switch (opcode) {
+	case DFCCL_OP_ALLREDUCE: *send = one, *recv = one; break;
+	case DFCCL_OP_ALLGATHER: *send = one, *recv = all; break;
+	case DFCCL_OP_REDUCESCATTER: *send = all, *recv = one; break;
+	case DFCCL_OP_BROADCAST: *send = is_root ? one : 0, *recv = one; break;
+	case DFCCL_OP_REDUCE: *send = one, *recv = is_root ? one : 0; break;
+	case DFCCL_OP_SEND: *send = one, *recv = 0; break;
+	case DFCCL_OP_RECV: *send = 0, *recv = one; break;
+	default: return -1;
+	}
+	return 0;
+}
+
+/*
+ * The address of [off, off + bytes) of registration reg_id, which must
+ * belong to `session` and be mapped here. bytes == 0 needs nothing (NULL).
+ * Serves the entry's own check and every read of a peer's post: a post is
+ * written by another worker and is checked as carefully as an entry.
+ */
+static uint32_t coll_resolve(const struct host_coll_env *env, uint32_t reg_id, uint64_t session, uint64_t off,
+                             uint64_t bytes, char **out)
+{
+	*out = NULL;
+	if (bytes == 0)
+		return DFCCL_CQ_OK;
+	const struct sq_reg *r = reg_id ? env->reg_lookup(env->reg_ctx, reg_id) : NULL;
+	if (!r || r->session_id != session || !r->base)
+		return DFCCL_CQ_BAD_REG;
+	if (off > r->size || bytes > r->size - off)
+		return DFCCL_CQ_OUT_OF_RANGE;
+	*out = (char *)r->base + off;
+	return DFCCL_CQ_OK;
+}
+
+static int coll_is_p2p(uint8_t opcode)
+{
+	return opcode == DFCCL_OP_SEND || opcode == DFCCL_OP_RECV;
+}
+
+static int coll_has_root(uint8_t opcode)
+{
+	return opcode == DFCCL_OP_BROADCAST || opcode == DFCCL_OP_REDUCE;
+}
+
+uint32_t host_coll_check(const struct host_coll_env *env, const struct host_comm *c, const struct sq_queue *q,
+                         const struct dfccl_sqe *e)
+{
+	if (e->rank >= c->nranks || c->members[e->rank].session_id != q->session_id ||
+	    c->members[e->rank].device != env->device)
+		return DFCCL_CQ_BAD_COMM;
+	if (e->opcode == DFCCL_OP_NOP || e->opcode >= DFCCL_OP_COUNT_)
+		return DFCCL_CQ_BAD_OPCODE;
+	unsigned dsize = sq_dtype_size(e->dtype);
+	if (!dsize)
+		return DFCCL_CQ_BAD_DTYPE;
+	if (e->comm_seq == 0)
+		return DFCCL_CQ_BAD_ENTRY;
+	if (coll_is_p2p(e->opcode) && (e->peer >= c->nranks || e->peer == e->rank || (e->flags & DFCCL_SQE_F_REGISTERED)))
+		return DFCCL_CQ_BAD_ENTRY;
+	if (coll_has_root(e->opcode) && e->peer >= c->nranks)
+		return DFCCL_CQ_BAD_ENTRY;
+	if ((e->flags & DFCCL_SQE_F_REGISTERED) && e->coll_id >= DFCCL_COMM_MAX_COLLS)
+		return DFCCL_CQ_BAD_ENTRY;
+	uint64_t sbytes, rbytes;
+	if (coll_sizes(e->opcode, e->count, dsize, c->nranks, e->peer == e->rank, &sbytes, &rbytes) < 0)
+		return DFCCL_CQ_OUT_OF_RANGE;
+	char *p;
+	uint32_t st = coll_resolve(env, e->send_reg, q->session_id, e->send_off, sbytes, &p);
+	if (st == DFCCL_CQ_OK)
+		st = coll_resolve(env, e->recv_reg, q->session_id, e->recv_off, rbytes, &p);
+	return st;
+}
+
+void host_coll_init(struct host_task *t, struct host_comm *c, struct sq_queue *q, const struct dfccl_sqe *e)
+{
+	memset(t, 0, sizeof(*t));
+	t->q = q;
+	t->comm = c;
+	t->seq = e->seq;
+	t->key = e->comm_seq;
+	t->count = e->count;
+	t->send_off = e->send_off;
+	t->recv_off = e->recv_off;
+	t->send_reg = e->send_reg;
+	t->recv_reg = e->recv_reg;
+	t->rank = e->rank;
+	t->peer = e->peer;
+	t->dsize = sq_dtype_size(e->dtype);
+	t->opcode = e->opcode;
+	t->dtype = e->dtype;
+	t->redop = e->redop;
+	uint32_t n = c->nranks;
+	uint64_t nslots;
+	if (coll_is_p2p(e->opcode)) {
+		int sending = e->opcode == DFCCL_OP_SEND;
+		t->box = dfccl_comm_box(c->hdr, n, sending ? e->rank : e->peer, sending ? e->peer : e->rank, t->key);
+		t->step = sending ? STEP_BOX_FREE : STEP_BOX_KEY;
+		nslots = DFCCL_COMM_P2P_SLOTS;
+	} else if (e->flags & DFCCL_SQE_F_REGISTERED) {
+		t->posts = dfccl_comm_reg_post(c->hdr, n, e->coll_id, t->key, 0);
+		t->step = STEP_SLOT;
+		nslots = DFCCL_COMM_COLL_SLOTS;
+	} else {
+		t->posts = dfccl_comm_post(c->hdr, n, t->key, 0);
+		t->step = STEP_SLOT;
+		nslots = DFCCL_COMM_SLOTS;
+	}
+	t->slot_free = t->key > nslots ? t->key - nslots : 0;
+}
+
+/* ------------------------------------------------------------------ aborts */
+
+uint32_t host_comm_aborted(const struct host_comm *c)
+{
+	if (c->abort_status)
+		return c->abort_status;
+	uint64_t v = load_acq(&c->hdr->aborted);
+	if (v == 0)
+		return DFCCL_CQ_OK;
+	/* Whoever wrote the word meant an abort; a value that is no status
+	 * still fails the tasks, with the generic one. */
+	return v < DFCCL_CQ_STATUS_COUNT_ ? (uint32_t)v : DFCCL_CQ_ABORTED;
+}
+
+void host_comm_fail(struct host_comm *c, uint32_t status)
+{
+	uint64_t expected = 0;
+	atomic_compare_exchange_strong_explicit(A64(&c->hdr->aborted), &expected, status, memory_order_acq_rel,
+	                                        memory_order_acquire);
+}
+
+/* ------------------------------------------------------------------ waits */
+
+/* The predicate of the wait at t's step: word(r) >= target for r < n. */
+struct coll_cond {
+	const uint64_t *word; /* rank 0's word */
+	size_t stride;        /* words between two ranks' words */
+	uint32_t n;
+	uint64_t target;
+};
+
+static struct coll_cond coll_cond_of(const struct host_task *t)
+{
+	const size_t post_words = sizeof(struct dfccl_rank_post) / sizeof(uint64_t);
+	struct coll_cond w = {.stride = post_words, .n = t->comm->nranks};
+	switch (t->step) {
+	case STEP_SLOT: w.word = &t->posts[0].done, w.target = t->slot_free; break;
+	case STEP_POSTS: w.word = &t->posts[0].key, w.target = t->key; break;
+	case STEP_SYNC1: w.word = &t->posts[0].progress, w.target = DFCCL_PROGRESS(t->key, 1); break;
+	case STEP_FINISH: w.word = &t->posts[0].done, w.target = t->key; break;
+	case STEP_BOX_FREE: w.word = &t->box->ack, w.n = 1, w.target = t->slot_free; break;
+	case STEP_BOX_ACK: w.word = &t->box->ack, w.n = 1, w.target = t->key; break;
+	default: /* STEP_BOX_KEY */ w.word = &t->box->key, w.n = 1, w.target = t->key; break;
+	}
+	return w;
+}
+
+static int coll_ready(struct host_task *t, const struct coll_cond *w)
+{
+	for (uint32_t r = t->wait_rank; r < w->n; r++) {
+		if (load_acq(w->word + r * w->stride) < w->target) {
+			t->wait_rank = r;
+			return 0;
+		}
+	}
+	t->wait_rank = 0;
+	return 1;
+}
+
+/*
+ * Two-phase blocking: polls the wait of t's step up to its threshold.
+ * Returns 1 when the peers are ready, 0 when the task is preempted, or
+ * -status when its communicator was aborted.
+ */
+static int coll_wait(const struct host_coll_env *env, struct host_task *t, uint32_t position, struct sched_state *s)
+{
+	struct coll_cond w = coll_cond_of(t);
+	uint32_t threshold = sched_threshold(env->params, position, s);
+	uint64_t spins = 0;
+	int rc;
+	for (;;) {
+		uint32_t ab = host_comm_aborted(t->comm);
+		if (ab) {
+			rc = -(int)ab;
+			break;
+		}
+		if (coll_ready(t, &w)) {
+			rc = 1;
+			break;
+		}
+		if (spins >= threshold) {
+			rc = 0;
+			break;
+		}
+		spins++;
+		cpu_relax();
+	}
+	/* One shared-page update per wait, not per poll. */
+	if (spins)
+		atomic_fetch_add_explicit(A64(&env->stats->spins), spins, memory_order_relaxed);
+	if (rc == 0) {
+		atomic_fetch_add_explicit(A64(&env->stats->preemptions), 1, memory_order_relaxed);
+		sched_on_preempt(s);
+	} else if (rc == 1) {
+		sched_on_progress(env->params, s);
+	}
+	return rc;
+}
+
+/* ------------------------------------------------------------------ posts */
+
+static void coll_post(struct host_task *t)
+{
+	struct dfccl_rank_post *p = &t->posts[t->rank];
+	p->send_off = t->send_off;
+	p->recv_off = t->recv_off;
+	p->count = t->count;
+	p->send_reg = t->send_reg;
+	p->recv_reg = t->recv_reg;
+	store_rel(&p->key, t->key);
+}
+
+static void box_post(struct host_task *t)
+{
+	struct dfccl_p2p_box *b = t->box;
+	b->send_off = t->send_off;
+	b->count = t->count;
+	b->send_reg = t->send_reg;
+	b->dtype = t->dtype;
+	store_rel(&b->key, t->key);
+}
+
+/* Every rank's buffers, as this process maps them. */
+struct coll_bufs {
+	char *send[DFCCL_COMM_MAX_RANKS];
+	char *recv[DFCCL_COMM_MAX_RANKS];
+};
+
+/*
+ * Resolves the buffers of the task's instance, from the posts (collectives)
+ * or from the mailbox and the task (receive). Runs on every visit that
+ * moves data, so a registration dropped since the last visit is noticed
+ * before it is touched. Returns DFCCL_CQ_OK or the status to fail with.
+ */
+static uint32_t coll_bufs_get(const struct host_coll_env *env, const struct host_task *t, struct coll_bufs *b)
+{
+	const struct host_comm *c = t->comm;
+	uint32_t n = c->nranks;
+	uint64_t sbytes, rbytes;
+	uint32_t st;
+	if (t->opcode == DFCCL_OP_RECV) {
+		const struct dfccl_p2p_box *x = t->box;
+		if (load_acq(&x->key) != t->key || x->count != t->count || x->dtype != t->dtype)
+			return DFCCL_CQ_BAD_ENTRY;
+		uint64_t bytes = t->count * t->dsize;
+		st = coll_resolve(env, x->send_reg, c->members[t->peer].session_id, x->send_off, bytes, &b->send[0]);
+		if (st == DFCCL_CQ_OK)
+			st = coll_resolve(env, t->recv_reg, t->q->session_id, t->recv_off, bytes, &b->recv[0]);
+		return st;
+	}
+	for (uint32_t r = 0; r < n; r++) {
+		const struct dfccl_rank_post *p = &t->posts[r];
+		/* A post of another instance, or of another count, means the ranks
+		 * disagree about this collective: nothing sensible can be done. */
+		if (load_acq(&p->key) != t->key || p->count != t->count)
+			return DFCCL_CQ_BAD_ENTRY;
+		if (coll_sizes(t->opcode, t->count, t->dsize, n, r == t->peer, &sbytes, &rbytes) < 0)
+			return DFCCL_CQ_OUT_OF_RANGE;
+		uint64_t session = c->members[r].session_id;
+		st = coll_resolve(env, p->send_reg, session, p->send_off, sbytes, &b->send[r]);
+		if (st == DFCCL_CQ_OK)
+			st = coll_resolve(env, p->recv_reg, session, p->recv_off, rbytes, &b->recv[r]);
+		if (st != DFCCL_CQ_OK)
+			return st;
+	}
+	return DFCCL_CQ_OK;
+}
+
+/* ------------------------------------------------------------------ data */
+
+/* First element of allreduce chunk i (of n over count elements). */
+static uint64_t chunk_lo(const struct host_task *t, uint32_t i)
+{
+	return (uint64_t)i * t->count / t->comm->nranks;
+}
+
+/* The rank whose allreduce chunk holds element i. */
+static uint32_t chunk_owner(const struct host_task *t, uint64_t i)
+{
+	uint32_t n = t->comm->nranks;
+	uint32_t o = (uint32_t)(i * n / t->count);
+	while (o + 1 < n && chunk_lo(t, o + 1) <= i)
+		o++;
+	while (chunk_lo(t, o) > i)
+		o--;
+	return o;
+}
+
+static void copy_elems(char *dst, const char *src, uint64_t elems, uint32_t dsize)
+{
+	/* In-place ranks name the same bytes as source and destination. */
+	if (dst != src)
+		memmove(dst, src, elems * dsize);
+}
+
+static void reduce_elems(const struct host_task *t, char *dst, char *const *srcs, uint64_t src_off, uint64_t elems)
+{
+	uint32_t n = t->comm->nranks;
+	const void *at[DFCCL_COMM_MAX_RANKS];
+	for (uint32_t r = 0; r < n; r++)
+		at[r] = srcs[r] + src_off * t->dsize;
+	reduce_into(dst, at, n, elems, t->dtype, t->redop, n);
+}
+
+/* Elements of the current data step of t. */
+static uint64_t work_total(const struct host_task *t)
+{
+	uint32_t n = t->comm->nranks;
+	switch (t->opcode) {
+	case DFCCL_OP_ALLREDUCE:
+		return t->step == STEP_WORK1 ? chunk_lo(t, t->rank + 1) - chunk_lo(t, t->rank) : t->count;
+	case DFCCL_OP_ALLGATHER: return t->count * n;
+	case DFCCL_OP_REDUCE: return t->rank == t->peer ? t->count : 0;
+	default: return t->count;
+	}
+}
+
+/*
+ * Does up to `max` elements of the current data step from element `pos`;
+ * returns how many elements it moved past (some steps skip whole ranges)
+ * and the bytes it wrote in *bytes.
+ */
+static uint64_t work_piece(const struct host_task *t, const struct coll_bufs *b, uint64_t pos, uint64_t max,
+                           uint64_t *bytes)
+{
+	uint32_t r = t->rank, ds = t->dsize;
+	uint64_t m = max, lo;
+	*bytes = 0;
+	switch (t->opcode) {
+	case DFCCL_OP_ALLREDUCE:
+		if (t->step == STEP_WORK1) {
+			lo = chunk_lo(t, r) + pos;
+			reduce_elems(t, b->recv[r] + lo * ds, b->send, lo, m);
+			break;
+		}
+		uint32_t o = chunk_owner(t, pos);
+		uint64_t end = chunk_lo(t, o + 1);
+		if (m > end - pos)
+			m = end - pos;
+		if (o == r)
+			return m; /* our own chunk is final since phase 1 */
+		copy_elems(b->recv[r] + pos * ds, b->recv[o] + pos * ds, m, ds);
+		break;
+	case DFCCL_OP_ALLGATHER: {
+		uint64_t s = pos / t->count, i = pos % t->count;
+		if (m > t->count - i)
+			m = t->count - i;
+		copy_elems(b->recv[r] + (s * t->count + i) * ds, b->send[s] + i * ds, m, ds);
+		break;
+	}
+	case DFCCL_OP_REDUCESCATTER:
+		reduce_elems(t, b->recv[r] + pos * ds, b->send, (uint64_t)r * t->count + pos, m);
+		break;
+	case DFCCL_OP_BROADCAST:
+		copy_elems(b->recv[r] + pos * ds, b->send[t->peer] + pos * ds, m, ds);
+		break;
+	case DFCCL_OP_REDUCE:
+		reduce_elems(t, b->recv[r] + pos * ds, b->send, pos, m);
+		break;
+	default: /* DFCCL_OP_RECV */
+		copy_elems(b->recv[0] + pos * ds, b->send[0] + pos * ds, m, ds);
+		break;
+	}
+	*bytes = m * ds;
+	return m;
+}
+
+/*
+ * Runs the current data step from t->pos. Returns 1 when the step is
+ * finished, 0 when the visit's byte budget ran out first (t->pos records
+ * where to resume), or -status when a buffer cannot be resolved.
+ */
+static int coll_work(const struct host_coll_env *env, struct host_task *t)
+{
+	uint64_t total = work_total(t);
+	if (t->pos >= total)
+		return 1;
+	struct coll_bufs b;
+	uint32_t st = coll_bufs_get(env, t, &b);
+	if (st != DFCCL_CQ_OK)
+		return -(int)st;
+	/* At least one piece per visit, so any budget makes progress. */
+	uint64_t budget = env->visit_bytes;
+	uint64_t piece = budget / t->dsize ? budget / t->dsize : 1;
+	do {
+		uint64_t bytes;
+		uint64_t m = total - t->pos < piece ? total - t->pos : piece;
+		t->pos += work_piece(t, &b, t->pos, m, &bytes);
+		budget = bytes < budget ? budget - bytes : 0;
+	} while (t->pos < total && budget > 0);
+	return t->pos >= total;
+}
+
+/* ------------------------------------------------------------------ steps */
+
+static enum host_step coll_done(struct host_task *t, uint32_t status)
+{
+	t->status = status;
+	return HOST_STEP_DONE;
+}
+
+/* The ranks disagree or a buffer went away: fail this task and, through
+ * the region, every rank of the communicator. */
+static enum host_step coll_fail(struct host_task *t, uint32_t status)
+{
+	host_comm_fail(t->comm, status);
+	return coll_done(t, status);
+}
+
+/* Publishes a finished data step and returns the step after it. */
+static uint32_t coll_after_work(struct host_task *t)
+{
+	if (t->opcode == DFCCL_OP_ALLREDUCE && t->step == STEP_WORK1) {
+		store_rel(&t->posts[t->rank].progress, DFCCL_PROGRESS(t->key, 1));
+		return STEP_SYNC1;
+	}
+	store_rel(&t->posts[t->rank].done, t->key);
+	return STEP_FINISH;
+}
+
+enum host_step host_coll_step(const struct host_coll_env *env, struct host_task *t, uint32_t position,
+                              struct sched_state *s)
+{
+	int progressed = 0;
+	for (;;) {
+		int rc;
+		uint32_t st;
+		switch (t->step) {
+		case STEP_WORK1:
+		case STEP_WORK2:
+			rc = coll_work(env, t);
+			if (rc < 0)
+				return coll_fail(t, (uint32_t)-rc);
+			if (rc == 0)
+				return HOST_STEP_PROGRESS; /* budget spent: let the others run */
+			t->pos = 0;
+			if (t->opcode == DFCCL_OP_RECV) {
+				/* The sender's buffer is read: acknowledging frees it, and
+				 * nobody reads ours, so the receiver is done. */
+				store_rel(&t->box->ack, t->key);
+				return coll_done(t, DFCCL_CQ_OK);
+			}
+			t->step = coll_after_work(t);
+			progressed = 1;
+			continue;
+		default:
+			break;
+		}
+		/* Every other step starts with a wait on peers. */
+		rc = coll_wait(env, t, position, s);
+		if (rc < 0)
+			return coll_done(t, (uint32_t)-rc);
+		if (rc == 0)
+			return progressed ? HOST_STEP_PROGRESS : HOST_STEP_BLOCKED;
+		progressed = 1;
+		switch (t->step) {
+		case STEP_SLOT:
+			coll_post(t);
+			t->step = STEP_POSTS;
+			break;
+		case STEP_POSTS:
+		case STEP_BOX_KEY: {
+			/* Check what the peers posted before anything is moved, even
+			 * when there is nothing to move. */
+			struct coll_bufs b;
+			st = coll_bufs_get(env, t, &b);
+			if (st != DFCCL_CQ_OK)
+				return coll_fail(t, st);
+			t->step = STEP_WORK1;
+			break;
+		}
+		case STEP_SYNC1:
+			t->step = STEP_WORK2;
+			break;
+		case STEP_BOX_FREE:
+			box_post(t);
+			t->step = STEP_BOX_ACK;
+			break;
+		default: /* STEP_FINISH, STEP_BOX_ACK */
+			return coll_done(t, DFCCL_CQ_OK);
+		}
+	}
+}

@@ -1,0 +1,370 @@
+/*
+ * See host_engine.h. The engine owns three things: the communicators it was
+ * given, the task storage, and the task queue (gpu/scheduler.h) that orders the
+ * tasks. What a task does is in host_coll.c.
+ *
+ * Task life: FREE -> QUEUED (in the task queue) -> FREE, through completion,
+ * an abort, the communicator's removal or its queue going away. When the
+ * task queue is full (SCHED_MAX_TASKS) new tasks wait in a FIFO backlog
+ * (BACKLOG) and enter the queue as places free up, so a burst of entries is
+ * never refused. Tasks are referred to by index, because the storage grows.
+ *
+ * Ordering: FIFO by arrival, as configured; the first entry that carries a
+ * priority switches the queue to priority order (a FIFO queue of tasks that
+ * all have priority 0 is already in priority order, so nothing moves), and
+ * the configured order returns once the engine is empty.
+ */
+#include "host_engine.h"
+
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "host_coll.h"
+
+#define A64(p) ((_Atomic uint64_t *)(p))
+
+/* Bytes a task moves in one visit before it lets the next task run: large
+ * enough to stream at memory speed, small enough that a large collective
+ * delays the others by a millisecond or so. */
+#define HOST_VISIT_BYTES (4u << 20)
+#define HOST_TASKS_INITIAL 64u
+#define NO_TASK UINT32_MAX
+
+enum task_where { TASK_FREE = 0, TASK_QUEUED = 1, TASK_BACKLOG = 2 };
+
+struct host_engine {
+	struct sched_params params; /* the configured policy, order possibly raised */
+	uint32_t configured_order;
+	struct dfccl_worker_stats own_stats; /* when the caller gives no stats page */
+	struct host_coll_env env;
+
+	struct host_comm **comms;
+	uint32_t ncomms, comms_cap;
+
+	struct host_task *tasks; /* [cap] */
+	struct sched_state *states; /* [cap], indexed like tasks, as sched_insert wants */
+	uint32_t *free_list;     /* [cap] indices of FREE tasks, nfree of them */
+	uint32_t cap, nfree;
+	struct sched_queue queue;
+	uint32_t backlog_head, backlog_tail, nbacklog;
+
+	uint64_t arrivals;
+	uint64_t last_arrival; /* the task that ran last: running another is a context switch */
+};
+
+static void stat_add(uint64_t *counter, uint64_t v)
+{
+	atomic_fetch_add_explicit(A64(counter), v, memory_order_relaxed);
+}
+
+int host_engine_new(const struct host_engine_config *cfg, struct host_engine **out)
+{
+	*out = NULL;
+	if (!cfg || !cfg->reg_lookup)
+		return -EINVAL;
+	struct host_engine *e = calloc(1, sizeof(*e));
+	if (!e)
+		return -ENOMEM;
+	e->params = cfg->sched;
+	/* An all-zero policy means "the defaults". */
+	if (!e->params.spin_head && !e->params.spin_other && !e->params.stick_mult && !e->params.spin_max) {
+		e->params.spin_head = SCHED_DEFAULT_SPIN_HEAD;
+		e->params.spin_other = SCHED_DEFAULT_SPIN_OTHER;
+		e->params.stick_mult = SCHED_DEFAULT_STICK_MULT;
+		e->params.spin_max = SCHED_DEFAULT_SPIN_MAX;
+	}
+	e->configured_order = e->params.order;
+	e->env.params = &e->params;
+	e->env.stats = cfg->stats ? cfg->stats : &e->own_stats;
+	e->env.reg_lookup = cfg->reg_lookup;
+	e->env.reg_ctx = cfg->reg_ctx;
+	e->env.device = cfg->device;
+	e->env.visit_bytes = HOST_VISIT_BYTES;
+	e->backlog_head = e->backlog_tail = NO_TASK;
+	*out = e;
+	return 0;
+}
+
+void host_engine_free(struct host_engine *e)
+{
+	if (!e)
+		return;
+	for (uint32_t i = 0; i < e->ncomms; i++)
+		free(e->comms[i]);
+	free(e->comms);
+	free(e->tasks);
+	free(e->states);
+	free(e->free_list);
+	free(e);
+}
+
+/* ------------------------------------------------------------------ communicators */
+
+static struct host_comm *comm_find(const struct host_engine *e, uint64_t comm_id, uint32_t *index)
+{
+	for (uint32_t i = 0; i < e->ncomms; i++) {
+		if (e->comms[i]->comm_id == comm_id) {
+			if (index)
+				*index = i;
+			return e->comms[i];
+		}
+	}
+	return NULL;
+}
+
+int host_engine_comm_add(struct host_engine *e, uint64_t comm_id, uint32_t nranks,
+                         const struct host_comm_member *members, void *region, size_t region_size)
+{
+	if (comm_id == 0 || nranks == 0 || nranks > DFCCL_COMM_MAX_RANKS || !members || !region ||
+	    region_size < DFCCL_COMM_REGION_SIZE(nranks))
+		return -EINVAL;
+	if (comm_find(e, comm_id, NULL))
+		return -EEXIST;
+	if (e->ncomms == e->comms_cap) {
+		uint32_t cap = e->comms_cap ? 2 * e->comms_cap : 8;
+		struct host_comm **p = realloc(e->comms, cap * sizeof(*p));
+		if (!p)
+			return -ENOMEM;
+		e->comms = p;
+		e->comms_cap = cap;
+	}
+	struct host_comm *c = calloc(1, sizeof(*c) + nranks * sizeof(c->members[0]));
+	if (!c)
+		return -ENOMEM;
+	c->comm_id = comm_id;
+	c->nranks = nranks;
+	c->hdr = region;
+	c->region_size = region_size;
+	memcpy(c->members, members, nranks * sizeof(c->members[0]));
+	e->comms[e->ncomms++] = c;
+	return 0;
+}
+
+/* ------------------------------------------------------------------ tasks */
+
+static int task_grow(struct host_engine *e)
+{
+	uint32_t cap = e->cap ? 2 * e->cap : HOST_TASKS_INITIAL;
+	struct host_task *t = realloc(e->tasks, cap * sizeof(*t));
+	if (!t)
+		return -ENOMEM;
+	e->tasks = t;
+	struct sched_state *s = realloc(e->states, cap * sizeof(*s));
+	if (!s)
+		return -ENOMEM;
+	e->states = s;
+	uint32_t *f = realloc(e->free_list, cap * sizeof(*f));
+	if (!f)
+		return -ENOMEM;
+	e->free_list = f;
+	/* Hand out low indices first: they are warm in the cache. */
+	for (uint32_t i = cap; i > e->cap; i--) {
+		e->tasks[i - 1].where = TASK_FREE;
+		e->free_list[e->nfree++] = i - 1;
+	}
+	e->cap = cap;
+	return 0;
+}
+
+static void engine_complete(struct host_engine *e, struct sq_queue *q, uint64_t seq, uint32_t status)
+{
+	sq_complete(q, seq, status);
+	stat_add(status == DFCCL_CQ_OK ? &e->env.stats->completed : &e->env.stats->errors, 1);
+}
+
+static void backlog_push(struct host_engine *e, uint32_t idx)
+{
+	e->tasks[idx].where = TASK_BACKLOG;
+	e->tasks[idx].next = NO_TASK;
+	if (e->backlog_tail == NO_TASK)
+		e->backlog_head = idx;
+	else
+		e->tasks[e->backlog_tail].next = idx;
+	e->backlog_tail = idx;
+	e->nbacklog++;
+}
+
+/* Moves backlog tasks into the task queue while it has room. */
+static void backlog_admit(struct host_engine *e)
+{
+	while (e->backlog_head != NO_TASK && e->queue.n < SCHED_MAX_TASKS) {
+		uint32_t idx = e->backlog_head;
+		e->backlog_head = e->tasks[idx].next;
+		if (e->backlog_head == NO_TASK)
+			e->backlog_tail = NO_TASK;
+		e->nbacklog--;
+		e->tasks[idx].where = TASK_QUEUED;
+		sched_insert(&e->params, &e->queue, e->states, idx);
+	}
+}
+
+static void task_release(struct host_engine *e, uint32_t idx)
+{
+	e->tasks[idx].where = TASK_FREE;
+	e->free_list[e->nfree++] = idx;
+	if (e->queue.n == 0 && e->nbacklog == 0)
+		e->params.order = e->configured_order;
+}
+
+void host_engine_refuse(struct host_engine *e, struct sq_queue *q, const struct dfccl_sqe *sqe, uint32_t status)
+{
+	/* An entry that is not even a member's speaks for nobody; a member's
+	 * refused part would leave its peers waiting for its post forever. */
+	struct host_comm *c = comm_find(e, sqe->comm_id, NULL);
+	if (c && sqe->rank < c->nranks && c->members[sqe->rank].session_id == q->session_id)
+		host_comm_fail(c, status);
+	/* The arm word is the sequence number the entry was taken under; the
+	 * seq field is the client's claim and may be what was wrong with it. */
+	engine_complete(e, q, sqe->arm, status);
+}
+
+void host_engine_submit(struct host_engine *e, struct sq_queue *q, const struct dfccl_sqe *sqe)
+{
+	struct host_comm *c = comm_find(e, sqe->comm_id, NULL);
+	uint32_t st = c ? host_coll_check(&e->env, c, q, sqe) : DFCCL_CQ_BAD_COMM;
+	if (st == DFCCL_CQ_OK)
+		st = host_comm_aborted(c);
+	if (st == DFCCL_CQ_OK && e->nfree == 0 && task_grow(e) < 0)
+		st = DFCCL_CQ_ABORTED; /* out of memory: fail this entry, not the engine */
+	if (st != DFCCL_CQ_OK) {
+		host_engine_refuse(e, q, sqe, st);
+		return;
+	}
+	uint32_t idx = e->free_list[--e->nfree];
+	struct host_task *t = &e->tasks[idx];
+	host_coll_init(t, c, q, sqe);
+	int prioritized = (sqe->flags & DFCCL_SQE_F_PRIORITY) != 0;
+	e->states[idx] = (struct sched_state){
+	    .arrival = ++e->arrivals,
+	    .priority = prioritized ? sqe->priority : 0,
+	    .boost = 1,
+	};
+	if (prioritized)
+		e->params.order = SCHED_PRIORITY;
+	t->where = TASK_QUEUED;
+	if (e->nbacklog || sched_insert(&e->params, &e->queue, e->states, idx) < 0)
+		backlog_push(e, idx);
+}
+
+unsigned host_engine_run(struct host_engine *e)
+{
+	unsigned progressed = 0;
+	backlog_admit(e);
+	uint32_t pos = 0;
+	while (pos < e->queue.n) {
+		uint32_t idx = e->queue.idx[pos];
+		struct host_task *t = &e->tasks[idx];
+		struct sched_state *s = &e->states[idx];
+		if (s->arrival != e->last_arrival) {
+			if (e->last_arrival)
+				stat_add(&e->env.stats->context_switches, 1);
+			e->last_arrival = s->arrival;
+		}
+		enum host_step r = host_coll_step(&e->env, t, pos, s);
+		if (r == HOST_STEP_DONE) {
+			engine_complete(e, t->q, t->seq, t->status);
+			sched_remove_at(&e->queue, pos);
+			task_release(e, idx);
+			progressed++;
+			continue; /* the next task moved into this position */
+		}
+		if (r == HOST_STEP_PROGRESS)
+			progressed++;
+		pos++;
+	}
+	backlog_admit(e);
+	return progressed;
+}
+
+unsigned host_engine_pending(const struct host_engine *e)
+{
+	return e->queue.n + e->nbacklog;
+}
+
+static int task_selected(const struct host_task *t, const struct host_comm *c, const struct sq_queue *q)
+{
+	return (c && t->comm == c) || (q && t->q == q);
+}
+
+/* Ends a task outside host_engine_run: completed with status, or, without
+ * one (its queue is gone, nobody reads its completion), failing its
+ * communicator's other ranks through the region, since they would
+ * otherwise wait for it forever. */
+static void task_drop(struct host_engine *e, uint32_t idx, uint32_t status)
+{
+	struct host_task *t = &e->tasks[idx];
+	if (status)
+		engine_complete(e, t->q, t->seq, status);
+	else
+		host_comm_fail(t->comm, DFCCL_CQ_PEER_LOST);
+	task_release(e, idx);
+}
+
+/* Drops every task of communicator c (when c) or of queue q (when q), from
+ * the task queue and the backlog, keeping the order of the others. */
+static void engine_drop(struct host_engine *e, const struct host_comm *c, const struct sq_queue *q, uint32_t status)
+{
+	uint32_t kept = 0;
+	for (uint32_t pos = 0; pos < e->queue.n; pos++) {
+		uint32_t idx = e->queue.idx[pos];
+		if (task_selected(&e->tasks[idx], c, q))
+			task_drop(e, idx, status);
+		else
+			e->queue.idx[kept++] = idx;
+	}
+	e->queue.n = kept;
+	uint32_t prev = NO_TASK;
+	for (uint32_t idx = e->backlog_head; idx != NO_TASK;) {
+		uint32_t next = e->tasks[idx].next;
+		if (task_selected(&e->tasks[idx], c, q)) {
+			if (prev == NO_TASK)
+				e->backlog_head = next;
+			else
+				e->tasks[prev].next = next;
+			if (e->backlog_tail == idx)
+				e->backlog_tail = prev;
+			e->nbacklog--;
+			task_drop(e, idx, status);
+		} else {
+			prev = idx;
+		}
+		idx = next;
+	}
+	/* task_release restores the configured order only once everything is
+	 * gone; the queue may have emptied before the backlog did. */
+	if (e->queue.n == 0 && e->nbacklog == 0)
+		e->params.order = e->configured_order;
+}
+
+void host_engine_comm_abort(struct host_engine *e, uint64_t comm_id, uint32_t status)
+{
+	struct host_comm *c = comm_find(e, comm_id, NULL);
+	if (!c)
+		return;
+	if (status == DFCCL_CQ_OK || status >= DFCCL_CQ_STATUS_COUNT_)
+		status = DFCCL_CQ_ABORTED;
+	if (!c->abort_status)
+		c->abort_status = status;
+	/* Ranks in other workers may hear of the abort later than this one:
+	 * the region's word makes them fail now rather than wait for us. */
+	host_comm_fail(c, c->abort_status);
+	engine_drop(e, c, NULL, c->abort_status);
+}
+
+void host_engine_comm_del(struct host_engine *e, uint64_t comm_id)
+{
+	uint32_t i;
+	struct host_comm *c = comm_find(e, comm_id, &i);
+	if (!c)
+		return;
+	engine_drop(e, c, NULL, DFCCL_CQ_BAD_COMM);
+	e->comms[i] = e->comms[--e->ncomms];
+	free(c);
+}
+
+void host_engine_queue_gone(struct host_engine *e, struct sq_queue *q)
+{
+	engine_drop(e, NULL, q, DFCCL_CQ_OK);
+}

@@ -1,0 +1,116 @@
+/*
+ * The scheduling policy of a daemon (DFCCL, section 4), written once for
+ * both engines: plain C in static inline functions that compile as host
+ * code and, under nvcc, as device code (DFCCL_HD).
+ *
+ * Two-phase blocking: a task waiting on a peer polls up to a spin threshold
+ * and is then preempted. Adaptive stickiness: the head of the task queue
+ * gets the largest threshold and later entries smaller ones, and a task
+ * that made progress has its threshold raised, so the ranks of one
+ * collective tend to stay on it together (gang scheduling without
+ * coordination). Ordering: FIFO by arrival by default; by priority (larger
+ * first, FIFO among equals) when the client gives priorities.
+ *
+ * The task queue here is an array of task indices kept in order; the
+ * engines own the task storage. Everything is bounded: no allocation.
+ */
+#ifndef DFCCL_SCHEDULER_H
+#define DFCCL_SCHEDULER_H
+
+#include <stdint.h>
+
+#if defined(__CUDACC__)
+#define DFCCL_HD __host__ __device__
+#else
+#define DFCCL_HD
+#endif
+
+enum sched_order { SCHED_FIFO = 0, SCHED_PRIORITY = 1 };
+
+struct sched_params {
+	uint32_t spin_head;   /* spin threshold of the head of the queue (polls) */
+	uint32_t spin_other;  /* spin threshold of every later task */
+	uint32_t stick_mult;  /* a task that progressed gets threshold * stick_mult ... */
+	uint32_t spin_max;    /* ... up to this */
+	uint32_t order;       /* enum sched_order */
+};
+
+/* Per-task scheduling state (part of the engine's task). */
+struct sched_state {
+	uint64_t arrival;     /* engine-wide arrival number: FIFO order */
+	int32_t priority;     /* larger first under SCHED_PRIORITY */
+	uint32_t boost;       /* multiplier earned by progress (1: none) */
+};
+
+#define SCHED_MAX_TASKS 1024u
+
+struct sched_queue {
+	uint32_t n;
+	uint32_t idx[SCHED_MAX_TASKS]; /* task indices, in run order */
+};
+
+/* Defaults measured for the host engine; DFCCL used 100,000 for the head
+ * and 20x after success on GPUs. */
+#define SCHED_DEFAULT_SPIN_HEAD 20000u
+#define SCHED_DEFAULT_SPIN_OTHER 200u
+#define SCHED_DEFAULT_STICK_MULT 20u
+#define SCHED_DEFAULT_SPIN_MAX 2000000u
+
+/* Whether task a runs before task b. */
+static inline DFCCL_HD int sched_before(const struct sched_params *p, const struct sched_state *a,
+                                        const struct sched_state *b)
+{
+	if (p->order == SCHED_PRIORITY && a->priority != b->priority)
+		return a->priority > b->priority;
+	return a->arrival < b->arrival;
+}
+
+/* The spin threshold of the task at `position` in the queue (0: head). */
+static inline DFCCL_HD uint32_t sched_threshold(const struct sched_params *p, uint32_t position,
+                                                const struct sched_state *s)
+{
+	uint64_t base = position == 0 ? p->spin_head : p->spin_other;
+	uint64_t t = base * (s->boost ? s->boost : 1u);
+	return t > p->spin_max ? p->spin_max : (uint32_t)t;
+}
+
+/* A primitive of the task succeeded: raise its stickiness. */
+static inline DFCCL_HD void sched_on_progress(const struct sched_params *p, struct sched_state *s)
+{
+	s->boost = p->stick_mult ? p->stick_mult : 1u;
+}
+
+/* The task was preempted: it starts from the base threshold next time. */
+static inline DFCCL_HD void sched_on_preempt(struct sched_state *s)
+{
+	s->boost = 1u;
+}
+
+/*
+ * Inserts task index `t` with state states[t] in order. Returns 0, or -1
+ * when the queue is full.
+ */
+static inline DFCCL_HD int sched_insert(const struct sched_params *p, struct sched_queue *q,
+                                        const struct sched_state *states, uint32_t t)
+{
+	if (q->n >= SCHED_MAX_TASKS)
+		return -1;
+	uint32_t i = q->n;
+	while (i > 0 && sched_before(p, &states[t], &states[q->idx[i - 1]])) {
+		q->idx[i] = q->idx[i - 1];
+		i--;
+	}
+	q->idx[i] = t;
+	q->n++;
+	return 0;
+}
+
+/* Removes the entry at `position`, keeping the order of the rest. */
+static inline DFCCL_HD void sched_remove_at(struct sched_queue *q, uint32_t position)
+{
+	for (uint32_t i = position; i + 1 < q->n; i++)
+		q->idx[i] = q->idx[i + 1];
+	q->n--;
+}
+
+#endif /* DFCCL_SCHEDULER_H */

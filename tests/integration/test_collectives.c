@@ -1,0 +1,430 @@
+/*
+ * Collectives end to end on the host engine, through the public API, with
+ * one forked process per rank as in real jobs:
+ *   - every collective x data type x reduction x in/out of place, on 2, 3,
+ *     4 and 8 ranks, checked against the reference data of tool.h; each
+ *     rank count runs its share of the combinations (a random rotation per
+ *     run), so the four tests together cover every combination every run;
+ *   - the DFCCL deadlock pattern (dfccl-chaos: 4 and 8 ranks, 8
+ *     communicators, per-rank orders, 200 iterations, from 256 B up to
+ *     256 KiB on 4 ranks and 128 KiB on 8, so that each test stays within
+ *     a minute on two cores; DFCCL_TEST_CHAOS_MAX_BYTES=1M runs the
+ *     pattern's full 1 MiB), and the same with registered collectives;
+ *   - a Megatron-style 3D grouping: 8 ranks in tensor-, pipeline- and
+ *     data-parallel groups of 2, each rank in three communicators, random
+ *     orders;
+ *   - a rank SIGKILLed in the middle of a chaos run: the other ranks end
+ *     with errors instead of hanging, and the daemon serves a new run.
+ * The daemon runs with --host-devices 2, so ranks share devices as they do
+ * on a CI machine with two cores.
+ */
+#include <errno.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "dfccl.h"
+#include "harness.h"
+#include "tool.h"
+
+#ifndef DFCCL_CHAOS_PATH
+#error "DFCCL_CHAOS_PATH must name the dfccl-chaos binary"
+#endif
+
+#define FAIL(...)                                          \
+	do {                                               \
+		fprintf(stderr, "rank %d: ", rank);        \
+		fprintf(stderr, __VA_ARGS__);              \
+		fprintf(stderr, "\n");                     \
+		rc = 1;                                    \
+		goto out;                                  \
+	} while (0)
+
+/* Runs fn on nranks forked ranks and expects all of them to succeed within
+ * timeout_ms. */
+static void run_ranks(int nranks, int (*fn)(void *arg, int rank), void *arg, int timeout_ms)
+{
+	pid_t pids[64];
+	for (int r = 0; r < nranks; r++)
+		pids[r] = child_run(fn, arg, r);
+	int failed = 0;
+	uint64_t deadline = now_ms() + (uint64_t)timeout_ms;
+	for (int r = 0; r < nranks; r++) {
+		uint64_t now = now_ms();
+		int rc = child_wait(pids[r], now < deadline ? (int)(deadline - now) : 1);
+		if (rc != 0) {
+			fprintf(stderr, "rank %d ended with %d%s\n", r, rc, rc < 0 ? " (timed out)" : "");
+			failed++;
+		}
+	}
+	assert_int_equal(failed, 0);
+}
+
+/* ------------------------------------------------------------ the matrix */
+
+/* One combination of the matrix. */
+struct combo {
+	int coll, dtype, op;
+	bool inplace;
+};
+
+#define MAX_COMBOS 512
+#define MATRIX_BATCH 16 /* collectives in flight per rank before a synchronize */
+
+struct matrix_job {
+	dfcclUniqueId id;
+	int nranks;
+	struct combo combos[MAX_COMBOS];
+	int ncombos;
+	uint64_t seed;
+};
+
+/* Every combination, in a fixed order. */
+static int all_combos(struct combo *out)
+{
+	int n = 0;
+	for (int c = 0; c < TOOL_NCOLLS; c++)
+		for (int t = 0; t < dfcclNumTypes; t++)
+			for (int o = 0; o < (tool_coll_reduces(c) ? dfcclNumOps : 1); o++)
+				for (int ip = 0; ip < 2; ip++) {
+					if (ip && (c == TOOL_SENDRECV || c == TOOL_ALLTOALL))
+						continue;
+					out[n++] = (struct combo){c, t, o, ip};
+				}
+	return n;
+}
+
+static int matrix_rank(void *arg, int rank)
+{
+	const struct matrix_job *j = arg;
+	int rc = 0, ndev = 1;
+	dfcclComm_t comm = NULL;
+	void *send[MATRIX_BATCH] = {0}, *recv[MATRIX_BATCH] = {0};
+	const size_t cap = 8 * 1024 * 8 + 64; /* 1024 elements of 8 bytes, times 8 ranks */
+
+	if (dfcclGetDeviceCount(&ndev) != dfcclSuccess)
+		FAIL("device count: %s", dfcclGetLastError(NULL));
+	dfcclSetDevice(rank % ndev);
+	if (dfcclCommInitRank(&comm, j->nranks, j->id, rank) != dfcclSuccess)
+		FAIL("init: %s", dfcclGetLastError(NULL));
+	for (int i = 0; i < MATRIX_BATCH; i++)
+		if (dfcclMemAlloc(&send[i], cap) != dfcclSuccess || dfcclMemAlloc(&recv[i], cap) != dfcclSuccess)
+			FAIL("alloc: %s", dfcclGetLastError(NULL));
+
+	for (int base = 0; base < j->ncombos; base += MATRIX_BATCH) {
+		int n = j->ncombos - base < MATRIX_BATCH ? j->ncombos - base : MATRIX_BATCH;
+		size_t counts[MATRIX_BATCH];
+		int roots[MATRIX_BATCH];
+		for (int i = 0; i < n; i++) {
+			const struct combo *c = &j->combos[base + i];
+			uint64_t key = tool_hash(j->seed, (uint64_t)(base + i), 0, 0);
+			counts[i] = 1 + key % 1000;
+			roots[i] = (int)((key >> 20) % (uint64_t)j->nranks);
+			const void *s = send[i];
+			void *r = recv[i];
+			if (c->inplace)
+				tool_inplace(c->coll, recv[i], counts[i], c->dtype, rank, &s, &r);
+			tool_poison(recv[i], tool_recv_elems(c->coll, counts[i], j->nranks), c->dtype);
+			tool_fill(c->coll, (void *)s, counts[i], c->dtype, c->op, rank, j->nranks, key);
+			dfcclResult_t res = tool_issue(c->coll, s, r, counts[i], c->dtype, c->op, roots[i], comm);
+			if (res != dfcclSuccess)
+				FAIL("%s %s %s%s: %s", tool_coll_name(c->coll), tool_dtype_name(c->dtype), tool_op_name(c->op),
+				     c->inplace ? " in place" : "", dfcclGetLastError(NULL));
+		}
+		dfcclResult_t res = dfcclCommSynchronize(comm);
+		if (res != dfcclSuccess)
+			FAIL("synchronize after combinations %d..%d: %s: %s", base, base + n - 1, dfcclGetErrorString(res),
+			     dfcclGetLastError(NULL));
+		for (int i = 0; i < n; i++) {
+			const struct combo *c = &j->combos[base + i];
+			uint64_t key = tool_hash(j->seed, (uint64_t)(base + i), 0, 0);
+			const void *s = send[i];
+			void *r = recv[i];
+			size_t first;
+			double got, want;
+			if (c->inplace)
+				tool_inplace(c->coll, recv[i], counts[i], c->dtype, rank, &s, &r);
+			size_t wrong = tool_check(c->coll, r, counts[i], c->dtype, c->op, roots[i], rank, j->nranks, key,
+			                          &first, &got, &want);
+			if (wrong)
+				FAIL("%s %s %s%s of %zu: %zu wrong, first at %zu: got %g, expected %g", tool_coll_name(c->coll),
+				     tool_dtype_name(c->dtype), tool_op_name(c->op), c->inplace ? " in place" : "", counts[i],
+				     wrong, first, got, want);
+		}
+	}
+out:
+	if (comm && rc)
+		dfcclCommAbort(comm);
+	else if (comm && dfcclCommDestroy(comm) != dfcclSuccess)
+		rc = 1;
+	for (int i = 0; i < MATRIX_BATCH; i++) {
+		dfcclMemFree(send[i]);
+		dfcclMemFree(recv[i]);
+	}
+	return rc;
+}
+
+/* The rotation of this run: which of the four rank counts checks which
+ * combinations. Drawn once per process, printed for reproduction. */
+static uint64_t suite_seed(void)
+{
+	static uint64_t seed;
+	if (!seed) {
+		const char *s = getenv("DFCCL_TEST_SEED");
+		seed = s && *s ? strtoull(s, NULL, 10) : (uint64_t)time(NULL) ^ (uint64_t)getpid();
+		if (!seed)
+			seed = 1;
+		fprintf(stderr, "test_collectives: seed %llu (DFCCL_TEST_SEED to repeat)\n", (unsigned long long)seed);
+	}
+	return seed;
+}
+
+static void run_matrix(int nranks, int share)
+{
+	struct combo all[MAX_COMBOS];
+	int n = all_combos(all);
+	struct matrix_job *j = calloc(1, sizeof(*j));
+	assert_non_null(j);
+	assert_int_equal(dfcclGetUniqueId(&j->id), dfcclSuccess);
+	j->nranks = nranks;
+	j->seed = suite_seed();
+	for (int i = 0; i < n; i++)
+		if ((uint64_t)(i + (int)(j->seed % 4)) % 4 == (uint64_t)share)
+			j->combos[j->ncombos++] = all[i];
+	run_ranks(nranks, matrix_rank, j, 55000);
+	free(j);
+}
+
+static void test_matrix_2(void **state) { run_matrix(2, 0); }
+static void test_matrix_3(void **state) { run_matrix(3, 1); }
+static void test_matrix_4(void **state) { run_matrix(4, 2); }
+static void test_matrix_8(void **state) { run_matrix(8, 3); }
+
+/* ------------------------------------------------------------ dfccl-chaos */
+
+/* Runs dfccl-chaos with args (NULL-terminated) and its output in *out
+ * (caller frees); returns its exit status, or -1 on timeout. If kill_after_ms
+ * > 0, one of its rank processes is SIGKILLed that long after the start. */
+static int run_chaos(const struct daemon_proc *d, int timeout_ms, int kill_after_ms, char **out, ...)
+{
+	char log[160];
+	snprintf(log, sizeof(log), "%s/chaos.out", d->dir);
+	const char *argv[32] = {"dfccl-chaos", "--socket", d->socket};
+	int argc = 3;
+	va_list ap;
+	va_start(ap, out);
+	for (const char *a; argc < 31 && (a = va_arg(ap, const char *));)
+		argv[argc++] = a;
+	va_end(ap);
+	argv[argc] = NULL;
+
+	pid_t pid = fork();
+	if (pid == 0) {
+		FILE *f = freopen(log, "w", stdout);
+		if (!f || dup2(fileno(stdout), 2) < 0)
+			_exit(127);
+		execv(DFCCL_CHAOS_PATH, (char *const *)argv);
+		_exit(127);
+	}
+	assert_true(pid > 0);
+	if (kill_after_ms > 0) {
+		usleep((useconds_t)kill_after_ms * 1000);
+		/* A rank is a child of dfccl-chaos. */
+		char path[64], buf[256] = "";
+		snprintf(path, sizeof(path), "/proc/%d/task/%d/children", (int)pid, (int)pid);
+		FILE *f = fopen(path, "r");
+		assert_non_null(f);
+		assert_non_null(fgets(buf, sizeof(buf), f));
+		fclose(f);
+		pid_t victim = (pid_t)strtol(buf, NULL, 10);
+		assert_true(victim > 0);
+		assert_int_equal(kill(victim, SIGKILL), 0);
+	}
+	int rc = child_wait(pid, timeout_ms);
+	FILE *f = fopen(log, "r");
+	*out = calloc(1, 1 << 16);
+	if (f) {
+		size_t n = fread(*out, 1, (1 << 16) - 1, f);
+		(*out)[n] = 0;
+		fclose(f);
+	}
+	if (rc != 0 && kill_after_ms == 0)
+		fprintf(stderr, "dfccl-chaos exited with %d:\n%s\n", rc, *out);
+	return rc;
+}
+
+static void chaos_expect_ok(void **state, ...)
+{
+	struct daemon_proc *d = *state;
+	const char *a[12] = {0};
+	va_list ap;
+	va_start(ap, state);
+	for (int i = 0; i < 11 && (a[i] = va_arg(ap, const char *)); i++)
+		;
+	va_end(ap);
+	char *out;
+	int rc = run_chaos(d, 120000, 0, &out, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], NULL);
+	assert_int_equal(rc, 0);
+	assert_non_null(strstr(out, "OK: every collective completed with a correct result"));
+	free(out);
+}
+
+/* The largest collective of the deadlock pattern: `fallback`, or
+ * $DFCCL_TEST_CHAOS_MAX_BYTES. */
+static const char *chaos_max_bytes(const char *fallback)
+{
+	const char *v = getenv("DFCCL_TEST_CHAOS_MAX_BYTES");
+	return v && *v ? v : fallback;
+}
+
+static void test_deadlock_pattern_4(void **state)
+{
+	chaos_expect_ok(state, "--nranks", "4", "--comms", "8", "--iters", "200", "--min-bytes", "256", "--max-bytes",
+	                chaos_max_bytes("256K"), NULL);
+}
+
+static void test_deadlock_pattern_8(void **state)
+{
+	chaos_expect_ok(state, "--nranks", "8", "--comms", "8", "--iters", "200", "--min-bytes", "256", "--max-bytes",
+	                chaos_max_bytes("128K"), NULL);
+}
+
+static void test_deadlock_registered(void **state)
+{
+	chaos_expect_ok(state, "--nranks", "4", "--comms", "8", "--iters", "100", "--min-bytes", "256", "--max-bytes",
+	                "64K", "--registered", NULL);
+}
+
+static void test_rank_killed(void **state)
+{
+	struct daemon_proc *d = *state;
+	char *out;
+	uint64_t t0 = now_ms();
+	int rc = run_chaos(d, 40000, 1500, &out, "--nranks", "4", "--comms", "4", "--iters", "100000", "--max-bytes",
+	                   "64K", NULL);
+	uint64_t took = now_ms() - t0;
+	fprintf(stderr, "chaos with a killed rank: exit %d after %llu ms\n%s", rc, (unsigned long long)took, out);
+	/* It failed, said which rank died, and the others ended on their own
+	 * with errors rather than being killed for hanging. */
+	assert_true(rc > 0 && rc < 128);
+	assert_non_null(strstr(out, "was killed by signal 9"));
+	assert_null(strstr(out, "did not end within"));
+	assert_true(took < 1500 + 25000);
+	free(out);
+	/* The daemon still serves a new run. */
+	chaos_expect_ok(state, "--nranks", "4", "--comms", "4", "--iters", "10", "--max-bytes", "64K", NULL);
+}
+
+/* ------------------------------------------------------------ 3D grouping */
+
+#define MEGATRON_RANKS 8
+#define MEGATRON_ITERS 60
+
+struct megatron_job {
+	dfcclUniqueId tp[4], pp[4], dp[4];
+	uint64_t seed;
+};
+
+static int megatron_rank(void *arg, int rank)
+{
+	const struct megatron_job *j = arg;
+	/* rank = dp * 4 + pp * 2 + tp: tensor-parallel pairs are neighbours,
+	 * pipeline pairs two apart, data-parallel pairs four apart. */
+	int tp = rank % 2, pp = rank / 2 % 2, dp = rank / 4;
+	int group[3] = {rank / 2, dp * 2 + tp, rank % 4};          /* which tp, pp, dp communicator */
+	int me[3] = {tp, pp, dp};                                 /* this rank's rank in each */
+	const dfcclUniqueId *ids[3] = {&j->tp[group[0]], &j->pp[group[1]], &j->dp[group[2]]};
+	static const int colls[3] = {TOOL_ALLREDUCE, TOOL_SENDRECV, TOOL_ALLGATHER};
+	dfcclComm_t comm[3] = {0};
+	void *send[3] = {0}, *recv[3] = {0};
+	int rc = 0, ndev = 1;
+	const size_t count = 4096, cap = count * 4 * 2;
+
+	if (dfcclGetDeviceCount(&ndev) != dfcclSuccess)
+		FAIL("device count: %s", dfcclGetLastError(NULL));
+	dfcclSetDevice(rank % ndev);
+	for (int g = 0; g < 3; g++) {
+		if (dfcclCommInitRank(&comm[g], 2, *ids[g], me[g]) != dfcclSuccess)
+			FAIL("init of group %d: %s", g, dfcclGetLastError(NULL));
+		if (dfcclMemAlloc(&send[g], cap) != dfcclSuccess || dfcclMemAlloc(&recv[g], cap) != dfcclSuccess)
+			FAIL("alloc: %s", dfcclGetLastError(NULL));
+	}
+	for (int it = 0; it < MEGATRON_ITERS; it++) {
+		int order[3] = {0, 1, 2};
+		for (int k = 2; k > 0; k--) {
+			int x = (int)(tool_hash(j->seed, (uint64_t)rank, (uint64_t)it, (uint64_t)k) % (uint64_t)(k + 1));
+			int t = order[k];
+			order[k] = order[x];
+			order[x] = t;
+		}
+		for (int i = 0; i < 3; i++) {
+			int g = order[i];
+			/* The key names the communicator instance, so both members agree. */
+			uint64_t key = tool_hash(j->seed, (uint64_t)it, (uint64_t)g, (uint64_t)group[g]);
+			tool_poison(recv[g], 2 * count, dfcclFloat32);
+			tool_fill(colls[g], send[g], count, dfcclFloat32, dfcclSum, me[g], 2, key);
+			if (tool_issue(colls[g], send[g], recv[g], count, dfcclFloat32, dfcclSum, 0, comm[g]) != dfcclSuccess)
+				FAIL("iteration %d, group %d: %s", it, g, dfcclGetLastError(NULL));
+		}
+		for (int g = 0; g < 3; g++) {
+			uint64_t key = tool_hash(j->seed, (uint64_t)it, (uint64_t)g, (uint64_t)group[g]);
+			size_t first;
+			double got, want;
+			dfcclResult_t r = dfcclCommSynchronize(comm[g]);
+			if (r != dfcclSuccess)
+				FAIL("iteration %d, group %d: %s", it, g, dfcclGetLastError(NULL));
+			if (tool_check(colls[g], recv[g], count, dfcclFloat32, dfcclSum, 0, me[g], 2, key, &first, &got, &want))
+				FAIL("iteration %d, group %d (%s): index %zu is %g, expected %g", it, g, tool_coll_name(colls[g]),
+				     first, got, want);
+		}
+	}
+out:
+	for (int g = 0; g < 3; g++) {
+		if (comm[g] && rc)
+			dfcclCommAbort(comm[g]);
+		else if (comm[g])
+			dfcclCommDestroy(comm[g]);
+		dfcclMemFree(send[g]);
+		dfcclMemFree(recv[g]);
+	}
+	return rc;
+}
+
+static void test_megatron_3d(void **state)
+{
+	struct megatron_job j;
+	for (int i = 0; i < 4; i++) {
+		assert_int_equal(dfcclGetUniqueId(&j.tp[i]), dfcclSuccess);
+		assert_int_equal(dfcclGetUniqueId(&j.pp[i]), dfcclSuccess);
+		assert_int_equal(dfcclGetUniqueId(&j.dp[i]), dfcclSuccess);
+	}
+	j.seed = suite_seed();
+	run_ranks(MEGATRON_RANKS, megatron_rank, &j, 55000);
+}
+
+int main(void)
+{
+	signal(SIGPIPE, SIG_IGN);
+	const struct CMUnitTest tests[] = {
+	    cmocka_unit_test_setup_teardown(test_matrix_2, daemon_setup2, daemon_teardown),
+	    cmocka_unit_test_setup_teardown(test_matrix_3, daemon_setup2, daemon_teardown),
+	    cmocka_unit_test_setup_teardown(test_matrix_4, daemon_setup2, daemon_teardown),
+	    cmocka_unit_test_setup_teardown(test_matrix_8, daemon_setup2, daemon_teardown),
+	    cmocka_unit_test_setup_teardown(test_deadlock_pattern_4, daemon_setup2, daemon_teardown),
+	    cmocka_unit_test_setup_teardown(test_deadlock_pattern_8, daemon_setup2, daemon_teardown),
+	    cmocka_unit_test_setup_teardown(test_deadlock_registered, daemon_setup2, daemon_teardown),
+	    cmocka_unit_test_setup_teardown(test_megatron_3d, daemon_setup2, daemon_teardown),
+	    cmocka_unit_test_setup_teardown(test_rank_killed, daemon_setup2, daemon_teardown),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,244 @@
+/*
+ * Topology through the real daemon and dfcclctl: dfccld started with the
+ * DGX-1 cube-mesh model on eight host-engine devices shows that model in
+ * `dfcclctl --json topo`; `topo --dump` loads back with --topology and
+ * dumps the same text; the host engine without a model gets its uniform
+ * one; `algo` and `tuning-file` reach the selection table; and a model of
+ * another device count, or an invalid one, makes dfccld exit non-zero with
+ * a message that says why.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "harness.h"
+
+#define MODELS TOPO_MODELS_DIR
+
+/*
+ * Runs argv (NULL-terminated) with stdout and stderr into `out` (a file),
+ * waits up to 30 s, and returns the exit status (or -1). The file's text is
+ * read into buf.
+ */
+static int run_capture(const char *const *argv, const char *out, char *buf, size_t len)
+{
+	pid_t pid = fork();
+	if (pid < 0)
+		return -1;
+	if (pid == 0) {
+		int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+		if (fd < 0)
+			_exit(126);
+		dup2(fd, STDOUT_FILENO);
+		dup2(fd, STDERR_FILENO);
+		execv(argv[0], (char *const *)argv);
+		_exit(127);
+	}
+	int rc = child_wait(pid, 30000);
+	FILE *f = fopen(out, "r");
+	size_t n = f ? fread(buf, 1, len - 1, f) : 0;
+	buf[n] = '\0';
+	if (f)
+		fclose(f);
+	return rc;
+}
+
+/* Writes text to /tmp/dfccl-topo-<what>-<pid>.json; path gets the name. */
+static void write_temp(char *path, size_t len, const char *what, const char *text)
+{
+	snprintf(path, len, "/tmp/dfccl-topo-%s-%d.json", what, (int)getpid());
+	FILE *f = fopen(path, "w");
+	assert_non_null(f);
+	fputs(text, f);
+	fclose(f);
+}
+
+/* dfcclctl against d with the given arguments (NULL-terminated). */
+static int ctl(const struct daemon_proc *d, char *buf, size_t len, ...)
+{
+	const char *argv[16] = {DFCCLCTL_PATH, "--socket", d->socket};
+	int argc = 3;
+	va_list ap;
+	va_start(ap, len);
+	const char *a;
+	while ((a = va_arg(ap, const char *)) != NULL && argc < 15)
+		argv[argc++] = a;
+	va_end(ap);
+	argv[argc] = NULL;
+	char out[160];
+	snprintf(out, sizeof(out), "%s/ctl.out", d->dir);
+	return run_capture(argv, out, buf, len);
+}
+
+static json_t *topo_json(const struct daemon_proc *d)
+{
+	static char buf[1 << 20];
+	assert_int_equal(ctl(d, buf, sizeof(buf), "--json", "topo", NULL), 0);
+	json_error_t je;
+	json_t *j = json_loads(buf, 0, &je);
+	if (!j)
+		fail_msg("dfcclctl --json topo printed no JSON (%s): %.300s", je.text, buf);
+	return j;
+}
+
+static void test_cube_mesh(void **state)
+{
+	struct daemon_proc d;
+	assert_int_equal(daemon_start(&d, 8, "--topology", MODELS "/dgx1-cube-mesh.json", NULL), 0);
+	json_t *doc = topo_json(&d);
+	json_t *model = json_object_get(doc, "model");
+	assert_int_equal(json_array_size(json_object_get(model, "devices")), 8);
+	/* 16 NVLink pairs in a DGX-1V (six links per GPU: two doubles and two
+	 * singles, 4 * 8 / 2 pairs); the other 12 go through the CPUs. */
+	size_t i, nvlink = 0, sys = 0;
+	json_t *l;
+	json_array_foreach(json_object_get(model, "links"), i, l) {
+		const char *type = json_string_value(json_object_get(l, "type"));
+		nvlink += strcmp(type, "nvlink") == 0;
+		sys += strcmp(type, "sys") == 0;
+		if (json_integer_value(json_object_get(l, "a")) == 0 && json_integer_value(json_object_get(l, "b")) == 3)
+			assert_int_equal(json_integer_value(json_object_get(l, "nvlinks")), 2);
+	}
+	assert_int_equal(nvlink, 16);
+	assert_int_equal(sys, 12);
+	assert_int_equal(json_array_size(json_object_get(doc, "trees")), 8);
+	assert_true(json_array_size(json_object_get(doc, "rings")) >= 1);
+	assert_true(json_array_size(json_object_get(json_object_get(doc, "selection"), "entries")) > 0);
+	json_decref(doc);
+
+	static char text[65536];
+	assert_int_equal(ctl(&d, text, sizeof(text), "topo", NULL), 0);
+	assert_non_null(strstr(text, "GPU0   X     NV1   NV1   NV2   NV2   SYS"));
+	assert_non_null(strstr(text, "Rings"));
+	assert_non_null(strstr(text, "Trees"));
+	assert_non_null(strstr(text, "allreduce"));
+	assert_int_equal(daemon_stop(&d), 0);
+}
+
+static void test_dump_round_trip(void **state)
+{
+	struct daemon_proc d;
+	static char first[1 << 18], second[1 << 18];
+	char path[160];
+	assert_int_equal(daemon_start(&d, 8, "--topology", MODELS "/dgx1-cube-mesh.json", NULL), 0);
+	assert_int_equal(ctl(&d, first, sizeof(first), "topo", "--dump", NULL), 0);
+	assert_int_equal(daemon_stop(&d), 0);
+
+	write_temp(path, sizeof(path), "dump", first);
+	assert_int_equal(daemon_start(&d, 8, "--topology", path, NULL), 0);
+	assert_int_equal(ctl(&d, second, sizeof(second), "topo", "--dump", NULL), 0);
+	assert_int_equal(daemon_stop(&d), 0);
+	unlink(path);
+	assert_string_equal(first, second);
+	assert_non_null(strstr(first, "\"dgx1-hybrid-cube-mesh\""));
+}
+
+static void test_host_engine_model(void **state)
+{
+	struct daemon_proc d;
+	assert_int_equal(daemon_start(&d, 3, NULL), 0);
+	json_t *doc = topo_json(&d);
+	json_t *model = json_object_get(doc, "model");
+	assert_int_equal(json_array_size(json_object_get(model, "devices")), 3);
+	size_t i;
+	json_t *l;
+	json_array_foreach(json_object_get(model, "links"), i, l)
+		assert_string_equal(json_string_value(json_object_get(l, "type")), "host");
+	json_decref(doc);
+	assert_int_equal(daemon_stop(&d), 0);
+}
+
+static void test_algo_and_tuning(void **state)
+{
+	char tuning[160];
+	write_temp(tuning, sizeof(tuning), "tuning",
+	           "{\"version\": 1, \"entries\": [{\"coll\": \"allgather\", \"nranks\": 4, \"algo\": \"oneshot\", "
+	           "\"channels\": 3}]}");
+	struct daemon_proc d;
+	assert_int_equal(daemon_start(&d, 4, "--topology", MODELS "/pcie-4.json", "--algo", "ring", "--tuning-file",
+	                              tuning, NULL),
+	                 0);
+	json_t *doc = topo_json(&d);
+	size_t i;
+	json_t *e;
+	unsigned tuned = 0;
+	json_array_foreach(json_object_get(json_object_get(doc, "selection"), "entries"), i, e) {
+		const char *coll = json_string_value(json_object_get(e, "coll"));
+		const char *algo = json_string_value(json_object_get(e, "algo"));
+		/* Forced everywhere; the forced algorithm beats the tuning file. */
+		assert_string_equal(algo, "ring");
+		if (strcmp(coll, "allgather") == 0 && json_is_true(json_object_get(e, "tuned")))
+			tuned++;
+	}
+	assert_int_equal(tuned, 0);
+	json_decref(doc);
+	assert_int_equal(daemon_stop(&d), 0);
+
+	assert_int_equal(daemon_start(&d, 4, "--topology", MODELS "/pcie-4.json", "--tuning-file", tuning, NULL), 0);
+	doc = topo_json(&d);
+	json_array_foreach(json_object_get(json_object_get(doc, "selection"), "entries"), i, e) {
+		if (json_is_true(json_object_get(e, "tuned"))) {
+			tuned++;
+			assert_string_equal(json_string_value(json_object_get(e, "coll")), "allgather");
+			assert_string_equal(json_string_value(json_object_get(e, "algo")), "oneshot");
+			assert_int_equal(json_integer_value(json_object_get(e, "channels")), 3);
+		}
+	}
+	assert_int_equal(tuned, 1); /* every size: one merged range */
+	json_decref(doc);
+	assert_int_equal(daemon_stop(&d), 0);
+	unlink(tuning);
+}
+
+/* dfccld with these arguments must exit non-zero, saying `expect`. */
+static void assert_refused(const char *ndev, const char *model, const char *expect)
+{
+	char dir[] = "/tmp/dfccl-topo-XXXXXX", sock[128], out[160];
+	static char buf[65536];
+	assert_non_null(mkdtemp(dir));
+	snprintf(sock, sizeof(sock), "%s/dfccld.sock", dir);
+	snprintf(out, sizeof(out), "%s/dfccld.log", dir);
+	const char *argv[] = {DFCCLD_PATH, "--socket", sock, "--engine", "host", "--host-devices", ndev, "--topology", model,
+	                      "--log-target", "stderr", "--config", "/dev/null", NULL};
+	int rc = run_capture(argv, out, buf, sizeof(buf));
+	if (rc <= 0 || !strstr(buf, expect))
+		fail_msg("dfccld exited with %d and said:\n%s\n(expected a non-zero exit and \"%s\")", rc, buf, expect);
+	unlink(out);
+	rmdir(dir);
+}
+
+static void test_refused_models(void **state)
+{
+	assert_refused("4", MODELS "/dgx1-cube-mesh.json", "describes 8 devices, but this daemon serves 4");
+	assert_refused("2", "/nonexistent/model.json", "cannot open /nonexistent/model.json");
+
+	char path[160];
+	write_temp(path, sizeof(path), "bad",
+	           "{\"version\": 1, \"devices\": [{\"index\": 0}, {\"index\": 1}], \"links\": [{\"a\": 0, \"b\": 1, "
+	           "\"type\": \"nvlnk\", \"bw_gbps\": 1, \"lat_us\": 1}]}");
+	assert_refused("2", path, "links[0].type: 'nvlnk' is not one of");
+	unlink(path);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+	    cmocka_unit_test(test_cube_mesh),
+	    cmocka_unit_test(test_dump_round_trip),
+	    cmocka_unit_test(test_host_engine_model),
+	    cmocka_unit_test(test_algo_and_tuning),
+	    cmocka_unit_test(test_refused_models),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,152 @@
+/*
+ * Tests of the scheduling policy shared by the engines (gpu/scheduler.h): the
+ * order of the task queue (FIFO by arrival; by priority, FIFO among equals),
+ * the spin thresholds (head of the queue against later positions, the raise
+ * after progress, its cap and its reset on preemption), removal keeping the
+ * order of the rest, and a full queue refusing an insert.
+ *
+ * Expected orders are written out by hand, not derived from sched_before.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "scheduler.h"
+
+static const struct sched_params fifo = {
+    .spin_head = 1000, .spin_other = 10, .stick_mult = 20, .spin_max = 15000, .order = SCHED_FIFO};
+static const struct sched_params prio = {
+    .spin_head = 1000, .spin_other = 10, .stick_mult = 20, .spin_max = 15000, .order = SCHED_PRIORITY};
+
+static struct sched_state states[SCHED_MAX_TASKS + 1];
+static struct sched_queue queue;
+
+static void reset(void)
+{
+	memset(states, 0, sizeof(states));
+	memset(&queue, 0, sizeof(queue));
+}
+
+/* Task t arrives as number `arrival` with priority p. */
+static void arrive(const struct sched_params *p, uint32_t t, uint64_t arrival, int32_t priority)
+{
+	states[t] = (struct sched_state){.arrival = arrival, .priority = priority, .boost = 1};
+	assert_int_equal(sched_insert(p, &queue, states, t), 0);
+}
+
+static void expect_order(const uint32_t *want, uint32_t n)
+{
+	assert_int_equal(queue.n, n);
+	for (uint32_t i = 0; i < n; i++)
+		assert_int_equal(queue.idx[i], want[i]);
+}
+
+static void test_fifo_order(void **state)
+{
+	(void)state;
+	reset();
+	/* Priorities are ignored under FIFO. */
+	arrive(&fifo, 5, 1, 0);
+	arrive(&fifo, 2, 2, 9);
+	arrive(&fifo, 7, 3, -4);
+	arrive(&fifo, 0, 4, 100);
+	expect_order((const uint32_t[]){5, 2, 7, 0}, 4);
+}
+
+static void test_priority_order(void **state)
+{
+	(void)state;
+	reset();
+	arrive(&prio, 1, 1, 0);
+	arrive(&prio, 2, 2, 5);
+	arrive(&prio, 3, 3, 0);
+	arrive(&prio, 4, 4, 5);
+	arrive(&prio, 5, 5, -1);
+	arrive(&prio, 6, 6, 7);
+	/* larger first; FIFO among equal priorities */
+	expect_order((const uint32_t[]){6, 2, 4, 1, 3, 5}, 6);
+}
+
+static void test_remove_keeps_order(void **state)
+{
+	(void)state;
+	reset();
+	for (uint32_t t = 0; t < 6; t++)
+		arrive(&prio, t, t + 1, (int32_t)(t % 3));
+	/* priorities 0 1 2 0 1 2 -> 2 5 1 4 0 3 */
+	expect_order((const uint32_t[]){2, 5, 1, 4, 0, 3}, 6);
+	sched_remove_at(&queue, 0);
+	expect_order((const uint32_t[]){5, 1, 4, 0, 3}, 5);
+	sched_remove_at(&queue, 2);
+	expect_order((const uint32_t[]){5, 1, 0, 3}, 4);
+	sched_remove_at(&queue, 3);
+	expect_order((const uint32_t[]){5, 1, 0}, 3);
+	/* A later arrival with an equal priority goes after its equals. */
+	arrive(&prio, 9, 10, 1);
+	expect_order((const uint32_t[]){5, 1, 9, 0}, 4);
+}
+
+static void test_thresholds(void **state)
+{
+	(void)state;
+	struct sched_state s = {.arrival = 1, .priority = 0, .boost = 1};
+	assert_int_equal(sched_threshold(&fifo, 0, &s), 1000);
+	assert_int_equal(sched_threshold(&fifo, 1, &s), 10);
+	assert_int_equal(sched_threshold(&fifo, 500, &s), 10);
+	/* A state that was never initialised counts as no boost. */
+	s.boost = 0;
+	assert_int_equal(sched_threshold(&fifo, 0, &s), 1000);
+}
+
+static void test_stickiness(void **state)
+{
+	(void)state;
+	struct sched_state s = {.arrival = 1, .priority = 0, .boost = 1};
+	sched_on_progress(&fifo, &s);
+	/* Raised by stick_mult, capped at spin_max. */
+	assert_int_equal(sched_threshold(&fifo, 1, &s), 200);
+	assert_int_equal(sched_threshold(&fifo, 0, &s), 15000);
+	/* Progress again does not compound beyond stick_mult. */
+	sched_on_progress(&fifo, &s);
+	assert_int_equal(sched_threshold(&fifo, 1, &s), 200);
+	/* Preemption resets it. */
+	sched_on_preempt(&s);
+	assert_int_equal(sched_threshold(&fifo, 1, &s), 10);
+	assert_int_equal(sched_threshold(&fifo, 0, &s), 1000);
+	/* A zero multiplier means no raise. */
+	struct sched_params flat = fifo;
+	flat.stick_mult = 0;
+	sched_on_progress(&flat, &s);
+	assert_int_equal(sched_threshold(&flat, 1, &s), 10);
+}
+
+static void test_queue_full(void **state)
+{
+	(void)state;
+	reset();
+	for (uint32_t t = 0; t < SCHED_MAX_TASKS; t++)
+		arrive(&fifo, t, t + 1, 0);
+	states[SCHED_MAX_TASKS] = (struct sched_state){.arrival = SCHED_MAX_TASKS + 1, .boost = 1};
+	assert_int_equal(sched_insert(&fifo, &queue, states, SCHED_MAX_TASKS), -1);
+	assert_int_equal(queue.n, SCHED_MAX_TASKS);
+	assert_int_equal(queue.idx[0], 0);
+	assert_int_equal(queue.idx[SCHED_MAX_TASKS - 1], SCHED_MAX_TASKS - 1);
+	/* Room again after a removal. */
+	sched_remove_at(&queue, 0);
+	assert_int_equal(sched_insert(&fifo, &queue, states, SCHED_MAX_TASKS), 0);
+	assert_int_equal(queue.idx[SCHED_MAX_TASKS - 1], SCHED_MAX_TASKS);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+	    cmocka_unit_test(test_fifo_order),  cmocka_unit_test(test_priority_order),
+	    cmocka_unit_test(test_remove_keeps_order), cmocka_unit_test(test_thresholds),
+	    cmocka_unit_test(test_stickiness),  cmocka_unit_test(test_queue_full),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
