@@ -205,6 +205,7 @@ static void qp_fail_pending(struct qp_rec *q)
 		}
 	}
 	atomic_fetch_add_explicit((_Atomic uint64_t *)&h->completed, failed, memory_order_release);
+	queue_wake_waiters(h);
 	atomic_store_explicit((_Atomic uint64_t *)&h->sq_head, tail + 1, memory_order_release);
 	atomic_store_explicit((_Atomic uint32_t *)&h->engine_state, DFCCL_ENGINE_DEAD, memory_order_release);
 	if (failed)

@@ -154,6 +154,7 @@ void sq_complete(struct sq_queue *q, uint64_t seq, uint32_t status)
 	uint32_t slot = DFCCL_QP_SLOT(seq, q->n);
 	atomic_store_explicit(A64(&q->cw[slot]), DFCCL_CW_MAKE(seq, status), memory_order_release);
 	atomic_fetch_add_explicit(A64(&q->hdr->completed), 1, memory_order_release);
+	queue_wake_waiters(q->hdr);
 }
 
 void sq_set_engine_state(struct sq_queue *q, uint32_t state)

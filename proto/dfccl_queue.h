@@ -41,7 +41,12 @@
  * entry never blocks an armed one behind it. sq_head is the lowest sequence
  * number not yet taken.
  * Completion: the engine writes the slot's completion word once, as a single
- * 64-bit store, DFCCL_CW_MAKE(seq, status); then it increments `completed`.
+ * 64-bit store, DFCCL_CW_MAKE(seq, status); then it increments `completed`,
+ * and if `waiters` is nonzero (read after a full barrier) it wakes the
+ * futex on the low 32 bits of `completed`. A client thread that wants to
+ * sleep increments `waiters`, reads `completed`, checks its entries once
+ * more, and sleeps on that futex value: a completion after the read changes
+ * the value, one before it is seen by the check, so no wake-up is lost.
  * Per slot the word only grows (seq grows with each lap), so a GPU stream can
  * wait on it with a 64-bit ">=" against DFCCL_CW_MAKE(seq, 0).
  */
@@ -147,7 +152,10 @@ struct dfccl_qp_header {
 	/* --- line 1: client-written */
 	uint64_t sq_tail; /* client: last sequence number reserved; engine reads */
 	uint64_t client_heartbeat_ns; /* client: CLOCK_MONOTONIC of its last poll; supervisor reads */
-	uint8_t pad1[DFCCL_CACHE_LINE - 16];
+	uint32_t waiters; /* client: threads sleeping on the low 32 bits of `completed` (a futex);
+	                   * engine and supervisor read it after each completion and wake them */
+	uint32_t reserved1;
+	uint8_t pad1[DFCCL_CACHE_LINE - 24];
 	/* --- line 2: engine-written progress */
 	uint64_t sq_head;   /* engine: lowest sequence number not yet taken; client, dfcclctl read */
 	uint64_t completed; /* engine: count of completion words written; client poller reads */
@@ -206,6 +214,7 @@ DFCCL_STATIC_ASSERT(offsetof(struct dfccl_qp_header, region_size) == 48, "region
 DFCCL_STATIC_ASSERT(offsetof(struct dfccl_qp_header, device) == 56, "device offset");
 DFCCL_STATIC_ASSERT(offsetof(struct dfccl_qp_header, sq_tail) == 64, "sq_tail on line 1");
 DFCCL_STATIC_ASSERT(offsetof(struct dfccl_qp_header, client_heartbeat_ns) == 72, "heartbeat offset");
+DFCCL_STATIC_ASSERT(offsetof(struct dfccl_qp_header, waiters) == 80, "waiters offset");
 DFCCL_STATIC_ASSERT(offsetof(struct dfccl_qp_header, sq_head) == 128, "sq_head on line 2");
 DFCCL_STATIC_ASSERT(offsetof(struct dfccl_qp_header, completed) == 136, "completed offset");
 DFCCL_STATIC_ASSERT(offsetof(struct dfccl_qp_header, engine_state) == 192, "engine_state on line 3");

@@ -7,9 +7,14 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 void queue_header_init(struct dfccl_qp_header *h, uint32_t qp_id, uint32_t device, uint32_t sq_entries)
@@ -86,6 +91,32 @@ int queue_region_create(uint32_t qp_id, uint32_t device, uint32_t sq_entries, si
 fail:
 	close(fd);
 	return rc;
+}
+
+/* The low half of the 64-bit counter: the futex word (little-endian). */
+static uint32_t *completed_word(const struct dfccl_qp_header *h)
+{
+	return (uint32_t *)&h->completed;
+}
+
+void queue_wake_waiters(struct dfccl_qp_header *h)
+{
+	atomic_thread_fence(memory_order_seq_cst);
+	if (atomic_load_explicit((_Atomic uint32_t *)&h->waiters, memory_order_relaxed) == 0)
+		return;
+	/* Shared futex: the region is mapped by other processes. */
+	syscall(SYS_futex, completed_word(h), FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+uint32_t queue_completion_mark(const struct dfccl_qp_header *h)
+{
+	return atomic_load_explicit((_Atomic uint32_t *)completed_word(h), memory_order_acquire);
+}
+
+void queue_wait_completion(struct dfccl_qp_header *h, uint32_t mark, uint64_t timeout_ns)
+{
+	struct timespec ts = {.tv_sec = (time_t)(timeout_ns / 1000000000u), .tv_nsec = (long)(timeout_ns % 1000000000u)};
+	syscall(SYS_futex, completed_word(h), FUTEX_WAIT, mark, &ts, NULL, 0);
 }
 
 const char *queue_engine_state_name(uint32_t state)

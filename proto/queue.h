@@ -29,6 +29,20 @@ int queue_header_check(const struct dfccl_qp_header *h, size_t mapped, char *err
  */
 int queue_region_create(uint32_t qp_id, uint32_t device, uint32_t sq_entries, size_t *size);
 
+/* Engine and supervisor side, after incrementing `completed`: wakes the
+ * client threads sleeping on it, if any (a system call only then). */
+void queue_wake_waiters(struct dfccl_qp_header *h);
+
+/* Client side: the futex value to sleep on (the low 32 bits of `completed`). */
+uint32_t queue_completion_mark(const struct dfccl_qp_header *h);
+
+/*
+ * Client side: sleeps until `completed` moves past `mark` or timeout_ns
+ * passes (the caller has incremented `waiters` before taking the mark).
+ * Returns at once if it already moved.
+ */
+void queue_wait_completion(struct dfccl_qp_header *h, uint32_t mark, uint64_t timeout_ns);
+
 /* Human name of an engine_state value ("polling", "sleeping", ...). */
 const char *queue_engine_state_name(uint32_t state);
 

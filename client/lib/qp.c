@@ -223,11 +223,30 @@ static bool qp_cond_met(struct qp *q, const struct qp_cond *c)
 	return __atomic_load_n(&q->reaped[c->slot], __ATOMIC_ACQUIRE) >= c->prev;
 }
 
+/* Longest futex sleep: the waiter wakes this often to check that the
+ * queue pair and the daemon are alive. */
+#define QP_FUTEX_TIMEOUT_NS 10000000ull
+
 void qp_backoff_pause(struct qp_backoff *b)
 {
 	if (b->spins < QP_SPINS) {
 		b->spins++;
+		if (b->q)
+			b->mark = queue_completion_mark(b->q->hdr);
 		cpu_relax();
+		return;
+	}
+	if (b->q) {
+		if (!b->waiting) {
+			/* Count ourselves in, then let the caller check once more
+			 * against a fresh mark before the first sleep. */
+			__atomic_add_fetch(&b->q->hdr->waiters, 1, __ATOMIC_SEQ_CST);
+			b->waiting = true;
+			b->mark = queue_completion_mark(b->q->hdr);
+			return;
+		}
+		queue_wait_completion(b->q->hdr, b->mark, QP_FUTEX_TIMEOUT_NS);
+		b->mark = queue_completion_mark(b->q->hdr);
 		return;
 	}
 	if (b->delay_ns < QP_SLEEP_MIN_NS)
@@ -235,6 +254,19 @@ void qp_backoff_pause(struct qp_backoff *b)
 	struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)b->delay_ns};
 	nanosleep(&ts, NULL);
 	b->delay_ns = b->delay_ns * 2 > QP_SLEEP_MAX_NS ? QP_SLEEP_MAX_NS : b->delay_ns * 2;
+}
+
+void qp_backoff_end(struct qp_backoff *b)
+{
+	if (b->waiting)
+		__atomic_sub_fetch(&b->q->hdr->waiters, 1, __ATOMIC_SEQ_CST);
+	b->waiting = false;
+}
+
+void qp_backoff_reset(struct qp_backoff *b)
+{
+	b->spins = 0;
+	b->delay_ns = 0;
 }
 
 bool qp_backoff_sleeping(const struct qp_backoff *b)
@@ -246,18 +278,21 @@ bool qp_backoff_sleeping(const struct qp_backoff *b)
  * gives up when the queue pair or the connection dies. */
 static dfcclResult_t qp_poll(struct qp *q, const struct qp_cond *c)
 {
-	struct qp_backoff b = QP_BACKOFF_INIT;
+	struct qp_backoff b = QP_BACKOFF_ON(q);
+	dfcclResult_t r = dfcclSuccess;
 	for (;;) {
 		if (qp_cond_met(q, c))
-			return dfcclSuccess;
+			break;
 		if (qp_backoff_sleeping(&b)) {
-			dfcclResult_t r = qp_health(q);
+			r = qp_health(q);
 			if (r != dfcclSuccess)
-				return r;
+				break;
 			qp_heartbeat(q);
 		}
 		qp_backoff_pause(&b);
 	}
+	qp_backoff_end(&b);
+	return r;
 }
 
 static void qp_ring(struct qp *q)

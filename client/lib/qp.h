@@ -93,14 +93,36 @@ bool qp_abandon(struct qp *q, struct qp_ticket *t);
  * machine with fewer cores than ranks. Start from QP_BACKOFF_INIT; start
  * again after progress.
  */
+/*
+ * Waiting for completions: spin a little, then sleep on the queue pair's
+ * completion futex (the engine wakes sleepers right after it completes an
+ * entry; see dfccl_queue.h), or, without a queue pair to sleep on, with a
+ * doubling delay. Use as
+ *     struct qp_backoff b = QP_BACKOFF_ON(q);
+ *     while (!done()) qp_backoff_pause(&b);
+ *     qp_backoff_end(&b);
+ * The pause takes the futex mark before the caller's next check, so a
+ * completion between the check and the sleep is never missed.
+ */
 struct qp_backoff {
 	unsigned spins;
 	uint64_t delay_ns;
+	struct qp *q;       /* the queue pair whose completions end the wait, or NULL */
+	uint32_t mark;      /* futex value seen before the caller's last check */
+	bool waiting;       /* counted in q's waiters */
 };
 
-#define QP_BACKOFF_INIT {0, 0}
+#define QP_BACKOFF_INIT {0, 0, NULL, 0, false}
+#define QP_BACKOFF_ON(qp) {0, 0, (qp), 0, false}
 
 void qp_backoff_pause(struct qp_backoff *b);
+
+/* Ends a wait (leaves the queue pair's waiters); call once the condition
+ * holds or the wait is abandoned. Harmless when nothing slept. */
+void qp_backoff_end(struct qp_backoff *b);
+
+/* Starts the spinning over (progress was made) without leaving the waiters. */
+void qp_backoff_reset(struct qp_backoff *b);
 
 /* True once the spinning is over (a good time for slower checks). */
 bool qp_backoff_sleeping(const struct qp_backoff *b);

@@ -102,12 +102,13 @@ dfcclResult_t req_result(const struct req *r)
 
 dfcclResult_t req_wait(struct req *r)
 {
-	struct qp_backoff b = QP_BACKOFF_INIT;
+	struct qp_backoff b = QP_BACKOFF_ON(r->qp);
 	while (!req_test(r)) {
 		if (qp_backoff_sleeping(&b))
 			qp_heartbeat(r->qp);
 		qp_backoff_pause(&b);
 	}
+	qp_backoff_end(&b);
 	return req_result(r);
 }
 
@@ -282,16 +283,17 @@ static void tracker_fini(struct req_tracker *t)
 
 void req_tracker_drain(struct req_tracker *t)
 {
-	struct qp_backoff b = QP_BACKOFF_INIT;
+	struct qp_backoff b = QP_BACKOFF_ON(t->qp);
 	for (;;) {
 		uint64_t oldest;
 		bool left;
 		if (tracker_scan(t, &oldest, &left) > 0)
-			b = (struct qp_backoff)QP_BACKOFF_INIT;
+			qp_backoff_reset(&b);
 		if (!left)
 			break;
 		qp_backoff_pause(&b);
 	}
+	qp_backoff_end(&b);
 	tracker_fini(t);
 }
 
@@ -320,19 +322,20 @@ void req_tracker_orphan(struct req_tracker *t)
 
 dfcclResult_t req_tracker_sync(struct req_tracker *t, bool wait)
 {
-	struct qp_backoff b = QP_BACKOFF_INIT;
 	pthread_mutex_lock(&t->lock);
 	uint64_t target = t->next_index;
+	struct qp_backoff b = QP_BACKOFF_ON(t->qp);
 	pthread_mutex_unlock(&t->lock);
 	for (;;) {
 		uint64_t oldest;
 		if (tracker_scan(t, &oldest, NULL) > 0)
-			b = (struct qp_backoff)QP_BACKOFF_INIT;
+			qp_backoff_reset(&b);
 		bool pending = oldest <= target;
 		if (pending && wait) {
 			qp_backoff_pause(&b);
 			continue;
 		}
+		qp_backoff_end(&b);
 		pthread_mutex_lock(&t->lock);
 		dfcclResult_t r = t->error;
 		char message[sizeof(t->message)];
@@ -366,6 +369,7 @@ dfcclResult_t req_submit(struct req_tracker *t, struct qp *q, const struct dfccl
 	/* Retire what already completed at the head, so that a communicator
 	 * nobody synchronizes does not collect entries without bound. */
 	pthread_mutex_lock(&t->lock);
+	t->qp = q;
 	tracker_link_locked(t, r);
 	while (t->head != r && !req_watched(t, t->head) && req_test(t->head))
 		tracker_retire_locked(t, t->head);
@@ -384,7 +388,7 @@ static void *poller_main(void *arg)
 	for (;;) {
 		while (!p->stop && p->watched == 0) {
 			pthread_cond_wait(&p->wake, &p->lock);
-			b = (struct qp_backoff)QP_BACKOFF_INIT;
+			qp_backoff_reset(&b);
 		}
 		if (p->stop)
 			break;
@@ -404,7 +408,7 @@ static void *poller_main(void *arg)
 		pthread_mutex_unlock(&p->lock);
 		req_retire_all(p, done);
 		if (retired > 0)
-			b = (struct qp_backoff)QP_BACKOFF_INIT;
+			qp_backoff_reset(&b);
 		else
 			qp_backoff_pause(&b);
 		pthread_mutex_lock(&p->lock);

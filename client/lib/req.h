@@ -68,6 +68,7 @@ struct req_tracker {
 	dfcclResult_t error;         /* first failure since the last req_tracker_sync(wait) */
 	char message[512];
 	struct req_poller *poller;
+	struct qp *qp;               /* the queue pair its entries go to (a communicator has one device) */
 	struct req_tracker *next;    /* poller lock: in the poller's list */
 };
 

@@ -23,6 +23,7 @@
  */
 #include "host_coll.h"
 
+#include <sched.h>
 #include <stdatomic.h>
 #include <string.h>
 
@@ -206,6 +207,8 @@ void host_comm_fail(struct host_comm *c, uint32_t status)
 
 /* ------------------------------------------------------------------ waits */
 
+#define HOST_YIELD_POLLS 64u
+
 /* The predicate of the wait at t's step: word(r) >= target for r < n. */
 struct coll_cond {
 	const uint64_t *word; /* rank 0's word */
@@ -263,12 +266,22 @@ static int coll_wait(const struct host_coll_env *env, struct host_task *t, uint3
 			rc = 1;
 			break;
 		}
-		if (spins >= threshold) {
+		/* A rank this engine hosts can only move when this engine runs
+		 * its task: spinning on it would just burn the threshold. */
+		uint32_t blocker = w.n == 1 ? t->peer : t->wait_rank;
+		if (spins >= threshold || t->comm->members[blocker].device == env->device) {
 			rc = 0;
 			break;
 		}
 		spins++;
-		cpu_relax();
+		/* On a node with fewer cores than busy processes (CI runs 8 ranks
+		 * on 2 cores) the rank we wait for may need this very core: give
+		 * it up now and then. With cores to spare the yield returns at
+		 * once and costs a system call per HOST_YIELD_POLLS polls. */
+		if (spins % HOST_YIELD_POLLS == 0)
+			sched_yield();
+		else
+			cpu_relax();
 	}
 	/* One shared-page update per wait, not per poll. */
 	if (spins)
