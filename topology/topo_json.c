@@ -258,7 +258,7 @@ int topo_json_from(const json_t *j, struct topo_model **out, char *err, size_t e
 	} else {
 		where = "(top level)";
 	}
-	json_t *devices, *links, *nics;
+	json_t *devices = NULL, *links = NULL, *nics = NULL;
 	int rc = check_keys(&r, j, where, keys);
 	if (rc == 0)
 		rc = check_version(&r, j, where);

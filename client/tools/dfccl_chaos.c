@@ -424,6 +424,8 @@ int main(int argc, char **argv)
 		printf("preemptions:   unknown (the daemon's counters could not be read)\n");
 	if (c.sync)
 		printf("device synchronizations: %" PRIu64 " (no-ops on the host engine)\n", syncs);
+	free(c.ids);
+	munmap(c.res, (size_t)c.nranks * sizeof(*c.res));
 	if (failed) {
 		printf("FAILED: %d of %d ranks did not complete every collective correctly\n", failed, c.nranks);
 		return TOOL_EXIT_FAIL;
