@@ -75,6 +75,14 @@ static const struct setting settings[] = {
      "how long a worker may take to report ready before it is killed and restarted"},
     {"shutdown-grace-ms", T_INT, F(shutdown_grace_ms), 0, 60000, "2000", NULL,
      "on SIGTERM, how long workers get to exit before they are killed"},
+    {"spin-head", T_INT, F(spin_head), 1, 100000000, "20000", NULL,
+     "polls a collective at the head of a device's task queue waits on a peer before it is preempted"},
+    {"spin-other", T_INT, F(spin_other), 1, 100000000, "200", NULL,
+     "polls any other collective waits on a peer before it is preempted"},
+    {"stick-mult", T_INT, F(stick_mult), 1, 1000, "20", NULL,
+     "after a collective progressed, its thresholds are multiplied by this (adaptive stickiness)"},
+    {"spin-max", T_INT, F(spin_max), 1, 1000000000, "2000000", NULL,
+     "the largest spin threshold stickiness can reach"},
 };
 #define NSETTINGS (sizeof(settings) / sizeof(settings[0]))
 

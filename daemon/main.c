@@ -18,29 +18,25 @@
 #include "topo_detect.h"
 #include "worker.h"
 
+/* The worker's arguments: --worker-device N, then settings as --name VALUE
+ * pairs, read through the same table as the supervisor's. */
 static int worker_entry(int argc, char **argv)
 {
 	unsigned device = 0;
-	int engine = DFCCLD_ENGINE_HOST, level = LOG_LEVEL_INFO, target = LOG_TARGET_AUTO;
+	struct dfccld_config cfg;
+	config_defaults(&cfg);
 	for (int i = 1; i + 1 < argc; i += 2) {
 		const char *k = argv[i], *v = argv[i + 1];
+		char err[256];
 		if (strcmp(k, "--worker-device") == 0)
 			device = (unsigned)strtoul(v, NULL, 10);
-		else if (strcmp(k, "--engine") == 0)
-			engine = strcmp(v, "cuda") == 0 ? DFCCLD_ENGINE_CUDA : DFCCLD_ENGINE_HOST;
-		else if (strcmp(k, "--log-level") == 0)
-			for (int l = LOG_LEVEL_ERR; l <= LOG_LEVEL_DEBUG; l++)
-				if (strcmp(v, log_level_name(l)) == 0)
-					level = l;
-		if (strcmp(k, "--log-target") == 0)
-			target = strcmp(v, "journal") == 0 ? LOG_TARGET_JOURNAL
-			         : strcmp(v, "stderr") == 0 ? LOG_TARGET_STDERR
-			                                    : LOG_TARGET_AUTO;
+		else if (strncmp(k, "--", 2) != 0 || config_set(&cfg, k + 2, v, err, sizeof(err)) < 0)
+			fprintf(stderr, "dfccld-worker: ignoring argument %s %s\n", k, v);
 	}
 	char ident[32];
 	snprintf(ident, sizeof(ident), "dfccld-worker[%u]", device);
-	log_setup(level, target, ident);
-	return worker_main(device, engine);
+	log_setup(cfg.log_level, cfg.log_target, ident);
+	return worker_main(device, &cfg);
 }
 
 int main(int argc, char **argv)

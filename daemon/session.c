@@ -236,7 +236,7 @@ static void reg_forget(struct session *s, struct session_reg *r)
 
 static void reg_release(struct session *s, struct session_reg *r)
 {
-	workers_del_reg_all(s->srv->workers, r->device, r->reg_id);
+	workers_del_reg_all(s->srv->workers, r->reg_id);
 	reg_forget(s, r);
 }
 

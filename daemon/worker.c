@@ -461,8 +461,9 @@ static int run_loop(struct worker_state *w)
 	return 0;
 }
 
-int worker_main(unsigned device, int engine)
+int worker_main(unsigned device, const struct dfccld_config *cfg)
 {
+	int engine = cfg->engine;
 	struct worker_state w;
 	memset(&w, 0, sizeof(w));
 	w.device = device;
@@ -490,10 +491,10 @@ int worker_main(unsigned device, int engine)
 	w.stats = sp;
 	struct host_engine_config ec = {
 	    .device = device,
-	    .sched = {.spin_head = SCHED_DEFAULT_SPIN_HEAD,
-	              .spin_other = SCHED_DEFAULT_SPIN_OTHER,
-	              .stick_mult = SCHED_DEFAULT_STICK_MULT,
-	              .spin_max = SCHED_DEFAULT_SPIN_MAX,
+	    .sched = {.spin_head = (uint32_t)cfg->spin_head,
+	              .spin_other = (uint32_t)cfg->spin_other,
+	              .stick_mult = (uint32_t)cfg->stick_mult,
+	              .spin_max = (uint32_t)cfg->spin_max,
 	              .order = SCHED_FIFO},
 	    .stats = w.stats,
 	    .reg_lookup = reg_lookup,

@@ -20,7 +20,10 @@
 #define WORKER_CTL_FD 3
 #define WORKER_STATS_FD 4
 
-/* Runs the worker; returns the process exit code. */
-int worker_main(unsigned device, int engine);
+struct dfccld_config;
+
+/* Runs the worker for `device` with the settings it was started with
+ * (engine, logging, scheduler thresholds); returns the exit code. */
+int worker_main(unsigned device, const struct dfccld_config *cfg);
 
 #endif

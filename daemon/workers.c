@@ -347,8 +347,7 @@ static void reg_wait_answer(struct workers *ws, uint32_t reg_id, uint32_t device
 		*pp = rw->next;
 		if (rw->code) {
 			log_warn("worker", "registration %u refused: %s", rw->reg_id, rw->message);
-			for (unsigned d = 0; d < ws->n; d++)
-				workers_del_reg(ws, d, rw->reg_id);
+			workers_del_reg_all(ws, rw->reg_id);
 		}
 		session_reg_done(ws->srv, rw->session_id, rw->request_id, rw->reg_id, rw->code, rw->message);
 		free(rw);
@@ -426,8 +425,14 @@ static int worker_spawn(struct worker *wk)
 	snprintf(devbuf, sizeof(devbuf), "%u", wk->device);
 	const char *lvl = log_level_name(srv->cfg.log_level);
 	const char *tgt = srv->cfg.log_target == 2 ? "journal" : srv->cfg.log_target == 1 ? "stderr" : "auto";
+	char sh[24], so[24], sm[24], sx[24];
+	snprintf(sh, sizeof(sh), "%lld", (long long)srv->cfg.spin_head);
+	snprintf(so, sizeof(so), "%lld", (long long)srv->cfg.spin_other);
+	snprintf(sm, sizeof(sm), "%lld", (long long)srv->cfg.stick_mult);
+	snprintf(sx, sizeof(sx), "%lld", (long long)srv->cfg.spin_max);
 	char *args[] = {(char *)srv->exe_path, "--worker-device", devbuf, "--engine", (char *)engine_arg(srv->engine),
-	                "--log-level", (char *)(lvl ? lvl : "info"), "--log-target", (char *)tgt, NULL};
+	                "--log-level", (char *)(lvl ? lvl : "info"), "--log-target", (char *)tgt, "--spin-head", sh,
+	                "--spin-other", so, "--stick-mult", sm, "--spin-max", sx, NULL};
 	uv_stdio_container_t stdio[WORKER_STATS_FD + 1];
 	stdio[0].flags = UV_IGNORE;
 	stdio[1].flags = UV_INHERIT_FD;
@@ -675,10 +680,11 @@ int workers_add_reg(struct workers *w, uint32_t device, uint32_t reg_id, uint64_
 		return -ENODEV;
 	if (ipc_len > sizeof(((struct reg_rec *)0)->ipc))
 		return -EINVAL;
-	/* The host engine's collectives read peers' buffers directly, so every
-	 * worker maps every registration; a GPU's worker maps only its own. */
+	/* Collectives on host memory read peers' buffers directly, so every
+	 * worker maps every host-memory registration; GPU memory is mapped by
+	 * the worker of its own GPU. */
 	unsigned first = device, last = device;
-	if (w->srv->engine == DFCCLD_ENGINE_HOST) {
+	if (kind == DFCCL__V1__MEM_KIND__MEM_HOST_MEMFD) {
 		first = 0;
 		last = w->n - 1;
 	}
@@ -740,16 +746,14 @@ void workers_del_reg(struct workers *w, uint32_t device, uint32_t reg_id)
 	}
 }
 
-void workers_del_reg_all(struct workers *w, uint32_t device, uint32_t reg_id)
+void workers_del_reg_all(struct workers *w, uint32_t reg_id)
 {
-	if (!w)
-		return;
-	if (w->srv->engine != DFCCLD_ENGINE_HOST) {
-		workers_del_reg(w, device, reg_id);
-		return;
-	}
-	for (unsigned d = 0; d < w->n; d++)
-		workers_del_reg(w, d, reg_id);
+	for (unsigned d = 0; w && d < w->n; d++)
+		for (struct reg_rec *r = w->w[d].regs; r; r = r->next)
+			if (r->reg_id == reg_id) {
+				workers_del_reg(w, d, reg_id);
+				break;
+			}
 }
 
 /* ------------------------------------------------------------ communicators */

@@ -57,8 +57,8 @@ int workers_add_reg(struct workers *w, uint32_t device, uint32_t reg_id, uint64_
 /* Removes a registration from one device's worker. */
 void workers_del_reg(struct workers *w, uint32_t device, uint32_t reg_id);
 /* Removes a registration made with workers_add_reg from every worker that
- * got it (all of them on the host engine). */
-void workers_del_reg_all(struct workers *w, uint32_t device, uint32_t reg_id);
+ * got it (all of them for host memory). */
+void workers_del_reg_all(struct workers *w, uint32_t reg_id);
 
 /*
  * Hands a ready communicator's shared region (fd borrowed) to the worker of

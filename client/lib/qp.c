@@ -353,11 +353,19 @@ bool qp_abandon(struct qp *q, struct qp_ticket *t)
 	 * did complete; wait the moment it takes to say so. */
 	struct qp_ticket *expected = t;
 	if (__atomic_compare_exchange_n(&q->tickets[DFCCL_QP_SLOT(t->seq, q->entries)], &expected, NULL, false,
-	                                __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+	                                __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+		__atomic_store_n(&t->abandoned, 1, __ATOMIC_RELEASE);
 		return true;
-	while (!__atomic_load_n(&t->done, __ATOMIC_ACQUIRE))
+	}
+	/* Another thread took the ticket: a harvester (it completes it) or
+	 * another abandoner (it gave it up); wait for whichever says so. */
+	for (;;) {
+		if (__atomic_load_n(&t->done, __ATOMIC_ACQUIRE))
+			return false;
+		if (__atomic_load_n(&t->abandoned, __ATOMIC_ACQUIRE))
+			return true;
 		cpu_relax();
-	return false;
+	}
 }
 
 dfcclResult_t qp_wait(struct qp *q, struct qp_ticket *t)

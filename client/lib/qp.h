@@ -37,6 +37,7 @@ struct qp_ticket {
 	uint64_t seq;     /* queue sequence number */
 	uint32_t status;  /* DFCCL_CQ_*, valid once done */
 	int done;         /* atomic: status captured, slot released */
+	int abandoned;    /* atomic: given up by qp_abandon (never completes) */
 };
 
 struct qp {

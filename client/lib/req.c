@@ -162,8 +162,9 @@ static void tracker_account_locked(struct req_tracker *t, struct req *r)
 	if (r->accounted)
 		return;
 	r->accounted = true;
-	if (r->result != dfcclSuccess && t->error == dfcclSuccess) {
+	if (r->result != dfcclSuccess && (t->error == dfcclSuccess || r->index < t->error_index)) {
 		t->error = r->result;
+		t->error_index = r->index;
 		snprintf(t->message, sizeof(t->message), "%s", r->message);
 	}
 }

@@ -66,6 +66,8 @@ struct req_tracker {
 	struct req *head, *tail;     /* in submission order */
 	uint64_t next_index;
 	dfcclResult_t error;         /* first failure since the last req_tracker_sync(wait) */
+	uint64_t error_index;        /* its entry's index: "first" is by submission, not by
+	                              * the order in which scans happen to see completions */
 	char message[512];
 	struct req_poller *poller;
 	struct qp *qp;               /* the queue pair its entries go to (a communicator has one device) */

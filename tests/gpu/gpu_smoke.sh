@@ -3,7 +3,8 @@
 # daemon probes the GPUs without touching them itself, runs one worker per
 # GPU that owns its CUDA context, reports each GPU's PCI bus id and the MPS
 # state, serves every GPU's queue pair, and replaces a worker SIGKILLed
-# while the other GPUs' workers keep serving. Where no GPU exists it says so
+# while the other GPUs' workers keep serving, and runs host-buffer
+# collectives through those workers. Where no GPU exists it says so
 # and exits 77 (ctest: skipped).
 #
 # Usage: gpu_smoke.sh BINDIR   (the folder holding dfccld and dfcclctl)
@@ -102,6 +103,12 @@ done
 [ "$(json "' '.join(str(x['worker_pid']) for x in d['devices'][1:])" <"$tmp/status.json")" = "$others" ] ||
 	fail "the workers of other GPUs changed"
 ctl ping --device 0 --count 50 | tail -1 || fail "ping on GPU 0 after its restart"
+
+if [ -x "$bin/dfccl-chaos" ]; then
+	echo "== collectives on host buffers through the GPUs' workers (2 ranks per GPU)"
+	"$bin/dfccl-chaos" --socket "$sock" --nranks $((2 * ngpu)) --comms 4 --iters 20 --min-bytes 64 \
+		--max-bytes 256K --seed 11 | tail -3 || fail "dfccl-chaos on the GPU workers"
+fi
 stop_daemon
 
 if command -v nvidia-cuda-mps-control >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then

@@ -212,10 +212,35 @@ static void test_matrix_8(void **state) { run_matrix(8, 3); }
 
 /* ------------------------------------------------------------ dfccl-chaos */
 
+/* What run_chaos kills, kill_after_ms after the start. */
+enum chaos_victim {
+	VICTIM_NONE,
+	VICTIM_RANK,    /* one of dfccl-chaos's rank processes */
+	VICTIM_WORKER0, /* the daemon's worker of device 0 */
+};
+
+/* The pid of device `dev`'s worker, from the daemon's status; *up tells
+ * whether it is serving (optional). */
+static pid_t worker_pid_of(const struct daemon_proc *d, unsigned dev, int *up)
+{
+	struct raw_client c;
+	assert_int_equal(raw_connect(&c, d->socket, DFCCL_PROTO_MIN_VERSION, DFCCL_PROTO_VERSION, NULL), 0);
+	dfccl_envelope *r = raw_query(&c, DFCCL__V1__QUERY_KIND__QUERY_STATUS);
+	raw_close(&c);
+	assert_non_null(r);
+	assert_true(r->query_reply->status->n_devices > dev);
+	pid_t pid = r->query_reply->status->devices[dev]->worker_pid;
+	if (up)
+		*up = r->query_reply->status->devices[dev]->worker_up;
+	frame_envelope_free(r);
+	return pid;
+}
+
 /* Runs dfccl-chaos with args (NULL-terminated) and its output in *out
- * (caller frees); returns its exit status, or -1 on timeout. If kill_after_ms
- * > 0, one of its rank processes is SIGKILLed that long after the start. */
-static int run_chaos(const struct daemon_proc *d, int timeout_ms, int kill_after_ms, char **out, ...)
+ * (caller frees); returns its exit status, or -1 on timeout. With a victim,
+ * that process is SIGKILLed kill_after_ms after the start. */
+static int run_chaos(const struct daemon_proc *d, int timeout_ms, enum chaos_victim victim_kind, int kill_after_ms,
+                     char **out, ...)
 {
 	char log[160];
 	snprintf(log, sizeof(log), "%s/chaos.out", d->dir);
@@ -237,7 +262,10 @@ static int run_chaos(const struct daemon_proc *d, int timeout_ms, int kill_after
 		_exit(127);
 	}
 	assert_true(pid > 0);
-	if (kill_after_ms > 0) {
+	if (victim_kind == VICTIM_WORKER0) {
+		usleep((useconds_t)kill_after_ms * 1000);
+		assert_int_equal(kill(worker_pid_of(d, 0, NULL), SIGKILL), 0);
+	} else if (victim_kind == VICTIM_RANK) {
 		usleep((useconds_t)kill_after_ms * 1000);
 		/* A rank is a child of dfccl-chaos. */
 		char path[64], buf[256] = "";
@@ -258,7 +286,7 @@ static int run_chaos(const struct daemon_proc *d, int timeout_ms, int kill_after
 		(*out)[n] = 0;
 		fclose(f);
 	}
-	if (rc != 0 && kill_after_ms == 0)
+	if (rc != 0 && victim_kind == VICTIM_NONE)
 		fprintf(stderr, "dfccl-chaos exited with %d:\n%s\n", rc, *out);
 	return rc;
 }
@@ -273,7 +301,7 @@ static void chaos_expect_ok(void **state, ...)
 		;
 	va_end(ap);
 	char *out;
-	int rc = run_chaos(d, 120000, 0, &out, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], NULL);
+	int rc = run_chaos(d, 120000, VICTIM_NONE, 0, &out, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], NULL);
 	int ok = strstr(out, "OK: every collective completed with a correct result") != NULL;
 	free(out);
 	assert_int_equal(rc, 0);
@@ -311,7 +339,7 @@ static void test_rank_killed(void **state)
 	struct daemon_proc *d = *state;
 	char *out;
 	uint64_t t0 = now_ms();
-	int rc = run_chaos(d, 40000, 1500, &out, "--nranks", "4", "--comms", "4", "--iters", "100000", "--max-bytes",
+	int rc = run_chaos(d, 40000, VICTIM_RANK, 1500, &out, "--nranks", "4", "--comms", "4", "--iters", "100000", "--max-bytes",
 	                   "64K", NULL);
 	uint64_t took = now_ms() - t0;
 	fprintf(stderr, "chaos with a killed rank: exit %d after %llu ms\n%s", rc, (unsigned long long)took, out);
@@ -323,6 +351,34 @@ static void test_rank_killed(void **state)
 	assert_true(took < 1500 + 25000);
 	free(out);
 	/* The daemon still serves a new run. */
+	chaos_expect_ok(state, "--nranks", "4", "--comms", "4", "--iters", "10", "--max-bytes", "64K", NULL);
+}
+
+static void test_worker_killed(void **state)
+{
+	struct daemon_proc *d = *state;
+	char *out;
+	/* Ranks alternate between the two devices, so every communicator of
+	 * the run has ranks on device 0, whose worker dies mid-run. */
+	uint64_t t0 = now_ms();
+	int rc = run_chaos(d, 40000, VICTIM_WORKER0, 1500, &out, "--nranks", "4", "--comms", "4", "--iters",
+	                   "100000", "--max-bytes", "64K", NULL);
+	uint64_t took = now_ms() - t0;
+	fprintf(stderr, "chaos with a killed worker: exit %d after %llu ms\n%s", rc, (unsigned long long)took, out);
+	int lost = strstr(out, "worker for this device died") != NULL;
+	int hung = strstr(out, "did not end within") != NULL;
+	free(out);
+	/* Every rank ended on its own with an error, in bounded time. */
+	assert_true(rc > 0 && rc < 128);
+	assert_true(lost);
+	assert_false(hung);
+	assert_true(took < 1500 + 25000);
+	/* The worker came back and the daemon serves a new run on both devices. */
+	uint64_t deadline = now_ms() + 10000;
+	int up = 0;
+	while (now_ms() < deadline && (worker_pid_of(d, 0, &up), !up))
+		usleep(50000);
+	assert_true(up);
 	chaos_expect_ok(state, "--nranks", "4", "--comms", "4", "--iters", "10", "--max-bytes", "64K", NULL);
 }
 
@@ -426,6 +482,7 @@ int main(void)
 	    cmocka_unit_test_setup_teardown(test_deadlock_registered, daemon_setup2, daemon_teardown),
 	    cmocka_unit_test_setup_teardown(test_megatron_3d, daemon_setup2, daemon_teardown),
 	    cmocka_unit_test_setup_teardown(test_rank_killed, daemon_setup2, daemon_teardown),
+	    cmocka_unit_test_setup_teardown(test_worker_killed, daemon_setup2, daemon_teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

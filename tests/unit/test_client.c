@@ -328,7 +328,10 @@ static void test_devices(void **state)
  * with the status in `status`. */
 struct qp_fixture {
 	struct qp *q;
-	struct dfccl_qp_header *engine_view; /* the engine's own mapping of the region */
+	struct dfccl_qp_header *engine_view; /* the region as the fake engine reaches it: the client's
+	                                      * own mapping, so the thread sanitizer sees every
+	                                      * hand-off between the two (it cannot follow one made
+	                                      * through a second mapping of the same memory) */
 	size_t size;
 	int bell;
 	int lost;
@@ -366,6 +369,7 @@ static void *fake_engine(void *arg)
 		head++;
 		__atomic_store_n(&h->sq_head, head, __ATOMIC_RELEASE);
 		__atomic_add_fetch(&h->completed, 1, __ATOMIC_RELEASE);
+		queue_wake_waiters(h); /* as the real engine does after every completion */
 	}
 	return NULL;
 }
@@ -375,13 +379,12 @@ static int qp_setup(void **state)
 	struct qp_fixture *f = calloc(1, sizeof(*f));
 	int memfd = queue_region_create(5, 0, TEST_SQ_ENTRIES, &f->size);
 	assert_true(memfd >= 0);
-	f->engine_view = mmap(NULL, f->size, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
-	assert_true(f->engine_view != MAP_FAILED);
 	f->bell = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 	int client_bell = dup(f->bell);
 	f->status = DFCCL_CQ_NOT_SUPPORTED;
 	f->engine_on = 1;
 	assert_int_equal(qp_map(memfd, client_bell, f->size, 0, &f->lost, &f->q), dfcclSuccess);
+	f->engine_view = f->q->hdr;
 	assert_int_equal(f->q->entries, TEST_SQ_ENTRIES);
 	assert_int_equal(f->q->qp_id, 5);
 	assert_int_equal(pthread_create(&f->engine, NULL, fake_engine, f), 0);
@@ -400,7 +403,6 @@ static int qp_teardown(void **state)
 	__atomic_store_n(&f->stop, 1, __ATOMIC_RELEASE);
 	pthread_join(f->engine, NULL);
 	qp_free(f->q);
-	munmap(f->engine_view, f->size);
 	close(f->bell);
 	free(f);
 	return 0;
@@ -670,7 +672,7 @@ static void test_req_callbacks(void **state)
 	for (int i = 0; i < 10; i++)
 		submit_one(f, t, i == 3 ? DFCCL_CQ_BAD_REG : DFCCL_CQ_OK, on_done, &s, false);
 	wait_calls(&s, 11);
-	assert_int_equal(s.errors, 1);
+	assert_int_equal(__atomic_load_n(&s.errors, __ATOMIC_ACQUIRE), 1);
 	/* Every callback ran on the library's completion thread. */
 	assert_false(pthread_equal(s.thread, pthread_self()));
 	assert_int_equal(s.other_thread, 0);
@@ -684,7 +686,8 @@ static void test_req_callbacks(void **state)
 	submit_one(f, t, DFCCL_CQ_OK, on_done, &s, false);
 	engine_pause(f, 1);
 	req_tracker_drain(t);
-	assert_int_equal(s.calls, 13);
+	f->t_gone = true;
+	assert_int_equal(__atomic_load_n(&s.calls, __ATOMIC_ACQUIRE), 13);
 }
 
 static void test_req_connection_lost(void **state)
@@ -703,7 +706,7 @@ static void test_req_connection_lost(void **state)
 	assert_int_equal(dfcclWait((dfcclRequest_t)r), dfcclDaemonUnavailable);
 	assert_non_null(strstr(dfcclGetLastError(NULL), "AllReduce did not complete: lost the connection"));
 	wait_calls(&s, 1);
-	assert_int_equal(s.errors, 1);
+	assert_int_equal(__atomic_load_n(&s.errors, __ATOMIC_ACQUIRE), 1);
 	assert_int_equal(req_tracker_sync(t, true), dfcclDaemonUnavailable);
 	req_tracker_drain(t);
 	f->t_gone = true;

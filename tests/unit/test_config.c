@@ -88,7 +88,7 @@ static void test_defaults(void **state)
 		n++;
 	}
 	fclose(dump);
-	assert_int_equal(n, 17);
+	assert_int_equal(n, 21);
 	assert_memory_equal(&c, &d, sizeof(c));
 }
 
