@@ -183,25 +183,36 @@ static void comm_fail_init(struct comm *c, int code, const char *msg)
 			comm_member_leave(c, r);
 }
 
-/* Every worker took the communicator: answer the ranks. */
-static void comm_finish_init(struct comm *c)
+/* The ranks of c as the protocol lists them (CommInitReply, WorkerCommAdd):
+ * one allocation, freed with free(*rankp). Returns 0 or -ENOMEM. */
+static int comm_rank_table(const struct comm *c, Dfccl__V1__CommRank ***rankp)
 {
-	c->state = COMM_READY;
-	Dfccl__V1__CommRank *ranks = calloc(c->nranks, sizeof(*ranks));
-	Dfccl__V1__CommRank **rankp = calloc(c->nranks, sizeof(*rankp));
-	if (!ranks || !rankp) {
-		free(ranks);
-		free(rankp);
-		comm_fail_init(c, EC(RESOURCE), "out of memory completing communicator init");
-		return;
-	}
+	/* The pointer array and the records in one block. */
+	void *block = calloc(c->nranks, sizeof(Dfccl__V1__CommRank *) + sizeof(Dfccl__V1__CommRank));
+	if (!block)
+		return -ENOMEM;
+	Dfccl__V1__CommRank **ptrs = block;
+	Dfccl__V1__CommRank *ranks = (Dfccl__V1__CommRank *)(ptrs + c->nranks);
 	for (uint32_t r = 0; r < c->nranks; r++) {
 		dfccl__v1__comm_rank__init(&ranks[r]);
 		ranks[r].rank = r;
 		ranks[r].device = c->members[r].device;
 		ranks[r].session_id = c->members[r].session_id;
 		ranks[r].pid = c->members[r].pid;
-		rankp[r] = &ranks[r];
+		ptrs[r] = &ranks[r];
+	}
+	*rankp = ptrs;
+	return 0;
+}
+
+/* Every worker took the communicator: answer the ranks. */
+static void comm_finish_init(struct comm *c)
+{
+	c->state = COMM_READY;
+	Dfccl__V1__CommRank **rankp;
+	if (comm_rank_table(c, &rankp) < 0) {
+		comm_fail_init(c, EC(RESOURCE), "out of memory completing communicator init");
+		return;
 	}
 	log_info("comm", "communicator %llu ready: %u ranks (uid %u)", (unsigned long long)c->id, c->nranks,
 	         (unsigned)c->uid);
@@ -219,7 +230,6 @@ static void comm_finish_init(struct comm *c)
 		m->state = MEMBER_ACTIVE;
 		session_reply(m->session, m->request_id, &env, NULL, 0);
 	}
-	free(ranks);
 	free(rankp);
 }
 
@@ -263,31 +273,21 @@ static void comm_activate(struct comm *c)
 		comm_fail_init(c, EC(RESOURCE), msg);
 		return;
 	}
-	Dfccl__V1__CommRank *ranks = calloc(c->nranks, sizeof(*ranks));
-	const Dfccl__V1__CommRank **rankp = calloc(c->nranks, sizeof(*rankp));
-	if (!ranks || !rankp) {
-		free(ranks);
-		free(rankp);
+	Dfccl__V1__CommRank **rankp;
+	if (comm_rank_table(c, &rankp) < 0) {
 		comm_fail_init(c, EC(RESOURCE), "out of memory activating the communicator");
 		return;
 	}
-	for (uint32_t r = 0; r < c->nranks; r++) {
-		dfccl__v1__comm_rank__init(&ranks[r]);
-		ranks[r].rank = r;
-		ranks[r].device = c->members[r].device;
-		ranks[r].session_id = c->members[r].session_id;
-		ranks[r].pid = c->members[r].pid;
-		rankp[r] = &ranks[r];
+	for (uint32_t r = 0; r < c->nranks; r++)
 		c->devices |= 1ull << c->members[r].device;
-	}
 	int failed_dev = -1;
 	for (uint32_t d = 0; d < 64 && failed_dev < 0 && srv->workers; d++) {
 		if (!(c->devices & (1ull << d)))
 			continue;
-		if (workers_comm_add(srv->workers, d, c->id, c->nranks, rankp, c->region_fd, c->region_size) < 0)
+		if (workers_comm_add(srv->workers, d, c->id, c->nranks, (const Dfccl__V1__CommRank **)rankp, c->region_fd,
+		                     c->region_size) < 0)
 			failed_dev = (int)d;
 	}
-	free(ranks);
 	free(rankp);
 	if (!srv->workers) {
 		/* A detached server (server_init_detached) has no workers to

@@ -25,25 +25,6 @@
 
 #define NOBODY 65534
 
-static int setup2(void **state)
-{
-	struct daemon_proc *d = calloc(1, sizeof(*d));
-	if (daemon_start(d, 2, NULL) < 0) {
-		free(d);
-		return -1;
-	}
-	*state = d;
-	return 0;
-}
-
-static int teardown(void **state)
-{
-	struct daemon_proc *d = *state;
-	int rc = daemon_stop(d);
-	free(d);
-	return rc == 0 ? 0 : -1;
-}
-
 /* ------------------------------------------------------------ rank bodies */
 
 struct job {
@@ -481,13 +462,13 @@ int main(void)
 {
 	signal(SIGPIPE, SIG_IGN);
 	const struct CMUnitTest tests[] = {
-	    cmocka_unit_test_setup_teardown(test_library_basics, setup2, teardown),
-	    cmocka_unit_test_setup_teardown(test_init_four_processes, setup2, teardown),
-	    cmocka_unit_test_setup_teardown(test_init_timeout_names_missing_ranks, setup2, teardown),
-	    cmocka_unit_test_setup_teardown(test_other_uid_refused, setup2, teardown),
-	    cmocka_unit_test_setup_teardown(test_killed_client, setup2, teardown),
-	    cmocka_unit_test_setup_teardown(test_killed_worker, setup2, teardown),
-	    cmocka_unit_test_setup_teardown(test_shutdown_notifies_clients, setup2, teardown),
+	    cmocka_unit_test_setup_teardown(test_library_basics, daemon_setup2, daemon_teardown),
+	    cmocka_unit_test_setup_teardown(test_init_four_processes, daemon_setup2, daemon_teardown),
+	    cmocka_unit_test_setup_teardown(test_init_timeout_names_missing_ranks, daemon_setup2, daemon_teardown),
+	    cmocka_unit_test_setup_teardown(test_other_uid_refused, daemon_setup2, daemon_teardown),
+	    cmocka_unit_test_setup_teardown(test_killed_client, daemon_setup2, daemon_teardown),
+	    cmocka_unit_test_setup_teardown(test_killed_worker, daemon_setup2, daemon_teardown),
+	    cmocka_unit_test_setup_teardown(test_shutdown_notifies_clients, daemon_setup2, daemon_teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -31,25 +31,6 @@
 
 #define EC(x) DFCCL__V1__ERROR_CODE__ERROR_##x
 
-static int setup(void **state)
-{
-	struct daemon_proc *d = calloc(1, sizeof(*d));
-	if (daemon_start(d, 2, NULL) < 0) {
-		free(d);
-		return -1;
-	}
-	*state = d;
-	return 0;
-}
-
-static int teardown(void **state)
-{
-	struct daemon_proc *d = *state;
-	int rc = daemon_stop(d);
-	free(d);
-	return rc == 0 ? 0 : -1;
-}
-
 static struct raw_client connect_ok(struct daemon_proc *d)
 {
 	struct raw_client c;
@@ -682,17 +663,17 @@ int main(void)
 {
 	signal(SIGPIPE, SIG_IGN);
 	const struct CMUnitTest tests[] = {
-	    cmocka_unit_test_setup_teardown(test_hello_and_status, setup, teardown),
-	    cmocka_unit_test_setup_teardown(test_version_mismatch, setup, teardown),
-	    cmocka_unit_test_setup_teardown(test_request_before_hello, setup, teardown),
-	    cmocka_unit_test_setup_teardown(test_malformed_frames, setup, teardown),
-	    cmocka_unit_test_setup_teardown(test_truncated_frame_then_close, setup, teardown),
-	    cmocka_unit_test_setup_teardown(test_queue_nop_and_garbage, setup, teardown),
-	    cmocka_unit_test_setup_teardown(test_unarmed_does_not_block, setup, teardown),
-	    cmocka_unit_test_setup_teardown(test_register_checks, setup, teardown),
-	    cmocka_unit_test_setup_teardown(test_registered_range_checked_by_engine, setup, teardown),
-	    cmocka_unit_test_setup_teardown(test_disconnect_cleans_up, setup, teardown),
-	    cmocka_unit_test_setup_teardown(test_sigterm_tells_clients, setup, teardown),
+	    cmocka_unit_test_setup_teardown(test_hello_and_status, daemon_setup2, daemon_teardown),
+	    cmocka_unit_test_setup_teardown(test_version_mismatch, daemon_setup2, daemon_teardown),
+	    cmocka_unit_test_setup_teardown(test_request_before_hello, daemon_setup2, daemon_teardown),
+	    cmocka_unit_test_setup_teardown(test_malformed_frames, daemon_setup2, daemon_teardown),
+	    cmocka_unit_test_setup_teardown(test_truncated_frame_then_close, daemon_setup2, daemon_teardown),
+	    cmocka_unit_test_setup_teardown(test_queue_nop_and_garbage, daemon_setup2, daemon_teardown),
+	    cmocka_unit_test_setup_teardown(test_unarmed_does_not_block, daemon_setup2, daemon_teardown),
+	    cmocka_unit_test_setup_teardown(test_register_checks, daemon_setup2, daemon_teardown),
+	    cmocka_unit_test_setup_teardown(test_registered_range_checked_by_engine, daemon_setup2, daemon_teardown),
+	    cmocka_unit_test_setup_teardown(test_disconnect_cleans_up, daemon_setup2, daemon_teardown),
+	    cmocka_unit_test_setup_teardown(test_sigterm_tells_clients, daemon_setup2, daemon_teardown),
 	    cmocka_unit_test(test_uid_quotas),
 	    cmocka_unit_test(test_engine_cuda_without_gpu),
 	};
