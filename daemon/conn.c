@@ -251,6 +251,8 @@ int conn_feed(struct conn *c, const uint8_t *data, size_t len)
 {
 	if (c->closing)
 		return -EPIPE;
+	if (len == 0)
+		return 0; /* nothing arrived: the reader may not even have a buffer */
 	if (c->rd.cap - c->rd.len < len) {
 		size_t cap = c->rd.len + len;
 		uint8_t *nb = realloc(c->rd.buf, cap);
