@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dfccl_queue.h"
 #include "log.h"
 
 #ifndef DFCCL_VERSION_STRING
@@ -33,7 +34,7 @@ struct setting {
 
 static const char *const engine_choices[] = {"auto", "host", "cuda", NULL};
 /* Indexed by enum topo_force (topology/topo_select.h). */
-static const char *const algo_choices[] = {"auto", "direct", "ring", "tree", "multitree", NULL};
+static const char *const algo_choices[DFCCL_ALGO_COUNT_ + 1] = DFCCL_ALGO_NAMES;
 /* Indexed by enum log_level: the first three slots are unused. */
 static const char *const level_choices[] = {"", "", "", "err", "warn", "notice", "info", "debug", NULL};
 static const char *const target_choices[] = {"auto", "stderr", "journal", NULL};
@@ -315,16 +316,31 @@ void config_print_help(FILE *f, const char *argv0)
 	        "print the version and exit");
 }
 
+static void setting_format(const struct dfccld_config *cfg, const struct setting *s, char *buf, size_t len)
+{
+	const char *field = (const char *)cfg + s->offset;
+	switch (s->type) {
+	case T_STRING: snprintf(buf, len, "%s", field); break;
+	case T_ENUM: snprintf(buf, len, "%s", s->choices[*(const int *)field]); break;
+	default: snprintf(buf, len, "%lld", (long long)*(const int64_t *)field); break;
+	}
+}
+
+int config_format(const struct dfccld_config *cfg, const char *name, char *buf, size_t len)
+{
+	const struct setting *s = setting_find(name, strlen(name));
+	if (!s)
+		return -ENOENT;
+	setting_format(cfg, s, buf, len);
+	return 0;
+}
+
 void config_dump(const struct dfccld_config *cfg, FILE *f)
 {
 	for (size_t i = 0; i < NSETTINGS; i++) {
-		const struct setting *s = &settings[i];
-		const char *field = (const char *)cfg + s->offset;
-		switch (s->type) {
-		case T_STRING: fprintf(f, "%s %s\n", s->name, field); break;
-		case T_ENUM: fprintf(f, "%s %s\n", s->name, s->choices[*(const int *)field]); break;
-		default: fprintf(f, "%s %lld\n", s->name, (long long)*(const int64_t *)field); break;
-		}
+		char v[300];
+		setting_format(cfg, &settings[i], v, sizeof(v));
+		fprintf(f, "%s %s\n", settings[i].name, v);
 	}
 }
 

@@ -68,6 +68,10 @@ int config_parse(struct dfccld_config *cfg, int argc, char **argv, char *err, si
 /* Prints the usage line and one entry per setting (name, default, bounds, help). */
 void config_print_help(FILE *f, const char *argv0);
 
+/* The value of setting `name` as text (what config_set would accept back).
+ * Returns 0, or -ENOENT for an unknown name. */
+int config_format(const struct dfccld_config *cfg, const char *name, char *buf, size_t len);
+
 /* Writes "name value" for every setting, for diagnostics. */
 void config_dump(const struct dfccld_config *cfg, FILE *f);
 

@@ -27,8 +27,18 @@
 #include "log.h"
 #include "notify.h"
 #include "session.h"
+#include "dfccl_queue.h"
 #include "topo_json.h"
+#include "topo_select.h"
 #include "workers.h"
+
+/* The `algo` setting is read by the topology's selection (enum topo_force)
+ * and by the engines (enum dfccl_algo): one numbering for both. */
+DFCCL_STATIC_ASSERT((int)TOPO_FORCE_AUTO == (int)DFCCL_ALGO_AUTO && (int)TOPO_FORCE_DIRECT == (int)DFCCL_ALGO_DIRECT &&
+                        (int)TOPO_FORCE_RING == (int)DFCCL_ALGO_RING && (int)TOPO_FORCE_TREE == (int)DFCCL_ALGO_TREE &&
+                        (int)TOPO_FORCE_MULTITREE == (int)DFCCL_ALGO_MULTITREE &&
+                        (int)TOPO_FORCE_COUNT_ == (int)DFCCL_ALGO_COUNT_,
+                    "the algo setting means the same to the topology and the engines");
 
 #define PROBE_TIMEOUT_MS 60000
 #define PROBE_TOPOLOGY_MAX (1u << 20) /* a 64-GPU model is about 250 KiB of JSON */

@@ -499,6 +499,7 @@ int worker_main(unsigned device, const struct dfccld_config *cfg)
 	    .stats = w.stats,
 	    .reg_lookup = reg_lookup,
 	    .reg_ctx = &w,
+	    .algo = (uint32_t)cfg->algo,
 	};
 	if (host_engine_new(&ec, &w.eng) < 0) {
 		log_err("worker", "device %u: cannot create the engine", device);

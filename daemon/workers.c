@@ -421,18 +421,27 @@ static int worker_spawn(struct worker *wk)
 	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
 		return -errno;
 
-	char devbuf[16];
+	/* The worker reads its settings through the same table: pass the
+	 * ones it uses by name. The engine is the resolved one, never auto. */
+	static const char *const passed[] = {"log-level",  "log-target", "spin-head", "spin-other",
+	                                     "stick-mult", "spin-max",   "algo"};
+	enum { NPASSED = sizeof(passed) / sizeof(passed[0]) };
+	char devbuf[16], values[NPASSED][64], flags[NPASSED][32];
 	snprintf(devbuf, sizeof(devbuf), "%u", wk->device);
-	const char *lvl = log_level_name(srv->cfg.log_level);
-	const char *tgt = srv->cfg.log_target == 2 ? "journal" : srv->cfg.log_target == 1 ? "stderr" : "auto";
-	char sh[24], so[24], sm[24], sx[24];
-	snprintf(sh, sizeof(sh), "%lld", (long long)srv->cfg.spin_head);
-	snprintf(so, sizeof(so), "%lld", (long long)srv->cfg.spin_other);
-	snprintf(sm, sizeof(sm), "%lld", (long long)srv->cfg.stick_mult);
-	snprintf(sx, sizeof(sx), "%lld", (long long)srv->cfg.spin_max);
-	char *args[] = {(char *)srv->exe_path, "--worker-device", devbuf, "--engine", (char *)engine_arg(srv->engine),
-	                "--log-level", (char *)(lvl ? lvl : "info"), "--log-target", (char *)tgt, "--spin-head", sh,
-	                "--spin-other", so, "--stick-mult", sm, "--spin-max", sx, NULL};
+	char *args[8 + 2 * NPASSED];
+	int argc = 0;
+	args[argc++] = (char *)srv->exe_path;
+	args[argc++] = "--worker-device";
+	args[argc++] = devbuf;
+	args[argc++] = "--engine";
+	args[argc++] = (char *)engine_arg(srv->engine);
+	for (int i = 0; i < NPASSED; i++) {
+		snprintf(flags[i], sizeof(flags[i]), "--%s", passed[i]);
+		config_format(&srv->cfg, passed[i], values[i], sizeof(values[i]));
+		args[argc++] = flags[i];
+		args[argc++] = values[i];
+	}
+	args[argc] = NULL;
 	uv_stdio_container_t stdio[WORKER_STATS_FD + 1];
 	stdio[0].flags = UV_IGNORE;
 	stdio[1].flags = UV_INHERIT_FD;

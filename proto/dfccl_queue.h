@@ -100,6 +100,36 @@ enum dfccl_opcode {
 	DFCCL_OP_COUNT_ = 8 /* first invalid opcode */
 };
 
+/*
+ * Algorithms a collective may be forced to use (sqe.algo, the daemon's
+ * `algo` setting, DFCCL_ALGO for libdfccl): one numbering and one set of
+ * names for all of them.
+ */
+enum dfccl_algo {
+	DFCCL_ALGO_AUTO = 0,      /* the engine chooses */
+	DFCCL_ALGO_DIRECT = 1,    /* one-shot / two-shot over peers' buffers */
+	DFCCL_ALGO_RING = 2,
+	DFCCL_ALGO_TREE = 3,      /* one balanced binary tree */
+	DFCCL_ALGO_MULTITREE = 4, /* several trees, each over a part of the data */
+	DFCCL_ALGO_COUNT_ = 5
+};
+
+#define DFCCL_ALGO_NAMES {"auto", "direct", "ring", "tree", "multitree"}
+
+/* The enum dfccl_algo value of a name, or -1. */
+static inline int dfccl_algo_parse(const char *name)
+{
+	static const char *const names[] = DFCCL_ALGO_NAMES;
+	for (int i = 0; name && i < DFCCL_ALGO_COUNT_; i++) {
+		const char *a = names[i], *b = name;
+		while (*a && *a == *b)
+			a++, b++;
+		if (*a == *b)
+			return i;
+	}
+	return -1;
+}
+
 /* sqe.flags */
 #define DFCCL_SQE_F_INPLACE 0x1u     /* send and recv name the same range */
 #define DFCCL_SQE_F_REGISTERED 0x2u  /* a registered collective: coll_id + run */
@@ -195,7 +225,9 @@ struct dfccl_sqe {
 	uint8_t opcode;    /* client: enum dfccl_opcode */
 	uint8_t dtype;     /* client: dfcclDataType_t value */
 	uint8_t redop;     /* client: dfcclRedOp_t value */
-	uint8_t reserved8[3];
+	uint8_t algo;      /* client: enum dfccl_algo hint for all-reduce; DFCCL_ALGO_AUTO: the
+	                    * worker's setting */
+	uint8_t reserved8[2];
 	uint32_t rank;     /* client: the submitting rank in comm_id (a process may hold several ranks) */
 	uint64_t reserved[4]; /* client: zero */
 };
@@ -239,6 +271,7 @@ DFCCL_STATIC_ASSERT(offsetof(struct dfccl_sqe, flags) == 84, "flags offset");
 DFCCL_STATIC_ASSERT(offsetof(struct dfccl_sqe, opcode) == 86, "opcode offset");
 DFCCL_STATIC_ASSERT(offsetof(struct dfccl_sqe, dtype) == 87, "dtype offset");
 DFCCL_STATIC_ASSERT(offsetof(struct dfccl_sqe, redop) == 88, "redop offset");
+DFCCL_STATIC_ASSERT(offsetof(struct dfccl_sqe, algo) == 89, "algo offset");
 DFCCL_STATIC_ASSERT(offsetof(struct dfccl_sqe, rank) == 92, "rank offset");
 DFCCL_STATIC_ASSERT(offsetof(struct dfccl_sqe, reserved) == 96, "reserved offset");
 

@@ -20,6 +20,10 @@
  * Environment:
  *   DFCCL_SOCKET                    the daemon's socket (default DFCCL_DEFAULT_SOCKET)
  *   DFCCL_DEBUG=WARN                print where each failure originated on stderr
+ *   DFCCL_ALGO=NAME                 all-reduce algorithm to ask the daemon for: auto,
+ *                                   direct, ring, tree or multitree (default auto: the
+ *                                   daemon's `algo` setting); every rank of a
+ *                                   communicator must ask for the same
  *   DFCCL_PROTO_VERSION_OVERRIDE=N  diagnostic knob: claim to speak exactly control
  *                                   protocol version N, to test the daemon's version
  *                                   negotiation; never needed in normal use

@@ -7,6 +7,7 @@
 #include "coll.h"
 
 #include <limits.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -55,6 +56,24 @@ size_t coll_dtype_size(int dtype)
 	    [dfcclUint64] = 8,  [dfcclFloat16] = 2, [dfcclFloat32] = 4, [dfcclFloat64] = 8,  [dfcclBfloat16] = 2,
 	};
 	return dtype >= 0 && dtype < dfcclNumTypes ? sizes[dtype] : 0;
+}
+
+static uint8_t coll_algo_hint;
+static pthread_once_t coll_algo_once = PTHREAD_ONCE_INIT;
+
+/* DFCCL_ALGO, read once: the all-reduce algorithm every entry asks for.
+ * An unknown name is ignored (the daemon's setting applies), as a typo in a
+ * tuning knob should not fail the job. */
+static void coll_algo_read(void)
+{
+	int a = dfccl_algo_parse(getenv("DFCCL_ALGO"));
+	coll_algo_hint = a > 0 ? (uint8_t)a : DFCCL_ALGO_AUTO;
+}
+
+static uint8_t coll_algo(void)
+{
+	pthread_once(&coll_algo_once, coll_algo_read);
+	return coll_algo_hint;
 }
 
 int coll_group_depth(void)
@@ -166,6 +185,7 @@ static dfcclResult_t coll_prepare(const struct coll_args *a, struct coll_op *op,
 	e->opcode = (uint8_t)o;
 	e->dtype = (uint8_t)a->dtype;
 	e->redop = reduces ? (uint8_t)a->redop : 0;
+	e->algo = coll_algo();
 	if (use_send && (r = coll_buffer(a, "sendbuff", a->send, scale_send, &e->send_reg, &e->send_off)) != dfcclSuccess)
 		return r;
 	if (use_recv && (r = coll_buffer(a, "recvbuff", a->recv, scale_recv, &e->recv_reg, &e->recv_off)) != dfcclSuccess)

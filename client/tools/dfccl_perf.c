@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "dfccl.h"
+#include "dfccl_queue.h"
 #include "tool.h"
 
 static const char usage[] =
@@ -45,6 +46,8 @@ static const char usage[] =
     "      --op OP            reduction: sum prod max min avg (default sum)\n"
     "      --batch B          B collectives back to back in one group before each wait\n"
     "                         (default 1); the time column is per collective\n"
+    "      --algo NAME        all-reduce algorithm: auto direct ring tree multitree\n"
+    "                         (default auto: the daemon's setting; sets DFCCL_ALGO)\n"
     "      --json             one JSON object per size instead of the table\n"
     "      --socket PATH      the daemon's socket (default $DFCCL_SOCKET)\n"
     "  -h, --help             this text\n"
@@ -262,6 +265,7 @@ int main(int argc, char **argv)
 	    {"op", required_argument, NULL, 'o'},     {"batch", required_argument, NULL, 'B'},
 	    {"json", no_argument, NULL, 'j'},         {"socket", required_argument, NULL, 'S'},
 	    {"help", no_argument, NULL, 'h'},         {"version", no_argument, NULL, 'V'},
+	    {"algo", required_argument, NULL, 'A'},
 	    {NULL, 0, NULL, 0},
 	};
 	struct perf p = {.dtype = dfcclFloat32, .op = dfcclSum, .nranks = 2, .batch = 1, .min_bytes = 8,
@@ -316,6 +320,12 @@ int main(int argc, char **argv)
 			break;
 		case 'j': p.json = true; break;
 		case 'S': setenv("DFCCL_SOCKET", optarg, 1); break;
+		case 'A':
+			if (dfccl_algo_parse(optarg) < 0)
+				return usage_error("--algo takes auto, direct, ring, tree or multitree, not", optarg);
+			/* The rank processes are forked after this: they all read it. */
+			setenv("DFCCL_ALGO", optarg, 1);
+			break;
 		default: return usage_error("unknown option", argv[optind - 1]);
 		}
 	}

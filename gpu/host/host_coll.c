@@ -5,6 +5,10 @@
  *   everywhere, then post) -> POSTS (wait for every rank's post, check them)
  *   -> WORK1 -> [allreduce: SYNC1 (wait until every rank finished phase 1)
  *   -> WORK2] -> FINISH (store done, wait until every rank has).
+ *   allreduce over a ring or trees: SLOT -> POSTS -> (AWAIT (wait for the
+ *   neighbours the algorithm step reads from) -> AWORK (the step's data
+ *   movement, then progress = DFCCL_PROGRESS(key, step + 1))) for every
+ *   step of the algorithm -> FINISH.
  *   send: BOX_FREE (wait until the receiver acknowledged the mailbox's
  *   previous message, then post) -> BOX_ACK (wait for the acknowledgement).
  *   recv: BOX_KEY (wait for the sender's post, check it) -> WORK1 (copy,
@@ -41,6 +45,8 @@ enum coll_step {
 	STEP_BOX_FREE,
 	STEP_BOX_ACK,
 	STEP_BOX_KEY,
+	STEP_AWAIT,
+	STEP_AWORK,
 };
 
 static inline void cpu_relax(void)
@@ -147,7 +153,8 @@ uint32_t host_coll_check(const struct host_coll_env *env, const struct host_comm
 	return st;
 }
 
-void host_coll_init(struct host_task *t, struct host_comm *c, struct sq_queue *q, const struct dfccl_sqe *e)
+void host_coll_init(struct host_task *t, struct host_comm *c, struct sq_queue *q, const struct dfccl_sqe *e,
+                    uint32_t algo)
 {
 	memset(t, 0, sizeof(*t));
 	t->q = q;
@@ -166,6 +173,13 @@ void host_coll_init(struct host_task *t, struct host_comm *c, struct sq_queue *q
 	t->dtype = e->dtype;
 	t->redop = e->redop;
 	uint32_t n = c->nranks;
+	/* The entry's hint, else the engine's setting; only all-reduce has
+	 * more than one algorithm, and one rank has nothing to exchange. */
+	algo = e->algo ? e->algo : algo;
+	t->algo = DFCCL_ALGO_DIRECT;
+	if (e->opcode == DFCCL_OP_ALLREDUCE && n > 1 &&
+	    (algo == DFCCL_ALGO_RING || algo == DFCCL_ALGO_TREE || algo == DFCCL_ALGO_MULTITREE))
+		t->algo = (uint8_t)algo;
 	uint64_t nslots;
 	if (coll_is_p2p(e->opcode)) {
 		int sending = e->opcode == DFCCL_OP_SEND;
@@ -205,6 +219,147 @@ void host_comm_fail(struct host_comm *c, uint32_t status)
 	                                        memory_order_acquire);
 }
 
+/* ------------------------------------------------------------------ ring and trees */
+
+/* First element of allreduce chunk i (of n over count elements). */
+static uint64_t chunk_lo(const struct host_task *t, uint32_t i)
+{
+	return (uint64_t)i * t->count / t->comm->nranks;
+}
+
+/*
+ * The ring and tree all-reduces are a sequence of algorithm steps. Step i
+ * first waits until the ranks it reads from published progress >= target
+ * (DFCCL_PROGRESS(key, phase)), then either reduces srcs into this rank's
+ * receive buffer or copies one source into it, over [lo, hi), then
+ * publishes DFCCL_PROGRESS(key, i + 1). Each rank's progress word therefore
+ * counts the steps it completed, and a neighbour's step j is finished once
+ * its word reaches j + 1.
+ *
+ * Ring over ranks in rank order (the engine's model is uniform: any order
+ * is as good), chunks as in the two-shot algorithm, left = r - 1, right =
+ * r + 1 (mod n). Reduce-scatter step s < n - 1: chunk (r - s - 1) of the
+ * receive buffer becomes left's partial (its send buffer in step 0, its
+ * receive buffer after) op our send buffer; after it rank r holds the
+ * result of chunk r + 1. All-gather step s < n - 1: chunk (r - s) is copied
+ * from left's receive buffer. All-gather step 0 also waits until right
+ * finished the reduce-scatter: right reads our chunk r - s in its step s
+ * (our send buffer, in place the same bytes, in step 0), and the
+ * all-gather overwrites exactly those chunks.
+ *
+ * Trees: tree i carries part i of ntrees contiguous parts; it is the
+ * balanced binary tree in heap order over the ranks rotated by i * n /
+ * ntrees, so every tree has another root. Up step: receive = send op the
+ * children's receive buffers (their partials, published by their up step);
+ * down step: receive = the parent's receive buffer (published by its down
+ * step; the root's down step does nothing). A rank overwrites its part only
+ * in the down step, after its parent read it in its up step.
+ *
+ * avg is summed through the intermediate steps and divided once, in the
+ * step that finishes a chunk (ring) or at the root (tree).
+ */
+#define HOST_MULTITREE_MAX 4u
+
+struct algo_buf {
+	uint32_t rank;
+	uint8_t recv; /* 1: the rank's receive buffer, 0: its send buffer */
+};
+
+struct algo_plan {
+	uint32_t wait[2]; /* ranks whose progress the step waits for */
+	uint32_t nwait;
+	uint64_t target;  /* progress each of them must have reached */
+	uint64_t lo, hi;  /* elements of the step */
+	struct algo_buf src[3];
+	uint32_t nsrc;    /* 0: nothing to do; 1 and !reduce: a copy */
+	int reduce;
+	uint32_t redop;
+};
+
+static uint32_t algo_ntrees(const struct host_task *t)
+{
+	uint32_t n = t->comm->nranks;
+	if (t->algo == DFCCL_ALGO_TREE)
+		return 1;
+	return n < HOST_MULTITREE_MAX ? n : HOST_MULTITREE_MAX;
+}
+
+/* Steps of t's algorithm. */
+static uint32_t algo_nsteps(const struct host_task *t)
+{
+	uint32_t n = t->comm->nranks;
+	return t->algo == DFCCL_ALGO_RING ? 2 * (n - 1) : 2 * algo_ntrees(t);
+}
+
+/* The reduction of a step: avg sums until the step that finishes. */
+static uint32_t algo_op(const struct host_task *t, int last)
+{
+	return t->redop == REDUCE_AVG && !last ? REDUCE_SUM : t->redop;
+}
+
+static void algo_ring(const struct host_task *t, uint32_t i, struct algo_plan *p)
+{
+	uint32_t n = t->comm->nranks, r = t->rank;
+	uint32_t left = (r + n - 1) % n, right = (r + 1) % n;
+	if (i < n - 1) {
+		uint32_t k = (r + 2 * n - i - 1) % n;
+		p->lo = chunk_lo(t, k), p->hi = chunk_lo(t, k + 1);
+		if (i > 0)
+			p->wait[p->nwait++] = left, p->target = DFCCL_PROGRESS(t->key, i);
+		p->src[0] = (struct algo_buf){left, i > 0};
+		p->src[1] = (struct algo_buf){r, 0};
+		p->nsrc = 2;
+		p->reduce = 1;
+		p->redop = algo_op(t, i == n - 2);
+		return;
+	}
+	uint32_t s = i - (n - 1), k = (r + n - s) % n;
+	p->lo = chunk_lo(t, k), p->hi = chunk_lo(t, k + 1);
+	p->wait[p->nwait++] = left;
+	if (s == 0)
+		p->wait[p->nwait++] = right;
+	p->target = DFCCL_PROGRESS(t->key, i);
+	p->src[0] = (struct algo_buf){left, 1};
+	p->nsrc = 1;
+}
+
+static void algo_tree(const struct host_task *t, uint32_t i, struct algo_plan *p)
+{
+	uint32_t n = t->comm->nranks, k = algo_ntrees(t), tree = i / 2;
+	uint32_t shift = tree * n / k;
+	uint32_t pos = (t->rank + n - shift) % n;
+	p->lo = (uint64_t)tree * t->count / k, p->hi = (uint64_t)(tree + 1) * t->count / k;
+	if (i % 2 == 0) {
+		/* up: our send buffer, then the children's partials */
+		p->src[p->nsrc++] = (struct algo_buf){t->rank, 0};
+		for (uint32_t c = 2 * pos + 1; c <= 2 * pos + 2 && c < n; c++) {
+			uint32_t cr = (c + shift) % n;
+			p->wait[p->nwait++] = cr;
+			p->src[p->nsrc++] = (struct algo_buf){cr, 1};
+		}
+		p->target = DFCCL_PROGRESS(t->key, i + 1);
+		p->reduce = 1;
+		p->redop = algo_op(t, pos == 0);
+		return;
+	}
+	if (pos == 0)
+		return; /* the root's part is final since its up step */
+	uint32_t parent = ((pos - 1) / 2 + shift) % n;
+	p->wait[p->nwait++] = parent;
+	p->target = DFCCL_PROGRESS(t->key, i + 1);
+	p->src[0] = (struct algo_buf){parent, 1};
+	p->nsrc = 1;
+}
+
+static void algo_plan_of(const struct host_task *t, struct algo_plan *p)
+{
+	memset(p, 0, sizeof(*p));
+	if (t->algo == DFCCL_ALGO_RING)
+		algo_ring(t, t->astep, p);
+	else
+		algo_tree(t, t->astep, p);
+}
+
 /* ------------------------------------------------------------------ waits */
 
 #define HOST_YIELD_POLLS 64u
@@ -215,6 +370,8 @@ struct coll_cond {
 	size_t stride;        /* words between two ranks' words */
 	uint32_t n;
 	uint64_t target;
+	const uint32_t *ranks; /* when set, word(r) is the word of rank ranks[r] */
+	uint32_t rankv[2];
 };
 
 static struct coll_cond coll_cond_of(const struct host_task *t)
@@ -228,15 +385,29 @@ static struct coll_cond coll_cond_of(const struct host_task *t)
 	case STEP_FINISH: w.word = &t->posts[0].done, w.target = t->key; break;
 	case STEP_BOX_FREE: w.word = &t->box->ack, w.n = 1, w.target = t->slot_free; break;
 	case STEP_BOX_ACK: w.word = &t->box->ack, w.n = 1, w.target = t->key; break;
+	case STEP_AWAIT: {
+		struct algo_plan p;
+		algo_plan_of(t, &p);
+		w.word = &t->posts[0].progress, w.n = p.nwait, w.target = p.target;
+		w.rankv[0] = p.wait[0], w.rankv[1] = p.wait[1];
+		w.ranks = w.rankv;
+		break;
+	}
 	default: /* STEP_BOX_KEY */ w.word = &t->box->key, w.n = 1, w.target = t->key; break;
 	}
 	return w;
 }
 
+/* The rank whose word is the r-th of w. */
+static uint32_t cond_rank(const struct coll_cond *w, uint32_t r)
+{
+	return w->ranks ? w->ranks[r] : r;
+}
+
 static int coll_ready(struct host_task *t, const struct coll_cond *w)
 {
 	for (uint32_t r = t->wait_rank; r < w->n; r++) {
-		if (load_acq(w->word + r * w->stride) < w->target) {
+		if (load_acq(w->word + cond_rank(w, r) * w->stride) < w->target) {
 			t->wait_rank = r;
 			return 0;
 		}
@@ -253,6 +424,7 @@ static int coll_ready(struct host_task *t, const struct coll_cond *w)
 static int coll_wait(const struct host_coll_env *env, struct host_task *t, uint32_t position, struct sched_state *s)
 {
 	struct coll_cond w = coll_cond_of(t);
+	w.ranks = w.ranks ? w.rankv : NULL; /* the copy's own array */
 	uint32_t threshold = sched_threshold(env->params, position, s);
 	uint64_t spins = 0;
 	int rc;
@@ -268,7 +440,7 @@ static int coll_wait(const struct host_coll_env *env, struct host_task *t, uint3
 		}
 		/* A rank this engine hosts can only move when this engine runs
 		 * its task: spinning on it would just burn the threshold. */
-		uint32_t blocker = w.n == 1 ? t->peer : t->wait_rank;
+		uint32_t blocker = w.ranks ? w.ranks[t->wait_rank] : w.n == 1 ? t->peer : t->wait_rank;
 		if (spins >= threshold || t->comm->members[blocker].device == env->device) {
 			rc = 0;
 			break;
@@ -366,12 +538,6 @@ static uint32_t coll_bufs_get(const struct host_coll_env *env, const struct host
 
 /* ------------------------------------------------------------------ data */
 
-/* First element of allreduce chunk i (of n over count elements). */
-static uint64_t chunk_lo(const struct host_task *t, uint32_t i)
-{
-	return (uint64_t)i * t->count / t->comm->nranks;
-}
-
 /* The rank whose allreduce chunk holds element i. */
 static uint32_t chunk_owner(const struct host_task *t, uint64_t i)
 {
@@ -404,6 +570,11 @@ static void reduce_elems(const struct host_task *t, char *dst, char *const *srcs
 static uint64_t work_total(const struct host_task *t)
 {
 	uint32_t n = t->comm->nranks;
+	if (t->step == STEP_AWORK) {
+		struct algo_plan p;
+		algo_plan_of(t, &p);
+		return p.nsrc ? p.hi - p.lo : 0;
+	}
 	switch (t->opcode) {
 	case DFCCL_OP_ALLREDUCE:
 		return t->step == STEP_WORK1 ? chunk_lo(t, t->rank + 1) - chunk_lo(t, t->rank) : t->count;
@@ -424,6 +595,21 @@ static uint64_t work_piece(const struct host_task *t, const struct coll_bufs *b,
 	uint32_t r = t->rank, ds = t->dsize;
 	uint64_t m = max, lo;
 	*bytes = 0;
+	if (t->step == STEP_AWORK) {
+		struct algo_plan p;
+		algo_plan_of(t, &p);
+		lo = p.lo + pos;
+		const void *at[3];
+		for (uint32_t k = 0; k < p.nsrc; k++)
+			at[k] = (p.src[k].recv ? b->recv : b->send)[p.src[k].rank] + lo * ds;
+		char *dst = b->recv[r] + lo * ds;
+		if (p.reduce && (p.nsrc > 1 || p.redop == REDUCE_AVG))
+			reduce_into(dst, at, p.nsrc, m, t->dtype, p.redop, t->comm->nranks);
+		else
+			copy_elems(dst, at[0], m, ds);
+		*bytes = m * ds;
+		return m;
+	}
 	switch (t->opcode) {
 	case DFCCL_OP_ALLREDUCE:
 		if (t->step == STEP_WORK1) {
@@ -508,6 +694,13 @@ static enum host_step coll_fail(struct host_task *t, uint32_t status)
 /* Publishes a finished data step and returns the step after it. */
 static uint32_t coll_after_work(struct host_task *t)
 {
+	if (t->step == STEP_AWORK) {
+		store_rel(&t->posts[t->rank].progress, DFCCL_PROGRESS(t->key, t->astep + 1));
+		if (++t->astep < algo_nsteps(t))
+			return STEP_AWAIT;
+		store_rel(&t->posts[t->rank].done, t->key);
+		return STEP_FINISH;
+	}
 	if (t->opcode == DFCCL_OP_ALLREDUCE && t->step == STEP_WORK1) {
 		store_rel(&t->posts[t->rank].progress, DFCCL_PROGRESS(t->key, 1));
 		return STEP_SYNC1;
@@ -526,6 +719,7 @@ enum host_step host_coll_step(const struct host_coll_env *env, struct host_task 
 		switch (t->step) {
 		case STEP_WORK1:
 		case STEP_WORK2:
+		case STEP_AWORK:
 			rc = coll_work(env, t);
 			if (rc < 0)
 				return coll_fail(t, (uint32_t)-rc);
@@ -564,11 +758,14 @@ enum host_step host_coll_step(const struct host_coll_env *env, struct host_task 
 			st = coll_bufs_get(env, t, &b);
 			if (st != DFCCL_CQ_OK)
 				return coll_fail(t, st);
-			t->step = STEP_WORK1;
+			t->step = t->algo != DFCCL_ALGO_DIRECT && t->step == STEP_POSTS ? STEP_AWAIT : STEP_WORK1;
 			break;
 		}
 		case STEP_SYNC1:
 			t->step = STEP_WORK2;
+			break;
+		case STEP_AWAIT:
+			t->step = STEP_AWORK;
 			break;
 		case STEP_BOX_FREE:
 			box_post(t);

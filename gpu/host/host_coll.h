@@ -30,6 +30,13 @@
  *   reduce         the root reduces every rank's send buffer.
  *   send/recv      the receiver copies from the sender's buffer, through the
  *                  pair's mailbox.
+ *
+ * All-reduce also runs over a ring or trees when the entry's `algo` hint,
+ * or else the engine's setting, asks for one (enum dfccl_algo; auto means
+ * two-shot). Their reduction order differs from two-shot (host_coll.c
+ * describes them), so results are the same only where the arithmetic is
+ * exact. Every other collective keeps its direct algorithm whatever is
+ * asked for, and so does a communicator of one rank.
  */
 #ifndef DFCCL_HOST_COLL_H
 #define DFCCL_HOST_COLL_H
@@ -76,11 +83,13 @@ struct host_task {
 	uint32_t peer;     /* root (broadcast, reduce) or the other rank (send, recv) */
 	uint32_t dsize;
 	uint8_t opcode, dtype, redop;
+	uint8_t algo;      /* enum dfccl_algo: DIRECT, or for all-reduce RING, TREE, MULTITREE */
 	struct dfccl_rank_post *posts; /* collectives: the instance's slot, posts[r] for every rank */
 	struct dfccl_p2p_box *box;     /* send/recv: the pair's mailbox */
 	uint64_t slot_free;            /* the slot is free once every rank's done >= this */
 	/* dynamic context */
 	uint32_t step;
+	uint32_t astep;     /* ring and trees: the algorithm step, which is also the progress phase done */
 	uint32_t wait_rank; /* the current wait has seen ranks below this ready */
 	uint64_t pos;       /* elements done in the current data step */
 	uint32_t status;    /* the completion status, once the task is done */
@@ -104,8 +113,10 @@ enum host_step {
 uint32_t host_coll_check(const struct host_coll_env *env, const struct host_comm *c, const struct sq_queue *q,
                          const struct dfccl_sqe *e);
 
-/* Fills t from a checked entry, ready to run from its first step. */
-void host_coll_init(struct host_task *t, struct host_comm *c, struct sq_queue *q, const struct dfccl_sqe *e);
+/* Fills t from a checked entry, ready to run from its first step. algo is
+ * the engine's setting (enum dfccl_algo), used when the entry has no hint. */
+void host_coll_init(struct host_task *t, struct host_comm *c, struct sq_queue *q, const struct dfccl_sqe *e,
+                    uint32_t algo);
 
 /*
  * Runs t from where it stopped. position is its place in the task queue (0:

@@ -50,6 +50,7 @@ struct host_engine {
 	struct sched_queue queue;
 	uint32_t backlog_head, backlog_tail, nbacklog;
 
+	uint32_t algo; /* enum dfccl_algo: the configured all-reduce algorithm */
 	uint64_t arrivals;
 	uint64_t last_arrival; /* the task that ran last: running another is a context switch */
 };
@@ -82,6 +83,7 @@ int host_engine_new(const struct host_engine_config *cfg, struct host_engine **o
 	e->env.reg_ctx = cfg->reg_ctx;
 	e->env.device = cfg->device;
 	e->env.visit_bytes = HOST_VISIT_BYTES;
+	e->algo = cfg->algo;
 	e->backlog_head = e->backlog_tail = NO_TASK;
 	*out = e;
 	return 0;
@@ -234,7 +236,7 @@ void host_engine_submit(struct host_engine *e, struct sq_queue *q, const struct 
 	}
 	uint32_t idx = e->free_list[--e->nfree];
 	struct host_task *t = &e->tasks[idx];
-	host_coll_init(t, c, q, sqe);
+	host_coll_init(t, c, q, sqe, e->algo);
 	int prioritized = (sqe->flags & DFCCL_SQE_F_PRIORITY) != 0;
 	e->states[idx] = (struct sched_state){
 	    .arrival = ++e->arrivals,

@@ -32,12 +32,14 @@
 
 struct host_engine;
 
+
 struct host_engine_config {
 	uint32_t device;                     /* the worker's device */
 	struct sched_params sched;           /* thresholds and ordering */
 	struct dfccl_worker_stats *stats;    /* counters to update (the shared stats page) */
 	sq_reg_lookup_fn reg_lookup;         /* registration id -> buffer, for every session */
 	void *reg_ctx;
+	uint32_t algo;                       /* enum dfccl_algo: for entries without a hint */
 };
 
 /* A rank of a communicator, as WorkerCommAdd describes it. */

@@ -10,6 +10,9 @@
  *     256 KiB on 4 ranks and 128 KiB on 8, so that each test stays within
  *     a minute on two cores; DFCCL_TEST_CHAOS_MAX_BYTES=1M runs the
  *     pattern's full 1 MiB), and the same with registered collectives;
+ *   - the pattern with DFCCL_ALGO=ring, tree and multitree (4 ranks, 4
+ *     communicators, 20 iterations): its all-reduces run the forced
+ *     algorithm, the other collectives their own;
  *   - a Megatron-style 3D grouping: 8 ranks in tensor-, pipeline- and
  *     data-parallel groups of 2, each rank in three communicators, random
  *     orders;
@@ -334,6 +337,49 @@ static void test_deadlock_registered(void **state)
 	                "64K", "--registered", NULL);
 }
 
+/* The pattern with every rank's all-reduces forced to each algorithm. The
+ * variable is removed before any assertion, so a failure here does not
+ * leak it into the tests after this one. */
+static void test_deadlock_algos(void **state)
+{
+	struct daemon_proc *d = *state;
+	static const char *const algos[] = {"ring", "tree", "multitree"};
+	int failed = 0;
+	for (size_t i = 0; i < sizeof(algos) / sizeof(algos[0]); i++) {
+		/* dfccl-chaos and its ranks inherit it. */
+		if (setenv("DFCCL_ALGO", algos[i], 1) < 0) {
+			failed++;
+			break;
+		}
+		char *out;
+		int rc = run_chaos(d, 120000, VICTIM_NONE, 0, &out, "--nranks", "4", "--comms", "4", "--iters", "20",
+		                   "--min-bytes", "256", "--max-bytes", "64K", NULL);
+		if (rc != 0 || !strstr(out, "OK: every collective completed with a correct result")) {
+			fprintf(stderr, "DFCCL_ALGO=%s: dfccl-chaos failed\n", algos[i]);
+			failed++;
+		}
+		free(out);
+	}
+	unsetenv("DFCCL_ALGO");
+	assert_int_equal(failed, 0);
+}
+
+static void test_daemon_algo_setting(void **state)
+{
+	/* The daemon's own setting forces the algorithm of entries that carry
+	 * no hint (the client's DFCCL_ALGO is unset here). */
+	static const char *const algos[] = {"ring", "multitree"};
+	for (size_t i = 0; i < sizeof(algos) / sizeof(algos[0]); i++) {
+		struct daemon_proc d;
+		assert_int_equal(daemon_start(&d, 2, "--algo", algos[i], NULL), 0);
+		struct daemon_proc *dp = &d;
+		chaos_expect_ok((void **)&dp, "--nranks", "3", "--comms", "3", "--iters", "15", "--min-bytes", "256",
+		                "--max-bytes", "32K", NULL);
+		assert_true(daemon_log_contains(&d, "--algo") == 0); /* it was taken, not refused */
+		assert_int_equal(daemon_stop(&d), 0);
+	}
+}
+
 static void test_rank_killed(void **state)
 {
 	struct daemon_proc *d = *state;
@@ -480,7 +526,9 @@ int main(void)
 	    cmocka_unit_test_setup_teardown(test_deadlock_pattern_4, daemon_setup2, daemon_teardown),
 	    cmocka_unit_test_setup_teardown(test_deadlock_pattern_8, daemon_setup2, daemon_teardown),
 	    cmocka_unit_test_setup_teardown(test_deadlock_registered, daemon_setup2, daemon_teardown),
+	    cmocka_unit_test_setup_teardown(test_deadlock_algos, daemon_setup2, daemon_teardown),
 	    cmocka_unit_test_setup_teardown(test_megatron_3d, daemon_setup2, daemon_teardown),
+	    cmocka_unit_test(test_daemon_algo_setting),
 	    cmocka_unit_test_setup_teardown(test_rank_killed, daemon_setup2, daemon_teardown),
 	    cmocka_unit_test_setup_teardown(test_worker_killed, daemon_setup2, daemon_teardown),
 	};

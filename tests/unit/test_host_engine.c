@@ -18,7 +18,11 @@
  * ranks, spread over 1, 2 and 3 engines, with ranks sharing engines and
  * sessions; send/recv with mailbox reuse; a large message that takes several
  * visits; the DFCCL deadlock pattern (4 ranks, 4 communicators, per-rank
- * random orders); registered collectives in different orders per rank;
+ * random orders); all-reduce over a forced ring, tree, multi-tree and
+ * direct algorithm (engine setting and entry hint) x dtype x op x
+ * in/out-of-place on 2, 3, 4, 5 and 8 ranks, large enough messages to yield
+ * mid-step, and the deadlock pattern with each algorithm forced;
+ * registered collectives in different orders per rank;
  * priority order; more tasks than the task queue holds; abort,
  * inconsistent posts, a lost queue, a removed communicator, and every
  * submit-time check.
@@ -116,15 +120,25 @@ struct sim {
 	unsigned nregions;
 };
 
-static void sim_init(struct sim *s, unsigned neng, const struct sched_params *p)
+/* Engines whose all-reduce setting is algo (enum dfccl_algo). */
+static void sim_init_algo(struct sim *s, unsigned neng, const struct sched_params *p, uint32_t algo)
 {
 	memset(s, 0, sizeof(*s));
 	s->neng = neng;
 	for (unsigned i = 0; i < neng; i++) {
-		struct host_engine_config cfg = {
-		    .device = i, .sched = *p, .stats = &s->stats[i], .reg_lookup = reg_lookup, .reg_ctx = NULL};
+		struct host_engine_config cfg = {.device = i,
+		                                 .sched = *p,
+		                                 .stats = &s->stats[i],
+		                                 .reg_lookup = reg_lookup,
+		                                 .reg_ctx = NULL,
+		                                 .algo = algo};
 		assert_int_equal(host_engine_new(&cfg, &s->eng[i]), 0);
 	}
+}
+
+static void sim_init(struct sim *s, unsigned neng, const struct sched_params *p)
+{
+	sim_init_algo(s, neng, p, DFCCL_ALGO_AUTO);
 }
 
 /* A queue pair of session `session` on engine `eng`; returns its index. */
@@ -451,6 +465,7 @@ struct coll {
 	unsigned q[MAX_N];
 	uint64_t seq[MAX_N];
 	int32_t priority;
+	uint8_t algo; /* the entries' all-reduce algorithm hint (0: the engines' setting) */
 };
 
 /* Whether rank r has a send buffer and a receive buffer (even when empty). */
@@ -516,7 +531,7 @@ static void coll_submit_rank(struct sim *s, struct coll *c, uint32_t r, uint64_t
 	    .comm_id = comm_id, .comm_seq = comm_seq, .count = c->count, .send_off = c->soff[r],
 	    .recv_off = c->roff[r], .send_reg = c->sreg[r], .recv_reg = c->rreg[r], .peer = c->root,
 	    .coll_id = coll_id, .priority = c->priority, .flags = (uint16_t)flags, .opcode = c->op,
-	    .dtype = c->dt, .redop = c->redop, .rank = r};
+	    .dtype = c->dt, .redop = c->redop, .algo = c->algo, .rank = r};
 	if (c->inplace && c->sreg[r] && c->sreg[r] == c->rreg[r] && c->soff[r] == c->roff[r])
 		e.flags |= DFCCL_SQE_F_INPLACE;
 	c->seq[r] = sim_submit(s, c->q[r], &e);
@@ -761,10 +776,9 @@ static void test_send_recv_mismatch(void **state)
  * submits one all-reduce per communicator in its own random order. Without
  * preemption the first iteration whose orders differ would hang.
  */
-static void test_deadlock_pattern(void **state)
+static void deadlock_run(uint8_t algo, unsigned ITERS)
 {
-	(void)state;
-	enum { N = 4, COMMS = 4, ITERS = 50 };
+	enum { N = 4, COMMS = 4 };
 	struct sim s;
 	sim_init(&s, N, &small_spins);
 	unsigned rank_q[N];
@@ -776,7 +790,7 @@ static void test_deadlock_pattern(void **state)
 	for (unsigned it = 0; it < ITERS; it++) {
 		for (unsigned k = 0; k < COMMS; k++) {
 			c[k] = (struct coll){.id = 5000 + it * COMMS + k, .op = DFCCL_OP_ALLREDUCE, .dt = 7, .redop = 0,
-			                     .n = N, .count = 64 + rnd(2000)};
+			                     .n = N, .count = 64 + rnd(2000), .algo = algo};
 			memcpy(c[k].q, rank_q, sizeof(rank_q));
 		}
 		/* Each rank's own order of the communicators. */
@@ -803,14 +817,110 @@ static void test_deadlock_pattern(void **state)
 	uint64_t pre = sim_stat(&s, offsetof(struct dfccl_worker_stats, preemptions));
 	uint64_t sw = sim_stat(&s, offsetof(struct dfccl_worker_stats, context_switches));
 	uint64_t done = sim_stat(&s, offsetof(struct dfccl_worker_stats, completed));
-	print_message("deadlock pattern: %u collectives, %llu preemptions, %llu context switches, %u differing "
-	              "rank orders\n",
-	              N * COMMS * ITERS, (unsigned long long)pre, (unsigned long long)sw, differing);
+	print_message("deadlock pattern (algo %u): %u collectives, %llu preemptions, %llu context switches, %u "
+	              "differing rank orders\n",
+	              algo, N * COMMS * ITERS, (unsigned long long)pre, (unsigned long long)sw, differing);
 	assert_int_equal(done, N * COMMS * ITERS);
 	assert_true(differing > 0);
 	assert_true(pre > 0);
 	assert_true(sw > 0);
 	sim_free(&s);
+}
+
+static void test_deadlock_pattern(void **state)
+{
+	(void)state;
+	deadlock_run(0, 50);
+}
+
+/* The same with each all-reduce algorithm forced by the entries. */
+static void test_deadlock_pattern_algos(void **state)
+{
+	(void)state;
+	static const uint8_t algos[] = {DFCCL_ALGO_RING, DFCCL_ALGO_TREE, DFCCL_ALGO_MULTITREE, DFCCL_ALGO_DIRECT};
+	for (size_t a = 0; a < sizeof(algos); a++)
+		deadlock_run(algos[a], 15);
+}
+
+/*
+ * All-reduce with each algorithm forced, x dtype x op x in-place on 2, 3,
+ * 4, 5 and 8 ranks, the combinations dealt round-robin to 1-, 2- and
+ * 3-engine layouts. The 1-engine layouts force it through the entries'
+ * hint, the 2-engine ones through the engines' setting, and the 3-engine
+ * ones through the hint over engines set to another algorithm (the hint
+ * wins).
+ */
+static void test_allreduce_algos(void **state)
+{
+	(void)state;
+	static const uint8_t algos[] = {DFCCL_ALGO_RING, DFCCL_ALGO_TREE, DFCCL_ALGO_MULTITREE, DFCCL_ALGO_DIRECT};
+	static const uint32_t nranks[] = {2, 3, 4, 5, 8};
+	static struct coll cases[64];
+	unsigned total = 0, id = 20000;
+	for (size_t a = 0; a < sizeof(algos); a++) {
+		uint8_t algo = algos[a];
+		for (size_t ni = 0; ni < sizeof(nranks) / sizeof(nranks[0]); ni++) {
+			uint32_t n = nranks[ni];
+			for (unsigned neng = 1; neng <= 3; neng++) {
+				uint32_t other = algo == DFCCL_ALGO_RING ? DFCCL_ALGO_TREE : DFCCL_ALGO_RING;
+				uint32_t setting = neng == 2 ? algo : neng == 3 ? other : DFCCL_ALGO_AUTO;
+				uint8_t hint = neng == 2 ? 0 : algo;
+				struct sim s;
+				sim_init_algo(&s, neng, &small_spins, setting);
+				unsigned rank_q[MAX_N];
+				layout(&s, n, neng, rank_q, 100);
+				sim_comm(&s, 7, n, rank_q);
+				unsigned ncases = 0, combo = 0;
+				for (uint8_t dt = 0; dt < 10; dt++)
+					for (uint8_t redop = 0; redop < 5; redop++)
+						for (int inplace = 0; inplace < 2; inplace++) {
+							if (combo++ % 3 != neng - 1)
+								continue;
+							struct coll *c = &cases[ncases++];
+							*c = (struct coll){.id = ++id, .op = DFCCL_OP_ALLREDUCE, .dt = dt, .redop = redop,
+							                   .inplace = inplace, .n = n, .algo = hint};
+							/* Mostly small, some empty, some shorter than the
+							 * rank count, some past a reduction block. */
+							uint32_t pick = rnd(10);
+							c->count = pick == 0   ? 0
+							           : pick == 1 ? 1500 + rnd(700)
+							           : pick == 2 ? 1 + rnd(n)
+							                       : 1 + rnd(40);
+							memcpy(c->q, rank_q, sizeof(rank_q));
+						}
+				uint64_t seq = 0;
+				for (unsigned k = 0; k < ncases; k++)
+					coll_submit(&s, &cases[k], 7, ++seq);
+				sim_drive(&s);
+				for (unsigned k = 0; k < ncases; k++)
+					coll_check(&s, &cases[k]);
+				total += ncases;
+				sim_free(&s);
+			}
+		}
+	}
+	assert_int_equal(total, 4 * 5 * 10 * 5 * 2);
+}
+
+/* A large in-place all-reduce over each algorithm: its steps take more than
+ * one visit, so tasks yield and resume mid-step. */
+static void test_allreduce_algos_large(void **state)
+{
+	(void)state;
+	static const uint8_t algos[] = {DFCCL_ALGO_RING, DFCCL_ALGO_TREE, DFCCL_ALGO_MULTITREE};
+	for (size_t a = 0; a < sizeof(algos); a++) {
+		struct sim s;
+		unsigned rank_q[3];
+		sim_start(&s, 3, 2, rank_q, 10, 3);
+		struct coll c = {.id = 9100 + (unsigned)a, .op = DFCCL_OP_ALLREDUCE, .dt = 7, .redop = 0, .inplace = 1,
+		                 .n = 3, .count = (3u << 20) + 5, .algo = algos[a]};
+		memcpy(c.q, rank_q, sizeof(rank_q));
+		coll_submit(&s, &c, 3, 1);
+		unsigned rounds = sim_drive(&s);
+		coll_check(&s, &c);
+		assert_true(rounds > 1);
+		sim_free(&s);
+	}
 }
 
 /*
@@ -1140,6 +1250,9 @@ int main(void)
 	    cmocka_unit_test(test_send_recv),
 	    cmocka_unit_test(test_send_recv_mismatch),
 	    cmocka_unit_test(test_deadlock_pattern),
+	    cmocka_unit_test(test_deadlock_pattern_algos),
+	    cmocka_unit_test(test_allreduce_algos),
+	    cmocka_unit_test(test_allreduce_algos_large),
 	    cmocka_unit_test(test_registered_any_order),
 	    cmocka_unit_test(test_priority_order),
 	    cmocka_unit_test(test_backlog),
