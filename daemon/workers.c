@@ -102,6 +102,8 @@ struct workers {
 };
 
 static int worker_spawn(struct worker *wk);
+static int worker_send_env(struct workers *w, uint32_t device, Dfccl__V1__Envelope *env, const int *fds,
+                           unsigned nfds);
 static void reg_wait_answer(struct workers *ws, uint32_t reg_id, uint32_t device, int code, const char *msg);
 
 static const char *engine_arg(int engine)
@@ -654,14 +656,12 @@ void workers_detach_qp(struct workers *w, uint32_t device, uint32_t qp_id)
 		*pp = q->next;
 		wk->nqps--;
 		atomic_store_explicit((_Atomic uint32_t *)&q->hdr->qp_state, DFCCL_QP_CLOSED, memory_order_release);
-		if (wk->state == W_READY) {
-			Dfccl__V1__WorkerDetachQp d = DFCCL__V1__WORKER_DETACH_QP__INIT;
-			d.qp_id = qp_id;
-			Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
-			env.body_case = DFCCL__V1__ENVELOPE__BODY_WORKER_DETACH_QP;
-			env.worker_detach_qp = &d;
-			conn_send(&wk->ctl, &env, NULL, 0);
-		}
+		Dfccl__V1__WorkerDetachQp d = DFCCL__V1__WORKER_DETACH_QP__INIT;
+		d.qp_id = qp_id;
+		Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
+		env.body_case = DFCCL__V1__ENVELOPE__BODY_WORKER_DETACH_QP;
+		env.worker_detach_qp = &d;
+		worker_send_env(w, device, &env, NULL, 0);
 		qp_rec_free(q);
 		return;
 	}
@@ -743,16 +743,13 @@ void workers_del_reg(struct workers *w, uint32_t device, uint32_t reg_id)
 {
 	if (!w || device >= w->n)
 		return;
-	struct worker *wk = &w->w[device];
-	reg_rec_remove(wk, reg_id);
-	if (wk->state == W_READY) {
-		Dfccl__V1__WorkerDelReg d = DFCCL__V1__WORKER_DEL_REG__INIT;
-		d.reg_id = reg_id;
-		Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
-		env.body_case = DFCCL__V1__ENVELOPE__BODY_WORKER_DEL_REG;
-		env.worker_del_reg = &d;
-		conn_send(&wk->ctl, &env, NULL, 0);
-	}
+	reg_rec_remove(&w->w[device], reg_id);
+	Dfccl__V1__WorkerDelReg d = DFCCL__V1__WORKER_DEL_REG__INIT;
+	d.reg_id = reg_id;
+	Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
+	env.body_case = DFCCL__V1__ENVELOPE__BODY_WORKER_DEL_REG;
+	env.worker_del_reg = &d;
+	worker_send_env(w, device, &env, NULL, 0);
 }
 
 void workers_del_reg_all(struct workers *w, uint32_t reg_id)
@@ -767,6 +764,8 @@ void workers_del_reg_all(struct workers *w, uint32_t reg_id)
 
 /* ------------------------------------------------------------ communicators */
 
+/* Sends env to the worker of `device` if it is serving; a worker that is
+ * not gets everything it needs when it says hello. */
 static int worker_send_env(struct workers *w, uint32_t device, Dfccl__V1__Envelope *env, const int *fds,
                            unsigned nfds)
 {
