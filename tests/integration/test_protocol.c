@@ -397,6 +397,17 @@ static void test_unarmed_does_not_block(void **state)
 	raw_close(&c);
 }
 
+/* A memfd of `size` bytes sealed against shrinking, as the daemon requires
+ * of host memory it registers. */
+static int sealed_memfd(off_t size)
+{
+	int fd = memfd_create("t", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	assert_true(fd >= 0);
+	assert_int_equal(ftruncate(fd, size), 0);
+	assert_int_equal(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK), 0);
+	return fd;
+}
+
 static void test_register_checks(void **state)
 {
 	struct daemon_proc *d = *state;
@@ -467,9 +478,7 @@ static void test_registered_range_checked_by_engine(void **state)
 	struct daemon_proc *d = *state;
 	struct raw_client c = connect_ok(d);
 	struct qp_map m = attach(&c, 0);
-	int fd = memfd_create("t", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-	assert_int_equal(ftruncate(fd, 4096), 0);
-	assert_int_equal(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK), 0);
+	int fd = sealed_memfd(4096);
 	Dfccl__V1__RegisterMem rm = DFCCL__V1__REGISTER_MEM__INIT;
 	rm.kind = DFCCL__V1__MEM_KIND__MEM_HOST_MEMFD;
 	rm.size = 4096;
@@ -600,9 +609,7 @@ static void test_uid_quotas(void **state)
 
 	/* 8 KiB of registrations: 4 KiB + 4 KiB fit, one byte more does not,
 	 * and deregistering makes room again. */
-	int fd = memfd_create("t", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-	assert_int_equal(ftruncate(fd, 16384), 0);
-	assert_int_equal(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK), 0);
+	int fd = sealed_memfd(16384);
 	Dfccl__V1__RegisterMem rm = DFCCL__V1__REGISTER_MEM__INIT;
 	rm.kind = DFCCL__V1__MEM_KIND__MEM_HOST_MEMFD;
 	rm.size = 4096;
