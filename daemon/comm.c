@@ -8,6 +8,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +20,7 @@
 #include "log.h"
 #include "server.h"
 #include "session.h"
+#include "topo_plan.h"
 #include "user.h"
 #include "workers.h"
 
@@ -233,6 +235,28 @@ static void comm_finish_init(struct comm *c)
 	free(rankp);
 }
 
+/*
+ * Writes the communicator's plan (rings, trees, algorithm per size) from
+ * the node's topology into its region, before any worker maps it. Without
+ * one the engines run rank order, heap trees and direct algorithms, which
+ * is correct anywhere, so a plan that cannot be computed is a warning.
+ */
+static void comm_plan_write(struct comm *c)
+{
+	struct server *srv = c->srv;
+	if (!srv->topo)
+		return;
+	unsigned dev[DFCCL_COMM_MAX_RANKS];
+	for (uint32_t r = 0; r < c->nranks; r++)
+		dev[r] = c->members[r].device;
+	char err[256];
+	int rc = topo_plan_build(srv->topo, dev, c->nranks, &srv->select_params, srv->tuning_text, dfccl_comm_plan_of(c->region), err,
+	                         sizeof(err));
+	if (rc < 0)
+		log_warn("comm", "communicator %016" PRIx64 ": no algorithm plan (%s); its collectives run direct in rank order",
+		         c->id, err[0] ? err : strerror(-rc));
+}
+
 static int comm_region_create(struct comm *c)
 {
 	size_t size = DFCCL_COMM_REGION_SIZE(c->nranks);
@@ -256,6 +280,7 @@ static int comm_region_create(struct comm *c)
 	c->region_fd = fd;
 	c->region = p;
 	c->region_size = size;
+	comm_plan_write(c);
 	return 0;
 }
 

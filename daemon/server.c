@@ -145,6 +145,8 @@ static int server_find_devices(struct server *srv, struct device_desc *devs, uns
 	return 0;
 }
 
+#define HOST_ENGINE_STEP_US 10.0
+
 /*
  * Settles the topology model and the document dfcclctl shows: the file
  * given by `topology`, else for GPUs the model the probe process detects
@@ -207,6 +209,11 @@ static int server_load_topology(struct server *srv, unsigned ndev)
 	struct topo_select_params p;
 	topo_select_params_default(&p);
 	p.force = srv->cfg.algo;
+	/* A host-engine step is a wait that often needs a context switch (its
+	 * ranks and workers share cores), not a GPU flag poll. */
+	if (srv->engine == DFCCLD_ENGINE_HOST)
+		p.step_us = HOST_ENGINE_STEP_US;
+	srv->select_params = p;
 	unsigned ntrees = ndev < TOPO_MAX_TREES ? ndev : TOPO_MAX_TREES;
 	struct topo_select_table *t = NULL;
 	struct topo_ring *rings = calloc(p.max_channels, sizeof(*rings));
@@ -223,7 +230,7 @@ static int server_load_topology(struct server *srv, unsigned ndev)
 		goto out;
 	}
 	if (srv->cfg.tuning_file[0]) {
-		rc = topo_json_load_tuning(t, srv->cfg.tuning_file, err, sizeof(err));
+		rc = topo_json_load_tuning(t, srv->cfg.tuning_file, &srv->tuning_text, err, sizeof(err));
 		if (rc < 0) {
 			log_err("server", "cannot apply the tuning file: %s", err);
 			goto out;
@@ -475,6 +482,7 @@ int server_run(const struct dfccld_config *cfg, const char *exe_path)
 	srv->workers = NULL;
 	topo_model_free(srv->topo);
 	free(srv->topo_doc);
+	free(srv->tuning_text);
 	user_table_free(&srv->users);
 	uv_loop_close(loop);
 	return srv->exit_code;

@@ -19,6 +19,7 @@
 #include <uv.h>
 
 #include "config.h"
+#include "topo_select.h"
 #include "user.h"
 
 struct session;
@@ -56,6 +57,8 @@ struct server {
 	struct workers *workers;
 
 	struct topo_model *topo;    /* the node's model: loaded, detected by the probe, or the host engine's */
+	struct topo_select_params select_params; /* the cost model's, with the forced algorithm */
+	char *tuning_text;          /* the tuning file's text, applied to every communicator's plan */
 	char *topo_doc;             /* its JSON document (model, rings, trees, selection) for QUERY_TOPOLOGY */
 
 	int engine;                 /* enum dfccld_engine, resolved (never AUTO) */

@@ -862,6 +862,12 @@ int workers_fill_stats(struct workers *w, Dfccl__V1__QueryReply *r)
 		d->spins = load64(&wk->stats->spins);
 		d->queue_pairs = wk->nqps;
 		d->worker_up = wk->state == W_READY;
+		d->by_algo = calloc(DFCCL_ALGO_COUNT_, sizeof(*d->by_algo));
+		if (!d->by_algo)
+			return -ENOMEM;
+		d->n_by_algo = DFCCL_ALGO_COUNT_;
+		for (unsigned a = 0; a < DFCCL_ALGO_COUNT_; a++)
+			d->by_algo[a] = load64(&wk->stats->by_algo[a]);
 	}
 	return 0;
 }
@@ -907,8 +913,10 @@ void workers_query_free(Dfccl__V1__QueryReply *r, Dfccl__V1__StatusInfo *st)
 		st->n_devices = 0;
 	}
 	if (r) {
-		for (size_t i = 0; i < r->n_stats; i++)
+		for (size_t i = 0; i < r->n_stats; i++) {
+			free(r->stats[i]->by_algo);
 			free(r->stats[i]);
+		}
 		free(r->stats);
 		r->stats = NULL;
 		r->n_stats = 0;

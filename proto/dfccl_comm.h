@@ -51,8 +51,21 @@
 #define DFCCL_COMM_COLL_SLOTS 4u    /* runs in flight per registered collective */
 #define DFCCL_COMM_P2P_SLOTS 8u     /* messages in flight per ordered pair of ranks */
 
-/* progress word: the key in the high bits, the completed phase in the low 8. */
-#define DFCCL_PROGRESS(key, phase) (((uint64_t)(key) << 8) | ((uint64_t)(phase)&0xffu))
+#define DFCCL_COMM_CONN_BYTES 65536u /* connector of one rank in one instance slot: two halves */
+#define DFCCL_COMM_CONN_HALF (DFCCL_COMM_CONN_BYTES / 2)
+
+/* progress word: the key in the high 40 bits, the completed phase in the low
+ * 24, so an algorithm may have up to DFCCL_PROGRESS_MAX_PHASE steps. */
+#define DFCCL_PROGRESS_BITS 24
+#define DFCCL_PROGRESS_MAX_PHASE ((1u << DFCCL_PROGRESS_BITS) - 1u)
+#define DFCCL_PROGRESS(key, phase) \
+	(((uint64_t)(key) << DFCCL_PROGRESS_BITS) | ((uint64_t)(phase)&DFCCL_PROGRESS_MAX_PHASE))
+
+/* What every rank of an instance must agree on besides the count: the
+ * post's `shape`. */
+#define DFCCL_POST_SHAPE(opcode, dtype, redop, algo) \
+	((uint32_t)(opcode) | (uint32_t)(dtype) << 8 | (uint32_t)(redop) << 16 | (uint32_t)(algo) << 24)
+#define DFCCL_POST_SHAPE_ALGO(shape) ((uint32_t)(shape) >> 24)
 
 /* One rank's part of one collective instance: one cache line. */
 struct dfccl_rank_post {
@@ -64,7 +77,8 @@ struct dfccl_rank_post {
 	uint64_t count;    /* this rank: element count of its entry, to detect mismatches */
 	uint32_t send_reg; /* this rank: registration id of its send buffer (0: none) */
 	uint32_t recv_reg; /* this rank: registration id of its receive buffer (0: none) */
-	uint64_t reserved;
+	uint32_t shape;    /* this rank: DFCCL_POST_SHAPE of its entry, to detect mismatches */
+	uint32_t root;     /* this rank: the root of its entry (broadcast, reduce), else 0 */
 };
 
 /* A send/receive mailbox for one ordered pair: one cache line. */
@@ -89,6 +103,33 @@ struct dfccl_comm_header {
 	uint8_t reserved[64 - 40];
 };
 
+/*
+ * The communicator's algorithm plan, written by the supervisor before it
+ * hands the region to any worker and never changed afterwards, so every
+ * rank of every worker makes the same choices: the ring order, the trees
+ * and the algorithm per collective and size, all computed from the
+ * topology model for the devices the ranks run on (topology/topo_plan.h).
+ * An engine checks it when it maps the region and uses rank order, heap
+ * trees and its direct algorithms when it is absent or invalid.
+ */
+#define DFCCL_PLAN_TREES 4u      /* trees a multi-tree algorithm uses at most */
+#define DFCCL_PLAN_COLLS 5u      /* allreduce, allgather, reducescatter, broadcast, reduce */
+#define DFCCL_PLAN_BUCKETS 41u   /* message sizes, see dfccl_size_bucket() */
+#define DFCCL_PLAN_NO_PARENT 0xffu
+#define DFCCL_PLAN_VALID 0x4e414c50u /* "PLAN" */
+
+struct dfccl_comm_plan {
+	uint32_t valid;  /* DFCCL_PLAN_VALID once written */
+	uint8_t ntrees;  /* trees in parent[], 1..DFCCL_PLAN_TREES */
+	uint8_t reserved0[3];
+	uint8_t ring[DFCCL_COMM_MAX_RANKS];                      /* the rank at ring position i */
+	uint8_t parent[DFCCL_PLAN_TREES][DFCCL_COMM_MAX_RANKS];  /* tree t: parent of rank r, or NO_PARENT */
+	uint8_t algo[DFCCL_PLAN_COLLS][DFCCL_PLAN_BUCKETS];     /* enum dfccl_algo per collective and size */
+	uint8_t reserved1[576 - 8 - 64 - 256 - 205];
+};
+
+#define DFCCL_COMM_PLAN_OFFSET 64u
+
 DFCCL_STATIC_ASSERT(sizeof(struct dfccl_rank_post) == 64, "rank post is one cache line");
 DFCCL_STATIC_ASSERT(sizeof(struct dfccl_p2p_box) == 64, "p2p box is one cache line");
 DFCCL_STATIC_ASSERT(sizeof(struct dfccl_comm_header) == 64, "comm header size");
@@ -97,25 +138,58 @@ DFCCL_STATIC_ASSERT(offsetof(struct dfccl_rank_post, done) == 16, "post done off
 DFCCL_STATIC_ASSERT(offsetof(struct dfccl_rank_post, send_reg) == 48, "post send_reg offset");
 DFCCL_STATIC_ASSERT(offsetof(struct dfccl_p2p_box, ack) == 8, "box ack offset");
 DFCCL_STATIC_ASSERT(offsetof(struct dfccl_comm_header, aborted) == 32, "aborted offset");
+DFCCL_STATIC_ASSERT(offsetof(struct dfccl_rank_post, shape) == 56, "post shape offset");
+DFCCL_STATIC_ASSERT(sizeof(struct dfccl_comm_plan) == 576, "plan size");
+DFCCL_STATIC_ASSERT(offsetof(struct dfccl_comm_plan, ring) == 8, "plan ring offset");
+DFCCL_STATIC_ASSERT(offsetof(struct dfccl_comm_plan, parent) == 72, "plan parent offset");
+DFCCL_STATIC_ASSERT(offsetof(struct dfccl_comm_plan, algo) == 328, "plan algo offset");
+DFCCL_STATIC_ASSERT(DFCCL_COMM_PLAN_OFFSET + sizeof(struct dfccl_comm_plan) <= 4096, "plan fits the header page");
+
+/*
+ * The size bucket of a message of `bytes`: bucket 0 holds 0 and 1 byte,
+ * bucket k holds (2^(k-1), 2^k], the last bucket everything larger. The
+ * plan and the selection table (topology/topo_select.h) share it.
+ */
+static inline unsigned dfccl_size_bucket(uint64_t bytes)
+{
+	unsigned k = 0;
+	while (k + 1 < DFCCL_PLAN_BUCKETS && bytes > ((uint64_t)1 << k))
+		k++;
+	return k;
+}
 
 /*
  * Layout for n ranks (all offsets from the start of the region):
  *   header                                    64 bytes, then aligned to 4096
  *   NCCL-style slots: [DFCCL_COMM_SLOTS][n] posts
  *   registered slots: [DFCCL_COMM_MAX_COLLS][DFCCL_COMM_COLL_SLOTS][n] posts
- *   p2p boxes:        [n src][n dst][DFCCL_COMM_P2P_SLOTS] boxes
- * A new memfd is zero: every key, done and ack starts at 0 (nothing posted).
+ *   p2p boxes:        [n src][n dst][DFCCL_COMM_P2P_SLOTS] boxes, then aligned to 4096
+ *   connectors:       [DFCCL_COMM_CONN_SLOTS][n] x DFCCL_COMM_CONN_BYTES
+ * The plan lies in the header's page, at DFCCL_COMM_PLAN_OFFSET. A new memfd
+ * is zero: every key, done and ack starts at 0 (nothing posted). Connectors
+ * are the staging memory of the algorithms whose partial results have no
+ * place in the client's buffers (reduce and reduce-scatter over rings and
+ * trees); one per instance slot, so a preempted instance keeps its own.
+ * The memfd is sparse: only connector pages an algorithm touched use memory.
  */
+#define DFCCL_COMM_CONN_SLOTS (DFCCL_COMM_SLOTS + DFCCL_COMM_MAX_COLLS * DFCCL_COMM_COLL_SLOTS)
 #define DFCCL_COMM_SLOTS_OFFSET ((uint64_t)4096)
 #define DFCCL_COMM_REG_OFFSET(n) \
 	(DFCCL_COMM_SLOTS_OFFSET + (uint64_t)DFCCL_COMM_SLOTS * (n) * sizeof(struct dfccl_rank_post))
 #define DFCCL_COMM_P2P_OFFSET(n)                                                                   \
 	(DFCCL_COMM_REG_OFFSET(n) +                                                               \
 	 (uint64_t)DFCCL_COMM_MAX_COLLS * DFCCL_COMM_COLL_SLOTS * (n) * sizeof(struct dfccl_rank_post))
-#define DFCCL_COMM_REGION_SIZE(n)                                                                  \
+#define DFCCL_COMM_CONN_OFFSET(n)                                                                  \
 	((DFCCL_COMM_P2P_OFFSET(n) + (uint64_t)(n) * (n)*DFCCL_COMM_P2P_SLOTS * sizeof(struct dfccl_p2p_box) + \
 	  4095u) &                                                                                 \
 	 ~(uint64_t)4095u)
+#define DFCCL_COMM_REGION_SIZE(n) \
+	(DFCCL_COMM_CONN_OFFSET(n) + (uint64_t)DFCCL_COMM_CONN_SLOTS * (n)*DFCCL_COMM_CONN_BYTES)
+
+static inline struct dfccl_comm_plan *dfccl_comm_plan_of(void *region)
+{
+	return (struct dfccl_comm_plan *)((char *)region + DFCCL_COMM_PLAN_OFFSET);
+}
 
 /* The post of `rank` for NCCL-style key `key` (>= 1). */
 static inline struct dfccl_rank_post *dfccl_comm_post(void *region, uint32_t n, uint64_t key, uint32_t rank)
@@ -130,6 +204,24 @@ static inline struct dfccl_rank_post *dfccl_comm_reg_post(void *region, uint32_t
 {
 	uint64_t slot = (uint64_t)coll_id * DFCCL_COMM_COLL_SLOTS + run % DFCCL_COMM_COLL_SLOTS;
 	return (struct dfccl_rank_post *)((char *)region + DFCCL_COMM_REG_OFFSET(n)) + slot * n + rank;
+}
+
+/* The connector slot of NCCL-style key `key`, and of run `run` of
+ * registered collective coll_id: the instance slot of their posts. */
+static inline uint32_t dfccl_comm_conn_slot(uint64_t key)
+{
+	return (uint32_t)(key % DFCCL_COMM_SLOTS);
+}
+
+static inline uint32_t dfccl_comm_reg_conn_slot(uint32_t coll_id, uint64_t run)
+{
+	return DFCCL_COMM_SLOTS + coll_id * DFCCL_COMM_COLL_SLOTS + (uint32_t)(run % DFCCL_COMM_COLL_SLOTS);
+}
+
+/* The connector of `rank` in instance slot `slot`. */
+static inline char *dfccl_comm_conn(void *region, uint32_t n, uint32_t slot, uint32_t rank)
+{
+	return (char *)region + DFCCL_COMM_CONN_OFFSET(n) + ((uint64_t)slot * n + rank) * DFCCL_COMM_CONN_BYTES;
 }
 
 /* The mailbox of message `key` (>= 1) from src to dst. */

@@ -151,7 +151,8 @@ enum dfccl_cq_status {
 	DFCCL_CQ_DEVICE_LOST = 10,
 	DFCCL_CQ_TIMEOUT = 11,
 	DFCCL_CQ_NOT_SUPPORTED = 12,
-	DFCCL_CQ_STATUS_COUNT_ = 13
+	DFCCL_CQ_MISMATCH = 13,    /* the ranks' entries disagree (count, operation, type, root, algorithm) */
+	DFCCL_CQ_STATUS_COUNT_ = 14
 };
 
 #define DFCCL_CW_STATUS_BITS 16u

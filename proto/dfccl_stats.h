@@ -29,7 +29,9 @@ struct dfccl_worker_stats {
 	uint64_t spins;            /* worker: polling rounds that found nothing */
 	uint64_t doorbells;        /* worker: wake-ups by a doorbell */
 	uint64_t heartbeat_ns;     /* worker: CLOCK_MONOTONIC of its last loop turn */
-	uint8_t reserved[DFCCL_STATS_SIZE - 72];
+	uint64_t by_algo[DFCCL_ALGO_COUNT_]; /* worker: collectives started, by enum dfccl_algo
+	                                      * (send/recv and all-to-all count as direct) */
+	uint8_t reserved[DFCCL_STATS_SIZE - 72 - 8 * DFCCL_ALGO_COUNT_];
 };
 
 DFCCL_STATIC_ASSERT(sizeof(struct dfccl_worker_stats) == DFCCL_STATS_SIZE, "stats page size");
@@ -37,5 +39,6 @@ DFCCL_STATIC_ASSERT(offsetof(struct dfccl_worker_stats, completed) == 16, "compl
 DFCCL_STATIC_ASSERT(offsetof(struct dfccl_worker_stats, errors) == 24, "errors offset");
 DFCCL_STATIC_ASSERT(offsetof(struct dfccl_worker_stats, preemptions) == 32, "preemptions offset");
 DFCCL_STATIC_ASSERT(offsetof(struct dfccl_worker_stats, heartbeat_ns) == 64, "heartbeat offset");
+DFCCL_STATIC_ASSERT(offsetof(struct dfccl_worker_stats, by_algo) == 72, "by_algo offset");
 
 #endif

@@ -146,6 +146,7 @@ const char *queue_status_string(uint32_t status)
 	    [DFCCL_CQ_DEVICE_LOST] = "the daemon's worker for this device died",
 	    [DFCCL_CQ_TIMEOUT] = "the collective timed out",
 	    [DFCCL_CQ_NOT_SUPPORTED] = "operation not supported by the daemon's engine",
+	    [DFCCL_CQ_MISMATCH] = "the ranks disagree on this collective (count, type, operation, root or algorithm)",
 	};
 	if (status >= DFCCL_CQ_STATUS_COUNT_)
 		return "unknown completion status";

@@ -566,7 +566,7 @@ int topo_json_apply_tuning(struct topo_select_table *t, const char *text, char *
 	return rc;
 }
 
-int topo_json_load_tuning(struct topo_select_table *t, const char *path, char *err, size_t errlen)
+int topo_json_load_tuning(struct topo_select_table *t, const char *path, char **text_out, char *err, size_t errlen)
 {
 	char *text;
 	int rc = read_file(path, &text, err, errlen);
@@ -575,6 +575,10 @@ int topo_json_load_tuning(struct topo_select_table *t, const char *path, char *e
 	rc = topo_json_apply_tuning(t, text, err, errlen);
 	if (rc == -EINVAL)
 		err_in_file(path, err, errlen);
+	if (rc >= 0 && text_out) {
+		*text_out = text;
+		text = NULL;
+	}
 	free(text);
 	return rc;
 }

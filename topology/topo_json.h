@@ -67,9 +67,11 @@ char *topo_json_dump(const struct topo_model *m);
 json_t *topo_json_select_table(const struct topo_select_table *t);
 
 /* Applies a tuning file (text, or a file) to the table. Returns the number
- * of entries applied, or -EINVAL with err naming the bad field. */
+ * of entries applied, or -EINVAL with err naming the bad field. text_out,
+ * when not NULL, receives the file's text once it applied (malloc'd), for
+ * the tables of communicators built later. */
 int topo_json_apply_tuning(struct topo_select_table *t, const char *text, char *err, size_t errlen);
-int topo_json_load_tuning(struct topo_select_table *t, const char *path, char *err, size_t errlen);
+int topo_json_load_tuning(struct topo_select_table *t, const char *path, char **text_out, char *err, size_t errlen);
 
 /* The whole topology document as compact text (malloc'd; NULL on failure). */
 char *topo_json_document(const struct topo_model *m, const struct topo_ring *rings, unsigned nrings,

@@ -13,8 +13,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dfccl_comm.h"
 #include "topo_ring.h"
 #include "topo_tree.h"
+
+_Static_assert(TOPO_SIZE_BUCKETS == DFCCL_PLAN_BUCKETS, "the plan and the table share the size buckets");
+_Static_assert(TOPO_COLL_COUNT_ == DFCCL_PLAN_COLLS, "the plan holds every collective of the table");
 
 /* Rank counts above this get rows only at powers of two (and at the top):
  * the ring and tree searches grow quickly with the rank count. */
@@ -107,10 +111,7 @@ void topo_select_params_default(struct topo_select_params *p)
 
 unsigned topo_size_bucket(uint64_t bytes)
 {
-	unsigned k = 0;
-	while (k + 1 < TOPO_SIZE_BUCKETS && bytes > ((uint64_t)1 << k))
-		k++;
-	return k;
+	return dfccl_size_bucket(bytes);
 }
 
 uint64_t topo_bucket_max(unsigned bucket)

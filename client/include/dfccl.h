@@ -20,10 +20,14 @@
  * Environment:
  *   DFCCL_SOCKET                    the daemon's socket (default DFCCL_DEFAULT_SOCKET)
  *   DFCCL_DEBUG=WARN                print where each failure originated on stderr
- *   DFCCL_ALGO=NAME                 all-reduce algorithm to ask the daemon for: auto,
- *                                   direct, ring, tree or multitree (default auto: the
- *                                   daemon's `algo` setting); every rank of a
- *                                   communicator must ask for the same
+ *   DFCCL_ALGO=NAME                 algorithm to ask the daemon for: auto, direct,
+ *                                   ring, tree or multitree (default auto: the daemon's
+ *                                   `algo` setting, else its plan for the size); it
+ *                                   applies to the collectives that algorithm runs
+ *                                   (ring: all but send/recv and all-to-all; trees:
+ *                                   all-reduce, broadcast, reduce). Every rank of a
+ *                                   communicator must ask for the same: collectives
+ *                                   whose ranks disagree fail with dfcclInvalidUsage
  *   DFCCL_PROTO_VERSION_OVERRIDE=N  diagnostic knob: claim to speak exactly control
  *                                   protocol version N, to test the daemon's version
  *                                   negotiation; never needed in normal use

@@ -61,7 +61,7 @@ size_t coll_dtype_size(int dtype)
 static uint8_t coll_algo_hint;
 static pthread_once_t coll_algo_once = PTHREAD_ONCE_INIT;
 
-/* DFCCL_ALGO, read once: the all-reduce algorithm every entry asks for.
+/* DFCCL_ALGO, read once: the algorithm every entry asks for.
  * An unknown name is ignored (the daemon's setting applies), as a typo in a
  * tuning knob should not fail the job. */
 static void coll_algo_read(void)

@@ -397,6 +397,9 @@ dfcclResult_t qp_status_result(uint32_t status, unsigned opcode)
 	case DFCCL_CQ_TIMEOUT:
 		r = dfcclTimeout;
 		break;
+	case DFCCL_CQ_MISMATCH:
+		r = dfcclInvalidUsage;
+		break;
 	default:
 		/* The engine refused the entry: something in it was wrong. */
 		r = dfcclInvalidArgument;

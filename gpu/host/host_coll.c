@@ -173,13 +173,10 @@ void host_coll_init(struct host_task *t, struct host_comm *c, struct sq_queue *q
 	t->dtype = e->dtype;
 	t->redop = e->redop;
 	uint32_t n = c->nranks;
-	/* The entry's hint, else the engine's setting; only all-reduce has
-	 * more than one algorithm, and one rank has nothing to exchange. */
-	algo = e->algo ? e->algo : algo;
-	t->algo = DFCCL_ALGO_DIRECT;
-	if (e->opcode == DFCCL_OP_ALLREDUCE && n > 1 &&
-	    (algo == DFCCL_ALGO_RING || algo == DFCCL_ALGO_TREE || algo == DFCCL_ALGO_MULTITREE))
-		t->algo = (uint8_t)algo;
+	t->algo = host_algo_choose(&c->topo, e->opcode, e->count, t->dsize, e->algo, (uint8_t)algo);
+	if (t->algo != DFCCL_ALGO_DIRECT)
+		host_algo_init(&t->alg, &c->topo, t->algo, e->opcode, e->redop, e->rank,
+		               coll_has_root(e->opcode) ? e->peer : 0, e->count, t->dsize);
 	uint64_t nslots;
 	if (coll_is_p2p(e->opcode)) {
 		int sending = e->opcode == DFCCL_OP_SEND;
@@ -188,10 +185,12 @@ void host_coll_init(struct host_task *t, struct host_comm *c, struct sq_queue *q
 		nslots = DFCCL_COMM_P2P_SLOTS;
 	} else if (e->flags & DFCCL_SQE_F_REGISTERED) {
 		t->posts = dfccl_comm_reg_post(c->hdr, n, e->coll_id, t->key, 0);
+		t->conn_slot = dfccl_comm_reg_conn_slot(e->coll_id, t->key);
 		t->step = STEP_SLOT;
 		nslots = DFCCL_COMM_COLL_SLOTS;
 	} else {
 		t->posts = dfccl_comm_post(c->hdr, n, t->key, 0);
+		t->conn_slot = dfccl_comm_conn_slot(t->key);
 		t->step = STEP_SLOT;
 		nslots = DFCCL_COMM_SLOTS;
 	}
@@ -221,157 +220,26 @@ void host_comm_fail(struct host_comm *c, uint32_t status)
 
 /* ------------------------------------------------------------------ ring and trees */
 
-/* First element of allreduce chunk i (of n over count elements). */
-static uint64_t chunk_lo(const struct host_task *t, uint32_t i)
+/* The step of t's algorithm that t is at. */
+static void algo_step_of(const struct host_task *t, struct host_algo_step *p)
 {
-	return (uint64_t)i * t->count / t->comm->nranks;
-}
-
-/*
- * The ring and tree all-reduces are a sequence of algorithm steps. Step i
- * first waits until the ranks it reads from published progress >= target
- * (DFCCL_PROGRESS(key, phase)), then either reduces srcs into this rank's
- * receive buffer or copies one source into it, over [lo, hi), then
- * publishes DFCCL_PROGRESS(key, i + 1). Each rank's progress word therefore
- * counts the steps it completed, and a neighbour's step j is finished once
- * its word reaches j + 1.
- *
- * Ring over ranks in rank order (the engine's model is uniform: any order
- * is as good), chunks as in the two-shot algorithm, left = r - 1, right =
- * r + 1 (mod n). Reduce-scatter step s < n - 1: chunk (r - s - 1) of the
- * receive buffer becomes left's partial (its send buffer in step 0, its
- * receive buffer after) op our send buffer; after it rank r holds the
- * result of chunk r + 1. All-gather step s < n - 1: chunk (r - s) is copied
- * from left's receive buffer. All-gather step 0 also waits until right
- * finished the reduce-scatter: right reads our chunk r - s in its step s
- * (our send buffer, in place the same bytes, in step 0), and the
- * all-gather overwrites exactly those chunks.
- *
- * Trees: tree i carries part i of ntrees contiguous parts; it is the
- * balanced binary tree in heap order over the ranks rotated by i * n /
- * ntrees, so every tree has another root. Up step: receive = send op the
- * children's receive buffers (their partials, published by their up step);
- * down step: receive = the parent's receive buffer (published by its down
- * step; the root's down step does nothing). A rank overwrites its part only
- * in the down step, after its parent read it in its up step.
- *
- * avg is summed through the intermediate steps and divided once, in the
- * step that finishes a chunk (ring) or at the root (tree).
- */
-#define HOST_MULTITREE_MAX 4u
-
-struct algo_buf {
-	uint32_t rank;
-	uint8_t recv; /* 1: the rank's receive buffer, 0: its send buffer */
-};
-
-struct algo_plan {
-	uint32_t wait[2]; /* ranks whose progress the step waits for */
-	uint32_t nwait;
-	uint64_t target;  /* progress each of them must have reached */
-	uint64_t lo, hi;  /* elements of the step */
-	struct algo_buf src[3];
-	uint32_t nsrc;    /* 0: nothing to do; 1 and !reduce: a copy */
-	int reduce;
-	uint32_t redop;
-};
-
-static uint32_t algo_ntrees(const struct host_task *t)
-{
-	uint32_t n = t->comm->nranks;
-	if (t->algo == DFCCL_ALGO_TREE)
-		return 1;
-	return n < HOST_MULTITREE_MAX ? n : HOST_MULTITREE_MAX;
-}
-
-/* Steps of t's algorithm. */
-static uint32_t algo_nsteps(const struct host_task *t)
-{
-	uint32_t n = t->comm->nranks;
-	return t->algo == DFCCL_ALGO_RING ? 2 * (n - 1) : 2 * algo_ntrees(t);
-}
-
-/* The reduction of a step: avg sums until the step that finishes. */
-static uint32_t algo_op(const struct host_task *t, int last)
-{
-	return t->redop == REDUCE_AVG && !last ? REDUCE_SUM : t->redop;
-}
-
-static void algo_ring(const struct host_task *t, uint32_t i, struct algo_plan *p)
-{
-	uint32_t n = t->comm->nranks, r = t->rank;
-	uint32_t left = (r + n - 1) % n, right = (r + 1) % n;
-	if (i < n - 1) {
-		uint32_t k = (r + 2 * n - i - 1) % n;
-		p->lo = chunk_lo(t, k), p->hi = chunk_lo(t, k + 1);
-		if (i > 0)
-			p->wait[p->nwait++] = left, p->target = DFCCL_PROGRESS(t->key, i);
-		p->src[0] = (struct algo_buf){left, i > 0};
-		p->src[1] = (struct algo_buf){r, 0};
-		p->nsrc = 2;
-		p->reduce = 1;
-		p->redop = algo_op(t, i == n - 2);
-		return;
-	}
-	uint32_t s = i - (n - 1), k = (r + n - s) % n;
-	p->lo = chunk_lo(t, k), p->hi = chunk_lo(t, k + 1);
-	p->wait[p->nwait++] = left;
-	if (s == 0)
-		p->wait[p->nwait++] = right;
-	p->target = DFCCL_PROGRESS(t->key, i);
-	p->src[0] = (struct algo_buf){left, 1};
-	p->nsrc = 1;
-}
-
-static void algo_tree(const struct host_task *t, uint32_t i, struct algo_plan *p)
-{
-	uint32_t n = t->comm->nranks, k = algo_ntrees(t), tree = i / 2;
-	uint32_t shift = tree * n / k;
-	uint32_t pos = (t->rank + n - shift) % n;
-	p->lo = (uint64_t)tree * t->count / k, p->hi = (uint64_t)(tree + 1) * t->count / k;
-	if (i % 2 == 0) {
-		/* up: our send buffer, then the children's partials */
-		p->src[p->nsrc++] = (struct algo_buf){t->rank, 0};
-		for (uint32_t c = 2 * pos + 1; c <= 2 * pos + 2 && c < n; c++) {
-			uint32_t cr = (c + shift) % n;
-			p->wait[p->nwait++] = cr;
-			p->src[p->nsrc++] = (struct algo_buf){cr, 1};
-		}
-		p->target = DFCCL_PROGRESS(t->key, i + 1);
-		p->reduce = 1;
-		p->redop = algo_op(t, pos == 0);
-		return;
-	}
-	if (pos == 0)
-		return; /* the root's part is final since its up step */
-	uint32_t parent = ((pos - 1) / 2 + shift) % n;
-	p->wait[p->nwait++] = parent;
-	p->target = DFCCL_PROGRESS(t->key, i + 1);
-	p->src[0] = (struct algo_buf){parent, 1};
-	p->nsrc = 1;
-}
-
-static void algo_plan_of(const struct host_task *t, struct algo_plan *p)
-{
-	memset(p, 0, sizeof(*p));
-	if (t->algo == DFCCL_ALGO_RING)
-		algo_ring(t, t->astep, p);
-	else
-		algo_tree(t, t->astep, p);
+	host_algo_step(&t->alg, t->astep, p);
 }
 
 /* ------------------------------------------------------------------ waits */
 
 #define HOST_YIELD_POLLS 64u
 
-/* The predicate of the wait at t's step: word(r) >= target for r < n. */
+/* The predicate of the wait at t's step: word(r) >= target for r < n, or
+ * for the algorithm steps, listed ranks each with its own target. */
 struct coll_cond {
 	const uint64_t *word; /* rank 0's word */
 	size_t stride;        /* words between two ranks' words */
 	uint32_t n;
 	uint64_t target;
-	const uint32_t *ranks; /* when set, word(r) is the word of rank ranks[r] */
-	uint32_t rankv[2];
+	int listed;           /* word(r) is rank rankv[r]'s, its target targetv[r] */
+	uint32_t rankv[HOST_ALGO_MAX_WAIT];
+	uint64_t targetv[HOST_ALGO_MAX_WAIT];
 };
 
 static struct coll_cond coll_cond_of(const struct host_task *t)
@@ -386,11 +254,11 @@ static struct coll_cond coll_cond_of(const struct host_task *t)
 	case STEP_BOX_FREE: w.word = &t->box->ack, w.n = 1, w.target = t->slot_free; break;
 	case STEP_BOX_ACK: w.word = &t->box->ack, w.n = 1, w.target = t->key; break;
 	case STEP_AWAIT: {
-		struct algo_plan p;
-		algo_plan_of(t, &p);
-		w.word = &t->posts[0].progress, w.n = p.nwait, w.target = p.target;
-		w.rankv[0] = p.wait[0], w.rankv[1] = p.wait[1];
-		w.ranks = w.rankv;
+		struct host_algo_step p;
+		algo_step_of(t, &p);
+		w.word = &t->posts[0].progress, w.n = p.nwait, w.listed = 1;
+		for (uint32_t k = 0; k < p.nwait; k++)
+			w.rankv[k] = p.wait[k], w.targetv[k] = DFCCL_PROGRESS(t->key, p.phase[k]);
 		break;
 	}
 	default: /* STEP_BOX_KEY */ w.word = &t->box->key, w.n = 1, w.target = t->key; break;
@@ -398,16 +266,11 @@ static struct coll_cond coll_cond_of(const struct host_task *t)
 	return w;
 }
 
-/* The rank whose word is the r-th of w. */
-static uint32_t cond_rank(const struct coll_cond *w, uint32_t r)
-{
-	return w->ranks ? w->ranks[r] : r;
-}
-
 static int coll_ready(struct host_task *t, const struct coll_cond *w)
 {
 	for (uint32_t r = t->wait_rank; r < w->n; r++) {
-		if (load_acq(w->word + cond_rank(w, r) * w->stride) < w->target) {
+		uint32_t rank = w->listed ? w->rankv[r] : r;
+		if (load_acq(w->word + rank * w->stride) < (w->listed ? w->targetv[r] : w->target)) {
 			t->wait_rank = r;
 			return 0;
 		}
@@ -424,7 +287,6 @@ static int coll_ready(struct host_task *t, const struct coll_cond *w)
 static int coll_wait(const struct host_coll_env *env, struct host_task *t, uint32_t position, struct sched_state *s)
 {
 	struct coll_cond w = coll_cond_of(t);
-	w.ranks = w.ranks ? w.rankv : NULL; /* the copy's own array */
 	uint32_t threshold = sched_threshold(env->params, position, s);
 	uint64_t spins = 0;
 	int rc;
@@ -440,7 +302,7 @@ static int coll_wait(const struct host_coll_env *env, struct host_task *t, uint3
 		}
 		/* A rank this engine hosts can only move when this engine runs
 		 * its task: spinning on it would just burn the threshold. */
-		uint32_t blocker = w.ranks ? w.ranks[t->wait_rank] : w.n == 1 ? t->peer : t->wait_rank;
+		uint32_t blocker = w.listed ? w.rankv[t->wait_rank] : w.n == 1 ? t->peer : t->wait_rank;
 		if (spins >= threshold || t->comm->members[blocker].device == env->device) {
 			rc = 0;
 			break;
@@ -469,6 +331,13 @@ static int coll_wait(const struct host_coll_env *env, struct host_task *t, uint3
 
 /* ------------------------------------------------------------------ posts */
 
+/* What every rank's entry of the instance must agree on, besides the count
+ * and the root. */
+static uint32_t coll_shape(const struct host_task *t)
+{
+	return DFCCL_POST_SHAPE(t->opcode, t->dtype, t->redop, t->algo);
+}
+
 static void coll_post(struct host_task *t)
 {
 	struct dfccl_rank_post *p = &t->posts[t->rank];
@@ -477,6 +346,8 @@ static void coll_post(struct host_task *t)
 	p->count = t->count;
 	p->send_reg = t->send_reg;
 	p->recv_reg = t->recv_reg;
+	p->shape = coll_shape(t);
+	p->root = coll_has_root(t->opcode) ? t->peer : 0;
 	store_rel(&p->key, t->key);
 }
 
@@ -494,6 +365,7 @@ static void box_post(struct host_task *t)
 struct coll_bufs {
 	char *send[DFCCL_COMM_MAX_RANKS];
 	char *recv[DFCCL_COMM_MAX_RANKS];
+	char *conn[DFCCL_COMM_MAX_RANKS]; /* ring and trees: the connectors of the instance's slot */
 };
 
 /*
@@ -520,10 +392,14 @@ static uint32_t coll_bufs_get(const struct host_coll_env *env, const struct host
 	}
 	for (uint32_t r = 0; r < n; r++) {
 		const struct dfccl_rank_post *p = &t->posts[r];
-		/* A post of another instance, or of another count, means the ranks
+		/* A post of another instance means a broken protocol; another
+		 * count, operation, type, root or algorithm means the ranks
 		 * disagree about this collective: nothing sensible can be done. */
-		if (load_acq(&p->key) != t->key || p->count != t->count)
+		if (load_acq(&p->key) != t->key)
 			return DFCCL_CQ_BAD_ENTRY;
+		if (p->count != t->count || p->shape != coll_shape(t) ||
+		    p->root != (coll_has_root(t->opcode) ? t->peer : 0))
+			return DFCCL_CQ_MISMATCH;
 		if (coll_sizes(t->opcode, t->count, t->dsize, n, r == t->peer, &sbytes, &rbytes) < 0)
 			return DFCCL_CQ_OUT_OF_RANGE;
 		uint64_t session = c->members[r].session_id;
@@ -532,11 +408,19 @@ static uint32_t coll_bufs_get(const struct host_coll_env *env, const struct host
 			st = coll_resolve(env, p->recv_reg, session, p->recv_off, rbytes, &b->recv[r]);
 		if (st != DFCCL_CQ_OK)
 			return st;
+		if (t->algo != DFCCL_ALGO_DIRECT)
+			b->conn[r] = dfccl_comm_conn(c->hdr, n, t->conn_slot, r);
 	}
 	return DFCCL_CQ_OK;
 }
 
 /* ------------------------------------------------------------------ data */
+
+/* First element of the two-shot all-reduce's chunk i (of n over count). */
+static uint64_t chunk_lo(const struct host_task *t, uint32_t i)
+{
+	return (uint64_t)i * t->count / t->comm->nranks;
+}
 
 /* The rank whose allreduce chunk holds element i. */
 static uint32_t chunk_owner(const struct host_task *t, uint64_t i)
@@ -566,14 +450,24 @@ static void reduce_elems(const struct host_task *t, char *dst, char *const *srcs
 	reduce_into(dst, at, n, elems, t->dtype, t->redop, n);
 }
 
+/* The start of one of the buffers an algorithm step names. */
+static char *algo_buf(const struct coll_bufs *b, const struct host_algo_buf *x)
+{
+	switch (x->kind) {
+	case HOST_BUF_SEND: return b->send[x->rank];
+	case HOST_BUF_RECV: return b->recv[x->rank];
+	default: return b->conn[x->rank];
+	}
+}
+
 /* Elements of the current data step of t. */
 static uint64_t work_total(const struct host_task *t)
 {
 	uint32_t n = t->comm->nranks;
 	if (t->step == STEP_AWORK) {
-		struct algo_plan p;
-		algo_plan_of(t, &p);
-		return p.nsrc ? p.hi - p.lo : 0;
+		struct host_algo_step p;
+		algo_step_of(t, &p);
+		return p.nsrc ? p.elems : 0;
 	}
 	switch (t->opcode) {
 	case DFCCL_OP_ALLREDUCE:
@@ -596,13 +490,12 @@ static uint64_t work_piece(const struct host_task *t, const struct coll_bufs *b,
 	uint64_t m = max, lo;
 	*bytes = 0;
 	if (t->step == STEP_AWORK) {
-		struct algo_plan p;
-		algo_plan_of(t, &p);
-		lo = p.lo + pos;
-		const void *at[3];
+		struct host_algo_step p;
+		algo_step_of(t, &p);
+		const void *at[HOST_ALGO_MAX_SRC];
 		for (uint32_t k = 0; k < p.nsrc; k++)
-			at[k] = (p.src[k].recv ? b->recv : b->send)[p.src[k].rank] + lo * ds;
-		char *dst = b->recv[r] + lo * ds;
+			at[k] = algo_buf(b, &p.src[k]) + (p.src[k].off + pos) * ds;
+		char *dst = algo_buf(b, &p.dst) + (p.dst.off + pos) * ds;
 		if (p.reduce && (p.nsrc > 1 || p.redop == REDUCE_AVG))
 			reduce_into(dst, at, p.nsrc, m, t->dtype, p.redop, t->comm->nranks);
 		else
@@ -696,7 +589,7 @@ static uint32_t coll_after_work(struct host_task *t)
 {
 	if (t->step == STEP_AWORK) {
 		store_rel(&t->posts[t->rank].progress, DFCCL_PROGRESS(t->key, t->astep + 1));
-		if (++t->astep < algo_nsteps(t))
+		if (++t->astep < t->alg.nsteps)
 			return STEP_AWAIT;
 		store_rel(&t->posts[t->rank].done, t->key);
 		return STEP_FINISH;

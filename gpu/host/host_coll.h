@@ -31,12 +31,18 @@
  *   send/recv      the receiver copies from the sender's buffer, through the
  *                  pair's mailbox.
  *
- * All-reduce also runs over a ring or trees when the entry's `algo` hint,
- * or else the engine's setting, asks for one (enum dfccl_algo; auto means
- * two-shot). Their reduction order differs from two-shot (host_coll.c
- * describes them), so results are the same only where the arithmetic is
- * exact. Every other collective keeps its direct algorithm whatever is
- * asked for, and so does a communicator of one rank.
+ * Ring and tree algorithms (host_algo.h) run all-reduce, all-gather,
+ * reduce-scatter, broadcast and reduce when the entry's `algo` hint, else
+ * the engine's setting, else the communicator's plan (the selection table
+ * for the collective and its size) asks for one the engine runs. Their
+ * reduction order differs from the direct algorithms', so results are the
+ * same only where the arithmetic is exact. Send/receive, all-to-all and a
+ * communicator of one rank always run direct.
+ *
+ * Every rank posts the shape of its entry (opcode, type, operation,
+ * algorithm) and its root next to its count; ranks that disagree on any of
+ * them fail the instance with DFCCL_CQ_MISMATCH before anything is moved,
+ * instead of running two algorithms against each other.
  */
 #ifndef DFCCL_HOST_COLL_H
 #define DFCCL_HOST_COLL_H
@@ -46,6 +52,7 @@
 #include "dfccl_comm.h"
 #include "dfccl_queue.h"
 #include "dfccl_stats.h"
+#include "host_algo.h"
 #include "host_engine.h"
 #include "scheduler.h"
 #include "sq.h"
@@ -57,6 +64,7 @@ struct host_comm {
 	uint32_t abort_status;           /* the engine's abort table: nonzero once aborted here */
 	struct dfccl_comm_header *hdr;   /* the shared region */
 	size_t region_size;
+	struct host_topo topo;           /* its plan: ring, trees, algorithm per size */
 	struct host_comm_member members[]; /* by rank */
 };
 
@@ -83,7 +91,9 @@ struct host_task {
 	uint32_t peer;     /* root (broadcast, reduce) or the other rank (send, recv) */
 	uint32_t dsize;
 	uint8_t opcode, dtype, redop;
-	uint8_t algo;      /* enum dfccl_algo: DIRECT, or for all-reduce RING, TREE, MULTITREE */
+	uint8_t algo;      /* enum dfccl_algo: DIRECT, or the ring or tree algorithm in alg */
+	uint32_t conn_slot;            /* the instance slot of the connectors */
+	struct host_algo alg;          /* ring and trees: the algorithm's static context */
 	struct dfccl_rank_post *posts; /* collectives: the instance's slot, posts[r] for every rank */
 	struct dfccl_p2p_box *box;     /* send/recv: the pair's mailbox */
 	uint64_t slot_free;            /* the slot is free once every rank's done >= this */

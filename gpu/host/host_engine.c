@@ -50,7 +50,7 @@ struct host_engine {
 	struct sched_queue queue;
 	uint32_t backlog_head, backlog_tail, nbacklog;
 
-	uint32_t algo; /* enum dfccl_algo: the configured all-reduce algorithm */
+	uint32_t algo; /* enum dfccl_algo: the configured algorithm (auto: the plan decides) */
 	uint64_t arrivals;
 	uint64_t last_arrival; /* the task that ran last: running another is a context switch */
 };
@@ -140,6 +140,9 @@ int host_engine_comm_add(struct host_engine *e, uint64_t comm_id, uint32_t nrank
 	c->hdr = region;
 	c->region_size = region_size;
 	memcpy(c->members, members, nranks * sizeof(c->members[0]));
+	/* A missing plan is normal for engines fed without a supervisor; a
+	 * damaged one leaves the safe defaults too. */
+	host_topo_load(&c->topo, dfccl_comm_plan_of(region), nranks);
 	e->comms[e->ncomms++] = c;
 	return 0;
 }
@@ -237,6 +240,7 @@ void host_engine_submit(struct host_engine *e, struct sq_queue *q, const struct 
 	uint32_t idx = e->free_list[--e->nfree];
 	struct host_task *t = &e->tasks[idx];
 	host_coll_init(t, c, q, sqe, e->algo);
+	stat_add(&e->env.stats->by_algo[t->algo], 1);
 	int prioritized = (sqe->flags & DFCCL_SQE_F_PRIORITY) != 0;
 	e->states[idx] = (struct sched_state){
 	    .arrival = ++e->arrivals,

@@ -411,7 +411,9 @@ static void test_worker_killed(void **state)
 	                   "100000", "--max-bytes", "64K", NULL);
 	uint64_t took = now_ms() - t0;
 	fprintf(stderr, "chaos with a killed worker: exit %d after %llu ms\n%s", rc, (unsigned long long)took, out);
-	int lost = strstr(out, "worker for this device died") != NULL;
+	/* Said by the completion of an entry in flight, or by the library when
+	 * the communicator was already marked failed at submission. */
+	int lost = strstr(out, "worker for this device died") != NULL || strstr(out, "worker for device 0 died") != NULL;
 	int hung = strstr(out, "did not end within") != NULL;
 	free(out);
 	/* Every rank ended on its own with an error, in bounded time. */

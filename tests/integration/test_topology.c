@@ -3,7 +3,8 @@
  * DGX-1 cube-mesh model on eight host-engine devices shows that model in
  * `dfcclctl --json topo`; `topo --dump` loads back with --topology and
  * dumps the same text; the host engine without a model gets its uniform
- * one; `algo` and `tuning-file` reach the selection table; and a model of
+ * one; `algo` and `tuning-file` reach the selection table and, through
+ * each communicator's plan, the engines; and a model of
  * another device count, or an invalid one, makes dfccld exit non-zero with
  * a message that says why.
  */
@@ -22,6 +23,7 @@
 
 #include <cmocka.h>
 
+#include "dfccl_queue.h"
 #include "harness.h"
 
 #define MODELS TOPO_MODELS_DIR
@@ -201,6 +203,83 @@ static void test_algo_and_tuning(void **state)
 	unlink(tuning);
 }
 
+/* Collectives started per algorithm on every device, from `dfcclctl --json
+ * stats` (by_algo, indexed by enum dfccl_algo). */
+static void by_algo(const struct daemon_proc *d, uint64_t out[5])
+{
+	static char buf[1 << 16];
+	assert_int_equal(ctl(d, buf, sizeof(buf), "--json", "stats", NULL), 0);
+	json_error_t je;
+	json_t *j = json_loads(buf, 0, &je);
+	if (!j)
+		fail_msg("dfcclctl --json stats printed no JSON (%s): %.300s", je.text, buf);
+	memset(out, 0, 5 * sizeof(out[0]));
+	size_t i, k;
+	json_t *dev, *v;
+	json_array_foreach(json_object_get(j, "devices"), i, dev) {
+		json_array_foreach(json_object_get(dev, "by_algo"), k, v) {
+			if (k < 5)
+				out[k] += (uint64_t)json_integer_value(v);
+		}
+	}
+	json_decref(j);
+}
+
+/* dfccl-perf against d; returns its exit status, output in buf. */
+static int perf(const struct daemon_proc *d, char *buf, size_t len, const char *coll, const char *max)
+{
+	const char *argv[] = {DFCCL_PERF_PATH, coll, "--socket", d->socket, "--nranks", "4", "-b", "64",
+	                      "-e", max, "-f", "4", "-n", "2", "-w", "1", NULL};
+	char out[160];
+	snprintf(out, sizeof(out), "%s/perf.out", d->dir);
+	return run_capture(argv, out, buf, len);
+}
+
+/*
+ * The daemon's plan reaches the engines: with a tuning file that names a
+ * tree for small all-reduces, multi-tree for large ones, a ring for every
+ * all-gather and a tree for every reduce, dfccl-perf (algorithm auto, its
+ * results checked) runs correctly and the engines count their collectives
+ * under exactly those algorithms.
+ */
+static void test_plan_reaches_engines(void **state)
+{
+	(void)state;
+	char tuning[160];
+	write_temp(tuning, sizeof(tuning), "plan",
+	           "{\"version\": 1, \"entries\": ["
+	           "{\"coll\": \"allreduce\", \"nranks\": 4, \"max_bytes\": 1024, \"algo\": \"tree\", \"channels\": 1},"
+	           "{\"coll\": \"allreduce\", \"nranks\": 4, \"min_bytes\": 1025, \"algo\": \"multitree\", "
+	           "\"channels\": 4},"
+	           "{\"coll\": \"allgather\", \"nranks\": 4, \"algo\": \"ring\", \"channels\": 1},"
+	           "{\"coll\": \"reduce\", \"nranks\": 4, \"algo\": \"tree\", \"channels\": 1}]}");
+	struct daemon_proc d;
+	assert_int_equal(daemon_start(&d, 4, "--topology", MODELS "/pcie-4.json", "--tuning-file", tuning, NULL), 0);
+	static char out[1 << 16];
+	uint64_t n0[5], n1[5], n2[5];
+	by_algo(&d, n0);
+	int rc = perf(&d, out, sizeof(out), "allreduce", "16K");
+	if (rc != 0)
+		fail_msg("dfccl-perf allreduce: exit %d\n%s", rc, out);
+	by_algo(&d, n1);
+	assert_true(n1[DFCCL_ALGO_TREE] > n0[DFCCL_ALGO_TREE]);
+	assert_true(n1[DFCCL_ALGO_MULTITREE] > n0[DFCCL_ALGO_MULTITREE]);
+	assert_int_equal(n1[DFCCL_ALGO_RING], n0[DFCCL_ALGO_RING]);
+	rc = perf(&d, out, sizeof(out), "allgather", "16K");
+	if (rc != 0)
+		fail_msg("dfccl-perf allgather: exit %d\n%s", rc, out);
+	rc = perf(&d, out, sizeof(out), "reduce", "16K");
+	if (rc != 0)
+		fail_msg("dfccl-perf reduce: exit %d\n%s", rc, out);
+	by_algo(&d, n2);
+	assert_true(n2[DFCCL_ALGO_RING] > n1[DFCCL_ALGO_RING]);
+	/* reduce: trees; the barriers and #wrong sums: small all-reduces, trees too */
+	assert_true(n2[DFCCL_ALGO_TREE] > n1[DFCCL_ALGO_TREE]);
+	assert_int_equal(n2[DFCCL_ALGO_DIRECT], n0[DFCCL_ALGO_DIRECT]);
+	assert_int_equal(daemon_stop(&d), 0);
+	unlink(tuning);
+}
+
 /* dfccld with these arguments must exit non-zero, saying `expect`. */
 static void assert_refused(const char *ndev, const char *model, const char *expect)
 {
@@ -238,6 +317,7 @@ int main(void)
 	    cmocka_unit_test(test_dump_round_trip),
 	    cmocka_unit_test(test_host_engine_model),
 	    cmocka_unit_test(test_algo_and_tuning),
+	    cmocka_unit_test(test_plan_reaches_engines),
 	    cmocka_unit_test(test_refused_models),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

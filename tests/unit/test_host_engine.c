@@ -19,9 +19,12 @@
  * sessions; send/recv with mailbox reuse; a large message that takes several
  * visits; the DFCCL deadlock pattern (4 ranks, 4 communicators, per-rank
  * random orders); all-reduce over a forced ring, tree, multi-tree and
- * direct algorithm (engine setting and entry hint) x dtype x op x
- * in/out-of-place on 2, 3, 4, 5 and 8 ranks, large enough messages to yield
- * mid-step, and the deadlock pattern with each algorithm forced;
+ * direct algorithm, for every collective each one runs (entry hint, engine
+ * setting, or the plan's table; default and random plans: random rings,
+ * random trees) x dtype x op x in/out-of-place on 2, 3, 4, 5 and 8 ranks,
+ * large messages that yield mid-step and reuse connector halves, the plan's
+ * choice by size and a damaged plan, mismatched entries, and the deadlock
+ * pattern with each algorithm forced;
  * registered collectives in different orders per rank;
  * priority order; more tasks than the task queue holds; abort,
  * inconsistent posts, a lost queue, a removed communicator, and every
@@ -37,6 +40,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include <cmocka.h>
 
@@ -117,6 +121,7 @@ struct sim {
 	struct tq qs[MAX_Q];
 	unsigned nq;
 	void *regions[MAX_REGIONS];
+	size_t region_size[MAX_REGIONS];
 	unsigned nregions;
 };
 
@@ -161,15 +166,17 @@ static unsigned sim_queue(struct sim *s, unsigned eng, uint64_t session)
 static void sim_comm(struct sim *s, uint64_t comm_id, uint32_t n, const unsigned *rank_q)
 {
 	assert_true(s->nregions < MAX_REGIONS);
+	/* Zero pages on demand, as the supervisor's memfd: the connectors
+	 * make the region large and mostly untouched. */
 	size_t size = DFCCL_COMM_REGION_SIZE(n);
-	struct dfccl_comm_header *h = aligned_alloc(4096, size);
-	assert_non_null(h);
-	memset(h, 0, size);
+	struct dfccl_comm_header *h = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	assert_true(h != MAP_FAILED);
 	h->magic = DFCCL_COMM_MAGIC;
 	h->comm_id = comm_id;
 	h->nranks = n;
 	h->header_size = sizeof(*h);
 	h->region_size = size;
+	s->region_size[s->nregions] = size;
 	s->regions[s->nregions++] = h;
 	struct host_comm_member m[DFCCL_COMM_MAX_RANKS];
 	int hosts[MAX_ENG] = {0};
@@ -307,7 +314,7 @@ static void sim_free(struct sim *s)
 		free(s->qs[i].map);
 	}
 	for (unsigned i = 0; i < s->nregions; i++)
-		free(s->regions[i]);
+		munmap(s->regions[i], s->region_size[i]);
 	regs_reset();
 }
 
@@ -465,7 +472,7 @@ struct coll {
 	unsigned q[MAX_N];
 	uint64_t seq[MAX_N];
 	int32_t priority;
-	uint8_t algo; /* the entries' all-reduce algorithm hint (0: the engines' setting) */
+	uint8_t algo; /* the entries' algorithm hint (0: the engines' setting, else the plan) */
 };
 
 /* Whether rank r has a send buffer and a receive buffer (even when empty). */
@@ -679,24 +686,6 @@ static void test_collectives_matrix(void **state)
 	assert_int_equal(total, 4 * (3 * 10 * 5 + 2 * 10) * 2);
 }
 
-/* One big in-place all-reduce moves more than a visit's budget: the task
- * yields and resumes mid-step, on two engines. */
-static void test_large_message(void **state)
-{
-	(void)state;
-	struct sim s;
-	unsigned rank_q[2];
-	sim_start(&s, 2, 2, rank_q, 10, 3);
-	struct coll c = {.id = 9001, .op = DFCCL_OP_ALLREDUCE, .dt = 7, .redop = 0, .inplace = 1, .n = 2,
-	                 .count = 3u << 20};
-	memcpy(c.q, rank_q, sizeof(rank_q));
-	coll_submit(&s, &c, 3, 1);
-	unsigned rounds = sim_drive(&s);
-	coll_check(&s, &c);
-	assert_true(rounds > 1);
-	sim_free(&s);
-}
-
 /* Send/receive: every ordered pair of 3 ranks (on 2 engines) exchanges 12
  * messages (more than the 8 mailbox slots), the receives submitted first on
  * one rank, the sends first on the others. */
@@ -843,84 +832,229 @@ static void test_deadlock_pattern_algos(void **state)
 }
 
 /*
- * All-reduce with each algorithm forced, x dtype x op x in-place on 2, 3,
- * 4, 5 and 8 ranks, the combinations dealt round-robin to 1-, 2- and
- * 3-engine layouts. The 1-engine layouts force it through the entries'
- * hint, the 2-engine ones through the engines' setting, and the 3-engine
- * ones through the hint over engines set to another algorithm (the hint
- * wins).
+ * A random plan in communicator region i: a random ring, random trees
+ * (each node's parent a random earlier node of a random order, at most 7
+ * children), and the table naming `algo` everywhere. Every shape the
+ * engine accepts must give the right results, not only balanced trees.
  */
-static void test_allreduce_algos(void **state)
+static void sim_plan(struct sim *s, unsigned i, uint32_t n, uint8_t algo)
+{
+	struct dfccl_comm_plan *p = dfccl_comm_plan_of(s->regions[i]);
+	memset(p, 0, sizeof(*p));
+	uint8_t order[DFCCL_COMM_MAX_RANKS];
+	for (uint32_t r = 0; r < n; r++)
+		order[r] = (uint8_t)r;
+	for (uint32_t r = n - 1; r > 0; r--) {
+		uint32_t j = rnd(r + 1);
+		uint8_t t = order[r];
+		order[r] = order[j], order[j] = t;
+	}
+	memcpy(p->ring, order, n);
+	p->ntrees = (uint8_t)(n < DFCCL_PLAN_TREES ? n : DFCCL_PLAN_TREES);
+	for (uint32_t k = 0; k < p->ntrees; k++) {
+		for (uint32_t r = n - 1; r > 0; r--) {
+			uint32_t j = rnd(r + 1);
+			uint8_t t = order[r];
+			order[r] = order[j], order[j] = t;
+		}
+		unsigned nchild[DFCCL_COMM_MAX_RANKS] = {0};
+		p->parent[k][order[0]] = DFCCL_PLAN_NO_PARENT;
+		for (uint32_t i2 = 1; i2 < n; i2++) {
+			uint32_t par;
+			do
+				par = order[rnd(i2)];
+			while (nchild[par] >= 7);
+			nchild[par]++;
+			p->parent[k][order[i2]] = (uint8_t)par;
+		}
+	}
+	memset(p->algo, algo, sizeof(p->algo));
+	p->valid = DFCCL_PLAN_VALID;
+}
+
+/* Whether the host engine runs algo for op (host_algo.h). */
+static int algo_runs(uint8_t algo, uint8_t op)
+{
+	if (algo == DFCCL_ALGO_DIRECT || algo == DFCCL_ALGO_RING)
+		return 1;
+	return op == DFCCL_OP_ALLREDUCE || op == DFCCL_OP_BROADCAST || op == DFCCL_OP_REDUCE;
+}
+
+static const uint8_t every_algo[] = {DFCCL_ALGO_RING, DFCCL_ALGO_TREE, DFCCL_ALGO_MULTITREE, DFCCL_ALGO_DIRECT};
+static const uint8_t every_coll[] = {DFCCL_OP_ALLREDUCE, DFCCL_OP_ALLGATHER, DFCCL_OP_REDUCESCATTER,
+                                     DFCCL_OP_BROADCAST, DFCCL_OP_REDUCE};
+
+/*
+ * Every collective under every algorithm that runs it, x dtype x op x
+ * in-place on 2, 3, 4, 5 and 8 ranks, the combinations dealt round-robin
+ * to 1-, 2- and 3-engine layouts. How the algorithm is chosen varies with
+ * the layout: 1 engine, the entries' hint over the default plan; 2
+ * engines, the engines' setting over a random plan; 3 engines, the plan's
+ * table alone (a random plan naming the algorithm).
+ */
+static void test_algos(void **state)
 {
 	(void)state;
-	static const uint8_t algos[] = {DFCCL_ALGO_RING, DFCCL_ALGO_TREE, DFCCL_ALGO_MULTITREE, DFCCL_ALGO_DIRECT};
 	static const uint32_t nranks[] = {2, 3, 4, 5, 8};
 	static struct coll cases[64];
 	unsigned total = 0, id = 20000;
-	for (size_t a = 0; a < sizeof(algos); a++) {
-		uint8_t algo = algos[a];
-		for (size_t ni = 0; ni < sizeof(nranks) / sizeof(nranks[0]); ni++) {
-			uint32_t n = nranks[ni];
-			for (unsigned neng = 1; neng <= 3; neng++) {
-				uint32_t other = algo == DFCCL_ALGO_RING ? DFCCL_ALGO_TREE : DFCCL_ALGO_RING;
-				uint32_t setting = neng == 2 ? algo : neng == 3 ? other : DFCCL_ALGO_AUTO;
-				uint8_t hint = neng == 2 ? 0 : algo;
-				struct sim s;
-				sim_init_algo(&s, neng, &small_spins, setting);
-				unsigned rank_q[MAX_N];
-				layout(&s, n, neng, rank_q, 100);
-				sim_comm(&s, 7, n, rank_q);
-				unsigned ncases = 0, combo = 0;
-				for (uint8_t dt = 0; dt < 10; dt++)
-					for (uint8_t redop = 0; redop < 5; redop++)
-						for (int inplace = 0; inplace < 2; inplace++) {
-							if (combo++ % 3 != neng - 1)
-								continue;
-							struct coll *c = &cases[ncases++];
-							*c = (struct coll){.id = ++id, .op = DFCCL_OP_ALLREDUCE, .dt = dt, .redop = redop,
-							                   .inplace = inplace, .n = n, .algo = hint};
-							/* Mostly small, some empty, some shorter than the
-							 * rank count, some past a reduction block. */
-							uint32_t pick = rnd(10);
-							c->count = pick == 0   ? 0
-							           : pick == 1 ? 1500 + rnd(700)
-							           : pick == 2 ? 1 + rnd(n)
-							                       : 1 + rnd(40);
-							memcpy(c->q, rank_q, sizeof(rank_q));
-						}
-				uint64_t seq = 0;
-				for (unsigned k = 0; k < ncases; k++)
-					coll_submit(&s, &cases[k], 7, ++seq);
-				sim_drive(&s);
-				for (unsigned k = 0; k < ncases; k++)
-					coll_check(&s, &cases[k]);
-				total += ncases;
-				sim_free(&s);
+	for (size_t a = 0; a < sizeof(every_algo); a++) {
+		uint8_t algo = every_algo[a];
+		for (size_t o = 0; o < sizeof(every_coll); o++) {
+			uint8_t op = every_coll[o];
+			if (!algo_runs(algo, op))
+				continue;
+			for (size_t ni = 0; ni < sizeof(nranks) / sizeof(nranks[0]); ni++) {
+				uint32_t n = nranks[ni];
+				for (unsigned neng = 1; neng <= 3; neng++) {
+					struct sim s;
+					sim_init_algo(&s, neng, &small_spins, neng == 2 ? algo : DFCCL_ALGO_AUTO);
+					unsigned rank_q[MAX_N];
+					layout(&s, n, neng, rank_q, 100);
+					sim_comm(&s, 7, n, rank_q);
+					if (neng > 1)
+						sim_plan(&s, 0, n, neng == 3 ? algo : DFCCL_ALGO_DIRECT);
+					unsigned ncases = 0, combo = 0;
+					for (uint8_t dt = 0; dt < 10; dt++)
+						for (uint8_t redop = 0; redop < 5; redop++)
+							for (int inplace = 0; inplace < 2; inplace++) {
+								/* every third to this layout; the collectives
+								 * other than all-reduce and reduce see every
+								 * sixth */
+								unsigned k = combo++;
+								if (k % 3 != neng - 1 ||
+								    (op != DFCCL_OP_ALLREDUCE && op != DFCCL_OP_REDUCE && (k / 3) % 2))
+									continue;
+								struct coll *c = &cases[ncases++];
+								*c = (struct coll){.id = ++id, .op = op, .dt = dt, .redop = redop,
+								                   .inplace = inplace, .n = n, .root = rnd(n),
+								                   .algo = neng == 1 ? algo : 0};
+								/* Mostly small, some empty, some shorter
+								 * than the rank count, some past a
+								 * reduction block. */
+								uint32_t pick = rnd(10);
+								c->count = pick == 0   ? 0
+								           : pick == 1 ? 1500 + rnd(700)
+								           : pick == 2 ? 1 + rnd(n)
+								                       : 1 + rnd(40);
+								memcpy(c->q, rank_q, sizeof(rank_q));
+							}
+					uint64_t seq = 0;
+					for (unsigned k = 0; k < ncases; k++)
+						coll_submit(&s, &cases[k], 7, ++seq);
+					sim_drive(&s);
+					for (unsigned k = 0; k < ncases; k++)
+						coll_check(&s, &cases[k]);
+					total += ncases;
+					sim_free(&s);
+				}
 			}
 		}
 	}
-	assert_int_equal(total, 4 * 5 * 10 * 5 * 2);
+	print_message("algorithms: %u collectives checked\n", total);
+	assert_true(total > 1500);
 }
 
-/* A large in-place all-reduce over each algorithm: its steps take more than
- * one visit, so tasks yield and resume mid-step. */
-static void test_allreduce_algos_large(void **state)
+/*
+ * Large messages over each algorithm (direct too), in place, on random plans: steps take
+ * more than one visit (tasks yield and resume mid-step), and the pipelined
+ * algorithms run several slices, so connector halves are reused.
+ */
+static void test_algos_large(void **state)
 {
 	(void)state;
-	static const uint8_t algos[] = {DFCCL_ALGO_RING, DFCCL_ALGO_TREE, DFCCL_ALGO_MULTITREE};
-	for (size_t a = 0; a < sizeof(algos); a++) {
-		struct sim s;
-		unsigned rank_q[3];
-		sim_start(&s, 3, 2, rank_q, 10, 3);
-		struct coll c = {.id = 9100 + (unsigned)a, .op = DFCCL_OP_ALLREDUCE, .dt = 7, .redop = 0, .inplace = 1,
-		                 .n = 3, .count = (3u << 20) + 5, .algo = algos[a]};
-		memcpy(c.q, rank_q, sizeof(rank_q));
-		coll_submit(&s, &c, 3, 1);
-		unsigned rounds = sim_drive(&s);
-		coll_check(&s, &c);
-		assert_true(rounds > 1);
-		sim_free(&s);
+	unsigned id = 9100;
+	for (size_t a = 0; a < sizeof(every_algo); a++) {
+		for (size_t o = 0; o < sizeof(every_coll); o++) {
+			uint8_t op = every_coll[o];
+			if (!algo_runs(every_algo[a], op))
+				continue;
+			uint32_t n = op == DFCCL_OP_REDUCESCATTER || op == DFCCL_OP_ALLGATHER ? 4 : 5;
+			struct sim s;
+			unsigned rank_q[MAX_N];
+			sim_start(&s, n, 2, rank_q, 10, 3);
+			sim_plan(&s, 0, n, DFCCL_ALGO_DIRECT);
+			/* float: 8 Ki elements per connector half, 64 Ki per broadcast slice */
+			uint64_t count = op == DFCCL_OP_ALLREDUCE    ? (3u << 20) + 5
+			                 : op == DFCCL_OP_BROADCAST ? (5u << 16) + 7
+			                                            : (5u << 13) + 3;
+			++id;
+			struct coll c = {.id = id, .op = op, .dt = 7, .redop = (uint8_t)(id % 2 ? 0 : 2), .inplace = 1,
+			                 .n = n, .root = rnd(n), .count = count, .algo = every_algo[a]};
+			memcpy(c.q, rank_q, sizeof(rank_q));
+			coll_submit(&s, &c, 3, 1);
+			unsigned rounds = sim_drive(&s);
+			coll_check(&s, &c);
+			assert_true(rounds > 1);
+			sim_free(&s);
+		}
 	}
+}
+
+/* Re-adds the communicators of the first two regions of s to every engine:
+ * the engines read the plan when a communicator is added. */
+static void sim_readd(struct sim *s, const unsigned *rank_q, uint32_t n, const uint64_t *ids)
+{
+	struct host_comm_member m[MAX_N];
+	for (uint32_t r = 0; r < n; r++)
+		m[r] = (struct host_comm_member){.rank = r, .device = s->qs[rank_q[r]].eng,
+		                                 .session_id = s->qs[rank_q[r]].q.session_id};
+	for (unsigned e = 0; e < s->neng; e++)
+		for (unsigned i = 0; i < 2; i++) {
+			host_engine_comm_del(s->eng[e], ids[i]);
+			assert_int_equal(host_engine_comm_add(s->eng[e], ids[i], n, m, s->regions[i], s->region_size[i]), 0);
+		}
+}
+
+/*
+ * The plan decides by size: a table naming ring up to 4 KiB and multitree
+ * above for all-reduce, seen through the progress words (a ring all-reduce
+ * of n ranks publishes 2(n - 1) steps, a multitree one 2 per tree); and a
+ * damaged plan is not used (the defaults run direct: progress phase 1).
+ */
+static void test_plan_by_size(void **state)
+{
+	(void)state;
+	enum { N = 4 };
+	static const uint64_t ids[2] = {60, 61};
+	struct sim s;
+	unsigned rank_q[N];
+	sim_start(&s, N, 2, rank_q, 400, ids[0]);
+	sim_comm(&s, ids[1], N, rank_q);
+	sim_plan(&s, 0, N, DFCCL_ALGO_RING);
+	struct dfccl_comm_plan *p = dfccl_comm_plan_of(s.regions[0]);
+	for (unsigned b = dfccl_size_bucket(4096) + 1; b < DFCCL_PLAN_BUCKETS; b++)
+		p->algo[0][b] = DFCCL_ALGO_MULTITREE;
+	/* the second: a ring that is no permutation */
+	sim_plan(&s, 1, N, DFCCL_ALGO_RING);
+	p = dfccl_comm_plan_of(s.regions[1]);
+	p->ring[1] = p->ring[0];
+	sim_readd(&s, rank_q, N, ids);
+	static const struct {
+		unsigned region;
+		uint64_t key, count, phases;
+	} cases[] = {
+	    {0, 1, 100, 2 * (N - 1)}, /* 400 B: ring */
+	    {0, 2, 4096, 2 * N},       /* 16 KiB: multitree, N trees */
+	    {1, 1, 100, 1},            /* damaged plan: direct */
+	};
+	for (unsigned k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+		struct coll c = {.id = 9300 + k, .op = DFCCL_OP_ALLREDUCE, .dt = 7, .n = N, .count = cases[k].count};
+		memcpy(c.q, rank_q, sizeof(rank_q));
+		coll_submit(&s, &c, ids[cases[k].region], cases[k].key);
+		sim_drive(&s);
+		coll_check(&s, &c);
+		struct dfccl_comm_header *h = s.regions[cases[k].region];
+		for (uint32_t r = 0; r < N; r++)
+			assert_int_equal(dfccl_comm_post(h, N, cases[k].key, r)->progress,
+			                 DFCCL_PROGRESS(cases[k].key, cases[k].phases));
+	}
+	/* and the engines counted each rank's task under its algorithm */
+	static const uint8_t ran[] = {DFCCL_ALGO_RING, DFCCL_ALGO_MULTITREE, DFCCL_ALGO_DIRECT};
+	for (unsigned k = 0; k < sizeof(ran); k++)
+		assert_int_equal(sim_stat(&s, offsetof(struct dfccl_worker_stats, by_algo) + 8 * ran[k]), N);
+	assert_int_equal(sim_stat(&s, offsetof(struct dfccl_worker_stats, by_algo) + 8 * DFCCL_ALGO_TREE), 0);
+	sim_free(&s);
 }
 
 /*
@@ -1111,8 +1245,8 @@ static void test_inconsistent_posts(void **state)
 	for (uint32_t r = 0; r < N; r++)
 		seq[r] = submit_simple(&s, rank_q[r], 40, 1, r, r == 2 ? 9 : 8);
 	sim_drive(&s);
-	expect_all(&s, rank_q, seq, N, DFCCL_CQ_BAD_ENTRY);
-	assert_int_equal(sim_region(&s, 0)->aborted, DFCCL_CQ_BAD_ENTRY);
+	expect_all(&s, rank_q, seq, N, DFCCL_CQ_MISMATCH);
+	assert_int_equal(sim_region(&s, 0)->aborted, DFCCL_CQ_MISMATCH);
 
 	/* Rank 0 posts, then its send buffer is deregistered. */
 	seq[0] = submit_simple(&s, rank_q[0], 41, 1, 0, 8);
@@ -1126,6 +1260,56 @@ static void test_inconsistent_posts(void **state)
 	expect_all(&s, rank_q, seq, N, DFCCL_CQ_BAD_REG);
 	regs[dropped - 1].base = kept;
 	sim_free(&s);
+}
+
+/*
+ * Ranks whose entries disagree on the operation, the type, the root or the
+ * algorithm all fail with DFCCL_CQ_MISMATCH before anything moves, on a
+ * communicator of their own each (a mismatch aborts it). A hint for an
+ * algorithm that cannot run the collective is no disagreement: every rank
+ * runs it direct.
+ */
+static void test_mismatch(void **state)
+{
+	(void)state;
+	enum { N = 3 };
+	static const struct {
+		uint8_t op, redop, dt, algo, odd_redop, odd_dt, odd_algo;
+		uint32_t root, odd_root;
+		uint32_t status;
+	} cases[] = {
+	    {DFCCL_OP_ALLREDUCE, 0, 7, 0, 2, 7, 0, 0, 0, DFCCL_CQ_MISMATCH},                          /* operation */
+	    {DFCCL_OP_ALLREDUCE, 0, 7, 0, 0, 2, 0, 0, 0, DFCCL_CQ_MISMATCH},                          /* type, same size */
+	    {DFCCL_OP_BROADCAST, 0, 7, 0, 0, 7, 0, 0, 1, DFCCL_CQ_MISMATCH},                          /* root */
+	    {DFCCL_OP_ALLREDUCE, 0, 7, 0, 0, 7, DFCCL_ALGO_RING, 0, 0, DFCCL_CQ_MISMATCH},           /* algorithm */
+	    {DFCCL_OP_REDUCE, 0, 7, DFCCL_ALGO_TREE, 0, 7, DFCCL_ALGO_RING, 1, 1, DFCCL_CQ_MISMATCH}, /* algorithm */
+	    {DFCCL_OP_ALLGATHER, 0, 7, 0, 0, 7, DFCCL_ALGO_TREE, 0, 0, DFCCL_CQ_OK},                 /* tree: n/a */
+	};
+	for (unsigned k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+		struct sim s;
+		unsigned rank_q[N];
+		sim_start(&s, N, 2, rank_q, 900, 70);
+		struct coll c = {.id = 9400 + k, .op = cases[k].op, .dt = cases[k].dt, .redop = cases[k].redop,
+		                 .n = N, .root = cases[k].root, .count = 50, .algo = cases[k].algo};
+		memcpy(c.q, rank_q, sizeof(rank_q));
+		coll_prepare(&s, &c);
+		for (uint32_t r = 0; r < N; r++) {
+			struct coll odd = c;
+			if (r == N - 1)
+				odd.redop = cases[k].odd_redop, odd.dt = cases[k].odd_dt, odd.algo = cases[k].odd_algo,
+				odd.root = cases[k].odd_root;
+			coll_submit_rank(&s, &odd, r, 70, 1, 0, 0);
+			c.seq[r] = odd.seq[r];
+		}
+		sim_drive(&s);
+		if (cases[k].status == DFCCL_CQ_OK) {
+			coll_check(&s, &c);
+		} else {
+			expect_all(&s, rank_q, c.seq, N, cases[k].status);
+			assert_int_equal(sim_region(&s, 0)->aborted, cases[k].status);
+		}
+		sim_free(&s);
+	}
 }
 
 /* A queue that goes away drops its tasks silently and fails its peers. */
@@ -1246,18 +1430,19 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_collectives_matrix),
-	    cmocka_unit_test(test_large_message),
 	    cmocka_unit_test(test_send_recv),
 	    cmocka_unit_test(test_send_recv_mismatch),
 	    cmocka_unit_test(test_deadlock_pattern),
 	    cmocka_unit_test(test_deadlock_pattern_algos),
-	    cmocka_unit_test(test_allreduce_algos),
-	    cmocka_unit_test(test_allreduce_algos_large),
+	    cmocka_unit_test(test_algos),
+	    cmocka_unit_test(test_algos_large),
+	    cmocka_unit_test(test_plan_by_size),
 	    cmocka_unit_test(test_registered_any_order),
 	    cmocka_unit_test(test_priority_order),
 	    cmocka_unit_test(test_backlog),
 	    cmocka_unit_test(test_abort),
 	    cmocka_unit_test(test_inconsistent_posts),
+	    cmocka_unit_test(test_mismatch),
 	    cmocka_unit_test(test_queue_gone),
 	    cmocka_unit_test(test_comm_del),
 	    cmocka_unit_test(test_submit_checks),
