@@ -74,6 +74,19 @@ static inline DFCCL_HD uint32_t sched_threshold(const struct sched_params *p, ui
 	return t > p->spin_max ? p->spin_max : (uint32_t)t;
 }
 
+/*
+ * The threshold of a wait that needs nothing more of this rank: its peers
+ * finishing with its buffers (the end of a collective, a sender waiting for
+ * the receiver's acknowledgement). The head's long, boosted spin exists to
+ * gang-schedule an instance whose peers are about to arrive; here the peers
+ * go on without us, and spinning would only keep this engine's other tasks
+ * -- perhaps the very ones those peers wait for -- from running.
+ */
+static inline DFCCL_HD uint32_t sched_threshold_drain(const struct sched_params *p)
+{
+	return p->spin_other < p->spin_max ? p->spin_other : p->spin_max;
+}
+
 /* A primitive of the task succeeded: raise its stickiness. */
 static inline DFCCL_HD void sched_on_progress(const struct sched_params *p, struct sched_state *s)
 {

@@ -287,7 +287,8 @@ static int coll_ready(struct host_task *t, const struct coll_cond *w)
 static int coll_wait(const struct host_coll_env *env, struct host_task *t, uint32_t position, struct sched_state *s)
 {
 	struct coll_cond w = coll_cond_of(t);
-	uint32_t threshold = sched_threshold(env->params, position, s);
+	int drain = t->step == STEP_FINISH || t->step == STEP_BOX_ACK;
+	uint32_t threshold = drain ? sched_threshold_drain(env->params) : sched_threshold(env->params, position, s);
 	uint64_t spins = 0;
 	int rc;
 	for (;;) {

@@ -124,6 +124,17 @@ static void test_stickiness(void **state)
 	assert_int_equal(sched_threshold(&flat, 1, &s), 10);
 }
 
+/* A wait that needs nothing more of its rank spins like a task behind the
+ * head, never boosted, and never beyond spin_max. */
+static void test_drain_threshold(void **state)
+{
+	(void)state;
+	assert_int_equal(sched_threshold_drain(&fifo), 10);
+	struct sched_params tight = fifo;
+	tight.spin_max = 4;
+	assert_int_equal(sched_threshold_drain(&tight), 4);
+}
+
 static void test_queue_full(void **state)
 {
 	(void)state;
@@ -147,6 +158,7 @@ int main(void)
 	    cmocka_unit_test(test_fifo_order),  cmocka_unit_test(test_priority_order),
 	    cmocka_unit_test(test_remove_keeps_order), cmocka_unit_test(test_thresholds),
 	    cmocka_unit_test(test_stickiness),  cmocka_unit_test(test_queue_full),
+	    cmocka_unit_test(test_drain_threshold),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
