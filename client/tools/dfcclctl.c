@@ -8,8 +8,11 @@
  * to the protocol appears in it without a change here; the tables choose
  * and format their columns by hand.
  *
- * Exit status: 0 success, 1 the daemon could not be reached or refused, 2 a
- * usage error.
+ * `tune` is the one subcommand that does more than ask: it runs collectives
+ * in rank processes of its own (tune.h).
+ *
+ * Exit status: 0 success, 1 the daemon could not be reached or refused (or
+ * a tune measurement failed), 2 a usage error.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -25,6 +28,7 @@
 #include "errors.h"
 #include "tool.h"
 #include "topo_json.h"
+#include "tune.h"
 
 static const char usage[] =
     "Usage: dfcclctl [--socket PATH] [--json] COMMAND [OPTIONS]\n"
@@ -41,6 +45,22 @@ static const char usage[] =
     "  ping         round trip of NOP entries through a device's queue pair\n"
     "               --device N   the device (default 0)\n"
     "               --count K    how many NOPs (default 5)\n"
+    "  tune         measure which algorithm is fastest per collective and size, by running each\n"
+    "               (collective, algorithm) in rank processes with DFCCL_ALGO set, every result\n"
+    "               checked, and print the tuning file `dfccld --tuning-file FILE` loads; the\n"
+    "               table of times goes to stderr (to stdout with --output; none with --json)\n"
+    "               --nranks N            rank processes (default 2, or the device count if larger)\n"
+    "               --colls LIST          comma-separated, of allreduce allgather reducescatter\n"
+    "                                     broadcast reduce (default all five)\n"
+    "               -b, --minbytes SIZE   smallest size (default 8; K, M, G suffixes); sizes are\n"
+    "                                     the selection table's: all-gather the whole output,\n"
+    "                                     reduce-scatter the whole input\n"
+    "               -e, --maxbytes SIZE   largest size (default 64M)\n"
+    "               -f, --stepfactor N    multiply the size by N between sizes (default 4)\n"
+    "               -n, --iters N         timed iterations per size (default 20)\n"
+    "               -w, --warmup_iters N  untimed iterations per size (default 5)\n"
+    "               --output FILE         write the tuning file there (through a temporary file\n"
+    "                                     and a rename) instead of to stdout\n"
     "\n"
     "Options:\n"
     "  -s, --socket PATH   the daemon's socket (default $DFCCL_SOCKET, else " DFCCL_DEFAULT_SOCKET ")\n"
@@ -48,7 +68,7 @@ static const char usage[] =
     "  -h, --help          this text\n"
     "  -V, --version       versions of dfcclctl and its protocol\n"
     "\n"
-    "Exit status: 0 success, 1 dfccld unreachable or a failed request, 2 usage error.\n";
+    "Exit status: 0 success, 1 dfccld unreachable, a failed request or measurement, 2 usage error.\n";
 
 /* ---------------------------------------------------------------- tables */
 
@@ -655,15 +675,22 @@ int main(int argc, char **argv)
 	    {"device", required_argument, NULL, 'd'}, {"count", required_argument, NULL, 'c'},
 	    {"help", no_argument, NULL, 'h'},         {"version", no_argument, NULL, 'V'},
 	    {"dump", no_argument, NULL, 'D'},
+	    {"nranks", required_argument, NULL, 'N'}, {"colls", required_argument, NULL, 'C'},
+	    {"minbytes", required_argument, NULL, 'b'}, {"maxbytes", required_argument, NULL, 'e'},
+	    {"stepfactor", required_argument, NULL, 'f'}, {"iters", required_argument, NULL, 'n'},
+	    {"warmup_iters", required_argument, NULL, 'w'}, {"output", required_argument, NULL, 'o'},
 	    {NULL, 0, NULL, 0},
 	};
 	const char *socket_path = client_socket_path();
-	bool json = false, ping_opts = false, dump = false;
-	long device = 0, count = 5;
+	bool json = false, ping_opts = false, dump = false, tune_given = false;
+	struct tune_opts tune_opts = TUNE_OPTS_INIT;
+	char err[256];
+	long device = 0, count = 5, v;
 	int opt;
 
 	opterr = 0;
-	while ((opt = getopt_long(argc, argv, "s:jd:c:hV", opts, NULL)) != -1) {
+	while ((opt = getopt_long(argc, argv, "s:jd:c:hVb:e:f:n:w:", opts, NULL)) != -1) {
+		tune_given = tune_given || (opt > 0 && strchr("NCbefnwo", opt));
 		switch (opt) {
 		case 's': socket_path = optarg; break;
 		case 'j': json = true; break;
@@ -678,6 +705,32 @@ int main(int argc, char **argv)
 			ping_opts = true;
 			break;
 		case 'D': dump = true; break;
+		case 'N':
+			if (!tool_parse_long(optarg, 2, TUNE_MAX_RANKS, &v))
+				return usage_error("--nranks takes 2 to %d, not '%s'", TUNE_MAX_RANKS, optarg);
+			tune_opts.nranks = (int)v;
+			break;
+		case 'C':
+			if (tune_colls_parse(&tune_opts, optarg, err, sizeof(err)) < 0)
+				return usage_error("%s", err);
+			break;
+		case 'b':
+		case 'e':
+			if (!tool_parse_size(optarg, opt == 'b' ? &tune_opts.min_bytes : &tune_opts.max_bytes))
+				return usage_error("-%c takes a size (K, M, G suffixes), not '%s'", opt, optarg);
+			break;
+		case 'f':
+		case 'n':
+		case 'w': {
+			/* Counts, bounded as dfccl-perf bounds them (a factor of 1 would
+			 * measure one size only). */
+			long lo = opt == 'f' ? 2 : opt == 'n' ? 1 : 0, hi = opt == 'f' ? 1024 : 100000000;
+			long *to = opt == 'f' ? &tune_opts.factor : opt == 'n' ? &tune_opts.iters : &tune_opts.warmup;
+			if (!tool_parse_long(optarg, lo, hi, to))
+				return usage_error("-%c takes %ld to %ld, not '%s'", opt, lo, hi, optarg);
+			break;
+		}
+		case 'o': tune_opts.output = optarg; break;
 		case 'h': fputs(usage, stdout); return 0;
 		case 'V':
 			printf("dfcclctl %d.%d.%d (protocol %u..%u)\n", DFCCL_MAJOR, DFCCL_MINOR, DFCCL_PATCH,
@@ -697,13 +750,21 @@ int main(int argc, char **argv)
 	for (size_t i = 0; i < sizeof(query_cmds) / sizeof(query_cmds[0]); i++)
 		if (!strcmp(name, query_cmds[i].name))
 			cmd = &query_cmds[i];
-	bool ping = !strcmp(name, "ping"), topo = !strcmp(name, "topo");
-	if (!cmd && !ping && !topo)
+	bool ping = !strcmp(name, "ping"), topo = !strcmp(name, "topo"), tune = !strcmp(name, "tune");
+	if (!cmd && !ping && !topo && !tune)
 		return usage_error("unknown command '%s'", name);
 	if (ping_opts && !ping)
 		return usage_error("--device and --count go with ping");
 	if (dump && !topo)
 		return usage_error("--dump goes with topo");
+	if (tune_given && !tune)
+		return usage_error("--nranks, --colls, -b, -e, -f, -n, -w and --output go with tune");
+	if (tune) {
+		tune_opts.json = json;
+		if (tune_opts_check(&tune_opts, err, sizeof(err)) < 0)
+			return usage_error("%s", err);
+		return tune_run(&tune_opts, socket_path);
+	}
 
 	struct client *c;
 	dfcclResult_t r = client_open(socket_path, "dfcclctl", &c);

@@ -4,7 +4,11 @@
 # every pair, NVLink pairs where nvidia-smi shows NV# and, on an NVSwitch
 # node, every pair on NVLink; the daemon started on the GPUs shows the
 # same model in `dfcclctl topo --dump`, and that dump loads back with
-# --topology. Where no GPU exists it says so and exits 77 (ctest: skipped).
+# --topology. The plan built from the detected model drives the engines:
+# dfccl-chaos (every collective, conflicting orders, results checked) runs
+# with each algorithm forced and with the plan's own choice, and the
+# workers count their collectives under the forced algorithm. Where no GPU
+# exists it says so and exits 77 (ctest: skipped).
 #
 # Usage: topo_detect.sh BINDIR   (the folder holding dfccld and dfcclctl)
 set -euo pipefail
@@ -84,6 +88,33 @@ done
 [ -s "$tmp/dump.json" ] || fail "dfcclctl topo --dump printed nothing"
 cmp -s "$tmp/dump.json" "$tmp/model.json" || fail "the daemon's model differs from the probe's: $(diff "$tmp/model.json" "$tmp/dump.json" | head -20)"
 "$bin/dfcclctl" --socket "$tmp/dfccld.sock" topo
+
+if [ -x "$bin/dfccl-chaos" ]; then
+	echo "== the plan from the detected model: every algorithm through the GPUs' workers"
+	# collectives started per algorithm (auto, direct, ring, tree, multitree), all devices
+	counts() {
+		"$bin/dfcclctl" --socket "$tmp/dfccld.sock" --json stats |
+			python3 -c "import json,sys; d=json.load(sys.stdin); print(' '.join(str(sum(x['by_algo'][a] for x in d['devices'])) for a in range(5)))"
+	}
+	for algo in ring tree multitree direct auto; do
+		before=$(counts)
+		DFCCL_ALGO=$algo "$bin/dfccl-chaos" --socket "$tmp/dfccld.sock" --nranks $((2 * ngpu)) --comms 3 \
+			--iters 10 --min-bytes 64 --max-bytes 1M --seed 5 | tail -2 || fail "dfccl-chaos with DFCCL_ALGO=$algo"
+		after=$(counts)
+		echo "$algo: by algorithm (auto direct ring tree multitree) before [$before] after [$after]"
+		python3 - "$algo" "$before" "$after" <<'PY' || fail "the workers did not run $algo"
+import sys
+names = ["auto", "direct", "ring", "tree", "multitree"]
+algo, b, a = sys.argv[1], list(map(int, sys.argv[2].split())), list(map(int, sys.argv[3].split()))
+d = [y - x for x, y in zip(b, a)]
+assert d[0] == 0, "a collective ran under 'auto'"
+if algo == "auto":
+    assert sum(d) > 0
+else:
+    assert d[names.index(algo)] > 0, f"no collective ran as {algo}"
+PY
+	done
+fi
 kill -TERM "$daemon_pid"
 wait "$daemon_pid" || fail "dfccld exited non-zero on SIGTERM"
 daemon_pid=
