@@ -151,17 +151,23 @@ static void comm_init_timeout(uv_timer_t *t)
 			off += (size_t)snprintf(missing + off, sizeof(missing) - off, "...");
 	}
 	uint64_t waited = server_now_ms() - c->created_ms;
-	log_notice("comm", "communicator init timed out after %llu ms: %u of %u ranks joined; missing ranks %s",
-	           (unsigned long long)waited, c->joined, c->nranks, missing);
+	char why[700];
+	if (nmissing == 0)
+		snprintf(why, sizeof(why),
+		         "every rank joined, but the daemon's worker for device %d did not come up (see dfcclctl status)",
+		         c->awaiting_device);
+	else
+		snprintf(why, sizeof(why),
+		         "%u of %u ranks joined; missing rank%s %s (did every rank call dfcclCommInitRank with the same "
+		         "unique id?)",
+		         c->joined, c->nranks, nmissing == 1 ? "" : "s", missing);
+	log_notice("comm", "communicator init timed out after %llu ms: %s", (unsigned long long)waited, why);
 	for (uint32_t r = 0; r < c->nranks; r++) {
 		struct comm_member *m = &c->members[r];
 		if (m->state != MEMBER_JOINING)
 			continue;
-		session_reply_error(m->session, m->request_id, EC(TIMEOUT),
-		                    "communicator init timed out after %llu ms: %u of %u ranks joined; missing "
-		                    "rank%s %s (did every rank call dfcclCommInitRank with the same unique id?)",
-		                    (unsigned long long)waited, c->joined, c->nranks, nmissing == 1 ? "" : "s",
-		                    missing);
+		session_reply_error(m->session, m->request_id, EC(TIMEOUT), "communicator init timed out after %llu ms: %s",
+		                    (unsigned long long)waited, why);
 	}
 	/* Every joined member leaves; the last one frees c. */
 	for (uint32_t r = 0; r < c->nranks && c->joined > 0; r++)
@@ -284,6 +290,32 @@ static int comm_region_create(struct comm *c)
 	return 0;
 }
 
+/* The first device of c whose worker is on its way up (starting, or
+ * restarting after a fault), or -1 when every one serves or is gone. */
+static int comm_device_coming(const struct comm *c)
+{
+	for (uint32_t r = 0; r < c->nranks; r++)
+		if (workers_device_up(c->srv->workers, c->members[r].device) == 0)
+			return (int)c->members[r].device;
+	return -1;
+}
+
+static void comm_activate(struct comm *c);
+
+/* Every rank joined: activate now, or once the workers its ranks need are
+ * up (a job started right after the daemon, or after a worker fault),
+ * within the init timeout that is still running. */
+static void comm_try_activate(struct comm *c)
+{
+	c->awaiting_device = c->srv->workers ? comm_device_coming(c) : -1;
+	if (c->awaiting_device >= 0) {
+		log_info("comm", "communicator %llu: every rank joined; waiting for the worker of device %d",
+		         (unsigned long long)c->id, c->awaiting_device);
+		return;
+	}
+	comm_activate(c);
+}
+
 /* Every rank joined: create the shared region and hand it to the workers
  * of the devices the ranks are on. */
 static void comm_activate(struct comm *c)
@@ -323,7 +355,7 @@ static void comm_activate(struct comm *c)
 	if (failed_dev >= 0) {
 		char msg[200];
 		snprintf(msg, sizeof(msg),
-		         "the daemon's worker for device %d is not running (restarting after a fault); retry the init",
+		         "the daemon's worker for device %d is not running; retry the init",
 		         failed_dev);
 		comm_fail_init(c, EC(DEVICE_LOST), msg);
 	}
@@ -406,6 +438,7 @@ int comm_join(struct server *srv, struct session *s, uint64_t request_id, const 
 			return EC(RESOURCE);
 		}
 		c->srv = srv;
+		c->awaiting_device = -1;
 		c->id = ++srv->next_comm_id;
 		memcpy(c->unique_id, unique_id, COMM_ID_BYTES);
 		c->uid = s->uid;
@@ -433,8 +466,18 @@ int comm_join(struct server *srv, struct session *s, uint64_t request_id, const 
 	m->pid = s->pid;
 	c->joined++;
 	if (c->joined == c->nranks)
-		comm_activate(c);
+		comm_try_activate(c);
 	return 0;
+}
+
+void comm_worker_up(struct server *srv, uint32_t device)
+{
+	struct comm *next;
+	for (struct comm *c = srv->comms; c; c = next) {
+		next = c->next; /* activation may dissolve c */
+		if (c->state == COMM_INITIALIZING && c->joined == c->nranks && c->awaiting_device == (int)device)
+			comm_try_activate(c);
+	}
 }
 
 int comm_leave(struct server *srv, struct session *s, uint64_t comm_id, int abort, char *err, size_t errlen)

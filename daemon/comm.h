@@ -74,6 +74,7 @@ struct comm {
 	size_t region_size;
 	uint64_t devices; /* bitmask of the devices with a rank (devices < 64) */
 	uint64_t acks;    /* bitmask of the devices whose worker acknowledged */
+	int awaiting_device; /* every rank joined; activation waits for this device's worker (-1: none) */
 };
 
 /*
@@ -93,6 +94,10 @@ void comm_session_gone(struct server *srv, struct session *s);
 
 /* The worker of `device` died: every communicator with a rank there fails. */
 void comm_device_lost(struct server *srv, uint32_t device);
+
+/* The worker of `device` is serving (again): communicators whose ranks all
+ * joined while it was on its way up are activated now. */
+void comm_worker_up(struct server *srv, uint32_t device);
 
 /* A worker acknowledged (code 0) or refused a communicator it was given. */
 void comm_worker_acked(struct server *srv, uint64_t comm_id, uint32_t device, int code, const char *message);

@@ -381,6 +381,7 @@ static void worker_on_frame(struct conn *c, dfccl_envelope *env, int *fds, unsig
 			worker_send_qp(wk, q);
 		for (struct reg_rec *r = wk->regs; r; r = r->next)
 			worker_send_reg(wk, r);
+		comm_worker_up(wk->ws->srv, wk->device);
 	} else if (env->body_case == DFCCL__V1__ENVELOPE__BODY_WORKER_REG_ACK) {
 		reg_wait_answer(wk->ws, env->worker_reg_ack->reg_id, wk->device, env->worker_reg_ack->code,
 		                env->worker_reg_ack->message);
@@ -560,6 +561,18 @@ int workers_new(struct server *srv, const struct device_desc *devs, unsigned nde
 unsigned workers_ndevices(const struct workers *w)
 {
 	return w ? w->n : 0;
+}
+
+int workers_device_up(const struct workers *w, uint32_t device)
+{
+	if (!w || device >= w->n)
+		return -1;
+	switch (w->w[device].state) {
+	case W_READY: return 1;
+	case W_STARTING:
+	case W_DEAD: return 0;
+	default: return -1;
+	}
 }
 
 unsigned workers_ready_count(const struct workers *w)

@@ -60,6 +60,11 @@ void workers_del_reg(struct workers *w, uint32_t device, uint32_t reg_id);
  * got it (all of them for host memory). */
 void workers_del_reg_all(struct workers *w, uint32_t reg_id);
 
+/* Whether the worker of `device` is serving (1), on its way up -- starting,
+ * or dead with a restart scheduled -- (0), or gone for good, the daemon
+ * stopping (-1). */
+int workers_device_up(const struct workers *w, uint32_t device);
+
 /*
  * Hands a ready communicator's shared region (fd borrowed) to the worker of
  * `device`; its acknowledgement arrives through comm_worker_acked. Returns

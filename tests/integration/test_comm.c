@@ -435,6 +435,55 @@ static void test_killed_worker(void **state)
 	close(ready[1]);
 }
 
+/*
+ * A communicator whose ranks all join while the worker of their device is
+ * down (here: killed, restarted 1 s later) waits for it instead of
+ * failing, and works once it is up; one whose worker does not come back
+ * within the init timeout says so.
+ */
+static void test_init_waits_for_worker(void **state)
+{
+	(void)state;
+	struct daemon_proc d;
+	assert_int_equal(daemon_start(&d, 2, "--worker-restart-delay-ms", "1000", NULL), 0);
+	int w0 = worker_pid(&d, 0, NULL, NULL);
+	assert_true(w0 > 0);
+	kill(w0, SIGKILL);
+	int up = 1;
+	for (uint64_t deadline = now_ms() + 2000; up && now_ms() < deadline;)
+		worker_pid(&d, 0, NULL, &up);
+	assert_false(up);
+	struct job c;
+	job_init(&c, 2);
+	c.device = 0;
+	pid_t pc[2];
+	uint64_t t0 = now_ms();
+	for (int r = 0; r < 2; r++)
+		pc[r] = child_run(rank_main, &c, r);
+	for (int r = 0; r < 2; r++)
+		assert_int_equal(child_wait(pc[r], 10000), 0);
+	assert_true(now_ms() - t0 >= 300); /* it did wait for the restart */
+	assert_int_equal(daemon_log_contains(&d, "waiting for the worker of device 0"), 1);
+
+	/* Worker 0 killed again, with a restart delay beyond the init timeout. */
+	assert_int_equal(daemon_stop(&d), 0);
+	assert_int_equal(daemon_start(&d, 2, "--worker-restart-delay-ms", "5000", NULL), 0);
+	kill(worker_pid(&d, 0, NULL, NULL), SIGKILL);
+	up = 1;
+	for (uint64_t deadline = now_ms() + 2000; up && now_ms() < deadline;)
+		worker_pid(&d, 0, NULL, &up);
+	job_init(&c, 2);
+	c.device = 0;
+	c.init_timeout_ms = 800;
+	c.expect = dfcclTimeout;
+	c.expect_msg = "worker for device 0 did not come up";
+	for (int r = 0; r < 2; r++)
+		pc[r] = child_run(rank_main, &c, r);
+	for (int r = 0; r < 2; r++)
+		assert_int_equal(child_wait(pc[r], 10000), 0);
+	assert_int_equal(daemon_stop(&d), 0);
+}
+
 static void test_shutdown_notifies_clients(void **state)
 {
 	struct daemon_proc *d = *state;
@@ -468,6 +517,7 @@ int main(void)
 	    cmocka_unit_test_setup_teardown(test_other_uid_refused, daemon_setup2, daemon_teardown),
 	    cmocka_unit_test_setup_teardown(test_killed_client, daemon_setup2, daemon_teardown),
 	    cmocka_unit_test_setup_teardown(test_killed_worker, daemon_setup2, daemon_teardown),
+	    cmocka_unit_test(test_init_waits_for_worker),
 	    cmocka_unit_test_setup_teardown(test_shutdown_notifies_clients, daemon_setup2, daemon_teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
