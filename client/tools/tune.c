@@ -166,13 +166,21 @@ struct tune_coll {
 	double *times;
 };
 
-/* The index of the fastest algorithm at size k; the earlier one on a tie. */
+/* A later (more elaborate) algorithm must beat the earlier ones by this
+ * fraction of their time to win: below it, differences are noise of the
+ * node (a few hundred ns at small sizes) and would flip the table between
+ * runs. */
+#define TUNE_MARGIN 0.05
+
+/* The index of the fastest algorithm at size k, candidates taken in the
+ * order direct, ring, tree, multi-tree, each needing TUNE_MARGIN over the
+ * best before it. */
 static unsigned tune_winner(const struct tune_coll *t, unsigned k)
 {
 	const double *row = &t->times[k * t->nalgos];
 	unsigned best = 0;
 	for (unsigned i = 1; i < t->nalgos; i++)
-		if (row[i] < row[best])
+		if (row[i] < row[best] * (1.0 - TUNE_MARGIN))
 			best = i;
 	return best;
 }
