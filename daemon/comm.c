@@ -581,6 +581,33 @@ unsigned comm_session_count(struct server *srv, const struct session *s)
 	return n;
 }
 
+/* The plan of c's region into ci (nothing while there is none). */
+static int comm_query_plan(const struct comm *c, Dfccl__V1__CommInfo *ci)
+{
+	const struct dfccl_comm_plan *p = c->region ? dfccl_comm_plan_of(c->region) : NULL;
+	if (!p || p->valid != DFCCL_PLAN_VALID)
+		return 0;
+	ci->ring = calloc(c->nranks, sizeof(*ci->ring));
+	ci->trees = calloc(p->ntrees, sizeof(*ci->trees));
+	if (!ci->ring || !ci->trees)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < c->nranks; i++)
+		ci->ring[ci->n_ring++] = p->ring[i];
+	for (uint32_t k = 0; k < p->ntrees && k < DFCCL_PLAN_TREES; k++) {
+		Dfccl__V1__CommTree *t = calloc(1, sizeof(*t));
+		if (!t)
+			return -ENOMEM;
+		dfccl__v1__comm_tree__init(t);
+		ci->trees[ci->n_trees++] = t;
+		t->parent = calloc(c->nranks, sizeof(*t->parent));
+		if (!t->parent)
+			return -ENOMEM;
+		for (uint32_t r = 0; r < c->nranks; r++)
+			t->parent[t->n_parent++] = p->parent[k][r] == DFCCL_PLAN_NO_PARENT ? -1 : p->parent[k][r];
+	}
+	return 0;
+}
+
 int comm_query(struct server *srv, Dfccl__V1__QueryReply *reply)
 {
 	size_t n = 0;
@@ -620,6 +647,8 @@ int comm_query(struct server *srv, Dfccl__V1__QueryReply *reply)
 			cr->pid = m->pid;
 			ci->ranks[ci->n_ranks++] = cr;
 		}
+		if (comm_query_plan(c, ci) < 0)
+			return -ENOMEM;
 	}
 	return 0;
 }
@@ -631,6 +660,12 @@ void comm_query_free(Dfccl__V1__QueryReply *reply)
 		for (size_t j = 0; j < ci->n_ranks; j++)
 			free(ci->ranks[j]);
 		free(ci->ranks);
+		for (size_t j = 0; j < ci->n_trees; j++) {
+			free(ci->trees[j]->parent);
+			free(ci->trees[j]);
+		}
+		free(ci->trees);
+		free(ci->ring);
 		free(ci);
 	}
 	free(reply->comms);

@@ -37,7 +37,7 @@ static const char usage[] =
     "Commands:\n"
     "  status       daemon version, uptime, engine, MPS, sessions, devices\n"
     "  sessions     connected client processes\n"
-    "  comms        communicators: ranks, members, state\n"
+    "  comms        communicators: ranks, members, state, the ring of their plan (--json: trees too)\n"
     "  queues       queue pairs: submitted, consumed, completed entries\n"
     "  stats        per-device engine counters\n"
     "  topo         link matrix, the rings and trees in use, the algorithm selection table\n"
@@ -355,8 +355,8 @@ static void print_sessions(const Dfccl__V1__QueryReply *q, const char *socket_pa
 static void print_comms(const Dfccl__V1__QueryReply *q, const char *socket_path)
 {
 	struct table t;
-	char age[64], members[512];
-	table_start(&t, 7, "COMM", "UID", "RANKS", "JOINED", "STATE", "AGE", "MEMBERS (rank:pid@device)");
+	char age[64], members[512], ring[512];
+	table_start(&t, 8, "COMM", "UID", "RANKS", "JOINED", "STATE", "AGE", "RING", "MEMBERS (rank:pid@device)");
 	for (size_t i = 0; i < q->n_comms; i++) {
 		const Dfccl__V1__CommInfo *c = q->comms[i];
 		size_t off = 0;
@@ -364,6 +364,10 @@ static void print_comms(const Dfccl__V1__QueryReply *q, const char *socket_path)
 		for (size_t k = 0; k < c->n_ranks && off < sizeof(members); k++)
 			off += (size_t)snprintf(members + off, sizeof(members) - off, "%s%u:%d@%u", k ? " " : "",
 			                        c->ranks[k]->rank, c->ranks[k]->pid, c->ranks[k]->device);
+		off = 0;
+		snprintf(ring, sizeof(ring), "-");
+		for (size_t k = 0; k < c->n_ring && off < sizeof(ring); k++)
+			off += (size_t)snprintf(ring + off, sizeof(ring) - off, "%s%u", k ? " " : "", c->ring[k]);
 		format_duration(age, sizeof(age), c->age_ms);
 		table_cell(&t, "%llu", (unsigned long long)c->comm_id);
 		table_cell(&t, "%u", c->uid);
@@ -371,6 +375,7 @@ static void print_comms(const Dfccl__V1__QueryReply *q, const char *socket_path)
 		table_cell(&t, "%u", c->joined);
 		table_cell(&t, "%s", c->state);
 		table_cell(&t, "%s", age);
+		table_cell(&t, "%s", ring);
 		table_cell(&t, "%s", members);
 	}
 	table_print_free(&t);

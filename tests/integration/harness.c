@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -133,6 +134,9 @@ static int daemon_vstart(struct daemon_proc *d, const struct daemon_opts *o, uns
 	if (d->pid < 0)
 		return -1;
 	if (d->pid == 0) {
+		/* A test that fails between start and stop (cmocka jumps out of
+		 * it) or is killed must not leave its daemon behind. */
+		prctl(PR_SET_PDEATHSIG, SIGTERM);
 		int fd = open(d->log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
 		if (fd >= 0) {
 			dup2(fd, STDERR_FILENO);

@@ -23,6 +23,7 @@
 
 #include <cmocka.h>
 
+#include "dfccl.h"
 #include "dfccl_queue.h"
 #include "harness.h"
 
@@ -280,6 +281,117 @@ static void test_plan_reaches_engines(void **state)
 	unlink(tuning);
 }
 
+/* A rank of the communicator of test_comm_plan: joins on device `rank`
+ * with its placement in the ring reversed (rank r on device 7 - r), says
+ * so on the ready pipe, and leaves when the go pipe closes. */
+struct plan_job {
+	dfcclUniqueId id;
+	int ready, go, go_write;
+};
+
+static int plan_rank(void *arg, int rank)
+{
+	struct plan_job *j = arg;
+	close(j->go_write); /* the go pipe ends when the test closes its end */
+	dfcclConfig_t cfg = DFCCL_CONFIG_INITIALIZER;
+	cfg.device = 7 - rank;
+	dfcclComm_t comm;
+	if (dfcclCommInitRankConfig(&comm, 8, j->id, rank, &cfg) != dfcclSuccess)
+		return 1;
+	char b = 'r';
+	if (write(j->ready, &b, 1) != 1)
+		return 1;
+	while (read(j->go, &b, 1) > 0)
+		;
+	return dfcclCommDestroy(comm) == dfcclSuccess ? 0 : 1;
+}
+
+/* Whether devices a and b are NVLink peers in the cube-mesh document. */
+static int nvlink_pair(json_t *model, int a, int b)
+{
+	size_t i;
+	json_t *l;
+	json_array_foreach(json_object_get(model, "links"), i, l) {
+		int x = (int)json_integer_value(json_object_get(l, "a")), y = (int)json_integer_value(json_object_get(l, "b"));
+		if ((x == a && y == b) || (x == b && y == a))
+			return strcmp(json_string_value(json_object_get(l, "type")), "nvlink") == 0;
+	}
+	return 0;
+}
+
+/*
+ * Each communicator gets a plan from the topology for the devices its ranks
+ * are on: on the cube-mesh, with rank r on device 7 - r, `dfcclctl comms`
+ * shows a ring whose every hop and trees whose every edge is an NVLink pair
+ * of the ranks' devices, trees rooted at distinct ranks.
+ */
+static void test_comm_plan(void **state)
+{
+	(void)state;
+	struct daemon_proc d;
+	assert_int_equal(daemon_start(&d, 8, "--topology", MODELS "/dgx1-cube-mesh.json", NULL), 0);
+	json_t *doc = topo_json(&d);
+	json_t *model = json_object_get(doc, "model");
+	struct plan_job j;
+	assert_int_equal(dfcclGetUniqueId(&j.id), dfcclSuccess);
+	int ready[2], go[2];
+	assert_int_equal(pipe(ready), 0);
+	assert_int_equal(pipe(go), 0);
+	j.ready = ready[1];
+	j.go = go[0];
+	j.go_write = go[1];
+	pid_t pid[8];
+	for (int r = 0; r < 8; r++)
+		pid[r] = child_run(plan_rank, &j, r);
+	close(go[0]);
+	for (int r = 0; r < 8; r++) {
+		char b;
+		assert_int_equal(read(ready[0], &b, 1), 1);
+	}
+	static char buf[1 << 16];
+	assert_int_equal(ctl(&d, buf, sizeof(buf), "--json", "comms", NULL), 0);
+	json_error_t je;
+	json_t *q = json_loads(buf, 0, &je);
+	if (!q)
+		fail_msg("dfcclctl --json comms printed no JSON (%s): %.300s", je.text, buf);
+	json_t *comm = json_array_get(json_object_get(q, "comms"), 0);
+	json_t *ringv = json_object_get(comm, "ring");
+	assert_int_equal(json_array_size(ringv), 8);
+	unsigned seen = 0;
+	for (int i = 0; i < 8; i++) {
+		int r = (int)json_integer_value(json_array_get(ringv, (size_t)i));
+		int next = (int)json_integer_value(json_array_get(ringv, (size_t)(i + 1) % 8));
+		seen |= 1u << r;
+		if (!nvlink_pair(model, 7 - r, 7 - next))
+			fail_msg("ring hop rank %d -> %d (devices %d -> %d) is not NVLink", r, next, 7 - r, 7 - next);
+	}
+	assert_int_equal(seen, 0xff);
+	size_t k;
+	json_t *tree;
+	unsigned roots = 0;
+	json_array_foreach(json_object_get(comm, "trees"), k, tree) {
+		for (int r = 0; r < 8; r++) {
+			int p = (int)json_integer_value(json_array_get(json_object_get(tree, "parent"), (size_t)r));
+			if (p < 0)
+				roots |= 1u << r;
+			else if (!nvlink_pair(model, 7 - r, 7 - p))
+				fail_msg("tree %zu: edge rank %d -> %d is not NVLink", k, r, p);
+		}
+	}
+	assert_int_equal(json_array_size(json_object_get(comm, "trees")), 4);
+	assert_int_equal(__builtin_popcount(roots), 4);
+	assert_int_equal(ctl(&d, buf, sizeof(buf), "comms", NULL), 0);
+	assert_non_null(strstr(buf, "RING"));
+	json_decref(q);
+	json_decref(doc);
+	close(go[1]);
+	for (int r = 0; r < 8; r++)
+		assert_int_equal(child_wait(pid[r], 10000), 0);
+	close(ready[0]);
+	close(ready[1]);
+	assert_int_equal(daemon_stop(&d), 0);
+}
+
 /* dfccld with these arguments must exit non-zero, saying `expect`. */
 static void assert_refused(const char *ndev, const char *model, const char *expect)
 {
@@ -318,6 +430,7 @@ int main(void)
 	    cmocka_unit_test(test_host_engine_model),
 	    cmocka_unit_test(test_algo_and_tuning),
 	    cmocka_unit_test(test_plan_reaches_engines),
+	    cmocka_unit_test(test_comm_plan),
 	    cmocka_unit_test(test_refused_models),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
