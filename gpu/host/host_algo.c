@@ -526,3 +526,45 @@ void host_algo_step(const struct host_algo *a, uint32_t i, struct host_algo_step
 		break;
 	}
 }
+
+/* Elements of rank r's buffer of kind k in a's collective. */
+static uint64_t buf_elems(const struct host_algo *a, uint32_t r, uint32_t k)
+{
+	uint64_t one = a->count, all = a->count * a->n;
+	int root = r == a->root;
+	if (k == HOST_BUF_CONN)
+		return DFCCL_COMM_CONN_BYTES / a->dsize;
+	int send = k == HOST_BUF_SEND;
+	switch (a->opcode) {
+	case DFCCL_OP_ALLGATHER: return send ? one : all;
+	case DFCCL_OP_REDUCESCATTER: return send ? all : one;
+	case DFCCL_OP_BROADCAST: return send && !root ? 0 : one;
+	case DFCCL_OP_REDUCE: return !send && !root ? 0 : one;
+	default: return one;
+	}
+}
+
+static int buf_fits(const struct host_algo *a, const struct host_algo_buf *b, uint64_t elems)
+{
+	if (b->rank >= a->n || b->kind > HOST_BUF_CONN)
+		return 0;
+	uint64_t size = buf_elems(a, b->rank, b->kind);
+	return b->off <= size && elems <= size - b->off;
+}
+
+int host_algo_step_valid(const struct host_algo *a, const struct host_algo_step *s)
+{
+	if (s->nwait > HOST_ALGO_MAX_WAIT || s->nsrc > HOST_ALGO_MAX_SRC)
+		return 0;
+	for (uint32_t k = 0; k < s->nwait; k++)
+		if (s->wait[k] >= a->n || s->wait[k] == a->rank || s->phase[k] > a->nsteps)
+			return 0;
+	if (s->nsrc == 0 || s->elems == 0)
+		return 1;
+	if (s->dst.rank != a->rank || s->dst.kind == HOST_BUF_SEND || !buf_fits(a, &s->dst, s->elems))
+		return 0;
+	for (uint32_t k = 0; k < s->nsrc; k++)
+		if (!buf_fits(a, &s->src[k], s->elems))
+			return 0;
+	return 1;
+}

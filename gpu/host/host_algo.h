@@ -137,4 +137,15 @@ void host_algo_init(struct host_algo *a, const struct host_topo *t, uint8_t algo
 /* Describes step i (< a->nsteps) of a. */
 void host_algo_step(const struct host_algo *a, uint32_t i, struct host_algo_step *s);
 
+/*
+ * Whether step s of a stays inside what the collective owns: every source
+ * and the destination within its rank's send or receive buffer as the
+ * collective sizes them (or within the connector), the destination this
+ * rank's and not a send buffer, waits on ranks of the communicator for
+ * phases that exist. The engine checks every step before it moves data,
+ * so a wrong plan or a bug here fails the collective instead of writing
+ * into another buffer.
+ */
+int host_algo_step_valid(const struct host_algo *a, const struct host_algo_step *s);
+
 #endif /* DFCCL_HOST_ALGO_H */

@@ -226,6 +226,15 @@ static void algo_step_of(const struct host_task *t, struct host_algo_step *p)
 	host_algo_step(&t->alg, t->astep, p);
 }
 
+/* Whether the step t is at keeps within the collective's buffers and ranks
+ * (host_algo_step_valid), checked before its wait and before its data. */
+static int algo_step_ok(const struct host_task *t)
+{
+	struct host_algo_step p;
+	algo_step_of(t, &p);
+	return host_algo_step_valid(&t->alg, &p);
+}
+
 /* ------------------------------------------------------------------ waits */
 
 #define HOST_YIELD_POLLS 64u
@@ -553,6 +562,8 @@ static int coll_work(const struct host_coll_env *env, struct host_task *t)
 	uint64_t total = work_total(t);
 	if (t->pos >= total)
 		return 1;
+	if (t->step == STEP_AWORK && !algo_step_ok(t))
+		return -(int)DFCCL_CQ_BAD_ENTRY;
 	struct coll_bufs b;
 	uint32_t st = coll_bufs_get(env, t, &b);
 	if (st != DFCCL_CQ_OK)
@@ -633,6 +644,8 @@ enum host_step host_coll_step(const struct host_coll_env *env, struct host_task 
 			break;
 		}
 		/* Every other step starts with a wait on peers. */
+		if (t->step == STEP_AWAIT && !algo_step_ok(t))
+			return coll_fail(t, DFCCL_CQ_BAD_ENTRY);
 		rc = coll_wait(env, t, position, s);
 		if (rc < 0)
 			return coll_done(t, (uint32_t)-rc);
