@@ -584,8 +584,13 @@ unsigned comm_session_count(struct server *srv, const struct session *s)
 /* The plan of c's region into ci (nothing while there is none). */
 static int comm_query_plan(const struct comm *c, Dfccl__V1__CommInfo *ci)
 {
-	const struct dfccl_comm_plan *p = c->region ? dfccl_comm_plan_of(c->region) : NULL;
-	if (!p || p->valid != DFCCL_PLAN_VALID)
+	if (!c->region)
+		return 0;
+	/* Workers map the region writable: read one copy, as untrusted. */
+	struct dfccl_comm_plan copy;
+	memcpy(&copy, dfccl_comm_plan_of(c->region), sizeof(copy));
+	const struct dfccl_comm_plan *p = &copy;
+	if (p->valid != DFCCL_PLAN_VALID || p->ntrees < 1 || p->ntrees > DFCCL_PLAN_TREES)
 		return 0;
 	ci->ring = calloc(c->nranks, sizeof(*ci->ring));
 	ci->trees = calloc(p->ntrees, sizeof(*ci->trees));
@@ -593,7 +598,7 @@ static int comm_query_plan(const struct comm *c, Dfccl__V1__CommInfo *ci)
 		return -ENOMEM;
 	for (uint32_t i = 0; i < c->nranks; i++)
 		ci->ring[ci->n_ring++] = p->ring[i];
-	for (uint32_t k = 0; k < p->ntrees && k < DFCCL_PLAN_TREES; k++) {
+	for (uint32_t k = 0; k < p->ntrees; k++) {
 		Dfccl__V1__CommTree *t = calloc(1, sizeof(*t));
 		if (!t)
 			return -ENOMEM;

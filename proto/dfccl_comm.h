@@ -54,8 +54,11 @@
 #define DFCCL_COMM_CONN_BYTES 65536u /* connector of one rank in one instance slot: two halves */
 #define DFCCL_COMM_CONN_HALF (DFCCL_COMM_CONN_BYTES / 2)
 
-/* progress word: the key in the high 40 bits, the completed phase in the low
- * 24, so an algorithm may have up to DFCCL_PROGRESS_MAX_PHASE steps. */
+/* progress word: the low 40 bits of the key in the high bits, the completed
+ * phase in the low 24, so an algorithm may have up to
+ * DFCCL_PROGRESS_MAX_PHASE steps. A rank stores DFCCL_PROGRESS(key, 0)
+ * before it publishes `key`, so a peer that saw the key compares only
+ * words of that instance, whatever the key's size. */
 #define DFCCL_PROGRESS_BITS 24
 #define DFCCL_PROGRESS_MAX_PHASE ((1u << DFCCL_PROGRESS_BITS) - 1u)
 #define DFCCL_PROGRESS(key, phase) \

@@ -26,8 +26,9 @@
  *                                   applies to the collectives that algorithm runs
  *                                   (ring: all but send/recv and all-to-all; trees:
  *                                   all-reduce, broadcast, reduce). Every rank of a
- *                                   communicator must ask for the same: collectives
- *                                   whose ranks disagree fail with dfcclInvalidUsage
+ *                                   communicator must ask for the same: a collective
+ *                                   whose ranks disagree fails with dfcclInvalidUsage
+ *                                   and aborts the communicator
  *   DFCCL_PROTO_VERSION_OVERRIDE=N  diagnostic knob: claim to speak exactly control
  *                                   protocol version N, to test the daemon's version
  *                                   negotiation; never needed in normal use

@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "bench.h"
+#include "client.h"
 #include "dfccl.h"
 #include "dfccl_comm.h"
 #include "dfccl_queue.h"
@@ -295,10 +296,17 @@ int tune_run(const struct tune_opts *o, const char *socket_path)
 
 	/* The rank processes find the daemon the way libdfccl does. */
 	setenv("DFCCL_SOCKET", socket_path, 1);
-	if (dfcclGetDeviceCount(&ndev) != dfcclSuccess) {
+	/* The device count from a session of our own, closed again before any
+	 * rank is forked: a session has a poller thread, and a child forked
+	 * while that thread holds an allocator lock (the sanitizers' allocators
+	 * are not fork-safe) would wait on it forever. */
+	struct client *session;
+	if (client_open(socket_path, "dfcclctl", &session) != dfcclSuccess) {
 		fprintf(stderr, "dfcclctl: tune: cannot reach dfccld at %s: %s\n", socket_path, dfcclGetLastError(NULL));
 		goto out;
 	}
+	ndev = (int)client_info(session)->ndevices;
+	client_unref(session);
 	int nranks = o->nranks ? o->nranks : ndev > 2 ? ndev : 2;
 	unsigned colls = o->colls, every = 0;
 	for (int c = 0; c < TOOL_NCOLLS; c++)

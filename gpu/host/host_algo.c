@@ -287,9 +287,12 @@ static void allreduce_ring(const struct host_algo *a, uint32_t i, struct host_al
 		s->redop = step_op(a, i == n - 2);
 		return;
 	}
-	/* all-gather: chunk (p - s) from left; the first step also waits until
-	 * right finished the reduce-scatter, which reads the chunks this
-	 * overwrites (in place: the same bytes as our send buffer). */
+	/* all-gather: chunk (p - s) from left. The first step overwrites our
+	 * chunk p, which right's first reduce-scatter step reads (in place: the
+	 * same bytes as our send buffer). The chain of left waits already
+	 * orders it after that read (left finished its reduce-scatter, which
+	 * needed right's first step); the wait on right says so directly and
+	 * costs one load. */
 	uint32_t st = i - (n - 1), k = (p + n - st) % n;
 	uint64_t lo = split_lo(a->count, k, n);
 	s->elems = split_lo(a->count, k + 1, n) - lo;

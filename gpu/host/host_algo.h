@@ -11,8 +11,11 @@
  * instance runs the same number of steps and publishes
  * DFCCL_PROGRESS(key, i + 1) once its step i is done, so a step waits for
  * "rank q finished its step j" as "q's progress >= DFCCL_PROGRESS(key,
- * j + 1)". Steps only ever wait for lower-numbered steps of other ranks, so
- * no set of waits is circular.
+ * j + 1)". A step waits either for lower-numbered steps of other ranks,
+ * or for the same step of its neighbours along a tree (children on the way
+ * up, the parent on the way down) or a chain; trees and chains have no
+ * cycles, so no set of waits is circular (test_host_algo simulates every
+ * shape).
  *
  * Buffers: a rank's send and receive buffers (the client's) and its
  * connector in the instance's slot (two halves of DFCCL_COMM_CONN_HALF

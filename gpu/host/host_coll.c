@@ -5,10 +5,10 @@
  *   everywhere, then post) -> POSTS (wait for every rank's post, check them)
  *   -> WORK1 -> [allreduce: SYNC1 (wait until every rank finished phase 1)
  *   -> WORK2] -> FINISH (store done, wait until every rank has).
- *   allreduce over a ring or trees: SLOT -> POSTS -> (AWAIT (wait for the
- *   neighbours the algorithm step reads from) -> AWORK (the step's data
- *   movement, then progress = DFCCL_PROGRESS(key, step + 1))) for every
- *   step of the algorithm -> FINISH.
+ *   collectives over a ring or trees (host_algo.h): SLOT -> POSTS ->
+ *   (AWAIT (wait for the ranks the algorithm step depends on) -> AWORK (the
+ *   step's data movement, then progress = DFCCL_PROGRESS(key, step + 1)))
+ *   for every step of the algorithm -> FINISH.
  *   send: BOX_FREE (wait until the receiver acknowledged the mailbox's
  *   previous message, then post) -> BOX_ACK (wait for the acknowledgement).
  *   recv: BOX_KEY (wait for the sender's post, check it) -> WORK1 (copy,
@@ -358,6 +358,12 @@ static void coll_post(struct host_task *t)
 	p->recv_reg = t->recv_reg;
 	p->shape = coll_shape(t);
 	p->root = coll_has_root(t->opcode) ? t->peer : 0;
+	/* The progress word keeps the low 40 bits of the key: a word left by an
+	 * older instance of this slot could compare above this instance's
+	 * targets once keys pass 2^40. Starting it afresh before the key is
+	 * published means a peer that saw our key sees only this instance's
+	 * progress. */
+	store_rel(&p->progress, DFCCL_PROGRESS(t->key, 0));
 	store_rel(&p->key, t->key);
 }
 

@@ -41,8 +41,10 @@
  *
  * Every rank posts the shape of its entry (opcode, type, operation,
  * algorithm) and its root next to its count; ranks that disagree on any of
- * them fail the instance with DFCCL_CQ_MISMATCH before anything is moved,
- * instead of running two algorithms against each other.
+ * them fail with DFCCL_CQ_MISMATCH before anything is moved, instead of
+ * running two algorithms against each other, and the communicator is
+ * aborted (its later collectives would be matched against the wrong
+ * instances).
  */
 #ifndef DFCCL_HOST_COLL_H
 #define DFCCL_HOST_COLL_H

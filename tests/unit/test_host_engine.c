@@ -1312,6 +1312,44 @@ static void test_mismatch(void **state)
 	}
 }
 
+/*
+ * Keys past 2^40, where the progress word keeps only the low 40 bits of the
+ * key: an instance in a slot whose previous user (key - 32, just below
+ * 2^40) left a progress word that compares above the new instance's
+ * targets must still wait for the new instance's steps. The region is
+ * primed as if keys up to k - 1 had run.
+ */
+static void test_keys_past_progress_bits(void **state)
+{
+	(void)state;
+	enum { N = 4 };
+	static const uint8_t algos[] = {DFCCL_ALGO_RING, DFCCL_ALGO_TREE, DFCCL_ALGO_DIRECT};
+	for (size_t a = 0; a < sizeof(algos); a++) {
+		struct sim s;
+		unsigned rank_q[N];
+		sim_start(&s, N, 2, rank_q, 950, 80);
+		const uint64_t k0 = (1ull << 40) - 3; /* k0 .. k0 + 5 cross the boundary */
+		for (uint64_t k = k0; k < k0 + 6; k++)
+			for (uint32_t r = 0; r < N; r++) {
+				struct dfccl_rank_post *p = dfccl_comm_post(s.regions[0], N, k, r);
+				uint64_t prev = k - DFCCL_COMM_SLOTS;
+				p->key = p->done = prev;
+				p->progress = DFCCL_PROGRESS(prev, 6);
+			}
+		struct coll c[6];
+		for (unsigned i = 0; i < 6; i++) {
+			c[i] = (struct coll){.id = 9500 + (unsigned)a * 8 + i, .op = DFCCL_OP_ALLREDUCE, .dt = 7, .n = N,
+			                     .count = 300 + i, .algo = algos[a]};
+			memcpy(c[i].q, rank_q, sizeof(rank_q));
+			coll_submit(&s, &c[i], 80, k0 + i);
+		}
+		sim_drive(&s);
+		for (unsigned i = 0; i < 6; i++)
+			coll_check(&s, &c[i]);
+		sim_free(&s);
+	}
+}
+
 /* A queue that goes away drops its tasks silently and fails its peers. */
 static void test_queue_gone(void **state)
 {
@@ -1443,6 +1481,7 @@ int main(void)
 	    cmocka_unit_test(test_abort),
 	    cmocka_unit_test(test_inconsistent_posts),
 	    cmocka_unit_test(test_mismatch),
+	    cmocka_unit_test(test_keys_past_progress_bits),
 	    cmocka_unit_test(test_queue_gone),
 	    cmocka_unit_test(test_comm_del),
 	    cmocka_unit_test(test_submit_checks),
