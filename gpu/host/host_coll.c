@@ -28,6 +28,7 @@
 #include "host_coll.h"
 
 #include <sched.h>
+#include <sys/mman.h>
 #include <stdatomic.h>
 #include <string.h>
 
@@ -588,6 +589,23 @@ static int coll_work(const struct host_coll_env *env, struct host_task *t)
 
 /* ------------------------------------------------------------------ steps */
 
+/*
+ * A registered collective's instance slot is one of 1024; connector pages
+ * it touched would otherwise stay resident for the communicator's life.
+ * Once every rank is done (nobody reads our connector any more), a task
+ * whose algorithm staged data there gives the pages back (MADV_REMOVE
+ * punches them out of the region's memfd; the next user faults in zeros).
+ * The 32 NCCL-style slots stay warm: they are reused all the time.
+ */
+static void conn_release(const struct host_task *t)
+{
+	if (t->algo == DFCCL_ALGO_DIRECT || t->conn_slot < DFCCL_COMM_SLOTS ||
+	    (t->opcode != DFCCL_OP_REDUCE && t->opcode != DFCCL_OP_REDUCESCATTER))
+		return;
+	(void)madvise(dfccl_comm_conn(t->comm->hdr, t->comm->nranks, t->conn_slot, t->rank), DFCCL_COMM_CONN_BYTES,
+	              MADV_REMOVE);
+}
+
 static enum host_step coll_done(struct host_task *t, uint32_t status)
 {
 	t->status = status;
@@ -685,6 +703,8 @@ enum host_step host_coll_step(const struct host_coll_env *env, struct host_task 
 			t->step = STEP_BOX_ACK;
 			break;
 		default: /* STEP_FINISH, STEP_BOX_ACK */
+			if (t->step == STEP_FINISH)
+				conn_release(t);
 			return coll_done(t, DFCCL_CQ_OK);
 		}
 	}

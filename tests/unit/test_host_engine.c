@@ -169,7 +169,7 @@ static void sim_comm(struct sim *s, uint64_t comm_id, uint32_t n, const unsigned
 	/* Zero pages on demand, as the supervisor's memfd: the connectors
 	 * make the region large and mostly untouched. */
 	size_t size = DFCCL_COMM_REGION_SIZE(n);
-	struct dfccl_comm_header *h = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	struct dfccl_comm_header *h = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 	assert_true(h != MAP_FAILED);
 	h->magic = DFCCL_COMM_MAGIC;
 	h->comm_id = comm_id;
@@ -1350,6 +1350,53 @@ static void test_keys_past_progress_bits(void **state)
 	}
 }
 
+/* Pages of [p, p + len) resident in memory. */
+static unsigned resident_pages(const void *p, size_t len)
+{
+	unsigned char vec[64];
+	size_t pages = len / 4096;
+	assert_true(pages <= sizeof(vec));
+	assert_int_equal(mincore((void *)p, len, vec), 0);
+	unsigned n = 0;
+	for (size_t i = 0; i < pages; i++)
+		n += vec[i] & 1;
+	return n;
+}
+
+/*
+ * Registered collectives over algorithms that stage data in connectors
+ * give the connector pages back once the instance is done everywhere;
+ * NCCL-style slots keep them. Results stay right either way.
+ */
+static void test_connector_release(void **state)
+{
+	(void)state;
+	enum { N = 3 };
+	struct sim s;
+	unsigned rank_q[N];
+	sim_start(&s, N, 2, rank_q, 960, 90);
+	struct coll reg = {.id = 9600, .op = DFCCL_OP_REDUCE, .dt = 7, .n = N, .root = 2, .count = 3 * 8192 + 5,
+	                   .algo = DFCCL_ALGO_RING};
+	memcpy(reg.q, rank_q, sizeof(rank_q));
+	coll_prepare(&s, &reg);
+	for (uint32_t r = 0; r < N; r++)
+		coll_submit_rank(&s, &reg, r, 90, 1, DFCCL_SQE_F_REGISTERED, 7);
+	sim_drive(&s);
+	coll_check(&s, &reg);
+	struct coll nccl = reg;
+	nccl.id = 9601;
+	coll_submit(&s, &nccl, 90, 1);
+	sim_drive(&s);
+	coll_check(&s, &nccl);
+	/* In the ring ending at rank 2, rank 1 (the middle of the chain) staged
+	 * partials in its connector. */
+	const char *reg_conn = dfccl_comm_conn(s.regions[0], N, dfccl_comm_reg_conn_slot(7, 1), 1);
+	const char *nccl_conn = dfccl_comm_conn(s.regions[0], N, dfccl_comm_conn_slot(1), 1);
+	assert_int_equal(resident_pages(reg_conn, DFCCL_COMM_CONN_BYTES), 0);
+	assert_true(resident_pages(nccl_conn, DFCCL_COMM_CONN_BYTES) > 0);
+	sim_free(&s);
+}
+
 /* A queue that goes away drops its tasks silently and fails its peers. */
 static void test_queue_gone(void **state)
 {
@@ -1482,6 +1529,7 @@ int main(void)
 	    cmocka_unit_test(test_inconsistent_posts),
 	    cmocka_unit_test(test_mismatch),
 	    cmocka_unit_test(test_keys_past_progress_bits),
+	    cmocka_unit_test(test_connector_release),
 	    cmocka_unit_test(test_queue_gone),
 	    cmocka_unit_test(test_comm_del),
 	    cmocka_unit_test(test_submit_checks),
