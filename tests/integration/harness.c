@@ -20,6 +20,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "dfccl_queue.h"
+
 #ifndef DFCCLD_PATH
 #error "DFCCLD_PATH must name the dfccld binary"
 #endif
@@ -235,6 +237,26 @@ pid_t child_run(int (*fn)(void *arg, int rank), void *arg, int rank)
 	if (pid == 0)
 		_exit(fn(arg, rank));
 	return pid;
+}
+
+
+int daemon_by_algo(const struct daemon_proc *d, uint64_t *out)
+{
+	struct raw_client c;
+	memset(out, 0, DFCCL_ALGO_COUNT_ * sizeof(out[0]));
+	if (raw_connect(&c, d->socket, DFCCL_PROTO_MIN_VERSION, DFCCL_PROTO_VERSION, NULL) < 0)
+		return -1;
+	dfccl_envelope *r = raw_query(&c, DFCCL__V1__QUERY_KIND__QUERY_STATS);
+	raw_close(&c);
+	if (!r)
+		return -1;
+	const Dfccl__V1__QueryReply *q = r->query_reply;
+	int rc = q ? 0 : -1;
+	for (size_t i = 0; q && i < q->n_stats; i++)
+		for (size_t k = 0; k < q->stats[i]->n_by_algo && k < DFCCL_ALGO_COUNT_; k++)
+			out[k] += q->stats[i]->by_algo[k];
+	frame_envelope_free(r);
+	return rc;
 }
 
 /* ------------------------------------------------------------ raw client */

@@ -73,6 +73,11 @@ dfccl_envelope *raw_next(struct raw_client *c, int timeout_ms, int *rfds, unsign
 /* A status/stats/... query; NULL on failure. */
 dfccl_envelope *raw_query(struct raw_client *c, int kind);
 
+/* Collectives the daemon's engines started per algorithm (out[a] for enum
+ * dfccl_algo a, DFCCL_ALGO_COUNT_ entries), summed over the devices.
+ * Returns 0, or -1 when the query failed. */
+int daemon_by_algo(const struct daemon_proc *d, uint64_t *out);
+
 /* Polls a status query until cond(status) holds or timeout; returns 1 if it held. */
 int raw_wait_status(struct raw_client *c, int (*cond)(const Dfccl__V1__StatusInfo *st, void *arg), void *arg,
                     int timeout_ms);

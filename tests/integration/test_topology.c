@@ -204,28 +204,6 @@ static void test_algo_and_tuning(void **state)
 	unlink(tuning);
 }
 
-/* Collectives started per algorithm on every device, from `dfcclctl --json
- * stats` (by_algo, indexed by enum dfccl_algo). */
-static void by_algo(const struct daemon_proc *d, uint64_t out[5])
-{
-	static char buf[1 << 16];
-	assert_int_equal(ctl(d, buf, sizeof(buf), "--json", "stats", NULL), 0);
-	json_error_t je;
-	json_t *j = json_loads(buf, 0, &je);
-	if (!j)
-		fail_msg("dfcclctl --json stats printed no JSON (%s): %.300s", je.text, buf);
-	memset(out, 0, 5 * sizeof(out[0]));
-	size_t i, k;
-	json_t *dev, *v;
-	json_array_foreach(json_object_get(j, "devices"), i, dev) {
-		json_array_foreach(json_object_get(dev, "by_algo"), k, v) {
-			if (k < 5)
-				out[k] += (uint64_t)json_integer_value(v);
-		}
-	}
-	json_decref(j);
-}
-
 /* dfccl-perf against d; returns its exit status, output in buf. */
 static int perf(const struct daemon_proc *d, char *buf, size_t len, const char *coll, const char *max)
 {
@@ -258,11 +236,11 @@ static void test_plan_reaches_engines(void **state)
 	assert_int_equal(daemon_start(&d, 4, "--topology", MODELS "/pcie-4.json", "--tuning-file", tuning, NULL), 0);
 	static char out[1 << 16];
 	uint64_t n0[5], n1[5], n2[5];
-	by_algo(&d, n0);
+	assert_int_equal(daemon_by_algo(&d, n0), 0);
 	int rc = perf(&d, out, sizeof(out), "allreduce", "16K");
 	if (rc != 0)
 		fail_msg("dfccl-perf allreduce: exit %d\n%s", rc, out);
-	by_algo(&d, n1);
+	assert_int_equal(daemon_by_algo(&d, n1), 0);
 	assert_true(n1[DFCCL_ALGO_TREE] > n0[DFCCL_ALGO_TREE]);
 	assert_true(n1[DFCCL_ALGO_MULTITREE] > n0[DFCCL_ALGO_MULTITREE]);
 	assert_int_equal(n1[DFCCL_ALGO_RING], n0[DFCCL_ALGO_RING]);
@@ -272,7 +250,7 @@ static void test_plan_reaches_engines(void **state)
 	rc = perf(&d, out, sizeof(out), "reduce", "16K");
 	if (rc != 0)
 		fail_msg("dfccl-perf reduce: exit %d\n%s", rc, out);
-	by_algo(&d, n2);
+	assert_int_equal(daemon_by_algo(&d, n2), 0);
 	assert_true(n2[DFCCL_ALGO_RING] > n1[DFCCL_ALGO_RING]);
 	/* reduce: trees; the barriers and #wrong sums: small all-reduces, trees too */
 	assert_true(n2[DFCCL_ALGO_TREE] > n1[DFCCL_ALGO_TREE]);

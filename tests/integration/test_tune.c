@@ -91,17 +91,7 @@ static void ctl_in(const char *dir, struct ctl_run *r, ...)
 /* Collectives started per algorithm (enum dfccl_algo), summed over the devices. */
 static void by_algo(const struct daemon_proc *d, uint64_t out[DFCCL_ALGO_COUNT_])
 {
-	struct raw_client c;
-	memset(out, 0, DFCCL_ALGO_COUNT_ * sizeof(out[0]));
-	assert_int_equal(raw_connect(&c, d->socket, DFCCL_PROTO_MIN_VERSION, DFCCL_PROTO_VERSION, NULL), 0);
-	dfccl_envelope *r = raw_query(&c, DFCCL__V1__QUERY_KIND__QUERY_STATS);
-	assert_non_null(r);
-	const Dfccl__V1__QueryReply *q = r->query_reply;
-	for (size_t i = 0; i < q->n_stats; i++)
-		for (size_t k = 0; k < q->stats[i]->n_by_algo && k < DFCCL_ALGO_COUNT_; k++)
-			out[k] += q->stats[i]->by_algo[k];
-	frame_envelope_free(r);
-	raw_close(&c);
+	assert_int_equal(daemon_by_algo(d, out), 0);
 }
 
 /* The entry's integer field, or -1 where it has none. */

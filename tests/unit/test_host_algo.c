@@ -28,50 +28,18 @@
 #include <cmocka.h>
 
 #include "host_algo.h"
+#include "testutil.h"
 
 static uint64_t rng = 0x2545f4914f6cdd1dull;
 
 static uint32_t rnd(uint32_t below)
 {
-	rng ^= rng << 13;
-	rng ^= rng >> 7;
-	rng ^= rng << 17;
-	return (uint32_t)(rng % below);
-}
-
-static void shuffle(uint8_t *v, uint32_t n)
-{
-	for (uint32_t i = n - 1; i > 0; i--) {
-		uint32_t j = rnd(i + 1);
-		uint8_t t = v[i];
-		v[i] = v[j], v[j] = t;
-	}
+	return tu_rand(&rng, below);
 }
 
 static void random_plan(struct dfccl_comm_plan *p, uint32_t n)
 {
-	memset(p, 0, sizeof(*p));
-	uint8_t order[DFCCL_COMM_MAX_RANKS];
-	for (uint32_t r = 0; r < n; r++)
-		order[r] = (uint8_t)r;
-	shuffle(order, n);
-	memcpy(p->ring, order, n);
-	p->ntrees = (uint8_t)(n < DFCCL_PLAN_TREES ? n : DFCCL_PLAN_TREES);
-	for (uint32_t k = 0; k < p->ntrees; k++) {
-		shuffle(order, n);
-		unsigned nchild[DFCCL_COMM_MAX_RANKS] = {0};
-		p->parent[k][order[0]] = DFCCL_PLAN_NO_PARENT;
-		for (uint32_t i = 1; i < n; i++) {
-			/* a chain now and then: the deepest trees */
-			uint32_t par = rnd(4) == 0 ? order[i - 1] : order[rnd(i)];
-			while (nchild[par] >= 7)
-				par = order[rnd(i)];
-			nchild[par]++;
-			p->parent[k][order[i]] = (uint8_t)par;
-		}
-	}
-	memset(p->algo, DFCCL_ALGO_DIRECT, sizeof(p->algo));
-	p->valid = DFCCL_PLAN_VALID;
+	tu_random_plan(p, n, DFCCL_ALGO_DIRECT, &rng);
 }
 
 /* One instance: every rank's algorithm. */

@@ -48,6 +48,7 @@
 #include "host_engine.h"
 #include "queue.h"
 #include "sq.h"
+#include "testutil.h"
 
 #define QN 2048u      /* entries per test queue */
 #define MAX_ENG 4u
@@ -589,10 +590,7 @@ static uint64_t rng = 0x2545f4914f6cdd1dull;
 
 static uint32_t rnd(uint32_t below)
 {
-	rng ^= rng << 13;
-	rng ^= rng >> 7;
-	rng ^= rng << 17;
-	return (uint32_t)(rng % below);
+	return tu_rand(&rng, below);
 }
 
 /*
@@ -831,45 +829,11 @@ static void test_deadlock_pattern_algos(void **state)
 		deadlock_run(algos[a], 15);
 }
 
-/*
- * A random plan in communicator region i: a random ring, random trees
- * (each node's parent a random earlier node of a random order, at most 7
- * children), and the table naming `algo` everywhere. Every shape the
- * engine accepts must give the right results, not only balanced trees.
- */
+/* A random plan (tu_random_plan) in communicator region i: every shape the
+ * engine accepts must give the right results, not only balanced trees. */
 static void sim_plan(struct sim *s, unsigned i, uint32_t n, uint8_t algo)
 {
-	struct dfccl_comm_plan *p = dfccl_comm_plan_of(s->regions[i]);
-	memset(p, 0, sizeof(*p));
-	uint8_t order[DFCCL_COMM_MAX_RANKS];
-	for (uint32_t r = 0; r < n; r++)
-		order[r] = (uint8_t)r;
-	for (uint32_t r = n - 1; r > 0; r--) {
-		uint32_t j = rnd(r + 1);
-		uint8_t t = order[r];
-		order[r] = order[j], order[j] = t;
-	}
-	memcpy(p->ring, order, n);
-	p->ntrees = (uint8_t)(n < DFCCL_PLAN_TREES ? n : DFCCL_PLAN_TREES);
-	for (uint32_t k = 0; k < p->ntrees; k++) {
-		for (uint32_t r = n - 1; r > 0; r--) {
-			uint32_t j = rnd(r + 1);
-			uint8_t t = order[r];
-			order[r] = order[j], order[j] = t;
-		}
-		unsigned nchild[DFCCL_COMM_MAX_RANKS] = {0};
-		p->parent[k][order[0]] = DFCCL_PLAN_NO_PARENT;
-		for (uint32_t i2 = 1; i2 < n; i2++) {
-			uint32_t par;
-			do
-				par = order[rnd(i2)];
-			while (nchild[par] >= 7);
-			nchild[par]++;
-			p->parent[k][order[i2]] = (uint8_t)par;
-		}
-	}
-	memset(p->algo, algo, sizeof(p->algo));
-	p->valid = DFCCL_PLAN_VALID;
+	tu_random_plan(dfccl_comm_plan_of(s->regions[i]), n, algo, &rng);
 }
 
 /* Whether the host engine runs algo for op (host_algo.h). */

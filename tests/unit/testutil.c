@@ -198,3 +198,47 @@ void tu_msg_deregister(struct tu_msg *m, uint64_t request_id, uint32_t reg_id)
 	m->u.deregister_mem.reg_id = reg_id;
 	m->env.deregister_mem = &m->u.deregister_mem;
 }
+
+uint32_t tu_rand(uint64_t *state, uint32_t below)
+{
+	uint64_t x = *state;
+	x ^= x << 13;
+	x ^= x >> 7;
+	x ^= x << 17;
+	*state = x;
+	return (uint32_t)(x % below);
+}
+
+static void tu_shuffle(uint8_t *v, uint32_t n, uint64_t *state)
+{
+	for (uint32_t i = n - 1; i > 0; i--) {
+		uint32_t j = tu_rand(state, i + 1);
+		uint8_t t = v[i];
+		v[i] = v[j], v[j] = t;
+	}
+}
+
+void tu_random_plan(struct dfccl_comm_plan *p, uint32_t n, uint8_t algo, uint64_t *state)
+{
+	memset(p, 0, sizeof(*p));
+	uint8_t order[DFCCL_COMM_MAX_RANKS];
+	for (uint32_t r = 0; r < n; r++)
+		order[r] = (uint8_t)r;
+	tu_shuffle(order, n, state);
+	memcpy(p->ring, order, n);
+	p->ntrees = (uint8_t)(n < DFCCL_PLAN_TREES ? n : DFCCL_PLAN_TREES);
+	for (uint32_t k = 0; k < p->ntrees; k++) {
+		tu_shuffle(order, n, state);
+		unsigned nchild[DFCCL_COMM_MAX_RANKS] = {0};
+		p->parent[k][order[0]] = DFCCL_PLAN_NO_PARENT;
+		for (uint32_t i = 1; i < n; i++) {
+			uint32_t par = tu_rand(state, 4) == 0 ? order[i - 1] : order[tu_rand(state, i)];
+			while (nchild[par] >= 7)
+				par = order[tu_rand(state, i)];
+			nchild[par]++;
+			p->parent[k][order[i]] = (uint8_t)par;
+		}
+	}
+	memset(p->algo, algo, sizeof(p->algo));
+	p->valid = DFCCL_PLAN_VALID;
+}

@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "dfccl_comm.h"
 #include "frame.h"
 
 /* Descriptors open in this process (entries of /proc/self/fd). */
@@ -70,5 +71,17 @@ void tu_msg_comm_destroy(struct tu_msg *m, uint64_t request_id, uint64_t comm_id
 void tu_msg_comm_abort(struct tu_msg *m, uint64_t request_id, uint64_t comm_id);
 void tu_msg_register_memfd(struct tu_msg *m, uint64_t request_id, uint32_t device, uint64_t size);
 void tu_msg_deregister(struct tu_msg *m, uint64_t request_id, uint32_t reg_id);
+
+/* xorshift64: the next number below `below` from *state (never 0). */
+uint32_t tu_rand(uint64_t *state, uint32_t below);
+
+/*
+ * A random communicator plan for n ranks (2..DFCCL_COMM_MAX_RANKS): a
+ * random ring; min(n, DFCCL_PLAN_TREES) random trees, each node's parent a
+ * random earlier node of a random order (now and then the previous one, so
+ * chains, the deepest trees, occur), at most 7 children per node; and
+ * `algo` everywhere in the table. Every shape an engine must accept.
+ */
+void tu_random_plan(struct dfccl_comm_plan *p, uint32_t n, uint8_t algo, uint64_t *state);
 
 #endif
