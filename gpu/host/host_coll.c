@@ -154,6 +154,8 @@ uint32_t host_coll_check(const struct host_coll_env *env, const struct host_comm
 	return st;
 }
 
+static void algo_enter(struct host_task *t, uint32_t astep);
+
 void host_coll_init(struct host_task *t, struct host_comm *c, struct sq_queue *q, const struct dfccl_sqe *e,
                     uint32_t algo)
 {
@@ -175,9 +177,11 @@ void host_coll_init(struct host_task *t, struct host_comm *c, struct sq_queue *q
 	t->redop = e->redop;
 	uint32_t n = c->nranks;
 	t->algo = host_algo_choose(&c->topo, e->opcode, e->count, t->dsize, e->algo, (uint8_t)algo);
-	if (t->algo != DFCCL_ALGO_DIRECT)
+	if (t->algo != DFCCL_ALGO_DIRECT) {
 		host_algo_init(&t->alg, &c->topo, t->algo, e->opcode, e->redop, e->rank,
 		               coll_has_root(e->opcode) ? e->peer : 0, e->count, t->dsize);
+		algo_enter(t, 0);
+	}
 	uint64_t nslots;
 	if (coll_is_p2p(e->opcode)) {
 		int sending = e->opcode == DFCCL_OP_SEND;
@@ -221,19 +225,19 @@ void host_comm_fail(struct host_comm *c, uint32_t status)
 
 /* ------------------------------------------------------------------ ring and trees */
 
-/* The step of t's algorithm that t is at. */
-static void algo_step_of(const struct host_task *t, struct host_algo_step *p)
+/* Enters step `astep` of t's algorithm: its description, derived once and
+ * used by every wait and data visit of the step. */
+static void algo_enter(struct host_task *t, uint32_t astep)
 {
-	host_algo_step(&t->alg, t->astep, p);
+	t->astep = astep;
+	host_algo_step(&t->alg, astep, &t->cur);
 }
 
 /* Whether the step t is at keeps within the collective's buffers and ranks
  * (host_algo_step_valid), checked before its wait and before its data. */
 static int algo_step_ok(const struct host_task *t)
 {
-	struct host_algo_step p;
-	algo_step_of(t, &p);
-	return host_algo_step_valid(&t->alg, &p);
+	return host_algo_step_valid(&t->alg, &t->cur);
 }
 
 /* ------------------------------------------------------------------ waits */
@@ -264,11 +268,10 @@ static struct coll_cond coll_cond_of(const struct host_task *t)
 	case STEP_BOX_FREE: w.word = &t->box->ack, w.n = 1, w.target = t->slot_free; break;
 	case STEP_BOX_ACK: w.word = &t->box->ack, w.n = 1, w.target = t->key; break;
 	case STEP_AWAIT: {
-		struct host_algo_step p;
-		algo_step_of(t, &p);
-		w.word = &t->posts[0].progress, w.n = p.nwait, w.listed = 1;
-		for (uint32_t k = 0; k < p.nwait; k++)
-			w.rankv[k] = p.wait[k], w.targetv[k] = DFCCL_PROGRESS(t->key, p.phase[k]);
+		const struct host_algo_step *p = &t->cur;
+		w.word = &t->posts[0].progress, w.n = p->nwait, w.listed = 1;
+		for (uint32_t k = 0; k < p->nwait; k++)
+			w.rankv[k] = p->wait[k], w.targetv[k] = DFCCL_PROGRESS(t->key, p->phase[k]);
 		break;
 	}
 	default: /* STEP_BOX_KEY */ w.word = &t->box->key, w.n = 1, w.target = t->key; break;
@@ -481,11 +484,8 @@ static char *algo_buf(const struct coll_bufs *b, const struct host_algo_buf *x)
 static uint64_t work_total(const struct host_task *t)
 {
 	uint32_t n = t->comm->nranks;
-	if (t->step == STEP_AWORK) {
-		struct host_algo_step p;
-		algo_step_of(t, &p);
-		return p.nsrc ? p.elems : 0;
-	}
+	if (t->step == STEP_AWORK)
+		return t->cur.nsrc ? t->cur.elems : 0;
 	switch (t->opcode) {
 	case DFCCL_OP_ALLREDUCE:
 		return t->step == STEP_WORK1 ? chunk_lo(t, t->rank + 1) - chunk_lo(t, t->rank) : t->count;
@@ -507,14 +507,13 @@ static uint64_t work_piece(const struct host_task *t, const struct coll_bufs *b,
 	uint64_t m = max, lo;
 	*bytes = 0;
 	if (t->step == STEP_AWORK) {
-		struct host_algo_step p;
-		algo_step_of(t, &p);
+		const struct host_algo_step *p = &t->cur;
 		const void *at[HOST_ALGO_MAX_SRC];
-		for (uint32_t k = 0; k < p.nsrc; k++)
-			at[k] = algo_buf(b, &p.src[k]) + (p.src[k].off + pos) * ds;
-		char *dst = algo_buf(b, &p.dst) + (p.dst.off + pos) * ds;
-		if (p.reduce && (p.nsrc > 1 || p.redop == REDUCE_AVG))
-			reduce_into(dst, at, p.nsrc, m, t->dtype, p.redop, t->comm->nranks);
+		for (uint32_t k = 0; k < p->nsrc; k++)
+			at[k] = algo_buf(b, &p->src[k]) + (p->src[k].off + pos) * ds;
+		char *dst = algo_buf(b, &p->dst) + (p->dst.off + pos) * ds;
+		if (p->reduce && (p->nsrc > 1 || p->redop == REDUCE_AVG))
+			reduce_into(dst, at, p->nsrc, m, t->dtype, p->redop, t->comm->nranks);
 		else
 			copy_elems(dst, at[0], m, ds);
 		*bytes = m * ds;
@@ -625,8 +624,10 @@ static uint32_t coll_after_work(struct host_task *t)
 {
 	if (t->step == STEP_AWORK) {
 		store_rel(&t->posts[t->rank].progress, DFCCL_PROGRESS(t->key, t->astep + 1));
-		if (++t->astep < t->alg.nsteps)
+		if (t->astep + 1 < t->alg.nsteps) {
+			algo_enter(t, t->astep + 1);
 			return STEP_AWAIT;
+		}
 		store_rel(&t->posts[t->rank].done, t->key);
 		return STEP_FINISH;
 	}

@@ -102,6 +102,7 @@ struct host_task {
 	/* dynamic context */
 	uint32_t step;
 	uint32_t astep;     /* ring and trees: the algorithm step, which is also the progress phase done */
+	struct host_algo_step cur; /* ring and trees: step astep's description (host_algo_step) */
 	uint32_t wait_rank; /* the current wait has seen ranks below this ready */
 	uint64_t pos;       /* elements done in the current data step */
 	uint32_t status;    /* the completion status, once the task is done */
