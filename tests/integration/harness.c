@@ -229,6 +229,28 @@ int daemon_stop(struct daemon_proc *d)
 	return rc;
 }
 
+pid_t child_exec(const char *path, const char *const *argv, const char *out_path, const char *err_path)
+{
+	pid_t pid = fork();
+	if (pid != 0)
+		return pid;
+	int fo = open(out_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	int fe = err_path ? open(err_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644) : fo;
+	if (fo < 0 || fe < 0 || dup2(fo, STDOUT_FILENO) < 0 || dup2(fe, STDERR_FILENO) < 0)
+		_exit(126);
+	execv(path, (char *const *)argv);
+	_exit(127);
+}
+
+void read_text_file(const char *path, char *buf, size_t len)
+{
+	FILE *f = fopen(path, "r");
+	size_t n = f ? fread(buf, 1, len - 1, f) : 0;
+	buf[n] = '\0';
+	if (f)
+		fclose(f);
+}
+
 pid_t child_run(int (*fn)(void *arg, int rank), void *arg, int rank)
 {
 	fflush(stdout);

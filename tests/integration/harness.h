@@ -90,6 +90,15 @@ pid_t child_run(int (*fn)(void *arg, int rank), void *arg, int rank);
  * on timeout (the child is then killed). */
 int child_wait(pid_t pid, int timeout_ms);
 
+/* Forks and executes `path` with argv (NULL-terminated), its stdout into the
+ * file out_path and its stderr into err_path (into out_path too when NULL).
+ * Returns the pid, or -1. */
+pid_t child_exec(const char *path, const char *const *argv, const char *out_path, const char *err_path);
+
+/* The text of the file at path into buf (len bytes with the terminating
+ * NUL; empty when the file cannot be read). */
+void read_text_file(const char *path, char *buf, size_t len);
+
 uint64_t now_ms(void);
 
 #endif

@@ -256,14 +256,7 @@ static int run_chaos(const struct daemon_proc *d, int timeout_ms, enum chaos_vic
 	va_end(ap);
 	argv[argc] = NULL;
 
-	pid_t pid = fork();
-	if (pid == 0) {
-		FILE *f = freopen(log, "w", stdout);
-		if (!f || dup2(fileno(stdout), 2) < 0)
-			_exit(127);
-		execv(DFCCL_CHAOS_PATH, (char *const *)argv);
-		_exit(127);
-	}
+	pid_t pid = child_exec(DFCCL_CHAOS_PATH, argv, log, NULL);
 	assert_true(pid > 0);
 	if (victim_kind == VICTIM_WORKER0) {
 		usleep((useconds_t)kill_after_ms * 1000);
@@ -282,13 +275,9 @@ static int run_chaos(const struct daemon_proc *d, int timeout_ms, enum chaos_vic
 		assert_int_equal(kill(victim, SIGKILL), 0);
 	}
 	int rc = child_wait(pid, timeout_ms);
-	FILE *f = fopen(log, "r");
-	*out = calloc(1, 1 << 16);
-	if (f) {
-		size_t n = fread(*out, 1, (1 << 16) - 1, f);
-		(*out)[n] = 0;
-		fclose(f);
-	}
+	*out = malloc(1 << 16);
+	assert_non_null(*out);
+	read_text_file(log, *out, 1 << 16);
 	if (rc != 0 && victim_kind == VICTIM_NONE)
 		fprintf(stderr, "dfccl-chaos exited with %d:\n%s\n", rc, *out);
 	return rc;

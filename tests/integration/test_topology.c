@@ -9,7 +9,6 @@
  * a message that says why.
  */
 #include <errno.h>
-#include <fcntl.h>
 #include <jansson.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -36,24 +35,11 @@
  */
 static int run_capture(const char *const *argv, const char *out, char *buf, size_t len)
 {
-	pid_t pid = fork();
+	pid_t pid = child_exec(argv[0], argv, out, NULL);
 	if (pid < 0)
 		return -1;
-	if (pid == 0) {
-		int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-		if (fd < 0)
-			_exit(126);
-		dup2(fd, STDOUT_FILENO);
-		dup2(fd, STDERR_FILENO);
-		execv(argv[0], (char *const *)argv);
-		_exit(127);
-	}
 	int rc = child_wait(pid, 30000);
-	FILE *f = fopen(out, "r");
-	size_t n = f ? fread(buf, 1, len - 1, f) : 0;
-	buf[n] = '\0';
-	if (f)
-		fclose(f);
+	read_text_file(out, buf, len);
 	return rc;
 }
 

@@ -13,7 +13,6 @@
  * numbers, and CI has two cores.
  */
 #include <dirent.h>
-#include <fcntl.h>
 #include <jansson.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -43,15 +42,6 @@ struct ctl_run {
 	char err[OUT_MAX];
 };
 
-static void read_text(const char *path, char *buf, size_t len)
-{
-	FILE *f = fopen(path, "r");
-	size_t n = f ? fread(buf, 1, len - 1, f) : 0;
-	buf[n] = '\0';
-	if (f)
-		fclose(f);
-}
-
 /*
  * Runs dfcclctl with the given arguments (NULL-terminated) in dir, stdout
  * and stderr apart, for at most 60 s; fills *r.
@@ -71,21 +61,11 @@ static void ctl_in(const char *dir, struct ctl_run *r, ...)
 	char out[160], err[160];
 	snprintf(out, sizeof(out), "%s/ctl.out", dir);
 	snprintf(err, sizeof(err), "%s/ctl.err", dir);
-	pid_t pid = fork();
+	pid_t pid = child_exec(argv[0], argv, out, err);
 	assert_true(pid >= 0);
-	if (pid == 0) {
-		int fo = open(out, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-		int fe = open(err, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-		if (fo < 0 || fe < 0)
-			_exit(126);
-		dup2(fo, STDOUT_FILENO);
-		dup2(fe, STDERR_FILENO);
-		execv(argv[0], (char *const *)argv);
-		_exit(127);
-	}
 	r->rc = child_wait(pid, 60000);
-	read_text(out, r->out, sizeof(r->out));
-	read_text(err, r->err, sizeof(r->err));
+	read_text_file(out, r->out, sizeof(r->out));
+	read_text_file(err, r->err, sizeof(r->err));
 }
 
 /* Collectives started per algorithm (enum dfccl_algo), summed over the devices. */
@@ -294,7 +274,7 @@ static void test_tune_writes_a_loadable_file(void **state)
 	assert_false(dir_has(d.dir, "tuning.json."));
 
 	static char text[OUT_MAX];
-	read_text(path, text, sizeof(text));
+	read_text_file(path, text, sizeof(text));
 	json_error_t je;
 	json_t *doc = json_loads(text, 0, &je);
 	if (!doc)
