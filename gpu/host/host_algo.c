@@ -131,6 +131,22 @@ static void tree_node(const struct host_topo *t, uint32_t k, uint32_t rank, uint
 
 /* ------------------------------------------------------------------ choice */
 
+int host_buf_elems(uint8_t opcode, uint64_t count, uint32_t nranks, int is_root, uint64_t *send, uint64_t *recv)
+{
+	uint64_t one = count, all = count * nranks;
+	switch (opcode) {
+	case DFCCL_OP_ALLREDUCE: *send = one, *recv = one; break;
+	case DFCCL_OP_ALLGATHER: *send = one, *recv = all; break;
+	case DFCCL_OP_REDUCESCATTER: *send = all, *recv = one; break;
+	case DFCCL_OP_BROADCAST: *send = is_root ? one : 0, *recv = one; break;
+	case DFCCL_OP_REDUCE: *send = one, *recv = is_root ? one : 0; break;
+	case DFCCL_OP_SEND: *send = one, *recv = 0; break;
+	case DFCCL_OP_RECV: *send = 0, *recv = one; break;
+	default: return -1;
+	}
+	return 0;
+}
+
 int host_algo_runs(uint8_t opcode, uint8_t algo)
 {
 	switch (algo) {
@@ -533,18 +549,12 @@ void host_algo_step(const struct host_algo *a, uint32_t i, struct host_algo_step
 /* Elements of rank r's buffer of kind k in a's collective. */
 static uint64_t buf_elems(const struct host_algo *a, uint32_t r, uint32_t k)
 {
-	uint64_t one = a->count, all = a->count * a->n;
-	int root = r == a->root;
 	if (k == HOST_BUF_CONN)
 		return DFCCL_COMM_CONN_BYTES / a->dsize;
-	int send = k == HOST_BUF_SEND;
-	switch (a->opcode) {
-	case DFCCL_OP_ALLGATHER: return send ? one : all;
-	case DFCCL_OP_REDUCESCATTER: return send ? all : one;
-	case DFCCL_OP_BROADCAST: return send && !root ? 0 : one;
-	case DFCCL_OP_REDUCE: return !send && !root ? 0 : one;
-	default: return one;
-	}
+	uint64_t send, recv;
+	if (host_buf_elems(a->opcode, a->count, a->n, r == a->root, &send, &recv) < 0)
+		return 0;
+	return k == HOST_BUF_SEND ? send : recv;
 }
 
 static int buf_fits(const struct host_algo *a, const struct host_algo_buf *b, uint64_t elems)

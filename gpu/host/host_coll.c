@@ -78,19 +78,10 @@ static inline void store_rel(uint64_t *p, uint64_t v)
 static int coll_sizes(uint8_t opcode, uint64_t count, unsigned dsize, uint32_t nranks, int is_root,
                       uint64_t *send, uint64_t *recv)
 {
-	if (count > UINT64_MAX / dsize / nranks)
+	if (count > UINT64_MAX / dsize / nranks || host_buf_elems(opcode, count, nranks, is_root, send, recv) < 0)
 		return -1;
-	uint64_t one = count * dsize, all = one * nranks;
-	switch (opcode) {
-	case DFCCL_OP_ALLREDUCE: *send = one, *recv = one; break;
-	case DFCCL_OP_ALLGATHER: *send = one, *recv = all; break;
-	case DFCCL_OP_REDUCESCATTER: *send = all, *recv = one; break;
-	case DFCCL_OP_BROADCAST: *send = is_root ? one : 0, *recv = one; break;
-	case DFCCL_OP_REDUCE: *send = one, *recv = is_root ? one : 0; break;
-	case DFCCL_OP_SEND: *send = one, *recv = 0; break;
-	case DFCCL_OP_RECV: *send = 0, *recv = one; break;
-	default: return -1;
-	}
+	*send *= dsize;
+	*recv *= dsize;
 	return 0;
 }
 
