@@ -39,6 +39,8 @@ struct dfccld_config {
 	int64_t spin_other;    /* scheduler: spin threshold of the other tasks */
 	int64_t stick_mult;    /* scheduler: threshold multiplier after progress */
 	int64_t spin_max;      /* scheduler: the largest threshold */
+	int64_t channels;      /* cuda engine: blocks of the daemon kernel */
+	int64_t kernel_idle_us; /* cuda engine: idle time before the daemon kernel quits */
 };
 
 /* Fills cfg with every default. */

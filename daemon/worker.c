@@ -29,17 +29,16 @@
 #include "dfccl_comm.h"
 #include "dfccl_stats.h"
 #include "frame.h"
-#include "host_engine.h"
+#include "engine.h"
 #include "log.h"
 #include "sq.h"
 
 #define WORKER_SPIN_NS 200000ull /* keep polling this long after the last entry */
-#define TAKE_BATCH 32u
-/* With every task blocked on a peer in another worker, nothing can wake us:
- * poll again after a pause that grows from MIN to MAX, so a blocked engine
- * costs little CPU (CI runs 8 ranks on 2 cores) yet notices progress soon. */
+/* With work in flight that nothing can wake us for (tasks blocked on peers
+ * in other workers, a running daemon kernel), poll again after a pause that
+ * grows from MIN to the engine's maximum, so a blocked engine costs little
+ * CPU (CI runs 8 ranks on 2 cores) yet notices progress soon. */
 #define BLOCKED_PAUSE_MIN_NS 5000ull
-#define BLOCKED_PAUSE_MAX_NS 200000ull
 
 struct wqp {
 	struct wqp *next;
@@ -70,7 +69,7 @@ struct worker_state {
 	int ep;
 	struct frame_reader rd;
 	struct dfccl_worker_stats *stats;
-	struct host_engine *eng;
+	struct engine *eng;
 	struct wqp *qps;
 	struct wreg *regs;
 	struct wcomm *comms;
@@ -109,7 +108,7 @@ static const struct sq_reg *reg_lookup(void *ctx, uint32_t reg_id)
 
 static void wqp_free(struct worker_state *w, struct wqp *p)
 {
-	host_engine_queue_gone(w->eng, &p->q);
+	engine_qp_del(w->eng, &p->q);
 	epoll_ctl(w->ep, EPOLL_CTL_DEL, p->efd, NULL);
 	close(p->efd);
 	sq_queue_close(&p->q);
@@ -145,9 +144,17 @@ static void attach_qp(struct worker_state *w, const Dfccl__V1__WorkerAttachQp *a
 		free(p);
 		return;
 	}
+	rc = engine_qp_add(w->eng, &p->q, err, sizeof(err));
+	if (rc < 0) {
+		log_err("worker", "device %u: the engine cannot serve queue pair %u: %s", w->device, a->qp_id, err);
+		sq_queue_close(&p->q);
+		munmap(p->map, a->region_size);
+		close(p->efd);
+		free(p);
+		return;
+	}
 	struct epoll_event ev = {.events = EPOLLIN, .data.ptr = p};
 	epoll_ctl(w->ep, EPOLL_CTL_ADD, p->efd, &ev);
-	sq_set_engine_state(&p->q, DFCCL_ENGINE_POLLING);
 	p->next = w->qps;
 	w->qps = p;
 	log_debug("worker", "device %u: attached queue pair %u (session %llu, %u entries)", w->device, a->qp_id,
@@ -208,7 +215,7 @@ static void add_comm(struct worker_state *w, const Dfccl__V1__WorkerCommAdd *a, 
 {
 	char msg[200] = "";
 	int code = DFCCL__V1__ERROR_CODE__ERROR_INTERNAL;
-	struct host_comm_member *members = NULL;
+	struct engine_member *members = NULL;
 	struct wcomm *c = calloc(1, sizeof(*c));
 	if (!c || nfds != 1 || a->nranks == 0 || a->nranks > DFCCL_COMM_MAX_RANKS || a->n_members != a->nranks ||
 	    a->region_size != DFCCL_COMM_REGION_SIZE(a->nranks)) {
@@ -244,10 +251,8 @@ static void add_comm(struct worker_state *w, const Dfccl__V1__WorkerCommAdd *a, 
 		members[r].device = a->members[i]->device;
 		members[r].session_id = a->members[i]->session_id;
 	}
-	int rc = host_engine_comm_add(w->eng, a->comm_id, a->nranks, members, c->map, c->size);
+	int rc = engine_comm_add(w->eng, a->comm_id, a->nranks, members, c->map, c->size, msg, sizeof(msg));
 	if (rc < 0) {
-		snprintf(msg, sizeof(msg), "the engine cannot take communicator %llu: %s",
-		         (unsigned long long)a->comm_id, strerror(-rc));
 		code = DFCCL__V1__ERROR_CODE__ERROR_RESOURCE;
 		goto fail;
 	}
@@ -273,7 +278,7 @@ static void del_comm(struct worker_state *w, uint64_t comm_id)
 		if ((*pp)->comm_id == comm_id) {
 			struct wcomm *c = *pp;
 			*pp = c->next;
-			host_engine_comm_del(w->eng, comm_id);
+			engine_comm_del(w->eng, comm_id);
 			munmap(c->map, c->size);
 			free(c);
 			return;
@@ -307,6 +312,20 @@ static void add_reg(struct worker_state *w, const Dfccl__V1__WorkerAddReg *a, in
 		}
 		r->r.base = (char *)r->map + a->offset;
 	}
+	char err[200] = "";
+	int mem = a->kind == DFCCL__V1__MEM_KIND__MEM_CUDA_IPC ? ENGINE_MEM_CUDA_IPC : ENGINE_MEM_HOST;
+	int rc = a->kind == DFCCL__V1__MEM_KIND__MEM_HOST_MEMFD || a->kind == DFCCL__V1__MEM_KIND__MEM_CUDA_IPC
+	             ? engine_reg_add(w->eng, &r->r, mem, a->ipc_handle.data, a->ipc_handle.len, err, sizeof(err))
+	             : (snprintf(err, sizeof(err), "memory kind %d is not supported by this worker", (int)a->kind),
+	                -ENOTSUP);
+	if (rc < 0) {
+		log_err("worker", "device %u: registration %u: %s", w->device, a->reg_id, err);
+		if (r->map)
+			munmap(r->map, r->map_len);
+		free(r);
+		reg_ack(w, a->reg_id, DFCCL__V1__ERROR_CODE__ERROR_RESOURCE, err);
+		return;
+	}
 	r->next = w->regs;
 	w->regs = r;
 	reg_ack(w, a->reg_id, DFCCL__V1__ERROR_CODE__ERROR_NONE, "");
@@ -318,6 +337,7 @@ static void del_reg(struct worker_state *w, uint32_t reg_id)
 		if ((*pp)->r.reg_id == reg_id) {
 			struct wreg *r = *pp;
 			*pp = r->next;
+			engine_reg_del(w->eng, reg_id);
 			if (r->map)
 				munmap(r->map, r->map_len);
 			free(r);
@@ -352,7 +372,7 @@ static int handle_ctl(struct worker_state *w)
 		case DFCCL__V1__ENVELOPE__BODY_WORKER_DEL_REG: del_reg(w, env->worker_del_reg->reg_id); break;
 		case DFCCL__V1__ENVELOPE__BODY_WORKER_COMM_ADD: add_comm(w, env->worker_comm_add, fds, nfds); break;
 		case DFCCL__V1__ENVELOPE__BODY_WORKER_COMM_ABORT:
-			host_engine_comm_abort(w->eng, env->worker_comm_abort->comm_id, env->worker_comm_abort->status);
+			engine_comm_abort(w->eng, env->worker_comm_abort->comm_id, env->worker_comm_abort->status);
 			break;
 		case DFCCL__V1__ENVELOPE__BODY_WORKER_COMM_DEL: del_comm(w, env->worker_comm_del->comm_id); break;
 		default: log_warn("worker", "unexpected message %d from the supervisor", (int)env->body_case); break;
@@ -362,53 +382,19 @@ static int handle_ctl(struct worker_state *w)
 	}
 }
 
-/* ------------------------------------------------------------ the queues */
-
-/* Takes and completes whatever is armed; returns how many entries. */
-static unsigned serve_queues(struct worker_state *w)
-{
-	unsigned total = 0;
-	struct dfccl_sqe batch[TAKE_BATCH];
-	for (struct wqp *p = w->qps; p; p = p->next) {
-		if (sq_qp_state(&p->q) != DFCCL_QP_ACTIVE)
-			continue;
-		unsigned got;
-		while ((got = sq_take(&p->q, batch, TAKE_BATCH)) > 0) {
-			for (unsigned i = 0; i < got; i++) {
-				uint32_t st = sq_check(&p->q, &batch[i], reg_lookup, w);
-				if (batch[i].opcode == DFCCL_OP_NOP && st == DFCCL_CQ_OK) {
-					sq_complete(&p->q, batch[i].arm, st);
-					stat_add(&w->stats->completed, 1);
-				} else if (st == DFCCL_CQ_OK) {
-					/* A collective: the engine checks the rest and
-					 * completes it, now or when it is done. */
-					host_engine_submit(w->eng, &p->q, &batch[i]);
-				} else {
-					/* Refused: the engine fails the entry's
-					 * communicator too, so its peers do not wait
-					 * for a rank that will never post. */
-					host_engine_refuse(w->eng, &p->q, &batch[i], st);
-				}
-			}
-			total += got;
-		}
-	}
-	return total;
-}
-
-static void set_all_states(struct worker_state *w, uint32_t st)
-{
-	for (struct wqp *p = w->qps; p; p = p->next)
-		sq_set_engine_state(&p->q, st);
-}
+/* ------------------------------------------------------------ the loop */
 
 static int run_loop(struct worker_state *w)
 {
 	uint64_t last_work = now_ns();
 	uint64_t pause_ns = 0;
 	while (!worker_stop) {
-		unsigned work = serve_queues(w);
-		work += host_engine_run(w->eng);
+		unsigned work = engine_poll(w->eng);
+		const char *fatal = engine_fatal(w->eng);
+		if (fatal) {
+			log_err("worker", "device %u: %s; exiting so that a fresh worker takes the device", w->device, fatal);
+			return 1;
+		}
 		if (work > 0) {
 			last_work = now_ns();
 			pause_ns = 0;
@@ -418,18 +404,17 @@ static int run_loop(struct worker_state *w)
 		atomic_store_explicit((_Atomic uint64_t *)&w->stats->heartbeat_ns, now, memory_order_relaxed);
 		struct timespec ts = {0, 0}, *timeout = &ts;
 		int slept = 0;
-		if (host_engine_pending(w->eng)) {
+		uint64_t pause_max;
+		if (engine_busy(w->eng, &pause_max)) {
 			pause_ns = pause_ns ? pause_ns * 2 : BLOCKED_PAUSE_MIN_NS;
-			if (pause_ns > BLOCKED_PAUSE_MAX_NS)
-				pause_ns = BLOCKED_PAUSE_MAX_NS;
+			if (pause_ns > pause_max)
+				pause_ns = pause_max;
 			ts.tv_nsec = (long)pause_ns;
 		} else if (now - last_work > WORKER_SPIN_NS) {
-			/* Going to sleep: announce it, then look once more so an
-			 * entry armed before the announcement is not missed. */
-			set_all_states(w, DFCCL_ENGINE_SLEEPING);
-			atomic_thread_fence(memory_order_seq_cst);
-			if (serve_queues(w) > 0) {
-				set_all_states(w, DFCCL_ENGINE_POLLING);
+			/* Going to sleep: the engine announces it and looks once
+			 * more, so an entry armed before the announcement is not
+			 * missed. */
+			if (!engine_sleep(w->eng)) {
 				last_work = now_ns();
 				continue;
 			}
@@ -443,7 +428,7 @@ static int run_loop(struct worker_state *w)
 			return 1;
 		}
 		if (slept)
-			set_all_states(w, DFCCL_ENGINE_POLLING);
+			engine_wake(w->eng);
 		for (int i = 0; i < n; i++) {
 			if (evs[i].data.ptr == NULL) {
 				if (handle_ctl(w) < 0)
@@ -489,7 +474,24 @@ int worker_main(unsigned device, const struct dfccld_config *cfg)
 		return 2;
 	}
 	w.stats = sp;
-	struct host_engine_config ec = {
+
+	char err[256];
+	struct device_desc desc;
+	memset(&desc, 0, sizeof(desc));
+	if (engine == DFCCLD_ENGINE_CUDA) {
+		/* A kernel loaded lazily while the daemon kernel runs would never
+		 * start (measured): load every module when the context is made. */
+		setenv("CUDA_MODULE_LOADING", "EAGER", 1);
+		int rc = devices_open_cuda((int)device, &desc, err, sizeof(err));
+		if (rc < 0) {
+			log_err("worker", "device %u: %s", device, err);
+			return 1;
+		}
+	} else {
+		devices_host(&desc, 1);
+		snprintf(desc.name, sizeof(desc.name), "host-emulated device %u", device);
+	}
+	struct engine_config ec = {
 	    .device = device,
 	    .sched = {.spin_head = (uint32_t)cfg->spin_head,
 	              .spin_other = (uint32_t)cfg->spin_other,
@@ -500,24 +502,12 @@ int worker_main(unsigned device, const struct dfccld_config *cfg)
 	    .reg_lookup = reg_lookup,
 	    .reg_ctx = &w,
 	    .algo = (uint32_t)cfg->algo,
+	    .channels = (uint32_t)cfg->channels,
+	    .kernel_idle_ns = (uint64_t)cfg->kernel_idle_us * 1000u,
 	};
-	if (host_engine_new(&ec, &w.eng) < 0) {
-		log_err("worker", "device %u: cannot create the engine", device);
+	if (engine_new(engine == DFCCLD_ENGINE_CUDA ? ENGINE_CUDA : ENGINE_HOST, &ec, &w.eng, err, sizeof(err)) < 0) {
+		log_err("worker", "device %u: cannot create the engine: %s", device, err);
 		return 1;
-	}
-
-	struct device_desc desc;
-	memset(&desc, 0, sizeof(desc));
-	if (engine == DFCCLD_ENGINE_CUDA) {
-		char err[256];
-		int rc = devices_open_cuda((int)device, &desc, err, sizeof(err));
-		if (rc < 0) {
-			log_err("worker", "device %u: %s", device, err);
-			return 1;
-		}
-	} else {
-		devices_host(&desc, 1);
-		snprintf(desc.name, sizeof(desc.name), "host-emulated device %u", device);
 	}
 
 	w.ep = epoll_create1(EPOLL_CLOEXEC);
@@ -557,7 +547,7 @@ int worker_main(unsigned device, const struct dfccld_config *cfg)
 		del_comm(&w, w.comms->comm_id);
 	while (w.regs)
 		del_reg(&w, w.regs->r.reg_id);
-	host_engine_free(w.eng);
+	engine_free(w.eng);
 	frame_reader_free(&w.rd);
 	close(w.ep);
 	return rc;

@@ -19,11 +19,7 @@
 
 #include <stdint.h>
 
-#if defined(__CUDACC__)
-#define DFCCL_HD __host__ __device__
-#else
-#define DFCCL_HD
-#endif
+#include "dfccl_queue.h" /* DFCCL_HD */
 
 enum sched_order { SCHED_FIFO = 0, SCHED_PRIORITY = 1 };
 

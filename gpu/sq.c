@@ -13,19 +13,14 @@
 #include <string.h>
 
 #include "queue.h"
+#include "sqe_check.h"
 
 #define A64(p) ((_Atomic uint64_t *)(p))
 #define A32(p) ((_Atomic uint32_t *)(p))
 
-/* Element sizes by dfcclDataType_t (client/include/dfccl.h). */
-static const unsigned dtype_sizes[] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2};
-#define NDTYPES (sizeof(dtype_sizes) / sizeof(dtype_sizes[0]))
-#define NREDOPS 5u
-#define KNOWN_FLAGS (DFCCL_SQE_F_INPLACE | DFCCL_SQE_F_REGISTERED | DFCCL_SQE_F_PRIORITY | DFCCL_SQE_F_STREAM_ARMED)
-
 unsigned sq_dtype_size(uint32_t dtype)
 {
-	return dtype < NDTYPES ? dtype_sizes[dtype] : 0;
+	return sqe_dtype_size(dtype);
 }
 
 int sq_queue_open(struct sq_queue *q, void *map, size_t size, uint32_t qp_id, uint64_t session_id, char *err,
@@ -109,43 +104,20 @@ unsigned sq_take(struct sq_queue *q, struct dfccl_sqe *out, unsigned max)
 static uint32_t check_range(const struct sq_queue *q, uint32_t reg_id, uint64_t off, uint64_t bytes, int required,
                             sq_reg_lookup_fn lookup, void *ctx)
 {
-	if (reg_id == 0)
-		return required ? DFCCL_CQ_BAD_REG : DFCCL_CQ_OK;
-	const struct sq_reg *r = lookup(ctx, reg_id);
-	if (!r || r->session_id != q->session_id)
-		return DFCCL_CQ_BAD_REG;
-	if (off > r->size || bytes > r->size - off)
-		return DFCCL_CQ_OUT_OF_RANGE;
-	return DFCCL_CQ_OK;
+	const struct sq_reg *r = reg_id ? lookup(ctx, reg_id) : NULL;
+	return sqe_check_range(reg_id, r != NULL, r ? r->session_id : 0, r ? r->size : 0, q->session_id, off, bytes,
+	                       required);
 }
 
 uint32_t sq_check(const struct sq_queue *q, const struct dfccl_sqe *e, sq_reg_lookup_fn lookup, void *ctx)
 {
-	if (e->seq != e->arm)
-		return DFCCL_CQ_BAD_ENTRY;
-	if (e->opcode >= DFCCL_OP_COUNT_)
-		return DFCCL_CQ_BAD_OPCODE;
-	if (e->flags & ~KNOWN_FLAGS)
-		return DFCCL_CQ_BAD_ENTRY;
-	if (e->opcode == DFCCL_OP_NOP)
-		return DFCCL_CQ_OK;
-	unsigned dsize = sq_dtype_size(e->dtype);
-	if (!dsize)
-		return DFCCL_CQ_BAD_DTYPE;
-	int reducing = e->opcode == DFCCL_OP_ALLREDUCE || e->opcode == DFCCL_OP_REDUCESCATTER ||
-	               e->opcode == DFCCL_OP_REDUCE;
-	if (reducing && e->redop >= NREDOPS)
-		return DFCCL_CQ_BAD_REDOP;
-	if (e->comm_id == 0)
-		return DFCCL_CQ_BAD_COMM;
-	if (e->count > UINT64_MAX / dsize)
-		return DFCCL_CQ_OUT_OF_RANGE;
-	uint64_t bytes = e->count * dsize;
-	int sends = e->opcode != DFCCL_OP_RECV && e->opcode != DFCCL_OP_BROADCAST && e->opcode != DFCCL_OP_REDUCE;
-	int recvs = e->opcode != DFCCL_OP_SEND && e->opcode != DFCCL_OP_BROADCAST && e->opcode != DFCCL_OP_REDUCE;
-	uint32_t st = check_range(q, e->send_reg, e->send_off, bytes, sends, lookup, ctx);
+	uint64_t bytes;
+	uint32_t st = sqe_check_entry(e, &bytes);
+	if (st != DFCCL_CQ_OK || e->opcode == DFCCL_OP_NOP)
+		return st;
+	st = check_range(q, e->send_reg, e->send_off, bytes, sqe_requires_send(e->opcode), lookup, ctx);
 	if (st == DFCCL_CQ_OK)
-		st = check_range(q, e->recv_reg, e->recv_off, bytes, recvs, lookup, ctx);
+		st = check_range(q, e->recv_reg, e->recv_off, bytes, sqe_requires_recv(e->opcode), lookup, ctx);
 	return st;
 }
 

@@ -51,6 +51,8 @@
 #define DFCCL_COMM_COLL_SLOTS 4u    /* runs in flight per registered collective */
 #define DFCCL_COMM_P2P_SLOTS 8u     /* messages in flight per ordered pair of ranks */
 
+#define DFCCL_COMM_MAX_CHANNELS 16u  /* channels (daemon-kernel blocks) one instance may use */
+
 #define DFCCL_COMM_CONN_BYTES 65536u /* connector of one rank in one instance slot: two halves */
 #define DFCCL_COMM_CONN_HALF (DFCCL_COMM_CONN_BYTES / 2)
 
@@ -153,7 +155,7 @@ DFCCL_STATIC_ASSERT(DFCCL_COMM_PLAN_OFFSET + sizeof(struct dfccl_comm_plan) <= 4
  * bucket k holds (2^(k-1), 2^k], the last bucket everything larger. The
  * plan and the selection table (topology/topo_select.h) share it.
  */
-static inline unsigned dfccl_size_bucket(uint64_t bytes)
+static inline DFCCL_HD unsigned dfccl_size_bucket(uint64_t bytes)
 {
 	unsigned k = 0;
 	while (k + 1 < DFCCL_PLAN_BUCKETS && bytes > ((uint64_t)1 << k))
@@ -166,7 +168,8 @@ static inline unsigned dfccl_size_bucket(uint64_t bytes)
  *   header                                    64 bytes, then aligned to 4096
  *   NCCL-style slots: [DFCCL_COMM_SLOTS][n] posts
  *   registered slots: [DFCCL_COMM_MAX_COLLS][DFCCL_COMM_COLL_SLOTS][n] posts
- *   p2p boxes:        [n src][n dst][DFCCL_COMM_P2P_SLOTS] boxes, then aligned to 4096
+ *   p2p boxes:        [n src][n dst][DFCCL_COMM_P2P_SLOTS] boxes
+ *   channel words:    [DFCCL_COMM_CONN_SLOTS][n][DFCCL_COMM_MAX_CHANNELS] uint64, then aligned to 4096
  *   connectors:       [DFCCL_COMM_CONN_SLOTS][n] x DFCCL_COMM_CONN_BYTES
  * The plan lies in the header's page, at DFCCL_COMM_PLAN_OFFSET. A new memfd
  * is zero: every key, done and ack starts at 0 (nothing posted). Connectors
@@ -174,6 +177,15 @@ static inline unsigned dfccl_size_bucket(uint64_t bytes)
  * place in the client's buffers (reduce and reduce-scatter over rings and
  * trees); one per instance slot, so a preempted instance keeps its own.
  * The memfd is sparse: only connector pages an algorithm touched use memory.
+ *
+ * Channel words serve the CUDA engine, whose collective instances run on
+ * several channels (blocks of the daemon kernel) at once, each over its own
+ * part of the data: channel c of rank r stores DFCCL_PROGRESS(key, phase)
+ * into its word of the instance slot, and channel c of every other rank
+ * waits on it, so channels never wait for each other. Rank r's channel 0
+ * resets its rank's words to DFCCL_PROGRESS(key, 0) before it publishes
+ * `key`, as the progress word of the post. Everything before the connectors
+ * is what a GPU engine maps (DFCCL_COMM_SYNC_BYTES).
  */
 #define DFCCL_COMM_CONN_SLOTS (DFCCL_COMM_SLOTS + DFCCL_COMM_MAX_COLLS * DFCCL_COMM_COLL_SLOTS)
 #define DFCCL_COMM_SLOTS_OFFSET ((uint64_t)4096)
@@ -182,27 +194,30 @@ static inline unsigned dfccl_size_bucket(uint64_t bytes)
 #define DFCCL_COMM_P2P_OFFSET(n)                                                                   \
 	(DFCCL_COMM_REG_OFFSET(n) +                                                               \
 	 (uint64_t)DFCCL_COMM_MAX_COLLS * DFCCL_COMM_COLL_SLOTS * (n) * sizeof(struct dfccl_rank_post))
-#define DFCCL_COMM_CONN_OFFSET(n)                                                                  \
-	((DFCCL_COMM_P2P_OFFSET(n) + (uint64_t)(n) * (n)*DFCCL_COMM_P2P_SLOTS * sizeof(struct dfccl_p2p_box) + \
-	  4095u) &                                                                                 \
+#define DFCCL_COMM_CHAN_OFFSET(n) \
+	(DFCCL_COMM_P2P_OFFSET(n) + (uint64_t)(n) * (n)*DFCCL_COMM_P2P_SLOTS * sizeof(struct dfccl_p2p_box))
+#define DFCCL_COMM_CONN_OFFSET(n)                                                                      \
+	((DFCCL_COMM_CHAN_OFFSET(n) + (uint64_t)DFCCL_COMM_CONN_SLOTS * (n)*DFCCL_COMM_MAX_CHANNELS * 8u + \
+	  4095u) &                                                                                     \
 	 ~(uint64_t)4095u)
+#define DFCCL_COMM_SYNC_BYTES(n) DFCCL_COMM_CONN_OFFSET(n)
 #define DFCCL_COMM_REGION_SIZE(n) \
 	(DFCCL_COMM_CONN_OFFSET(n) + (uint64_t)DFCCL_COMM_CONN_SLOTS * (n)*DFCCL_COMM_CONN_BYTES)
 
-static inline struct dfccl_comm_plan *dfccl_comm_plan_of(void *region)
+static inline DFCCL_HD struct dfccl_comm_plan *dfccl_comm_plan_of(void *region)
 {
 	return (struct dfccl_comm_plan *)((char *)region + DFCCL_COMM_PLAN_OFFSET);
 }
 
 /* The post of `rank` for NCCL-style key `key` (>= 1). */
-static inline struct dfccl_rank_post *dfccl_comm_post(void *region, uint32_t n, uint64_t key, uint32_t rank)
+static inline DFCCL_HD struct dfccl_rank_post *dfccl_comm_post(void *region, uint32_t n, uint64_t key, uint32_t rank)
 {
 	uint64_t slot = key % DFCCL_COMM_SLOTS;
 	return (struct dfccl_rank_post *)((char *)region + DFCCL_COMM_SLOTS_OFFSET) + slot * n + rank;
 }
 
 /* The post of `rank` for run `run` (>= 1) of registered collective coll_id. */
-static inline struct dfccl_rank_post *dfccl_comm_reg_post(void *region, uint32_t n, uint32_t coll_id, uint64_t run,
+static inline DFCCL_HD struct dfccl_rank_post *dfccl_comm_reg_post(void *region, uint32_t n, uint32_t coll_id, uint64_t run,
                                                           uint32_t rank)
 {
 	uint64_t slot = (uint64_t)coll_id * DFCCL_COMM_COLL_SLOTS + run % DFCCL_COMM_COLL_SLOTS;
@@ -211,24 +226,31 @@ static inline struct dfccl_rank_post *dfccl_comm_reg_post(void *region, uint32_t
 
 /* The connector slot of NCCL-style key `key`, and of run `run` of
  * registered collective coll_id: the instance slot of their posts. */
-static inline uint32_t dfccl_comm_conn_slot(uint64_t key)
+static inline DFCCL_HD uint32_t dfccl_comm_conn_slot(uint64_t key)
 {
 	return (uint32_t)(key % DFCCL_COMM_SLOTS);
 }
 
-static inline uint32_t dfccl_comm_reg_conn_slot(uint32_t coll_id, uint64_t run)
+static inline DFCCL_HD uint32_t dfccl_comm_reg_conn_slot(uint32_t coll_id, uint64_t run)
 {
 	return DFCCL_COMM_SLOTS + coll_id * DFCCL_COMM_COLL_SLOTS + (uint32_t)(run % DFCCL_COMM_COLL_SLOTS);
 }
 
 /* The connector of `rank` in instance slot `slot`. */
-static inline char *dfccl_comm_conn(void *region, uint32_t n, uint32_t slot, uint32_t rank)
+static inline DFCCL_HD char *dfccl_comm_conn(void *region, uint32_t n, uint32_t slot, uint32_t rank)
 {
 	return (char *)region + DFCCL_COMM_CONN_OFFSET(n) + ((uint64_t)slot * n + rank) * DFCCL_COMM_CONN_BYTES;
 }
 
+/* The progress word of channel ch of `rank` in instance slot `slot`. */
+static inline DFCCL_HD uint64_t *dfccl_comm_chan(void *region, uint32_t n, uint32_t slot, uint32_t rank, uint32_t ch)
+{
+	return (uint64_t *)((char *)region + DFCCL_COMM_CHAN_OFFSET(n)) +
+	       ((uint64_t)slot * n + rank) * DFCCL_COMM_MAX_CHANNELS + ch;
+}
+
 /* The mailbox of message `key` (>= 1) from src to dst. */
-static inline struct dfccl_p2p_box *dfccl_comm_box(void *region, uint32_t n, uint32_t src, uint32_t dst, uint64_t key)
+static inline DFCCL_HD struct dfccl_p2p_box *dfccl_comm_box(void *region, uint32_t n, uint32_t src, uint32_t dst, uint64_t key)
 {
 	uint64_t idx = ((uint64_t)src * n + dst) * DFCCL_COMM_P2P_SLOTS + key % DFCCL_COMM_P2P_SLOTS;
 	return (struct dfccl_p2p_box *)((char *)region + DFCCL_COMM_P2P_OFFSET(n)) + idx;

@@ -62,6 +62,16 @@
 #define DFCCL_STATIC_ASSERT(cond, msg) _Static_assert(cond, msg)
 #endif
 
+/* Functions of the ABI headers compile for the host and, under nvcc, for
+ * the GPU too. */
+#if !defined(DFCCL_HD)
+#if defined(__CUDACC__)
+#define DFCCL_HD __host__ __device__
+#else
+#define DFCCL_HD
+#endif
+#endif
+
 #define DFCCL_QP_MAGIC 0x3130505143434644ull /* "DFCCQP01" little-endian */
 #define DFCCL_QUEUE_ABI_VERSION 1u
 

@@ -31,7 +31,9 @@ struct dfccl_worker_stats {
 	uint64_t heartbeat_ns;     /* worker: CLOCK_MONOTONIC of its last loop turn */
 	uint64_t by_algo[DFCCL_ALGO_COUNT_]; /* worker: collectives started, by enum dfccl_algo
 	                                      * (send/recv and all-to-all count as direct) */
-	uint8_t reserved[DFCCL_STATS_SIZE - 72 - 8 * DFCCL_ALGO_COUNT_];
+	uint64_t kernel_launches;  /* worker (CUDA engine): daemon-kernel launches */
+	uint64_t kernel_quits;     /* worker (CUDA engine): voluntary quits of the daemon kernel */
+	uint8_t reserved[DFCCL_STATS_SIZE - 88 - 8 * DFCCL_ALGO_COUNT_];
 };
 
 DFCCL_STATIC_ASSERT(sizeof(struct dfccl_worker_stats) == DFCCL_STATS_SIZE, "stats page size");
@@ -40,5 +42,7 @@ DFCCL_STATIC_ASSERT(offsetof(struct dfccl_worker_stats, errors) == 24, "errors o
 DFCCL_STATIC_ASSERT(offsetof(struct dfccl_worker_stats, preemptions) == 32, "preemptions offset");
 DFCCL_STATIC_ASSERT(offsetof(struct dfccl_worker_stats, heartbeat_ns) == 64, "heartbeat offset");
 DFCCL_STATIC_ASSERT(offsetof(struct dfccl_worker_stats, by_algo) == 72, "by_algo offset");
+DFCCL_STATIC_ASSERT(offsetof(struct dfccl_worker_stats, kernel_launches) == 72 + 8 * DFCCL_ALGO_COUNT_,
+                    "kernel_launches offset");
 
 #endif

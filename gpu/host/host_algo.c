@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "reduce.h"
+#include "sqe_check.h"
 
 #define NO_PARENT DFCCL_PLAN_NO_PARENT
 #define PLAN_MAX_CHILDREN (HOST_TREE_MAX_CHILDREN - 1) /* re-rooting adds one */
@@ -131,21 +132,6 @@ static void tree_node(const struct host_topo *t, uint32_t k, uint32_t rank, uint
 
 /* ------------------------------------------------------------------ choice */
 
-int host_buf_elems(uint8_t opcode, uint64_t count, uint32_t nranks, int is_root, uint64_t *send, uint64_t *recv)
-{
-	uint64_t one = count, all = count * nranks;
-	switch (opcode) {
-	case DFCCL_OP_ALLREDUCE: *send = one, *recv = one; break;
-	case DFCCL_OP_ALLGATHER: *send = one, *recv = all; break;
-	case DFCCL_OP_REDUCESCATTER: *send = all, *recv = one; break;
-	case DFCCL_OP_BROADCAST: *send = is_root ? one : 0, *recv = one; break;
-	case DFCCL_OP_REDUCE: *send = one, *recv = is_root ? one : 0; break;
-	case DFCCL_OP_SEND: *send = one, *recv = 0; break;
-	case DFCCL_OP_RECV: *send = 0, *recv = one; break;
-	default: return -1;
-	}
-	return 0;
-}
 
 int host_algo_runs(uint8_t opcode, uint8_t algo)
 {
@@ -552,7 +538,7 @@ static uint64_t buf_elems(const struct host_algo *a, uint32_t r, uint32_t k)
 	if (k == HOST_BUF_CONN)
 		return DFCCL_COMM_CONN_BYTES / a->dsize;
 	uint64_t send, recv;
-	if (host_buf_elems(a->opcode, a->count, a->n, r == a->root, &send, &recv) < 0)
+	if (sqe_buf_elems(a->opcode, a->count, a->n, r == a->root, &send, &recv) < 0)
 		return 0;
 	return k == HOST_BUF_SEND ? send : recv;
 }

@@ -120,13 +120,6 @@ struct host_algo_step {
 	uint8_t redop;                      /* the step's operation (avg: sum until the last) */
 };
 
-/*
- * Elements of the send and receive buffers a rank uses in a collective of
- * count elements over nranks ranks (0: it uses none); is_root says whether
- * the rank is the root of a broadcast or reduce. The caller makes sure
- * count * nranks does not overflow. Returns -1 for an unknown opcode.
- */
-int host_buf_elems(uint8_t opcode, uint64_t count, uint32_t nranks, int is_root, uint64_t *send, uint64_t *recv);
 
 /* Whether the host engine runs `algo` (enum dfccl_algo) for opcode. */
 int host_algo_runs(uint8_t opcode, uint8_t algo);

@@ -33,6 +33,7 @@
 #include <string.h>
 
 #include "reduce.h"
+#include "sqe_check.h"
 
 #define A64(p) ((_Atomic uint64_t *)(p))
 
@@ -72,20 +73,6 @@ static inline void store_rel(uint64_t *p, uint64_t v)
 /* ------------------------------------------------------------------ buffers */
 
 /*
- * Bytes of the send and receive buffers a rank uses in a collective (0: it
- * uses none). Returns -1 when the sizes overflow.
- */
-static int coll_sizes(uint8_t opcode, uint64_t count, unsigned dsize, uint32_t nranks, int is_root,
-                      uint64_t *send, uint64_t *recv)
-{
-	if (count > UINT64_MAX / dsize / nranks || host_buf_elems(opcode, count, nranks, is_root, send, recv) < 0)
-		return -1;
-	*send *= dsize;
-	*recv *= dsize;
-	return 0;
-}
-
-/*
  * The address of [off, off + bytes) of registration reg_id, which must
  * belong to `session` and be mapped here. bytes == 0 needs nothing (NULL).
  * Serves the entry's own check and every read of a peer's post: a post is
@@ -98,48 +85,30 @@ static uint32_t coll_resolve(const struct host_coll_env *env, uint32_t reg_id, u
 	if (bytes == 0)
 		return DFCCL_CQ_OK;
 	const struct sq_reg *r = reg_id ? env->reg_lookup(env->reg_ctx, reg_id) : NULL;
-	if (!r || r->session_id != session || !r->base)
-		return DFCCL_CQ_BAD_REG;
-	if (off > r->size || bytes > r->size - off)
-		return DFCCL_CQ_OUT_OF_RANGE;
-	*out = (char *)r->base + off;
-	return DFCCL_CQ_OK;
+	uint32_t st = sqe_check_range(reg_id, r && r->base, r ? r->session_id : 0, r ? r->size : 0, session, off, bytes, 1);
+	if (st == DFCCL_CQ_OK)
+		*out = (char *)r->base + off;
+	return st;
 }
 
-static int coll_is_p2p(uint8_t opcode)
-{
-	return opcode == DFCCL_OP_SEND || opcode == DFCCL_OP_RECV;
-}
-
-static int coll_has_root(uint8_t opcode)
-{
-	return opcode == DFCCL_OP_BROADCAST || opcode == DFCCL_OP_REDUCE;
-}
+#define coll_is_p2p sqe_is_p2p
+#define coll_has_root sqe_has_root
+#define coll_sizes sqe_buf_bytes
 
 uint32_t host_coll_check(const struct host_coll_env *env, const struct host_comm *c, const struct sq_queue *q,
                          const struct dfccl_sqe *e)
 {
-	if (e->rank >= c->nranks || c->members[e->rank].session_id != q->session_id ||
-	    c->members[e->rank].device != env->device)
-		return DFCCL_CQ_BAD_COMM;
-	if (e->opcode == DFCCL_OP_NOP || e->opcode >= DFCCL_OP_COUNT_)
-		return DFCCL_CQ_BAD_OPCODE;
+	const struct engine_member *m = e->rank < c->nranks ? &c->members[e->rank] : NULL;
+	uint32_t st = sqe_check_member(e, c->nranks, m ? m->session_id : 0, m ? m->device : 0, q->session_id,
+	                               env->device);
+	if (st != DFCCL_CQ_OK)
+		return st;
 	unsigned dsize = sq_dtype_size(e->dtype);
-	if (!dsize)
-		return DFCCL_CQ_BAD_DTYPE;
-	if (e->comm_seq == 0)
-		return DFCCL_CQ_BAD_ENTRY;
-	if (coll_is_p2p(e->opcode) && (e->peer >= c->nranks || e->peer == e->rank || (e->flags & DFCCL_SQE_F_REGISTERED)))
-		return DFCCL_CQ_BAD_ENTRY;
-	if (coll_has_root(e->opcode) && e->peer >= c->nranks)
-		return DFCCL_CQ_BAD_ENTRY;
-	if ((e->flags & DFCCL_SQE_F_REGISTERED) && e->coll_id >= DFCCL_COMM_MAX_COLLS)
-		return DFCCL_CQ_BAD_ENTRY;
 	uint64_t sbytes, rbytes;
 	if (coll_sizes(e->opcode, e->count, dsize, c->nranks, e->peer == e->rank, &sbytes, &rbytes) < 0)
 		return DFCCL_CQ_OUT_OF_RANGE;
 	char *p;
-	uint32_t st = coll_resolve(env, e->send_reg, q->session_id, e->send_off, sbytes, &p);
+	st = coll_resolve(env, e->send_reg, q->session_id, e->send_off, sbytes, &p);
 	if (st == DFCCL_CQ_OK)
 		st = coll_resolve(env, e->recv_reg, q->session_id, e->recv_off, rbytes, &p);
 	return st;

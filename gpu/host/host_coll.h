@@ -67,7 +67,7 @@ struct host_comm {
 	struct dfccl_comm_header *hdr;   /* the shared region */
 	size_t region_size;
 	struct host_topo topo;           /* its plan: ring, trees, algorithm per size */
-	struct host_comm_member members[]; /* by rank */
+	struct engine_member members[]; /* by rank */
 };
 
 /* What a task needs from its engine. */

@@ -18,6 +18,7 @@
 
 #include <errno.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -49,6 +50,9 @@ struct host_engine {
 	uint32_t cap, nfree;
 	struct sched_queue queue;
 	uint32_t backlog_head, backlog_tail, nbacklog;
+
+	struct sq_queue **qps; /* the queue pairs served by host_engine_ops_new's poll */
+	uint32_t nqps, qps_cap;
 
 	uint32_t algo; /* enum dfccl_algo: the configured algorithm (auto: the plan decides) */
 	uint64_t arrivals;
@@ -96,6 +100,7 @@ void host_engine_free(struct host_engine *e)
 	for (uint32_t i = 0; i < e->ncomms; i++)
 		free(e->comms[i]);
 	free(e->comms);
+	free(e->qps);
 	free(e->tasks);
 	free(e->states);
 	free(e->free_list);
@@ -117,7 +122,7 @@ static struct host_comm *comm_find(const struct host_engine *e, uint64_t comm_id
 }
 
 int host_engine_comm_add(struct host_engine *e, uint64_t comm_id, uint32_t nranks,
-                         const struct host_comm_member *members, void *region, size_t region_size)
+                         const struct engine_member *members, void *region, size_t region_size)
 {
 	if (comm_id == 0 || nranks == 0 || nranks > DFCCL_COMM_MAX_RANKS || !members || !region ||
 	    region_size < DFCCL_COMM_REGION_SIZE(nranks))
@@ -373,4 +378,182 @@ void host_engine_comm_del(struct host_engine *e, uint64_t comm_id)
 void host_engine_queue_gone(struct host_engine *e, struct sq_queue *q)
 {
 	engine_drop(e, NULL, q, DFCCL_CQ_OK);
+}
+
+/* ------------------------------------------------------------------ the engine interface */
+
+/* Entries taken from one queue pair in one go. */
+#define TAKE_BATCH 32u
+/* A blocked engine polls again after at most this long: its tasks wait on
+ * peers in other workers, and nothing wakes this one when they move. */
+#define HOST_BLOCKED_PAUSE_NS 200000ull
+
+static int ops_qp_add(void *impl, struct sq_queue *q, char *err, size_t errlen)
+{
+	struct host_engine *e = impl;
+	(void)err, (void)errlen;
+	if (e->nqps == e->qps_cap) {
+		uint32_t cap = e->qps_cap ? 2 * e->qps_cap : 8;
+		struct sq_queue **p = realloc(e->qps, cap * sizeof(*p));
+		if (!p)
+			return -ENOMEM;
+		e->qps = p;
+		e->qps_cap = cap;
+	}
+	e->qps[e->nqps++] = q;
+	sq_set_engine_state(q, DFCCL_ENGINE_POLLING);
+	return 0;
+}
+
+static void ops_qp_del(void *impl, struct sq_queue *q)
+{
+	struct host_engine *e = impl;
+	host_engine_queue_gone(e, q);
+	for (uint32_t i = 0; i < e->nqps; i++)
+		if (e->qps[i] == q) {
+			e->qps[i] = e->qps[--e->nqps];
+			break;
+		}
+}
+
+static int ops_reg_add(void *impl, const struct sq_reg *r, int mem, const void *ipc, size_t ipc_len, char *err,
+                       size_t errlen)
+{
+	(void)impl, (void)ipc, (void)ipc_len;
+	if (mem == ENGINE_MEM_HOST && r->base)
+		return 0;
+	snprintf(err, errlen, "the host engine runs collectives on host memory only; GPU memory needs the cuda engine");
+	return -ENOTSUP;
+}
+
+static void ops_reg_del(void *impl, uint32_t reg_id)
+{
+	(void)impl, (void)reg_id; /* the worker's lookup forgets it; tasks resolve buffers on every visit */
+}
+
+static int ops_comm_add(void *impl, uint64_t comm_id, uint32_t nranks, const struct engine_member *members,
+                        void *region, size_t region_size, char *err, size_t errlen)
+{
+	int rc = host_engine_comm_add(impl, comm_id, nranks, members, region, region_size);
+	if (rc < 0)
+		snprintf(err, errlen, "the engine cannot take communicator %llu: %s", (unsigned long long)comm_id,
+		         strerror(-rc));
+	return rc;
+}
+
+static void ops_comm_abort(void *impl, uint64_t comm_id, uint32_t status)
+{
+	host_engine_comm_abort(impl, comm_id, status);
+}
+
+static void ops_comm_del(void *impl, uint64_t comm_id)
+{
+	host_engine_comm_del(impl, comm_id);
+}
+
+/* Takes whatever is armed in every queue pair and submits it; returns how
+ * many entries. */
+static unsigned serve_queues(struct host_engine *e)
+{
+	unsigned total = 0;
+	struct dfccl_sqe batch[TAKE_BATCH];
+	for (uint32_t k = 0; k < e->nqps; k++) {
+		struct sq_queue *q = e->qps[k];
+		if (sq_qp_state(q) != DFCCL_QP_ACTIVE)
+			continue;
+		unsigned got;
+		while ((got = sq_take(q, batch, TAKE_BATCH)) > 0) {
+			for (unsigned i = 0; i < got; i++) {
+				uint32_t st = sq_check(q, &batch[i], e->env.reg_lookup, e->env.reg_ctx);
+				if (batch[i].opcode == DFCCL_OP_NOP && st == DFCCL_CQ_OK)
+					engine_complete(e, q, batch[i].arm, st);
+				else if (st == DFCCL_CQ_OK)
+					host_engine_submit(e, q, &batch[i]);
+				else
+					/* Refused: the communicator fails too, so its
+					 * peers do not wait for a rank that never posts. */
+					host_engine_refuse(e, q, &batch[i], st);
+			}
+			total += got;
+		}
+	}
+	return total;
+}
+
+static unsigned ops_poll(void *impl)
+{
+	struct host_engine *e = impl;
+	unsigned work = serve_queues(e);
+	return work + host_engine_run(e);
+}
+
+static int ops_busy(void *impl, uint64_t *pause_ns)
+{
+	*pause_ns = HOST_BLOCKED_PAUSE_NS;
+	return host_engine_pending(impl) > 0;
+}
+
+static void set_states(struct host_engine *e, uint32_t st)
+{
+	for (uint32_t k = 0; k < e->nqps; k++)
+		sq_set_engine_state(e->qps[k], st);
+}
+
+static int ops_sleep(void *impl)
+{
+	struct host_engine *e = impl;
+	/* Announce it, then look once more: an entry armed before a client
+	 * saw SLEEPING comes without a doorbell. */
+	set_states(e, DFCCL_ENGINE_SLEEPING);
+	atomic_thread_fence(memory_order_seq_cst);
+	if (serve_queues(e) > 0) {
+		set_states(e, DFCCL_ENGINE_POLLING);
+		return 0;
+	}
+	return 1;
+}
+
+static void ops_wake(void *impl)
+{
+	set_states(impl, DFCCL_ENGINE_POLLING);
+}
+
+static void ops_free(void *impl)
+{
+	host_engine_free(impl);
+}
+
+static const struct engine_ops host_ops = {
+    .name = "host",
+    .free = ops_free,
+    .qp_add = ops_qp_add,
+    .qp_del = ops_qp_del,
+    .reg_add = ops_reg_add,
+    .reg_del = ops_reg_del,
+    .comm_add = ops_comm_add,
+    .comm_abort = ops_comm_abort,
+    .comm_del = ops_comm_del,
+    .poll = ops_poll,
+    .busy = ops_busy,
+    .sleep = ops_sleep,
+    .wake = ops_wake,
+};
+
+int host_engine_ops_new(const struct engine_config *cfg, const struct engine_ops **ops, void **impl)
+{
+	struct host_engine_config hc = {
+	    .device = cfg->device,
+	    .sched = cfg->sched,
+	    .stats = cfg->stats,
+	    .reg_lookup = cfg->reg_lookup,
+	    .reg_ctx = cfg->reg_ctx,
+	    .algo = cfg->algo,
+	};
+	struct host_engine *e;
+	int rc = host_engine_new(&hc, &e);
+	if (rc < 0)
+		return rc;
+	*ops = &host_ops;
+	*impl = e;
+	return 0;
 }

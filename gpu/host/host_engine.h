@@ -27,6 +27,7 @@
 
 #include "dfccl_queue.h"
 #include "dfccl_stats.h"
+#include "engine.h"
 #include "scheduler.h"
 #include "sq.h"
 
@@ -42,13 +43,6 @@ struct host_engine_config {
 	uint32_t algo;                       /* enum dfccl_algo: for entries without a hint */
 };
 
-/* A rank of a communicator, as WorkerCommAdd describes it. */
-struct host_comm_member {
-	uint32_t rank;
-	uint32_t device;
-	uint64_t session_id;
-};
-
 int host_engine_new(const struct host_engine_config *cfg, struct host_engine **out);
 void host_engine_free(struct host_engine *e);
 
@@ -59,7 +53,7 @@ void host_engine_free(struct host_engine *e);
  * Returns 0 or a negative errno.
  */
 int host_engine_comm_add(struct host_engine *e, uint64_t comm_id, uint32_t nranks,
-                         const struct host_comm_member *members, void *region, size_t region_size);
+                         const struct engine_member *members, void *region, size_t region_size);
 
 /* The communicator failed (a peer lost, an abort, a device lost): every
  * pending task of it completes with `status` (a DFCCL_CQ_*), and so does
@@ -102,5 +96,13 @@ unsigned host_engine_pending(const struct host_engine *e);
  * completion (nobody can read it) after leaving their instances in a state
  * that fails the peers rather than hanging them. */
 void host_engine_queue_gone(struct host_engine *e, struct sq_queue *q);
+
+/*
+ * The host engine behind the worker's engine interface (gpu/engine.h): it
+ * serves the queue pairs given with qp_add (takes armed entries, checks
+ * them with sq_check and submits them) and runs its task queue on each
+ * poll. Creates an engine from the common configuration.
+ */
+int host_engine_ops_new(const struct engine_config *cfg, const struct engine_ops **ops, void **impl);
 
 #endif /* DFCCL_HOST_ENGINE_H */

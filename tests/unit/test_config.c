@@ -66,6 +66,8 @@ static void test_defaults(void **state)
 	assert_int_equal(c.sq_entries, 1024);
 	assert_int_equal(c.worker_restart_delay_ms, 100);
 	assert_int_equal(c.worker_start_timeout_ms, 30000);
+	assert_int_equal(c.channels, 8);
+	assert_int_equal(c.kernel_idle_us, 200);
 	assert_int_equal(c.shutdown_grace_ms, 2000);
 
 	/* Setting each default again through config_set must succeed: that is
@@ -88,7 +90,7 @@ static void test_defaults(void **state)
 		n++;
 	}
 	fclose(dump);
-	assert_int_equal(n, 21);
+	assert_int_equal(n, 23);
 	assert_memory_equal(&c, &d, sizeof(c));
 }
 

@@ -179,11 +179,11 @@ static void sim_comm(struct sim *s, uint64_t comm_id, uint32_t n, const unsigned
 	h->region_size = size;
 	s->region_size[s->nregions] = size;
 	s->regions[s->nregions++] = h;
-	struct host_comm_member m[DFCCL_COMM_MAX_RANKS];
+	struct engine_member m[DFCCL_COMM_MAX_RANKS];
 	int hosts[MAX_ENG] = {0};
 	for (uint32_t r = 0; r < n; r++) {
 		const struct tq *t = &s->qs[rank_q[r]];
-		m[r] = (struct host_comm_member){.rank = r, .device = t->eng, .session_id = t->q.session_id};
+		m[r] = (struct engine_member){.rank = r, .device = t->eng, .session_id = t->q.session_id};
 		hosts[t->eng] = 1;
 	}
 	for (unsigned e = 0; e < s->neng; e++)
@@ -959,9 +959,9 @@ static void test_algos_large(void **state)
  * the engines read the plan when a communicator is added. */
 static void sim_readd(struct sim *s, const unsigned *rank_q, uint32_t n, const uint64_t *ids)
 {
-	struct host_comm_member m[MAX_N];
+	struct engine_member m[MAX_N];
 	for (uint32_t r = 0; r < n; r++)
-		m[r] = (struct host_comm_member){.rank = r, .device = s->qs[rank_q[r]].eng,
+		m[r] = (struct engine_member){.rank = r, .device = s->qs[rank_q[r]].eng,
 		                                 .session_id = s->qs[rank_q[r]].q.session_id};
 	for (unsigned e = 0; e < s->neng; e++)
 		for (unsigned i = 0; i < 2; i++) {
@@ -1468,7 +1468,7 @@ static void test_submit_checks(void **state)
 	host_engine_comm_abort(s.eng[0], 84, DFCCL_CQ_ABORTED);
 	assert_int_equal(sim_status(&s, qa, n + 2), DFCCL_CQ_ABORTED);
 	/* comm_add refuses a duplicate id, a short region, no ranks. */
-	struct host_comm_member m[2] = {{0, 0, 70}, {1, 0, 71}};
+	struct engine_member m[2] = {{0, 0, 70}, {1, 0, 71}};
 	assert_int_equal(host_engine_comm_add(s.eng[0], 80, 2, m, s.regions[0], DFCCL_COMM_REGION_SIZE(2)), -EEXIST);
 	assert_int_equal(host_engine_comm_add(s.eng[0], 82, 2, m, s.regions[0], 4096), -EINVAL);
 	assert_int_equal(host_engine_comm_add(s.eng[0], 83, 0, m, s.regions[0], DFCCL_COMM_REGION_SIZE(2)), -EINVAL);

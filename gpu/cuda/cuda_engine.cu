@@ -1,0 +1,678 @@
+/*
+ * See cuda_engine.h. State of the daemon kernel as the host side sees it:
+ *
+ *   STOPPED --(an armed entry)--> RUNNING --(the kernel quit: idle)--> STOPPED
+ *                                    |
+ *                                    +--(a CUDA error)--> FAILED (fatal)
+ *
+ * Table updates go through `ctl_stream`, a non-blocking stream beside the
+ * kernel's own, so they are carried out while the kernel runs; each update
+ * waits for its copy to land before the next step of the protocol in
+ * dkernel.h. Everything here runs on the worker's single thread.
+ */
+/* The project's headers are C. */
+extern "C" {
+#include "cuda_engine.h"
+#include "queue.h"
+}
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cuda_runtime.h>
+
+#include "dkernel.h"
+
+/* A channel per this many bytes of a collective (up to `channels`). */
+#define CE_CHAN_BYTES (256u << 10)
+/* Bytes a channel moves in one visit before the next task gets its turn. */
+#define CE_VISIT_BYTES (1u << 20)
+/* While the kernel runs, the worker looks for completions to wake sleepers
+ * and for the kernel's exit this often. */
+#define CE_RUNNING_PAUSE_NS 20000ull
+/* A grace period longer than this means the kernel is stuck: fatal. */
+#define CE_GRACE_TIMEOUT_NS 5000000000ull
+
+struct ce_qp {
+	struct sq_queue *q; /* NULL: free slot */
+	uint64_t *taken;    /* device memory */
+	uint64_t last_completed;
+	uint32_t gen;
+};
+
+struct ce_reg {
+	struct ce_reg *next;
+	uint32_t reg_id;
+	uint32_t slot;      /* in the device hash table */
+	int ipc;            /* opened through CUDA IPC (else host-registered) */
+	void *host_base;    /* host-registered: the registered start */
+	char *dev_base;
+};
+
+struct ce_comm {
+	uint64_t comm_id;   /* 0: free slot */
+	void *region;
+	size_t sync_bytes;
+	uint32_t gen;
+};
+
+struct cuda_engine {
+	struct engine_config cfg;
+	struct dfccl_worker_stats *stats;
+	cudaStream_t kstream, ctl_stream;
+	struct dk_state *dst;  /* device */
+	struct dk_host *host;  /* mapped pinned host memory */
+	struct dk_host *host_dev;
+	struct dk_params params;
+	struct ce_qp qps[DK_MAX_QPS];
+	struct ce_comm comms[DK_MAX_COMMS];
+	uint8_t reg_used[DK_REG_CAP]; /* mirror of the device table's states */
+	struct ce_reg *regs;
+	uint64_t stats_base[6]; /* the page's counters when this engine started (they survive restarts) */
+	uint32_t nqps;          /* queue-pair slots below this may be in use */
+	uint32_t ncomms;        /* communicator slots below this may be in use */
+	uint64_t grace;         /* the last grace period requested */
+	int running;
+	char fatal[256];
+};
+
+static uint64_t mono_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static int ce_failed(struct cuda_engine *e, cudaError_t rc, const char *what)
+{
+	if (rc == cudaSuccess)
+		return 0;
+	if (!e->fatal[0])
+		snprintf(e->fatal, sizeof(e->fatal), "GPU %u: %s: %s", e->cfg.device, what, cudaGetErrorString(rc));
+	return 1;
+}
+
+/* Copies bytes of host memory into the device state at `off` and waits for
+ * the copy to land, so the next word written is seen after it. */
+static int ce_put(struct cuda_engine *e, void *dev, const void *src, size_t bytes)
+{
+	cudaError_t rc = cudaMemcpyAsync(dev, src, bytes, cudaMemcpyHostToDevice, e->ctl_stream);
+	if (rc == cudaSuccess)
+		rc = cudaStreamSynchronize(e->ctl_stream);
+	return ce_failed(e, rc, "updating the daemon kernel's tables") ? -EIO : 0;
+}
+
+static int ce_put32(struct cuda_engine *e, uint32_t *dev, uint32_t v)
+{
+	return ce_put(e, dev, &v, sizeof(v));
+}
+
+/* The address of a field of the device state (computed, never dereferenced here). */
+#define OFF(field) (&e->dst->field)
+
+/* Notices the kernel's exit (or its failure). */
+static void ce_check_kernel(struct cuda_engine *e)
+{
+	if (!e->running)
+		return;
+	cudaError_t rc = cudaStreamQuery(e->kstream);
+	if (rc == cudaErrorNotReady)
+		return;
+	e->running = 0;
+	if (ce_failed(e, rc, "the daemon kernel failed"))
+		return;
+	if (__atomic_exchange_n(&e->host->quit_voluntary, 0u, __ATOMIC_ACQ_REL))
+		__atomic_fetch_add(&e->stats->kernel_quits, 1, __ATOMIC_RELAXED);
+}
+
+/*
+ * Waits until no block holds anything it read from a table entry removed
+ * before the call: every block acknowledges a new grace period at the top of
+ * its loop. Trivial while the kernel is not running.
+ */
+static void ce_grace(struct cuda_engine *e)
+{
+	ce_check_kernel(e);
+	if (!e->running)
+		return;
+	uint64_t g = ++e->grace;
+	if (ce_put(e, OFF(ctl.grace_req), &g, sizeof(g)) < 0)
+		return;
+	uint64_t start = mono_ns();
+	for (;;) {
+		uint32_t acked = 0;
+		for (uint32_t b = 0; b < e->params.blocks; b++)
+			acked += __atomic_load_n(&e->host->block[b].grace_ack, __ATOMIC_ACQUIRE) >= g;
+		if (acked == e->params.blocks)
+			return;
+		ce_check_kernel(e);
+		if (!e->running)
+			return;
+		if (mono_ns() - start > CE_GRACE_TIMEOUT_NS) {
+			snprintf(e->fatal, sizeof(e->fatal), "GPU %u: the daemon kernel did not pass a grace period in 5 s",
+			         e->cfg.device);
+			return;
+		}
+		usleep(10);
+	}
+}
+
+static void ce_launch(struct cuda_engine *e)
+{
+	if (e->running || e->fatal[0])
+		return;
+	for (uint32_t i = 0; i < e->nqps; i++)
+		if (e->qps[i].q)
+			sq_set_engine_state(e->qps[i].q, DFCCL_ENGINE_POLLING);
+	uint32_t zero = 0;
+	cudaError_t rc = cudaMemcpyAsync(OFF(ctl.quit), &zero, sizeof(zero), cudaMemcpyHostToDevice,
+	                                 e->kstream);
+	if (ce_failed(e, rc, "preparing the daemon kernel"))
+		return;
+	if (ce_failed(e, (cudaError_t)dk_launch(&e->params, e->kstream), "launching the daemon kernel"))
+		return;
+	e->running = 1;
+	__atomic_fetch_add(&e->stats->kernel_launches, 1, __ATOMIC_RELAXED);
+}
+
+/* Whether some queue pair has an armed entry the kernel has not taken. */
+static int ce_armed(struct cuda_engine *e)
+{
+	for (uint32_t i = 0; i < e->nqps; i++) {
+		struct sq_queue *q = e->qps[i].q;
+		if (!q || sq_qp_state(q) != DFCCL_QP_ACTIVE)
+			continue;
+		struct dfccl_qp_header *h = q->hdr;
+		uint64_t tail = __atomic_load_n(&h->sq_tail, __ATOMIC_ACQUIRE);
+		uint64_t head = __atomic_load_n(&h->sq_head, __ATOMIC_ACQUIRE);
+		/* Both words are client-writable: look at one lap at most. */
+		if (tail >= q->n && head < tail - q->n + 1)
+			head = tail - q->n + 1;
+		if (head == 0)
+			head = 1;
+		for (uint64_t s = head; s <= tail && s < head + q->n; s++)
+			if (__atomic_load_n(&q->sq[DFCCL_QP_SLOT(s, q->n)].arm, __ATOMIC_ACQUIRE) == s)
+				return 1;
+	}
+	return 0;
+}
+
+/* Wakes clients sleeping on a completion count the kernel moved, and copies
+ * the kernel's counters to the statistics page. */
+static unsigned ce_completions(struct cuda_engine *e)
+{
+	unsigned moved = 0;
+	for (uint32_t i = 0; i < e->nqps; i++) {
+		struct ce_qp *p = &e->qps[i];
+		if (!p->q)
+			continue;
+		uint64_t c = __atomic_load_n(&p->q->hdr->completed, __ATOMIC_ACQUIRE);
+		if (c != p->last_completed) {
+			p->last_completed = c;
+			queue_wake_waiters(p->q->hdr);
+			moved++;
+		}
+	}
+	uint64_t sum[6];
+	memcpy(sum, e->stats_base, sizeof(sum));
+	for (uint32_t b = 0; b < DK_MAX_BLOCKS; b++) {
+		const volatile uint64_t *v = (const volatile uint64_t *)&e->host->block[b];
+		for (int k = 0; k < 6; k++)
+			sum[k] += v[k];
+	}
+	struct dfccl_worker_stats *s = e->stats;
+	__atomic_store_n(&s->completed, sum[0], __ATOMIC_RELAXED);
+	__atomic_store_n(&s->errors, sum[1], __ATOMIC_RELAXED);
+	__atomic_store_n(&s->preemptions, sum[2], __ATOMIC_RELAXED);
+	__atomic_store_n(&s->context_switches, sum[3], __ATOMIC_RELAXED);
+	__atomic_store_n(&s->spins, sum[4], __ATOMIC_RELAXED);
+	__atomic_store_n(&s->by_algo[DFCCL_ALGO_DIRECT], sum[5], __ATOMIC_RELAXED);
+	return moved;
+}
+
+/* ------------------------------------------------------------------ the engine interface */
+
+static int ce_qp_add(void *impl, struct sq_queue *q, char *err, size_t errlen)
+{
+	struct cuda_engine *e = (struct cuda_engine *)impl;
+	uint32_t i = 0;
+	while (i < DK_MAX_QPS && e->qps[i].q)
+		i++;
+	if (i == DK_MAX_QPS) {
+		snprintf(err, errlen, "GPU %u serves %u queue pairs already", e->cfg.device, DK_MAX_QPS);
+		return -ENOSPC;
+	}
+	struct ce_qp *p = &e->qps[i];
+	cudaError_t rc = cudaHostRegister(q->hdr, q->size, cudaHostRegisterMapped | cudaHostRegisterPortable);
+	if (rc != cudaSuccess) {
+		snprintf(err, errlen, "cannot register the queue region with the GPU: %s", cudaGetErrorString(rc));
+		return -ENOMEM;
+	}
+	void *dev = NULL;
+	uint64_t *taken = NULL;
+	rc = cudaHostGetDevicePointer(&dev, q->hdr, 0);
+	if (rc == cudaSuccess)
+		rc = cudaMalloc((void **)&taken, (size_t)q->n * sizeof(uint64_t));
+	if (rc == cudaSuccess)
+		rc = cudaMemcpyAsync(taken, q->taken, (size_t)q->n * sizeof(uint64_t), cudaMemcpyHostToDevice,
+		                     e->ctl_stream);
+	if (rc == cudaSuccess)
+		rc = cudaStreamSynchronize(e->ctl_stream);
+	if (rc != cudaSuccess) {
+		snprintf(err, errlen, "cannot map the queue region for the GPU: %s", cudaGetErrorString(rc));
+		cudaFree(taken);
+		cudaHostUnregister(q->hdr);
+		return -ENOMEM;
+	}
+	struct dk_qp d;
+	memset(&d, 0, sizeof(d));
+	d.live = 0;
+	d.gen = ++p->gen;
+	d.n = q->n;
+	d.session_id = q->session_id;
+	d.hdr = (struct dfccl_qp_header *)dev;
+	d.sq = (struct dfccl_sqe *)((char *)dev + DFCCL_QP_SQ_OFFSET);
+	d.cw = (uint64_t *)((char *)dev + DFCCL_QP_CW_OFFSET(q->n));
+	d.taken = taken;
+	d.head = q->head; /* sq_queue_open's view: entries below were handled before */
+	if (ce_put(e, OFF(qps[i]), &d, sizeof(d)) < 0 || ce_put32(e, OFF(qps[i].live), 1) < 0) {
+		snprintf(err, errlen, "%s", e->fatal);
+		cudaFree(taken);
+		cudaHostUnregister(q->hdr);
+		return -EIO;
+	}
+	p->q = q;
+	p->taken = taken;
+	p->last_completed = __atomic_load_n(&q->hdr->completed, __ATOMIC_ACQUIRE);
+	if (i + 1 > e->nqps) {
+		e->nqps = i + 1;
+		ce_put32(e, OFF(ctl.nqps), e->nqps);
+	}
+	sq_set_engine_state(q, e->running ? DFCCL_ENGINE_POLLING : DFCCL_ENGINE_SLEEPING);
+	return 0;
+}
+
+static void ce_qp_del(void *impl, struct sq_queue *q)
+{
+	struct cuda_engine *e = (struct cuda_engine *)impl;
+	for (uint32_t i = 0; i < e->nqps; i++) {
+		struct ce_qp *p = &e->qps[i];
+		if (p->q != q)
+			continue;
+		/* The kernel drops the queue's tasks (failing their peers) on
+		 * their next visit; after the grace period it reads nothing of
+		 * the region any more. */
+		ce_put32(e, OFF(qps[i].live), 0);
+		ce_grace(e);
+		cudaFree(p->taken);
+		cudaHostUnregister(q->hdr);
+		p->q = NULL;
+		p->taken = NULL;
+		return;
+	}
+}
+
+static int ce_reg_add(void *impl, const struct sq_reg *r, int mem, const void *ipc, size_t ipc_len, char *err,
+                      size_t errlen)
+{
+	struct cuda_engine *e = (struct cuda_engine *)impl;
+	struct ce_reg *cr = (struct ce_reg *)calloc(1, sizeof(*cr));
+	if (!cr) {
+		snprintf(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	cr->reg_id = r->reg_id;
+	cudaError_t rc;
+	if (mem == ENGINE_MEM_CUDA_IPC) {
+		cudaIpcMemHandle_t h;
+		if (!ipc || ipc_len != sizeof(h)) {
+			snprintf(err, errlen, "a CUDA IPC handle has %zu bytes, got %zu", sizeof(h), ipc_len);
+			free(cr);
+			return -EINVAL;
+		}
+		memcpy(&h, ipc, sizeof(h));
+		void *p = NULL;
+		rc = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
+		if (rc != cudaSuccess) {
+			snprintf(err, errlen, "GPU %u cannot open the client's GPU buffer: %s", e->cfg.device,
+			         cudaGetErrorString(rc));
+			cudaGetLastError();
+			free(cr);
+			return -EIO;
+		}
+		cr->ipc = 1;
+		cr->dev_base = (char *)p;
+	} else {
+		/* Host memory: register whole pages (the worker's mapping covers
+		 * them), and hand the kernel the buffer's place inside. */
+		uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+		uintptr_t lo = (uintptr_t)r->base & ~(page - 1);
+		uintptr_t hi = ((uintptr_t)r->base + r->size + page - 1) & ~(page - 1);
+		rc = cudaHostRegister((void *)lo, hi - lo, cudaHostRegisterMapped | cudaHostRegisterPortable);
+		void *dev = NULL;
+		if (rc == cudaSuccess)
+			rc = cudaHostGetDevicePointer(&dev, (void *)lo, 0);
+		if (rc != cudaSuccess) {
+			snprintf(err, errlen, "cannot register the host buffer with GPU %u: %s", e->cfg.device,
+			         cudaGetErrorString(rc));
+			cudaGetLastError();
+			free(cr);
+			return -ENOMEM;
+		}
+		cr->host_base = (void *)lo;
+		cr->dev_base = (char *)dev + ((uintptr_t)r->base - lo);
+	}
+	uint32_t h = dk_reg_hash(r->reg_id), slot = DK_REG_CAP;
+	for (uint32_t i = 0; i < DK_REG_CAP; i++) {
+		uint32_t s = (h + i) & (DK_REG_CAP - 1u);
+		if (e->reg_used[s] != DK_REG_LIVE) {
+			slot = s;
+			break;
+		}
+	}
+	struct dk_reg d = {r->reg_id, (uint32_t)e->reg_used[slot == DK_REG_CAP ? 0 : slot], r->session_id, r->size,
+	                   cr->dev_base};
+	if (slot == DK_REG_CAP || ce_put(e, OFF(regs[slot]), &d, sizeof(d)) < 0 ||
+	    ce_put32(e, OFF(regs[slot].state), DK_REG_LIVE) < 0) {
+		snprintf(err, errlen, "%s", slot == DK_REG_CAP ? "too many registrations on this GPU" : e->fatal);
+		if (cr->ipc)
+			cudaIpcCloseMemHandle(cr->dev_base);
+		else
+			cudaHostUnregister(cr->host_base);
+		free(cr);
+		return -ENOSPC;
+	}
+	e->reg_used[slot] = DK_REG_LIVE;
+	cr->slot = slot;
+	cr->next = e->regs;
+	e->regs = cr;
+	return 0;
+}
+
+static void ce_reg_del(void *impl, uint32_t reg_id)
+{
+	struct cuda_engine *e = (struct cuda_engine *)impl;
+	for (struct ce_reg **pp = &e->regs; *pp; pp = &(*pp)->next) {
+		struct ce_reg *cr = *pp;
+		if (cr->reg_id != reg_id)
+			continue;
+		*pp = cr->next;
+		/* Tasks look buffers up on every visit: after the grace period
+		 * none holds this one. */
+		ce_put32(e, OFF(regs[cr->slot].state), DK_REG_GONE);
+		e->reg_used[cr->slot] = DK_REG_GONE;
+		ce_grace(e);
+		if (cr->ipc)
+			cudaIpcCloseMemHandle(cr->dev_base);
+		else
+			cudaHostUnregister(cr->host_base);
+		free(cr);
+		return;
+	}
+}
+
+static int ce_comm_add(void *impl, uint64_t comm_id, uint32_t nranks, const struct engine_member *members,
+                       void *region, size_t region_size, char *err, size_t errlen)
+{
+	struct cuda_engine *e = (struct cuda_engine *)impl;
+	if (comm_id == 0 || nranks == 0 || nranks > DFCCL_COMM_MAX_RANKS || region_size < DFCCL_COMM_REGION_SIZE(nranks)) {
+		snprintf(err, errlen, "malformed communicator %llu", (unsigned long long)comm_id);
+		return -EINVAL;
+	}
+	uint32_t i = 0;
+	while (i < DK_MAX_COMMS && e->comms[i].comm_id)
+		i++;
+	if (i == DK_MAX_COMMS) {
+		snprintf(err, errlen, "GPU %u holds %u communicators already", e->cfg.device, DK_MAX_COMMS);
+		return -ENOSPC;
+	}
+	struct ce_comm *c = &e->comms[i];
+	size_t sync = DFCCL_COMM_SYNC_BYTES(nranks);
+	void *dev = NULL;
+	cudaError_t rc = cudaHostRegister(region, sync, cudaHostRegisterMapped | cudaHostRegisterPortable);
+	if (rc == cudaSuccess)
+		rc = cudaHostGetDevicePointer(&dev, region, 0);
+	if (rc != cudaSuccess) {
+		snprintf(err, errlen, "cannot register communicator %llu's region with GPU %u: %s",
+		         (unsigned long long)comm_id, e->cfg.device, cudaGetErrorString(rc));
+		cudaGetLastError();
+		return -ENOMEM;
+	}
+	struct dk_comm *d = (struct dk_comm *)calloc(1, sizeof(*d));
+	if (!d) {
+		cudaHostUnregister(region);
+		snprintf(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	d->gen = ++c->gen;
+	d->comm_id = comm_id;
+	d->nranks = nranks;
+	d->hdr = (struct dfccl_comm_header *)dev;
+	for (uint32_t r = 0; r < nranks; r++) {
+		d->session[members[r].rank] = members[r].session_id;
+		d->device[members[r].rank] = members[r].device;
+	}
+	int bad = ce_put(e, OFF(comms[i]), d, sizeof(*d)) < 0 || ce_put32(e, OFF(comms[i].live), 1) < 0;
+	free(d);
+	if (bad) {
+		snprintf(err, errlen, "%s", e->fatal);
+		cudaHostUnregister(region);
+		return -EIO;
+	}
+	c->comm_id = comm_id;
+	c->region = region;
+	c->sync_bytes = sync;
+	if (i + 1 > e->ncomms) {
+		e->ncomms = i + 1;
+		ce_put32(e, OFF(ctl.ncomms), e->ncomms);
+	}
+	return 0;
+}
+
+static struct ce_comm *ce_comm_find(struct cuda_engine *e, uint64_t comm_id, uint32_t *index)
+{
+	for (uint32_t i = 0; i < DK_MAX_COMMS; i++)
+		if (e->comms[i].comm_id == comm_id && comm_id) {
+			*index = i;
+			return &e->comms[i];
+		}
+	return NULL;
+}
+
+static void ce_comm_abort(void *impl, uint64_t comm_id, uint32_t status)
+{
+	struct cuda_engine *e = (struct cuda_engine *)impl;
+	uint32_t i;
+	struct ce_comm *c = ce_comm_find(e, comm_id, &i);
+	if (!c)
+		return;
+	if (status == DFCCL_CQ_OK || status >= DFCCL_CQ_STATUS_COUNT_)
+		status = DFCCL_CQ_ABORTED;
+	/* The kernel's tasks see it on their next poll; ranks in other
+	 * workers through the region's word. */
+	ce_put32(e, OFF(comms[i].abort_status), status);
+	uint64_t expected = 0;
+	__atomic_compare_exchange_n(&((struct dfccl_comm_header *)c->region)->aborted, &expected, (uint64_t)status, 0,
+	                            __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+	if (!e->running && ce_armed(e))
+		ce_launch(e);
+}
+
+static void ce_comm_del(void *impl, uint64_t comm_id)
+{
+	struct cuda_engine *e = (struct cuda_engine *)impl;
+	uint32_t i;
+	struct ce_comm *c = ce_comm_find(e, comm_id, &i);
+	if (!c)
+		return;
+	ce_put32(e, OFF(comms[i].live), 0);
+	ce_grace(e);
+	cudaHostUnregister(c->region);
+	c->comm_id = 0;
+	c->region = NULL;
+}
+
+static unsigned ce_poll(void *impl)
+{
+	struct cuda_engine *e = (struct cuda_engine *)impl;
+	ce_check_kernel(e);
+	unsigned work = ce_completions(e);
+	if (!e->running && ce_armed(e)) {
+		ce_launch(e);
+		work++;
+	}
+	return work;
+}
+
+static int ce_busy(void *impl, uint64_t *pause_ns)
+{
+	struct cuda_engine *e = (struct cuda_engine *)impl;
+	*pause_ns = CE_RUNNING_PAUSE_NS;
+	return e->running;
+}
+
+static int ce_sleep(void *impl)
+{
+	struct cuda_engine *e = (struct cuda_engine *)impl;
+	ce_check_kernel(e);
+	if (e->running)
+		return 0;
+	for (uint32_t i = 0; i < e->nqps; i++)
+		if (e->qps[i].q)
+			sq_set_engine_state(e->qps[i].q, DFCCL_ENGINE_SLEEPING);
+	__atomic_thread_fence(__ATOMIC_SEQ_CST);
+	if (ce_armed(e)) {
+		ce_launch(e);
+		return 0;
+	}
+	return 1;
+}
+
+static void ce_wake(void *impl)
+{
+	(void)impl; /* the next poll launches the kernel if something is armed */
+}
+
+static const char *ce_fatal(void *impl)
+{
+	struct cuda_engine *e = (struct cuda_engine *)impl;
+	return e->fatal[0] ? e->fatal : NULL;
+}
+
+static void ce_free(void *impl)
+{
+	struct cuda_engine *e = (struct cuda_engine *)impl;
+	if (!e)
+		return;
+	if (e->running && !e->fatal[0]) {
+		uint32_t one = 1;
+		ce_put(e, OFF(ctl.stop), &one, sizeof(one));
+		uint64_t start = mono_ns();
+		while (e->running && mono_ns() - start < 2000000000ull) {
+			ce_check_kernel(e);
+			usleep(100);
+		}
+	}
+	while (e->regs) {
+		struct ce_reg *cr = e->regs;
+		e->regs = cr->next;
+		if (cr->ipc)
+			cudaIpcCloseMemHandle(cr->dev_base);
+		else
+			cudaHostUnregister(cr->host_base);
+		free(cr);
+	}
+	for (uint32_t i = 0; i < DK_MAX_COMMS; i++)
+		if (e->comms[i].comm_id)
+			cudaHostUnregister(e->comms[i].region);
+	for (uint32_t i = 0; i < DK_MAX_QPS; i++)
+		if (e->qps[i].q) {
+			cudaFree(e->qps[i].taken);
+			cudaHostUnregister(e->qps[i].q->hdr);
+		}
+	cudaFree(e->dst);
+	cudaFreeHost(e->host);
+	if (e->kstream)
+		cudaStreamDestroy(e->kstream);
+	if (e->ctl_stream)
+		cudaStreamDestroy(e->ctl_stream);
+	free(e);
+}
+
+static const struct engine_ops cuda_ops = {
+    "cuda",      ce_free,     ce_qp_add,       ce_qp_del, ce_reg_add, ce_reg_del, ce_comm_add,
+    ce_comm_abort, ce_comm_del, ce_poll,       ce_busy,   ce_sleep,   ce_wake,    ce_fatal,
+};
+
+extern "C" int cuda_engine_ops_new(const struct engine_config *cfg, const struct engine_ops **ops, void **impl,
+                                   char *err, size_t errlen)
+{
+	struct cuda_engine *e = (struct cuda_engine *)calloc(1, sizeof(*e));
+	if (!e) {
+		snprintf(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	e->cfg = *cfg;
+	e->stats = cfg->stats;
+	const uint64_t *page[6] = {&e->stats->completed, &e->stats->errors, &e->stats->preemptions,
+	                           &e->stats->context_switches, &e->stats->spins, &e->stats->by_algo[DFCCL_ALGO_DIRECT]};
+	for (int k = 0; k < 6; k++)
+		e->stats_base[k] = __atomic_load_n(page[k], __ATOMIC_RELAXED);
+	int ndev = 0;
+	cudaError_t rc = cudaGetDeviceCount(&ndev);
+	/* Peers' buffers and connectors are reached directly over NVLink or
+	 * PCIe; a pair without P2P fails at registration with a clear error. */
+	for (int d = 0; rc == cudaSuccess && d < ndev; d++) {
+		int can = 0;
+		if (d != (int)cfg->device && cudaDeviceCanAccessPeer(&can, (int)cfg->device, d) == cudaSuccess && can &&
+		    cudaDeviceEnablePeerAccess(d, 0) != cudaSuccess)
+			cudaGetLastError(); /* already enabled */
+	}
+	if (rc == cudaSuccess)
+		rc = (cudaError_t)dk_preload();
+	if (rc == cudaSuccess)
+		rc = cudaStreamCreateWithFlags(&e->kstream, cudaStreamNonBlocking);
+	if (rc == cudaSuccess)
+		rc = cudaStreamCreateWithFlags(&e->ctl_stream, cudaStreamNonBlocking);
+	if (rc == cudaSuccess)
+		rc = cudaMalloc((void **)&e->dst, sizeof(struct dk_state));
+	if (rc == cudaSuccess)
+		rc = cudaMemset(e->dst, 0, sizeof(struct dk_state));
+	if (rc == cudaSuccess)
+		rc = cudaHostAlloc((void **)&e->host, sizeof(struct dk_host), cudaHostAllocMapped | cudaHostAllocPortable);
+	if (rc == cudaSuccess) {
+		memset(e->host, 0, sizeof(struct dk_host));
+		rc = cudaHostGetDevicePointer((void **)&e->host_dev, e->host, 0);
+	}
+	if (rc == cudaSuccess)
+		rc = cudaDeviceSynchronize();
+	if (rc != cudaSuccess) {
+		snprintf(err, errlen, "GPU %u: cannot set up the daemon kernel: %s", cfg->device, cudaGetErrorString(rc));
+		ce_free(e);
+		return -EIO;
+	}
+	struct sched_params sp = cfg->sched;
+	if (!sp.spin_head && !sp.spin_other && !sp.stick_mult && !sp.spin_max) {
+		sp.spin_head = SCHED_DEFAULT_SPIN_HEAD;
+		sp.spin_other = SCHED_DEFAULT_SPIN_OTHER;
+		sp.stick_mult = SCHED_DEFAULT_STICK_MULT;
+		sp.spin_max = SCHED_DEFAULT_SPIN_MAX;
+	}
+	e->params.st = e->dst;
+	e->params.host = e->host_dev;
+	e->params.sched = sp;
+	e->params.blocks = cfg->channels ? cfg->channels : 1;
+	if (e->params.blocks > DK_MAX_BLOCKS)
+		e->params.blocks = DK_MAX_BLOCKS;
+	e->params.device = cfg->device;
+	e->params.idle_ns = cfg->kernel_idle_ns;
+	e->params.visit_bytes = CE_VISIT_BYTES;
+	e->params.chan_bytes = CE_CHAN_BYTES;
+	*ops = &cuda_ops;
+	*impl = e;
+	return 0;
+}

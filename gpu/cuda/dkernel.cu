@@ -1,0 +1,1221 @@
+/*
+ * The daemon kernel (DFCCL, sections 3-4): one persistent kernel per GPU, a
+ * grid of channel blocks, each with its own task queue in shared memory.
+ *
+ * Block 0's thread 0 also reads the submission queues: it polls the arm word
+ * of every queue pair's next entries in host memory, copies an armed entry,
+ * checks the copy (gpu/sqe_check.h, the same checks the host engine makes),
+ * and either completes it at once with an error status or makes a task of
+ * it and hands the task to blocks 0..c-1 through their inboxes, c channels
+ * chosen by size. Each block then runs its part of the task -- its channel's
+ * share of the data -- interleaved with its other tasks under the shared
+ * scheduling policy (gpu/scheduler.h): a wait on a peer spins up to the
+ * task's threshold and is then preempted; the channel's step and position
+ * are kept in global memory, so a preempted collective resumes exactly where
+ * it stopped.
+ *
+ * The instance protocol is the host engine's (proto/dfccl_comm.h), over the
+ * communicator's region in host memory, with one addition: the progress of
+ * channel c lives in channel words of its own, so the channels of an
+ * instance never wait for each other. Per channel of a collective:
+ *   SLOT (channel 0: wait until the slot's previous instance is finished on
+ *   every rank, reset this rank's channel words, post) -> POSTS (wait for
+ *   every rank's post, check them) -> WORK1 -> [all-reduce: SYNC1 -> WORK2]
+ *   -> CHDONE (the last channel of the rank to get here stores `done`) ->
+ *   FINISH (that channel waits until every rank is done, then completes).
+ * Send and receive run on one channel through the pair's mailbox, as on
+ * the host engine.
+ *
+ * Algorithms: direct, over every rank's buffers as this GPU maps them
+ * (CUDA IPC over NVLink or PCIe, or the GPU itself for ranks sharing it):
+ * two-shot all-reduce (rank r reduces chunk r of its channel's share into
+ * its own buffer, then copies the other chunks from their owners), and
+ * all-gather, reduce-scatter, broadcast and reduce by reading the peers'
+ * buffers. The reduction order is rank 0, 1, ..., n-1 on every rank.
+ *
+ * Memory ordering: data are written with plain stores and published with a
+ * system-scope fence before the word that announces them; a waiter reads the
+ * word with an acquire load and a fence before its block reads the data, and
+ * data loads bypass L1 (ld.global.cg), which other SMs and peers do not keep
+ * coherent.
+ */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "dkernel.h"
+#include "sqe_check.h"
+
+/* ------------------------------------------------------------------ memory */
+
+__device__ __forceinline__ uint64_t ld_acq_sys(const uint64_t *p)
+{
+	uint64_t v;
+	asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+	return v;
+}
+
+__device__ __forceinline__ uint32_t ld_acq_sys32(const uint32_t *p)
+{
+	uint32_t v;
+	asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+	return v;
+}
+
+__device__ __forceinline__ void fence_acq_rel_sys(void)
+{
+	asm volatile("fence.acq_rel.sys;" ::: "memory");
+}
+
+__device__ __forceinline__ void st_rel_sys(uint64_t *p, uint64_t v)
+{
+	asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+__device__ __forceinline__ void st_rel_sys32(uint32_t *p, uint32_t v)
+{
+	asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+template <typename T> __device__ __forceinline__ T vload(const T *p)
+{
+	return *(const volatile T *)p;
+}
+
+__device__ __forceinline__ uint64_t now_ns(void)
+{
+	uint64_t t;
+	asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+	return t;
+}
+
+/* ------------------------------------------------------------------ reductions */
+
+enum { OP_SUM = 0, OP_PROD = 1, OP_MAX = 2, OP_MIN = 3, OP_AVG = 4 };
+
+/* Element types: T in memory, A accumulated (as gpu/host/reduce.c: integers
+ * wrap in their unsigned type and compare and divide as signed; halves
+ * accumulate in float). */
+template <typename T, typename A> struct elem {
+	static __device__ __forceinline__ A load(T x) { return (A)x; }
+	static __device__ __forceinline__ T store(A a) { return (T)a; }
+	static __device__ __forceinline__ bool gt(A a, A b) { return (T)a > (T)b; }
+	static __device__ __forceinline__ A avg(A a, unsigned d) { return (A)(T)((int64_t)(T)a / (int64_t)d); }
+};
+template <typename T> struct elem_plain {
+	static __device__ __forceinline__ T load(T x) { return x; }
+	static __device__ __forceinline__ T store(T a) { return a; }
+	static __device__ __forceinline__ bool gt(T a, T b) { return a > b; }
+	static __device__ __forceinline__ T avg(T a, unsigned d) { return a / (T)d; }
+};
+template <> struct elem<uint8_t, uint8_t> : elem_plain<uint8_t> {};
+template <> struct elem<uint32_t, uint32_t> : elem_plain<uint32_t> {};
+template <> struct elem<uint64_t, uint64_t> : elem_plain<uint64_t> {};
+template <> struct elem<float, float> : elem_plain<float> {};
+template <> struct elem<double, double> : elem_plain<double> {};
+struct elem_f16 {
+	static __device__ __forceinline__ float load(uint16_t x) { return __half2float(__ushort_as_half(x)); }
+	static __device__ __forceinline__ uint16_t store(float a) { return __half_as_ushort(__float2half_rn(a)); }
+	static __device__ __forceinline__ bool gt(float a, float b) { return a > b; }
+	static __device__ __forceinline__ float avg(float a, unsigned d) { return a / (float)d; }
+};
+struct elem_bf16 {
+	static __device__ __forceinline__ float load(uint16_t x) { return __bfloat162float(__ushort_as_bfloat16(x)); }
+	static __device__ __forceinline__ uint16_t store(float a) { return __bfloat16_as_ushort(__float2bfloat16_rn(a)); }
+	static __device__ __forceinline__ bool gt(float a, float b) { return a > b; }
+	static __device__ __forceinline__ float avg(float a, unsigned d) { return a / (float)d; }
+};
+
+template <typename E, typename A, int OP> __device__ __forceinline__ A combine(A acc, A v)
+{
+	if (OP == OP_SUM || OP == OP_AVG)
+		return (A)(acc + v);
+	if (OP == OP_PROD)
+		return (A)(acc * v);
+	if (OP == OP_MAX)
+		return E::gt(v, acc) ? v : acc;
+	return E::gt(acc, v) ? v : acc;
+}
+
+/* One data movement: dst[i] = reduce over k of src[k][i] (or a copy), for
+ * i < elems. Built by thread 0, carried out by the whole block. */
+struct dk_op {
+	char *dst;
+	const char *src[DFCCL_COMM_MAX_RANKS];
+	uint32_t nsrc;
+	uint32_t reduce; /* 0: copy src[0] */
+	uint32_t dtype, redop, div;
+	uint64_t elems;
+	uint32_t dsize;
+};
+
+template <typename T> __device__ __forceinline__ T ld_cg(const T *p);
+template <> __device__ __forceinline__ uint8_t ld_cg(const uint8_t *p) { return __ldcg(p); }
+template <> __device__ __forceinline__ int8_t ld_cg(const int8_t *p) { return (int8_t)__ldcg((const signed char *)p); }
+template <> __device__ __forceinline__ uint16_t ld_cg(const uint16_t *p) { return __ldcg(p); }
+template <> __device__ __forceinline__ int32_t ld_cg(const int32_t *p) { return __ldcg(p); }
+template <> __device__ __forceinline__ uint32_t ld_cg(const uint32_t *p) { return __ldcg(p); }
+template <> __device__ __forceinline__ int64_t ld_cg(const int64_t *p) { return (int64_t)__ldcg((const long long *)p); }
+template <> __device__ __forceinline__ uint64_t ld_cg(const uint64_t *p)
+{
+	return (uint64_t)__ldcg((const unsigned long long *)p);
+}
+template <> __device__ __forceinline__ float ld_cg(const float *p) { return __ldcg(p); }
+template <> __device__ __forceinline__ double ld_cg(const double *p) { return __ldcg(p); }
+
+/* 16-byte packs where every pointer allows it, single elements for the rest. */
+template <typename T, typename A, typename E, int OP> __device__ void reduce_run(const dk_op &o)
+{
+	const uint32_t tid = threadIdx.x, nt = blockDim.x;
+	const unsigned K = 16 / sizeof(T);
+	bool aligned = ((uintptr_t)o.dst & 15u) == 0;
+	for (uint32_t k = 0; k < o.nsrc; k++)
+		aligned = aligned && ((uintptr_t)o.src[k] & 15u) == 0;
+	uint64_t npack = aligned ? o.elems / K : 0;
+	for (uint64_t i = tid; i < npack; i += nt) {
+		uint4 v = __ldcg((const uint4 *)o.src[0] + i);
+		const T *t = (const T *)&v;
+		A acc[K];
+#pragma unroll
+		for (unsigned j = 0; j < K; j++)
+			acc[j] = E::load(t[j]);
+		for (uint32_t k = 1; k < o.nsrc; k++) {
+			uint4 w = __ldcg((const uint4 *)o.src[k] + i);
+			const T *u = (const T *)&w;
+#pragma unroll
+			for (unsigned j = 0; j < K; j++)
+				acc[j] = combine<E, A, OP>(acc[j], E::load(u[j]));
+		}
+		uint4 out;
+		T *r = (T *)&out;
+#pragma unroll
+		for (unsigned j = 0; j < K; j++)
+			r[j] = E::store(OP == OP_AVG ? E::avg(acc[j], o.div) : acc[j]);
+		((uint4 *)o.dst)[i] = out;
+	}
+	for (uint64_t i = npack * K + tid; i < o.elems; i += nt) {
+		A acc = E::load(ld_cg((const T *)o.src[0] + i));
+		for (uint32_t k = 1; k < o.nsrc; k++)
+			acc = combine<E, A, OP>(acc, E::load(ld_cg((const T *)o.src[k] + i)));
+		((T *)o.dst)[i] = E::store(OP == OP_AVG ? E::avg(acc, o.div) : acc);
+	}
+}
+
+template <typename T, typename A, typename E> __device__ void reduce_type(const dk_op &o)
+{
+	switch (o.redop) {
+	case OP_SUM: reduce_run<T, A, E, OP_SUM>(o); break;
+	case OP_PROD: reduce_run<T, A, E, OP_PROD>(o); break;
+	case OP_MAX: reduce_run<T, A, E, OP_MAX>(o); break;
+	case OP_MIN: reduce_run<T, A, E, OP_MIN>(o); break;
+	default: reduce_run<T, A, E, OP_AVG>(o); break;
+	}
+}
+
+__device__ void copy_run(const dk_op &o)
+{
+	const uint32_t tid = threadIdx.x, nt = blockDim.x;
+	uint64_t bytes = o.elems * o.dsize;
+	if (o.dst == o.src[0])
+		return; /* in place */
+	const char *s = o.src[0];
+	char *d = o.dst;
+	uint64_t npack = (((uintptr_t)s | (uintptr_t)d) & 15u) == 0 ? bytes / 16 : 0;
+	for (uint64_t i = tid; i < npack; i += nt)
+		((uint4 *)d)[i] = __ldcg((const uint4 *)s + i);
+	if (npack == 0 && (((uintptr_t)s | (uintptr_t)d) & 3u) == 0) {
+		uint64_t nw = bytes / 4;
+		for (uint64_t i = tid; i < nw; i += nt)
+			((uint32_t *)d)[i] = __ldcg((const uint32_t *)s + i);
+		npack = nw / 4; /* bytes below npack * 16 + (nw % 4) * 4 are done */
+		for (uint64_t i = nw * 4 + tid; i < bytes; i += nt)
+			d[i] = (char)__ldcg((const uint8_t *)s + i);
+		return;
+	}
+	for (uint64_t i = npack * 16 + tid; i < bytes; i += nt)
+		d[i] = (char)__ldcg((const uint8_t *)s + i);
+}
+
+/* dfcclDataType_t: int8, uint8, int32, uint32, int64, uint64, float16, float32, float64, bfloat16 */
+__device__ void op_run(const dk_op &o)
+{
+	if (!o.reduce) {
+		copy_run(o);
+		return;
+	}
+	switch (o.dtype) {
+	case 0: reduce_type<int8_t, uint8_t, elem<int8_t, uint8_t>>(o); break;
+	case 1: reduce_type<uint8_t, uint8_t, elem<uint8_t, uint8_t>>(o); break;
+	case 2: reduce_type<int32_t, uint32_t, elem<int32_t, uint32_t>>(o); break;
+	case 3: reduce_type<uint32_t, uint32_t, elem<uint32_t, uint32_t>>(o); break;
+	case 4: reduce_type<int64_t, uint64_t, elem<int64_t, uint64_t>>(o); break;
+	case 5: reduce_type<uint64_t, uint64_t, elem<uint64_t, uint64_t>>(o); break;
+	case 6: reduce_type<uint16_t, float, elem_f16>(o); break;
+	case 7: reduce_type<float, float, elem<float, float>>(o); break;
+	case 8: reduce_type<double, double, elem<double, double>>(o); break;
+	default: reduce_type<uint16_t, float, elem_bf16>(o); break;
+	}
+}
+
+/* ------------------------------------------------------------------ tables */
+
+__device__ const dk_reg *reg_find(dk_state *st, uint32_t reg_id)
+{
+	if (reg_id == 0)
+		return NULL;
+	uint32_t h = dk_reg_hash(reg_id);
+	for (uint32_t i = 0; i < DK_REG_CAP; i++) {
+		const dk_reg *r = &st->regs[(h + i) & (DK_REG_CAP - 1u)];
+		uint32_t s = vload(&r->state);
+		if (s == DK_REG_EMPTY)
+			return NULL;
+		if (s == DK_REG_LIVE && vload(&r->reg_id) == reg_id)
+			return r;
+	}
+	return NULL;
+}
+
+/* The address of [off, off + bytes) of reg_id owned by session; NULL with
+ * *st set when that is not a buffer of this session. */
+__device__ char *resolve(dk_state *st, uint32_t reg_id, uint64_t session, uint64_t off, uint64_t bytes, uint32_t *status)
+{
+	*status = DFCCL_CQ_OK;
+	if (bytes == 0)
+		return NULL;
+	const dk_reg *r = reg_find(st, reg_id);
+	uint32_t s = sqe_check_range(reg_id, r != NULL, r ? vload(&r->session_id) : 0, r ? vload(&r->size) : 0, session,
+	                             off, bytes, 1);
+	if (s != DFCCL_CQ_OK) {
+		*status = s;
+		return NULL;
+	}
+	return vload(&r->base) + off;
+}
+
+/* ------------------------------------------------------------------ completions and counters */
+
+struct dk_ctx {
+	dk_params p;
+	dk_state *st;
+	dk_block_stats *bs; /* this block's counters (host memory) */
+	dk_block_stats acc; /* their values, kept here */
+	dk_block_stats out; /* what was stored last */
+	uint32_t b;
+};
+
+/* Stores the counters that changed: the writes cross PCIe, and a stream of
+ * them from every block would delay the reads the scheduling waits on. */
+__device__ void stats_flush(dk_ctx &c)
+{
+	volatile uint64_t *d = (volatile uint64_t *)c.bs;
+	const uint64_t *a = (const uint64_t *)&c.acc;
+	uint64_t *o = (uint64_t *)&c.out;
+	for (int k = 0; k < 6; k++)
+		if (a[k] != o[k]) {
+			d[k] = a[k];
+			o[k] = a[k];
+		}
+}
+
+/* The single-word completion of entry seq (DFCCL's optimized CQ), then the
+ * queue's `completed`, which several blocks may advance: under the queue
+ * pair's lock, so the count only grows. The host side wakes sleepers. */
+__device__ void complete(dk_ctx &c, dk_qp *q, uint64_t seq, uint32_t status)
+{
+	uint32_t slot = DFCCL_QP_SLOT(seq, vload(&q->n));
+	/* A release store at system scope: the results before the word. */
+	st_rel_sys(&vload(&q->cw)[slot], DFCCL_CW_MAKE(seq, status));
+	while (atomicCAS(&q->lock, 0, 1) != 0)
+		;
+	uint64_t n = vload(&q->completed) + 1;
+	*(volatile uint64_t *)&q->completed = n;
+	st_rel_sys(&vload(&q->hdr)->completed, n);
+	__threadfence();
+	atomicExch(&q->lock, 0);
+	if (status == DFCCL_CQ_OK)
+		c.acc.completed++;
+	else
+		c.acc.errors++;
+	stats_flush(c);
+}
+
+/* Fails every rank of a communicator through its region's word (a plain
+ * store: every writer stores some failure, and any of them will do). */
+__device__ void comm_fail(dk_comm *cm, uint32_t status)
+{
+	uint64_t *w = &cm->hdr->aborted;
+	if (ld_acq_sys(w) == 0)
+		st_rel_sys(w, status);
+}
+
+__device__ uint32_t comm_aborted(dk_comm *cm)
+{
+	uint32_t a = vload(&cm->abort_status);
+	if (a)
+		return a;
+	uint64_t v = ld_acq_sys(&cm->hdr->aborted);
+	if (v == 0)
+		return DFCCL_CQ_OK;
+	return v < DFCCL_CQ_STATUS_COUNT_ ? (uint32_t)v : DFCCL_CQ_ABORTED;
+}
+
+/* ------------------------------------------------------------------ taking entries (block 0, thread 0) */
+
+__device__ dk_comm *comm_find(dk_state *st, uint64_t comm_id, uint32_t *index)
+{
+	uint32_t nc = vload(&st->ctl.ncomms);
+	for (uint32_t i = 0; i < nc && i < DK_MAX_COMMS; i++) {
+		dk_comm *cm = &st->comms[i];
+		if (vload(&cm->live) && vload(&cm->comm_id) == comm_id) {
+			*index = i;
+			return cm;
+		}
+	}
+	return NULL;
+}
+
+__device__ uint32_t task_alloc(dk_state *st)
+{
+	for (uint32_t i = 0; i < DK_MAX_TASKS; i++) {
+		uint32_t t = (st->task_cursor + i) % DK_MAX_TASKS;
+		if (vload(&st->tasks[t].state) == DK_TASK_FREE) {
+			st->task_cursor = t + 1;
+			return t;
+		}
+	}
+	return DK_NO_TASK;
+}
+
+__device__ void task_free(dk_state *st, dk_task *t)
+{
+	__threadfence();
+	*(volatile uint32_t *)&t->state = DK_TASK_FREE;
+	atomicSub(&st->live_tasks, 1u);
+}
+
+/* Channels of a collective of `bytes`: one per chan_bytes, at most `blocks`.
+ * Every rank computes the same, and posts it in its shape. */
+__device__ uint32_t channels_for(const dk_params &p, uint8_t opcode, uint64_t bytes)
+{
+	if (sqe_is_p2p(opcode))
+		return 1;
+	uint64_t c = bytes / p.chan_bytes + 1;
+	return c > p.blocks ? p.blocks : (uint32_t)c;
+}
+
+/*
+ * Checks a copied entry against its communicator and the registrations,
+ * and makes a task of it. Returns the status to complete it with at once
+ * (DFCCL_CQ_OK with *task set: queued; DK_NO_TASK: no free task, retry).
+ */
+__device__ uint32_t entry_accept(dk_ctx &c, uint32_t qi, dk_qp *q, const dfccl_sqe *e, uint32_t *task,
+                                 dk_comm **cmo)
+{
+	dk_state *st = c.st;
+	*task = DK_NO_TASK;
+	*cmo = NULL;
+	uint32_t ci;
+	dk_comm *cm = comm_find(st, e->comm_id, &ci);
+	if (!cm)
+		return DFCCL_CQ_BAD_COMM;
+	uint32_t n = vload(&cm->nranks);
+	uint64_t sess = vload(&q->session_id);
+	uint32_t s = sqe_check_member(e, n, e->rank < n ? vload(&cm->session[e->rank]) : 0,
+	                              e->rank < n ? vload(&cm->device[e->rank]) : 0, sess, c.p.device);
+	if (s != DFCCL_CQ_OK)
+		return s;
+	*cmo = cm;
+	unsigned dsize = sqe_dtype_size(e->dtype);
+	uint64_t sb, rb;
+	if (sqe_buf_bytes(e->opcode, e->count, dsize, n, e->peer == e->rank, &sb, &rb) < 0)
+		return DFCCL_CQ_OUT_OF_RANGE;
+	resolve(st, e->send_reg, sess, e->send_off, sb, &s);
+	if (s == DFCCL_CQ_OK)
+		resolve(st, e->recv_reg, sess, e->recv_off, rb, &s);
+	if (s == DFCCL_CQ_OK)
+		s = comm_aborted(cm);
+	if (s != DFCCL_CQ_OK)
+		return s;
+	uint32_t ti = task_alloc(st);
+	if (ti == DK_NO_TASK) {
+		*task = DK_NO_TASK;
+		return DFCCL_CQ_OK;
+	}
+	dk_task *t = &st->tasks[ti];
+	t->qp = qi;
+	t->qp_gen = vload(&q->gen);
+	t->comm = ci;
+	t->comm_gen = vload(&cm->gen);
+	t->rank = e->rank;
+	t->peer = e->peer;
+	t->dsize = dsize;
+	t->send_reg = e->send_reg;
+	t->recv_reg = e->recv_reg;
+	t->seq = e->arm;
+	t->key = e->comm_seq;
+	t->count = e->count;
+	t->send_off = e->send_off;
+	t->recv_off = e->recv_off;
+	t->opcode = e->opcode;
+	t->dtype = e->dtype;
+	t->redop = e->redop;
+	t->status = DFCCL_CQ_OK;
+	t->chdone = 0;
+	t->arrival = ++st->arrivals;
+	void *region = vload(&cm->hdr);
+	uint64_t nslots;
+	if (sqe_is_p2p(e->opcode)) {
+		int sending = e->opcode == DFCCL_OP_SEND;
+		t->box = dfccl_comm_box(region, n, sending ? e->rank : e->peer, sending ? e->peer : e->rank, t->key);
+		t->posts = NULL;
+		nslots = DFCCL_COMM_P2P_SLOTS;
+		t->slot = 0;
+	} else if (e->flags & DFCCL_SQE_F_REGISTERED) {
+		t->posts = dfccl_comm_reg_post(region, n, e->coll_id, t->key, 0);
+		t->slot = dfccl_comm_reg_conn_slot(e->coll_id, t->key);
+		nslots = DFCCL_COMM_COLL_SLOTS;
+	} else {
+		t->posts = dfccl_comm_post(region, n, t->key, 0);
+		t->slot = dfccl_comm_conn_slot(t->key);
+		nslots = DFCCL_COMM_SLOTS;
+	}
+	t->slot_free = t->key > nslots ? t->key - nslots : 0;
+	t->nch = (uint8_t)channels_for(c.p, e->opcode, e->count * dsize);
+	uint32_t first = sqe_is_p2p(e->opcode) ? (e->opcode == DFCCL_OP_SEND ? DK_BOX_FREE : DK_BOX_KEY) : DK_SLOT;
+	for (uint32_t ch = 0; ch < t->nch; ch++) {
+		t->ch[ch].step = ch == 0 ? first : DK_POSTS;
+		t->ch[ch].wait_rank = 0;
+		t->ch[ch].pos = 0;
+		t->ch[ch].waits = 0;
+		st->states[ch][ti].arrival = t->arrival;
+		st->states[ch][ti].priority = (e->flags & DFCCL_SQE_F_PRIORITY) ? e->priority : 0;
+		st->states[ch][ti].boost = 1;
+	}
+	t->state = DK_TASK_LIVE;
+	atomicAdd(&st->live_tasks, 1u);
+	__threadfence();
+	for (uint32_t ch = 0; ch < t->nch; ch++) {
+		dk_inbox *ib = &st->inbox[ch];
+		uint32_t tail = vload(&ib->tail);
+		ib->idx[tail % DK_MAX_TASKS] = ti;
+		__threadfence();
+		*(volatile uint32_t *)&ib->tail = tail + 1;
+	}
+	*task = ti;
+	c.acc.started++;
+	return DFCCL_CQ_OK;
+}
+
+/* Takes the armed entries of every queue pair. Returns how many. */
+__device__ uint32_t read_queues(dk_ctx &c)
+{
+	dk_state *st = c.st;
+	uint32_t got = 0;
+	uint32_t nq = vload(&st->ctl.nqps);
+	for (uint32_t qi = 0; qi < nq && qi < DK_MAX_QPS; qi++) {
+		dk_qp *q = &st->qps[qi];
+		if (!vload(&q->live))
+			continue;
+		/* Table fields through L2: the slot may have served another
+		 * queue pair before, and L1 is not kept coherent with the host's
+		 * copies. */
+		uint32_t n = vload(&q->n);
+		dfccl_qp_header *hdr = vload(&q->hdr);
+		dfccl_sqe *sq = vload(&q->sq);
+		volatile uint64_t *taken = vload(&q->taken);
+		uint64_t head = vload(&q->head), h = head;
+		uint64_t tail = ld_acq_sys(&hdr->sq_tail);
+		if (tail < head || ld_acq_sys32(&hdr->qp_state) != DFCCL_QP_ACTIVE)
+			continue;
+		/* The client owns the tail: never look further than one lap. */
+		if (tail >= head + n)
+			tail = head + n - 1;
+		bool full = false;
+		for (uint64_t s = head; s <= tail && !full; s++) {
+			uint32_t slot = DFCCL_QP_SLOT(s, n);
+			if (taken[slot] == s)
+				continue;
+			if (ld_acq_sys(&sq[slot].arm) != s)
+				continue; /* not armed yet: later entries may be */
+			dfccl_sqe e;
+			/* The copy: everything after is checked on it alone. Eight
+			 * independent 16-byte loads, so they cross PCIe together. */
+			const uint4 *src = (const uint4 *)&sq[slot];
+			uint4 v[sizeof(e) / 16];
+#pragma unroll
+			for (int k = 0; k < (int)(sizeof(e) / 16); k++)
+				v[k] = __ldcv(src + k);
+			memcpy(&e, v, sizeof(e));
+			e.arm = s; /* what it was taken under; e.seq is the client's claim */
+			uint64_t bytes;
+			uint32_t status = sqe_check_entry(&e, &bytes);
+			e.arm = s;
+			uint32_t ti = DK_NO_TASK;
+			dk_comm *cm = NULL;
+			if (status == DFCCL_CQ_OK && e.opcode != DFCCL_OP_NOP) {
+				status = entry_accept(c, qi, q, &e, &ti, &cm);
+				if (status == DFCCL_CQ_OK && ti == DK_NO_TASK) {
+					full = true; /* every task in use: leave it armed */
+					break;
+				}
+			} else if (status != DFCCL_CQ_OK) {
+				uint32_t ci;
+				cm = comm_find(st, e.comm_id, &ci);
+				/* Only a member's refused part leaves peers waiting. */
+				if (cm && !(e.rank < vload(&cm->nranks) && vload(&cm->session[e.rank]) == vload(&q->session_id)))
+					cm = NULL;
+			}
+			taken[slot] = s;
+			got++;
+			if (ti != DK_NO_TASK)
+				continue;
+			if (status != DFCCL_CQ_OK && cm)
+				comm_fail(cm, status);
+			complete(c, q, s, status);
+		}
+		while (h <= tail && taken[DFCCL_QP_SLOT(h, n)] == h)
+			h++;
+		if (h != head) {
+			*(volatile uint64_t *)&q->head = h;
+			st_rel_sys(&hdr->sq_head, h);
+		}
+	}
+	return got;
+}
+
+__device__ void set_engine_state(dk_state *st, uint32_t state)
+{
+	uint32_t nq = vload(&st->ctl.nqps);
+	for (uint32_t qi = 0; qi < nq && qi < DK_MAX_QPS; qi++) {
+		dk_qp *q = &st->qps[qi];
+		if (vload(&q->live))
+			st_rel_sys32(&vload(&q->hdr)->engine_state, state);
+	}
+	__threadfence_system();
+}
+
+/* ------------------------------------------------------------------ running a task's channel */
+
+/* What a visit of a task's channel ended with: blocked or progressed (it
+ * stays queued), this channel's part is over (R_CHDONE: it leaves this
+ * block's queue), or the whole task is over (R_FREE: it leaves, and this
+ * block frees it). */
+enum { R_BLOCKED = 0, R_PROGRESS = 1, R_CHDONE = 2, R_FREE = 3 };
+enum { A_DATA = 1, A_RETURN = 2 };
+
+struct dk_shared {
+	sched_queue q;
+	dk_op op;
+	uint32_t act, ret, quit, npos;
+};
+
+/* Element split of len into parts, boundaries on 16 bytes where possible. */
+__device__ __forceinline__ uint64_t split_at(uint64_t len, uint32_t parts, uint32_t i, uint32_t dsize)
+{
+	if (i >= parts)
+		return len;
+	uint64_t lo = (uint64_t)(((unsigned __int128)len * i) / parts);
+	uint64_t a = 16 / dsize;
+	lo = (lo + a - 1) / a * a;
+	return lo < len ? lo : len;
+}
+
+/* Every rank's buffers for this instance, as this GPU maps them. */
+struct dk_bufs {
+	char *send[DFCCL_COMM_MAX_RANKS];
+	char *recv[DFCCL_COMM_MAX_RANKS];
+};
+
+__device__ uint32_t shape_of(const dk_task *t)
+{
+	/* The algorithm byte carries the channel count, so ranks that would
+	 * split the data differently fail instead of mixing parts. */
+	return DFCCL_POST_SHAPE(t->opcode, t->dtype, t->redop, DFCCL_ALGO_DIRECT | (uint32_t)t->nch << 3);
+}
+
+/* Copies and checks what the peers posted for the instance (the sender's
+ * mailbox for a receive), once, when they all have. */
+__device__ uint32_t posts_take(dk_task *t, dk_comm *cm)
+{
+	if (t->opcode == DFCCL_OP_RECV) {
+		const dfccl_p2p_box *x = t->box;
+		if (ld_acq_sys(&x->key) != t->key || vload(&x->count) != t->count || vload(&x->dtype) != t->dtype)
+			return DFCCL_CQ_BAD_ENTRY;
+		t->post[0].send_reg = vload(&x->send_reg);
+		t->post[0].send_off = vload(&x->send_off);
+		return DFCCL_CQ_OK;
+	}
+	uint32_t shape = shape_of(t);
+	uint32_t root = sqe_has_root(t->opcode) ? t->peer : 0;
+	uint32_t n = vload(&cm->nranks);
+	for (uint32_t r = 0; r < n; r++) {
+		/* The whole post (one cache line) in four independent loads, so
+		 * they cross PCIe together; its key was acquired by the wait. */
+		const uint4 *src = (const uint4 *)&t->posts[r];
+		uint4 v[sizeof(dfccl_rank_post) / 16];
+#pragma unroll
+		for (int k = 0; k < (int)(sizeof(dfccl_rank_post) / 16); k++)
+			v[k] = __ldcv(src + k);
+		dfccl_rank_post p;
+		memcpy(&p, v, sizeof(p));
+		/* A post of another instance means a broken protocol; another
+		 * count, operation, type, root or channel count means the ranks
+		 * disagree about this collective. */
+		if (p.key != t->key)
+			return DFCCL_CQ_BAD_ENTRY;
+		if (p.count != t->count || p.shape != shape || p.root != root)
+			return DFCCL_CQ_MISMATCH;
+		t->post[r].send_reg = p.send_reg;
+		t->post[r].recv_reg = p.recv_reg;
+		t->post[r].send_off = p.send_off;
+		t->post[r].recv_off = p.recv_off;
+	}
+	return DFCCL_CQ_OK;
+}
+
+/* Resolves every rank's buffers from the posts' copy, against the
+ * registration table as it is now (a buffer deregistered since the last
+ * visit is noticed before it is touched). */
+__device__ uint32_t bufs_get(dk_ctx &c, const dk_task *t, dk_comm *cm, dk_bufs *b)
+{
+	dk_state *st = c.st;
+	uint32_t n = vload(&cm->nranks), s;
+	if (t->opcode == DFCCL_OP_RECV) {
+		uint64_t bytes = t->count * t->dsize;
+		b->send[0] = resolve(st, t->post[0].send_reg, vload(&cm->session[t->peer]), t->post[0].send_off, bytes, &s);
+		if (s == DFCCL_CQ_OK)
+			b->recv[0] = resolve(st, t->recv_reg, vload(&cm->session[t->rank]), t->recv_off, bytes, &s);
+		return s;
+	}
+	for (uint32_t r = 0; r < n; r++) {
+		uint64_t sb, rb;
+		if (sqe_buf_bytes(t->opcode, t->count, t->dsize, n, r == t->peer, &sb, &rb) < 0)
+			return DFCCL_CQ_OUT_OF_RANGE;
+		uint64_t session = vload(&cm->session[r]);
+		b->send[r] = resolve(st, t->post[r].send_reg, session, t->post[r].send_off, sb, &s);
+		if (s == DFCCL_CQ_OK)
+			b->recv[r] = resolve(st, t->post[r].recv_reg, session, t->post[r].recv_off, rb, &s);
+		if (s != DFCCL_CQ_OK)
+			return s;
+	}
+	return DFCCL_CQ_OK;
+}
+
+/* The channel's share of the elements: [lo, hi) of count. */
+__device__ void chan_range(const dk_task *t, uint32_t ch, uint64_t *lo, uint64_t *hi)
+{
+	*lo = split_at(t->count, t->nch, ch, t->dsize);
+	*hi = split_at(t->count, t->nch, ch + 1, t->dsize);
+}
+
+/* Elements of the current data step of a channel. */
+__device__ uint64_t work_total(const dk_task *t, uint32_t ch, uint32_t step, uint32_t n)
+{
+	uint64_t lo, hi;
+	chan_range(t, ch, &lo, &hi);
+	uint64_t len = hi - lo;
+	switch (t->opcode) {
+	case DFCCL_OP_ALLREDUCE:
+		return step == DK_WORK1 ? split_at(len, n, t->rank + 1, t->dsize) - split_at(len, n, t->rank, t->dsize) : len;
+	case DFCCL_OP_ALLGATHER: return len * n;
+	case DFCCL_OP_REDUCE: return t->rank == t->peer ? len : 0;
+	default: return len;
+	}
+}
+
+/*
+ * Describes the next piece of a channel's data step, from element `pos` of
+ * the step, at most `max` elements, into op. Returns the elements it covers
+ * (some pieces skip a range without moving it: op.elems is then 0).
+ */
+__device__ uint64_t work_piece(const dk_task *t, uint32_t ch, uint32_t step, uint32_t n, const dk_bufs &b,
+                               uint64_t pos, uint64_t max, dk_op &op)
+{
+	uint32_t r = t->rank, ds = t->dsize;
+	uint64_t lo, hi;
+	chan_range(t, ch, &lo, &hi);
+	uint64_t len = hi - lo, m = max;
+	op.dsize = ds;
+	op.dtype = t->dtype;
+	op.redop = t->redop;
+	op.div = n;
+	op.reduce = 0;
+	op.nsrc = 1;
+	switch (t->opcode) {
+	case DFCCL_OP_ALLREDUCE:
+		if (step == DK_WORK1) {
+			uint64_t i = lo + split_at(len, n, r, ds) + pos;
+			op.dst = b.recv[r] + i * ds;
+			for (uint32_t k = 0; k < n; k++)
+				op.src[k] = b.send[k] + i * ds;
+			op.nsrc = n;
+			op.reduce = 1;
+		} else {
+			/* The owner of element pos of the channel's share. */
+			uint32_t o = 0;
+			while (o + 1 < n && split_at(len, n, o + 1, ds) <= pos)
+				o++;
+			uint64_t end = split_at(len, n, o + 1, ds);
+			if (m > end - pos)
+				m = end - pos;
+			if (o == r) {
+				op.elems = 0; /* our own chunk is final since phase 1 */
+				return m;
+			}
+			op.dst = b.recv[r] + (lo + pos) * ds;
+			op.src[0] = b.recv[o] + (lo + pos) * ds;
+		}
+		break;
+	case DFCCL_OP_ALLGATHER: {
+		uint64_t s = pos / len, i = pos % len;
+		if (m > len - i)
+			m = len - i;
+		op.dst = b.recv[r] + (s * t->count + lo + i) * ds;
+		op.src[0] = b.send[s] + (lo + i) * ds;
+		break;
+	}
+	case DFCCL_OP_REDUCESCATTER:
+		op.dst = b.recv[r] + (lo + pos) * ds;
+		for (uint32_t k = 0; k < n; k++)
+			op.src[k] = b.send[k] + ((uint64_t)r * t->count + lo + pos) * ds;
+		op.nsrc = n;
+		op.reduce = 1;
+		break;
+	case DFCCL_OP_BROADCAST:
+		op.dst = b.recv[r] + (lo + pos) * ds;
+		op.src[0] = b.send[t->peer] + (lo + pos) * ds;
+		break;
+	case DFCCL_OP_REDUCE:
+		op.dst = b.recv[r] + (lo + pos) * ds;
+		for (uint32_t k = 0; k < n; k++)
+			op.src[k] = b.send[k] + (lo + pos) * ds;
+		op.nsrc = n;
+		op.reduce = 1;
+		break;
+	default: /* DFCCL_OP_RECV */
+		op.dst = b.recv[0] + pos * ds;
+		op.src[0] = b.send[0] + pos * ds;
+		break;
+	}
+	/* A single source needs no arithmetic, except avg's division. */
+	if (op.reduce && op.nsrc == 1 && t->redop != OP_AVG)
+		op.reduce = 0;
+	op.elems = m;
+	return m;
+}
+
+/* The wait of a channel's step: word(r) >= target for every rank r. */
+struct dk_cond {
+	const uint64_t *word;
+	uint32_t stride; /* words between two ranks' words */
+	uint32_t n;
+	uint64_t target;
+};
+
+__device__ dk_cond cond_of(const dk_task *t, uint32_t ch, uint32_t step, dk_comm *cm)
+{
+	const uint32_t post_words = sizeof(dfccl_rank_post) / sizeof(uint64_t);
+	uint32_t n = vload(&cm->nranks);
+	dk_cond w = {NULL, post_words, n, 0};
+	switch (step) {
+	case DK_SLOT: w.word = &t->posts[0].done, w.target = t->slot_free; break;
+	case DK_POSTS: w.word = &t->posts[0].key, w.target = t->key; break;
+	case DK_SYNC1:
+		w.word = dfccl_comm_chan(vload(&cm->hdr), n, t->slot, 0, ch);
+		w.stride = DFCCL_COMM_MAX_CHANNELS;
+		w.target = DFCCL_PROGRESS(t->key, 1);
+		break;
+	case DK_FINISH: w.word = &t->posts[0].done, w.target = t->key; break;
+	case DK_BOX_FREE: w.word = &t->box->ack, w.n = 1, w.target = t->slot_free; break;
+	case DK_BOX_ACK: w.word = &t->box->ack, w.n = 1, w.target = t->key; break;
+	default: /* DK_BOX_KEY */ w.word = &t->box->key, w.n = 1, w.target = t->key; break;
+	}
+	return w;
+}
+
+/*
+ * Two-phase blocking (thread 0): polls the wait of the channel's step up to
+ * its threshold. Returns 1 when ready, 0 when preempted, -status when the
+ * communicator failed.
+ */
+__device__ int chan_wait(dk_ctx &c, dk_task *t, uint32_t ch, dk_comm *cm, uint32_t position, sched_state *s)
+{
+	dk_chan_ctx *x = &t->ch[ch];
+	dk_cond w = cond_of(t, ch, x->step, cm);
+	bool drain = x->step == DK_FINISH || x->step == DK_BOX_ACK;
+	uint32_t threshold = drain ? sched_threshold_drain(&c.p.sched) : sched_threshold(&c.p.sched, position, s);
+	uint64_t grace = vload(&c.st->ctl.grace_req);
+	dk_inbox *ib = &c.st->inbox[c.b];
+	uint32_t arrived = vload(&ib->tail);
+	uint64_t spins = 0;
+	int rc;
+	for (;;) {
+		/* The abort word is in host memory: looked at every 64th poll,
+		 * and at the start of every 8th wait of the channel (a wait on a
+		 * rank of this GPU ends after one poll). */
+		bool look = spins ? (spins & 63u) == 0 : (x->waits++ & 7u) == 0;
+		if (look) {
+			uint32_t ab = comm_aborted(cm);
+			if (ab) {
+				rc = -(int)ab;
+				break;
+			}
+			/* A grace period or a stop must not wait for a long spin,
+			 * and new tasks get posted at once (their peers may be
+			 * waiting for exactly that): block 0 keeps reading the
+			 * queues, and a new arrival ends the wait. */
+			if (spins && (vload(&c.st->ctl.grace_req) != grace || vload(&c.st->ctl.stop))) {
+				rc = 0;
+				break;
+			}
+			if (spins && c.b == 0)
+				read_queues(c);
+			if (spins && vload(&ib->tail) != arrived) {
+				rc = 0;
+				break;
+			}
+		}
+		bool ready = true;
+		for (uint32_t r = x->wait_rank; r < w.n; r++) {
+			if (ld_acq_sys(w.word + (uint64_t)r * w.stride) < w.target) {
+				x->wait_rank = r;
+				ready = false;
+				break;
+			}
+		}
+		if (ready) {
+			x->wait_rank = 0;
+			rc = 1;
+			break;
+		}
+		/* A rank of this GPU moves only when a block of this kernel runs
+		 * it, quite possibly this very block: give way at once. */
+		uint32_t blocker = w.n == 1 ? t->peer : x->wait_rank;
+		uint32_t limit = vload(&cm->device[blocker]) == c.p.device ? 0 : threshold;
+		if (spins >= limit) {
+			rc = 0;
+			break;
+		}
+		spins++;
+		__nanosleep(64);
+	}
+	c.acc.spins += spins;
+	if (rc == 0) {
+		c.acc.preemptions++;
+		sched_on_preempt(s);
+	} else if (rc == 1) {
+		/* The acquire load of the peers' word orders this thread's reads;
+		 * the block's barrier before the data orders the other threads'. */
+		sched_on_progress(&c.p.sched, s);
+	}
+	return rc;
+}
+
+/* Posts this rank's part of the instance (channel 0, thread 0). */
+__device__ void post(dk_task *t, dk_comm *cm)
+{
+	dfccl_rank_post *p = &t->posts[t->rank];
+	volatile dfccl_rank_post *vp = p;
+	vp->send_off = t->send_off;
+	vp->recv_off = t->recv_off;
+	vp->count = t->count;
+	vp->send_reg = t->send_reg;
+	vp->recv_reg = t->recv_reg;
+	vp->shape = shape_of(t);
+	vp->root = sqe_has_root(t->opcode) ? t->peer : 0;
+	/* Plain stores, then one fence before the key: each release store to
+	 * host memory would wait for a PCIe round trip of its own. */
+	for (uint32_t ch = 0; ch < t->nch; ch++)
+		*(volatile uint64_t *)dfccl_comm_chan(vload(&cm->hdr), vload(&cm->nranks), t->slot, t->rank, ch) = DFCCL_PROGRESS(t->key, 0);
+	vp->progress = DFCCL_PROGRESS(t->key, 0);
+	st_rel_sys(&p->key, t->key);
+}
+
+__device__ void box_post(dk_task *t)
+{
+	volatile dfccl_p2p_box *b = t->box;
+	b->send_off = t->send_off;
+	b->count = t->count;
+	b->send_reg = t->send_reg;
+	b->dtype = t->dtype;
+	st_rel_sys(&t->box->key, t->key);
+}
+
+/*
+ * Thread 0's part of a visit: advances the channel's steps until it needs
+ * the block for data (returns A_DATA with sh.op filled and sh.npos the
+ * elements it covers) or the visit ends (A_RETURN with sh.ret).
+ * `piece_done` says the block just finished the piece described last time.
+ */
+__device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t ch, uint32_t position,
+                                 bool piece_done, uint64_t *budget, bool *progressed)
+{
+	dk_state *st = c.st;
+	dk_task *t = &st->tasks[ti];
+	dk_chan_ctx *x = &t->ch[ch];
+	sched_state *s = &st->states[c.b][ti];
+	dk_qp *q = &st->qps[t->qp];
+	dk_comm *cm = &st->comms[t->comm];
+	uint32_t n = vload(&cm->nranks);
+	if (!vload(&q->live) || vload(&q->gen) != t->qp_gen) {
+		/* The client is gone: nobody reads the completion, but peers
+		 * must not wait for this rank. The channel in FINISH is the last
+		 * one; any other frees the task if it is the last to leave. */
+		if (vload(&cm->live) && vload(&cm->gen) == t->comm_gen)
+			comm_fail(cm, DFCCL_CQ_PEER_LOST);
+		bool last = x->step == DK_FINISH || atomicAdd(&t->chdone, 1u) + 1 == t->nch;
+		sh.ret = last ? R_FREE : R_CHDONE;
+		return A_RETURN;
+	}
+	if (!vload(&cm->live) || vload(&cm->gen) != t->comm_gen) {
+		t->status = DFCCL_CQ_BAD_COMM;
+		x->step = DK_CHDONE;
+	}
+	if (piece_done) {
+		x->pos += sh.npos;
+		*progressed = true;
+	}
+	for (;;) {
+		uint32_t status = DFCCL_CQ_OK;
+		switch (x->step) {
+		case DK_WORK1:
+		case DK_WORK2: {
+			uint64_t total = work_total(t, ch, x->step, n);
+			if (x->pos < total) {
+				if (*budget == 0) {
+					sh.ret = R_PROGRESS;
+					return A_RETURN;
+				}
+				dk_bufs b;
+				status = bufs_get(c, t, cm, &b);
+				if (status != DFCCL_CQ_OK) {
+					comm_fail(cm, status);
+					t->status = status;
+					x->step = DK_CHDONE;
+					continue;
+				}
+				uint64_t max = *budget / t->dsize ? *budget / t->dsize : 1;
+				if (max > total - x->pos)
+					max = total - x->pos;
+				sh.npos = work_piece(t, ch, x->step, n, b, x->pos, max, sh.op);
+				uint64_t bytes = sh.op.elems * t->dsize;
+				*budget = bytes < *budget ? *budget - bytes : 0;
+				return A_DATA;
+			}
+			x->pos = 0;
+			*progressed = true;
+			/* Release stores are cumulative: what the block wrote before
+			 * its barrier is published with them. */
+			if (t->opcode == DFCCL_OP_RECV) {
+				st_rel_sys(&t->box->ack, t->key);
+				x->step = DK_CHDONE;
+				continue;
+			}
+			if (t->opcode == DFCCL_OP_ALLREDUCE && x->step == DK_WORK1) {
+				st_rel_sys(dfccl_comm_chan(vload(&cm->hdr), n, t->slot, t->rank, ch), DFCCL_PROGRESS(t->key, 1));
+				x->step = DK_SYNC1;
+			} else {
+				x->step = DK_CHDONE;
+			}
+			continue;
+		}
+		case DK_CHDONE: {
+			/* The last channel of this rank to get here finishes the task;
+			 * its release of `done` covers the other channels' writes,
+			 * which the fence orders before their count. */
+			fence_acq_rel_sys();
+			uint32_t done = atomicAdd(&t->chdone, 1u) + 1;
+			if (done < t->nch) {
+				sh.ret = R_CHDONE;
+				return A_RETURN;
+			}
+			if (t->status != DFCCL_CQ_OK || sqe_is_p2p(t->opcode)) {
+				complete(c, q, t->seq, t->status);
+				sh.ret = R_FREE;
+				return A_RETURN;
+			}
+			st_rel_sys(&t->posts[t->rank].done, t->key);
+			x->step = DK_FINISH;
+			*progressed = true;
+			continue;
+		}
+		default:
+			break;
+		}
+		int rc = chan_wait(c, t, ch, cm, position, s);
+		if (rc < 0) {
+			t->status = (uint32_t)-rc;
+			if (x->step == DK_FINISH) {
+				complete(c, q, t->seq, t->status);
+				sh.ret = R_FREE;
+				return A_RETURN;
+			}
+			x->step = DK_CHDONE;
+			continue;
+		}
+		if (rc == 0) {
+			sh.ret = *progressed ? R_PROGRESS : R_BLOCKED;
+			return A_RETURN;
+		}
+		*progressed = true;
+		switch (x->step) {
+		case DK_SLOT:
+			post(t, cm);
+			x->step = DK_POSTS;
+			break;
+		case DK_POSTS:
+		case DK_BOX_KEY: {
+			dk_bufs b;
+			status = posts_take(t, cm);
+			if (status == DFCCL_CQ_OK)
+				status = bufs_get(c, t, cm, &b);
+			if (status != DFCCL_CQ_OK) {
+				comm_fail(cm, status);
+				t->status = status;
+				x->step = DK_CHDONE;
+			} else {
+				x->step = DK_WORK1;
+			}
+			break;
+		}
+		case DK_SYNC1: x->step = DK_WORK2; break;
+		case DK_BOX_FREE:
+			box_post(t);
+			x->step = DK_BOX_ACK;
+			break;
+		case DK_BOX_ACK: x->step = DK_CHDONE; break;
+		default: /* DK_FINISH */
+			complete(c, q, t->seq, DFCCL_CQ_OK);
+			sh.ret = R_FREE;
+			return A_RETURN;
+		}
+	}
+}
+
+/* ------------------------------------------------------------------ the kernel */
+
+__global__ void __launch_bounds__(DK_THREADS) dk_main(dk_params p)
+{
+	__shared__ dk_shared sh;
+	dk_ctx c;
+	c.p = p;
+	c.st = p.st;
+	c.b = blockIdx.x;
+	c.bs = &p.host->block[c.b];
+	dk_state *st = p.st;
+	const uint32_t tid = threadIdx.x;
+	if (tid == 0) {
+		/* Counters carry on from the last launch. */
+		volatile uint64_t *v = (volatile uint64_t *)c.bs;
+		c.acc.completed = v[0];
+		c.acc.errors = v[1];
+		c.acc.preemptions = v[2];
+		c.acc.context_switches = v[3];
+		c.acc.spins = v[4];
+		c.acc.started = v[5];
+		c.acc.grace_ack = v[6];
+		c.out = c.acc;
+		sh.q.n = 0;
+	}
+	uint64_t last_active = now_ns();
+	uint64_t last_task = 0;
+	for (;;) {
+		if (tid == 0) {
+			uint64_t g = vload(&st->ctl.grace_req);
+			if (g != c.acc.grace_ack) {
+				c.acc.grace_ack = g;
+				*(volatile uint64_t *)&c.bs->grace_ack = g;
+				__threadfence_system();
+			}
+			bool found = false;
+			if (c.b == 0 && read_queues(c) > 0)
+				found = true;
+			dk_inbox *ib = &st->inbox[c.b];
+			uint32_t tail = vload(&ib->tail);
+			while (ib->head != tail && sh.q.n < SCHED_MAX_TASKS) {
+				uint32_t ti = vload(&ib->idx[ib->head % DK_MAX_TASKS]);
+				sched_insert(&p.sched, &sh.q, st->states[c.b], ti);
+				ib->head++;
+				found = true;
+			}
+			uint64_t now = now_ns();
+			if (found || sh.q.n)
+				last_active = now;
+			sh.quit = 0;
+			if (vload(&st->ctl.stop)) {
+				sh.quit = 1;
+			} else if (c.b == 0) {
+				if (vload(&st->live_tasks) == 0 && now - last_active >= p.idle_ns) {
+					/* Going: say so, then look once more, so an entry
+					 * armed before a client saw SLEEPING is not missed. */
+					set_engine_state(st, DFCCL_ENGINE_SLEEPING);
+					if (read_queues(c) > 0) {
+						set_engine_state(st, DFCCL_ENGINE_POLLING);
+						last_active = now_ns();
+					} else {
+						*(volatile uint32_t *)&st->ctl.quit = 1;
+						*(volatile uint32_t *)&p.host->quit_voluntary = 1;
+						__threadfence_system();
+						sh.quit = 1;
+					}
+				}
+			} else if (vload(&st->ctl.quit) && sh.q.n == 0 && ib->head == vload(&ib->tail)) {
+				sh.quit = 1;
+			}
+		}
+		__syncthreads();
+		if (sh.quit)
+			break;
+		uint32_t pos = 0;
+		while (pos < sh.q.n) {
+			uint32_t ti = sh.q.idx[pos];
+			dk_task *t = &st->tasks[ti];
+			if (tid == 0 && t->arrival != last_task) {
+				if (last_task)
+					c.acc.context_switches++;
+				last_task = t->arrival;
+			}
+			uint64_t budget = p.visit_bytes;
+			bool progressed = false, piece_done = false;
+			for (;;) {
+				if (tid == 0)
+					sh.act = chan_control(c, sh, ti, c.b, pos, piece_done, &budget, &progressed);
+				__syncthreads();
+				if (sh.act != A_DATA)
+					break;
+				if (sh.op.elems)
+					op_run(sh.op);
+				__syncthreads();
+				piece_done = true;
+			}
+			uint32_t ret = sh.ret;
+			__syncthreads();
+			if (ret == R_CHDONE || ret == R_FREE) {
+				if (tid == 0) {
+					sched_remove_at(&sh.q, pos);
+					if (ret == R_FREE)
+						task_free(st, t);
+					stats_flush(c);
+				}
+				__syncthreads();
+				continue;
+			}
+			pos++;
+		}
+		if (tid == 0)
+			stats_flush(c);
+		__syncthreads();
+	}
+}
+
+extern "C" int dk_launch(const struct dk_params *p, void *stream)
+{
+	dk_main<<<p->blocks, DK_THREADS, 0, (cudaStream_t)stream>>>(*p);
+	return (int)cudaGetLastError();
+}
+
+extern "C" int dk_preload(void)
+{
+	cudaFuncAttributes a;
+	return (int)cudaFuncGetAttributes(&a, dk_main);
+}

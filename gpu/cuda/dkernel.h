@@ -1,0 +1,208 @@
+/*
+ * The contract between the daemon kernel (dkernel.cu) and its host side in
+ * the worker (cuda_engine.cu): the tables the kernel reads, the tasks it
+ * keeps, and where each word lives and who writes it.
+ *
+ * Placement. Everything the kernel reads often lives in device memory, in
+ * one `struct dk_state` the host side allocates per worker: the queue-pair,
+ * communicator and registration tables (written by the host side with
+ * copies on a stream of its own while the kernel runs, read by the kernel
+ * with volatile loads), the tasks and their contexts, the per-block inboxes.
+ * What the host side reads while the kernel runs lives in mapped pinned host
+ * memory, `struct dk_host`: grace-period acknowledgements and per-block
+ * counters, each word written by one block only, so no atomics cross PCIe.
+ *
+ * Updating a table under a running kernel. An entry is written in two
+ * copies: its body while its `live` (or `state`) word still says "ignore
+ * me", then that word. Removing one is the reverse: the word first, then a
+ * grace period (dk_ctl.grace_req; every block acknowledges at the top of its
+ * loop, and waits give up early when one is requested), after which no block
+ * holds anything it read from the entry: tasks look their queue pair,
+ * communicator and buffers up again on every visit.
+ */
+#ifndef DFCCL_DKERNEL_H
+#define DFCCL_DKERNEL_H
+
+#include <stdint.h>
+
+#include "dfccl_comm.h"
+#include "dfccl_queue.h"
+#include "scheduler.h"
+
+#define DK_MAX_QPS 256u
+#define DK_MAX_COMMS 256u
+#define DK_REG_CAP 8192u /* registration hash table: a power of two */
+#define DK_MAX_TASKS SCHED_MAX_TASKS
+#define DK_MAX_BLOCKS DFCCL_COMM_MAX_CHANNELS
+#define DK_THREADS 512u
+#define DK_NO_TASK 0xffffffffu
+
+/* A queue pair. Host side: every field but those marked kernel. */
+struct dk_qp {
+	uint32_t live;                /* host: 1 while served; written last on add, first on removal */
+	uint32_t gen;                 /* host: changes with every use of the slot */
+	uint32_t n;                   /* host: entries (its own record, not the region's header) */
+	uint32_t reserved0;
+	uint64_t session_id;          /* host */
+	struct dfccl_qp_header *hdr;  /* host: the region as the GPU sees it */
+	struct dfccl_sqe *sq;         /* host */
+	uint64_t *cw;                 /* host */
+	uint64_t *taken;              /* host: device array [n]; kernel: sequence last taken per slot */
+	uint64_t head;                /* kernel (host sets it on add): lowest sequence not yet taken */
+	uint64_t completed;           /* kernel: completions written, under `lock` */
+	int32_t lock;                 /* kernel: orders completions of several blocks */
+	uint32_t reserved1;
+};
+
+enum dk_reg_state { DK_REG_EMPTY = 0, DK_REG_LIVE = 1, DK_REG_GONE = 2 };
+
+/* A registration: open addressing by reg_id; GONE entries keep probes going. */
+struct dk_reg {
+	uint32_t reg_id;     /* host */
+	uint32_t state;      /* host: enum dk_reg_state, written after the rest */
+	uint64_t session_id; /* host */
+	uint64_t size;       /* host */
+	char *base;          /* host: the buffer as the GPU sees it */
+};
+
+/* A communicator with a rank on this device. */
+struct dk_comm {
+	uint32_t live;                    /* host: as dk_qp.live */
+	uint32_t gen;                     /* host */
+	uint64_t comm_id;                 /* host */
+	uint32_t nranks;                  /* host */
+	uint32_t abort_status;            /* host: nonzero once aborted here */
+	struct dfccl_comm_header *hdr;    /* host: the region's synchronisation part as the GPU sees it */
+	uint64_t session[DFCCL_COMM_MAX_RANKS]; /* host: by rank */
+	uint32_t device[DFCCL_COMM_MAX_RANKS];  /* host: by rank */
+};
+
+/* Steps of a channel of a task (see dkernel.cu). */
+enum dk_step {
+	DK_SLOT = 0,
+	DK_POSTS,
+	DK_WORK1,
+	DK_SYNC1,
+	DK_WORK2,
+	DK_CHDONE,
+	DK_FINISH,
+	DK_BOX_FREE,
+	DK_BOX_ACK,
+	DK_BOX_KEY,
+};
+
+/* The dynamic context of one channel of a task: its step and position. */
+struct dk_chan_ctx {
+	uint32_t step;      /* enum dk_step */
+	uint32_t wait_rank; /* the current wait has seen ranks below this ready */
+	uint64_t pos;       /* elements done in the current data step */
+	uint32_t waits;     /* waits begun: every 8th looks at the abort word first */
+	uint32_t reserved;
+};
+
+enum dk_task_state { DK_TASK_FREE = 0, DK_TASK_LIVE = 1 };
+
+/* A collective of one rank: its static context (from the entry, fixed for
+ * its life) and one dynamic context per channel. Kernel-owned. */
+struct dk_task {
+	uint32_t state;     /* enum dk_task_state */
+	uint32_t qp, qp_gen;
+	uint32_t comm, comm_gen;
+	uint32_t rank, peer, dsize;
+	uint32_t send_reg, recv_reg;
+	uint32_t slot;      /* the instance slot (channel words) */
+	uint32_t chdone;    /* channels finished (atomic) */
+	uint64_t seq;       /* the entry: where its completion goes */
+	uint64_t key;       /* the instance */
+	uint64_t count;
+	uint64_t send_off, recv_off;
+	uint64_t slot_free; /* the slot is free once every rank's done >= this */
+	uint64_t arrival;
+	uint8_t opcode, dtype, redop, nch;
+	uint32_t status;    /* completion status once known */
+	struct dfccl_rank_post *posts; /* collectives: the instance's posts, [rank] */
+	struct dfccl_p2p_box *box;     /* send/recv */
+	struct dk_chan_ctx ch[DK_MAX_BLOCKS];
+	/* Every rank's post (or the sender's mailbox), copied once checked:
+	 * posts do not change while the instance runs, and reading them again
+	 * from host memory on every visit would cost a PCIe round trip each. */
+	struct dk_post_copy {
+		uint64_t send_off, recv_off;
+		uint32_t send_reg, recv_reg;
+	} post[DFCCL_COMM_MAX_RANKS];
+};
+
+/* A block's inbox of new tasks: block 0 appends, the owner takes. */
+struct dk_inbox {
+	uint32_t head;                 /* owner */
+	uint32_t tail;                 /* block 0 */
+	uint32_t idx[DK_MAX_TASKS];
+};
+
+/* Written by the host side (device memory), read by every block. */
+struct dk_ctl {
+	uint32_t quit;       /* block 0 decided to quit (idle); host clears it before a launch */
+	uint32_t stop;       /* host: leave now (the worker is exiting) */
+	uint64_t grace_req;  /* host: grace period requested; blocks acknowledge in dk_host */
+	uint32_t nqps;       /* host: queue-pair slots in use are below this */
+	uint32_t ncomms;     /* host: communicator slots in use are below this */
+};
+
+/* Counters of one block, in host memory; the block is the only writer. */
+struct dk_block_stats {
+	uint64_t completed, errors, preemptions, context_switches, spins, started;
+	uint64_t grace_ack;  /* the last grace period this block passed */
+	uint64_t reserved;
+};
+
+/* Mapped pinned host memory: what the host side reads while the kernel runs. */
+struct dk_host {
+	struct dk_block_stats block[DK_MAX_BLOCKS];
+	uint32_t quit_voluntary; /* block 0: set when it quit for being idle */
+	uint32_t reserved[15];
+};
+
+/* Everything of one daemon kernel in device memory. */
+struct dk_state {
+	struct dk_ctl ctl;
+	uint32_t live_tasks;  /* tasks not FREE (atomic) */
+	uint32_t task_cursor; /* block 0: where the search for a free task starts */
+	uint64_t arrivals;    /* block 0 */
+	struct dk_qp qps[DK_MAX_QPS];
+	struct dk_comm comms[DK_MAX_COMMS];
+	struct dk_reg regs[DK_REG_CAP];
+	struct dk_task tasks[DK_MAX_TASKS];
+	struct sched_state states[DK_MAX_BLOCKS][DK_MAX_TASKS];
+	struct dk_inbox inbox[DK_MAX_BLOCKS];
+};
+
+/* The launch's parameters. */
+struct dk_params {
+	struct dk_state *st;     /* device memory */
+	struct dk_host *host;    /* mapped host memory, device pointer */
+	struct sched_params sched;
+	uint32_t blocks;         /* channels: the grid size */
+	uint32_t device;
+	uint64_t idle_ns;        /* quit after this long with nothing to do */
+	uint64_t visit_bytes;    /* bytes a channel moves per visit before it yields */
+	uint64_t chan_bytes;     /* a collective gets one channel per this many bytes, up to `blocks` */
+};
+
+/* The registration table's first probe for reg_id. */
+static inline DFCCL_HD uint32_t dk_reg_hash(uint32_t reg_id)
+{
+	return (reg_id * 2654435761u) & (DK_REG_CAP - 1u);
+}
+
+#if defined(__cplusplus)
+extern "C" {
+#endif
+/* Launches the daemon kernel (dkernel.cu) on stream; returns a cudaError_t. */
+int dk_launch(const struct dk_params *p, void *stream);
+/* Loads the kernel's module now (lazy loading must not happen while it runs). */
+int dk_preload(void);
+#if defined(__cplusplus)
+}
+#endif
+
+#endif /* DFCCL_DKERNEL_H */

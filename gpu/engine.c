@@ -1,0 +1,126 @@
+/*
+ * See engine.h: the choice of implementation, and calls forwarded to its
+ * ops table. Nothing here knows how an engine works.
+ */
+#include "engine.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "host_engine.h"
+#if defined(DFCCL_HAVE_CUDA)
+#include "cuda_engine.h"
+#endif
+
+struct engine {
+	const struct engine_ops *ops;
+	void *impl;
+};
+
+int engine_new(int kind, const struct engine_config *cfg, struct engine **out, char *err, size_t errlen)
+{
+	*out = NULL;
+	struct engine *e = calloc(1, sizeof(*e));
+	if (!e) {
+		snprintf(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	int rc;
+	if (kind == ENGINE_HOST) {
+		rc = host_engine_ops_new(cfg, &e->ops, &e->impl);
+		if (rc < 0)
+			snprintf(err, errlen, "cannot create the host engine: %d", rc);
+	} else if (kind == ENGINE_CUDA) {
+#if defined(DFCCL_HAVE_CUDA)
+		rc = cuda_engine_ops_new(cfg, &e->ops, &e->impl, err, errlen);
+#else
+		snprintf(err, errlen, "this dfccld was built without CUDA: the cuda engine is not available");
+		rc = -ENOTSUP;
+#endif
+	} else {
+		snprintf(err, errlen, "unknown engine kind %d", kind);
+		rc = -EINVAL;
+	}
+	if (rc < 0) {
+		free(e);
+		return rc;
+	}
+	*out = e;
+	return 0;
+}
+
+void engine_free(struct engine *e)
+{
+	if (!e)
+		return;
+	e->ops->free(e->impl);
+	free(e);
+}
+
+int engine_qp_add(struct engine *e, struct sq_queue *q, char *err, size_t errlen)
+{
+	return e->ops->qp_add(e->impl, q, err, errlen);
+}
+
+void engine_qp_del(struct engine *e, struct sq_queue *q)
+{
+	e->ops->qp_del(e->impl, q);
+}
+
+int engine_reg_add(struct engine *e, const struct sq_reg *r, int mem, const void *ipc, size_t ipc_len, char *err,
+                   size_t errlen)
+{
+	return e->ops->reg_add(e->impl, r, mem, ipc, ipc_len, err, errlen);
+}
+
+void engine_reg_del(struct engine *e, uint32_t reg_id)
+{
+	e->ops->reg_del(e->impl, reg_id);
+}
+
+int engine_comm_add(struct engine *e, uint64_t comm_id, uint32_t nranks, const struct engine_member *members,
+                    void *region, size_t region_size, char *err, size_t errlen)
+{
+	return e->ops->comm_add(e->impl, comm_id, nranks, members, region, region_size, err, errlen);
+}
+
+void engine_comm_abort(struct engine *e, uint64_t comm_id, uint32_t status)
+{
+	e->ops->comm_abort(e->impl, comm_id, status);
+}
+
+void engine_comm_del(struct engine *e, uint64_t comm_id)
+{
+	e->ops->comm_del(e->impl, comm_id);
+}
+
+unsigned engine_poll(struct engine *e)
+{
+	return e->ops->poll(e->impl);
+}
+
+int engine_busy(struct engine *e, uint64_t *pause_ns)
+{
+	return e->ops->busy(e->impl, pause_ns);
+}
+
+int engine_sleep(struct engine *e)
+{
+	return e->ops->sleep(e->impl);
+}
+
+void engine_wake(struct engine *e)
+{
+	e->ops->wake(e->impl);
+}
+
+const char *engine_fatal(const struct engine *e)
+{
+	return e->ops->fatal ? e->ops->fatal(e->impl) : NULL;
+}
+
+const char *engine_name(const struct engine *e)
+{
+	return e->ops->name;
+}

@@ -1,0 +1,155 @@
+/*
+ * The engine of a worker: what executes its device's collectives.
+ *
+ * A worker process (daemon/worker.c) owns one device and one engine. The
+ * worker keeps the control plane -- its socket to the supervisor, the
+ * mappings of queue pairs, registrations and communicator regions -- and
+ * hands each of them to the engine; the engine takes submissions from the
+ * queue pairs and completes them. Two engines implement this interface:
+ *
+ *   host  (gpu/host/host_engine.h): CPU threads of the worker take the
+ *         entries and run the collectives on host shared memory.
+ *   cuda  (gpu/cuda/cuda_engine.h): a persistent daemon kernel on the GPU
+ *         takes the entries straight from the queue pairs and runs the
+ *         collectives on GPU (or host-registered) memory; the worker's CPU
+ *         only launches it, wakes sleeping clients and keeps its tables.
+ *
+ * The worker's loop is the same for both (engine_poll, then pause or sleep
+ * as the engine says), and so are its control messages and its fault
+ * handling. Threading: the worker's single thread calls everything here.
+ */
+#ifndef DFCCL_ENGINE_H
+#define DFCCL_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dfccl_stats.h"
+#include "scheduler.h"
+#include "sq.h"
+
+enum engine_kind { ENGINE_HOST = 1, ENGINE_CUDA = 2 };
+
+/* What kind of memory a registration is, as the worker received it. */
+enum engine_mem {
+	ENGINE_MEM_HOST = 1,     /* host shared memory, mapped by the worker at sq_reg.base */
+	ENGINE_MEM_CUDA_IPC = 2, /* GPU memory: a legacy CUDA IPC handle of a whole allocation */
+};
+
+struct engine_config {
+	uint32_t device;                  /* the worker's device */
+	struct sched_params sched;        /* thresholds and ordering (all zero: defaults) */
+	struct dfccl_worker_stats *stats; /* the shared statistics page */
+	sq_reg_lookup_fn reg_lookup;      /* the worker's registrations, by id */
+	void *reg_ctx;
+	uint32_t algo;                    /* enum dfccl_algo: for entries without a hint */
+	uint32_t channels;                /* cuda: blocks of the daemon kernel */
+	uint64_t kernel_idle_ns;          /* cuda: idle time before the daemon kernel quits */
+};
+
+/* A rank of a communicator, as WorkerCommAdd describes it. */
+struct engine_member {
+	uint32_t rank;
+	uint32_t device;
+	uint64_t session_id;
+};
+
+struct engine;
+
+/*
+ * Creates the engine of `kind` for cfg->device. For the cuda engine the
+ * calling thread must have made the device current (devices_open_cuda).
+ * Returns 0 or a negative errno with a sentence in err.
+ */
+int engine_new(int kind, const struct engine_config *cfg, struct engine **out, char *err, size_t errlen);
+void engine_free(struct engine *e);
+
+/* A queue pair opened by the worker (sq_queue_open); the engine serves it
+ * until engine_qp_del, after which it completes nothing more on it. */
+int engine_qp_add(struct engine *e, struct sq_queue *q, char *err, size_t errlen);
+
+/* The queue pair goes away (its session ended): its tasks are dropped
+ * without completion, their communicators failed so peers do not hang.
+ * On return the engine no longer touches q's memory. */
+void engine_qp_del(struct engine *e, struct sq_queue *q);
+
+/*
+ * A registration the worker recorded (r stays valid until engine_reg_del):
+ * for ENGINE_MEM_HOST, r->base is the worker's mapping; for
+ * ENGINE_MEM_CUDA_IPC, ipc holds the handle (r->base is NULL). Returns 0 or
+ * a negative errno with a sentence in err.
+ */
+int engine_reg_add(struct engine *e, const struct sq_reg *r, int mem, const void *ipc, size_t ipc_len, char *err,
+                   size_t errlen);
+
+/* On return the engine no longer touches the registration's memory. */
+void engine_reg_del(struct engine *e, uint32_t reg_id);
+
+/* A communicator with a rank on this device; region is its mapped shared
+ * region (proto/dfccl_comm.h), kept until engine_comm_del. */
+int engine_comm_add(struct engine *e, uint64_t comm_id, uint32_t nranks, const struct engine_member *members,
+                    void *region, size_t region_size, char *err, size_t errlen);
+
+/* Every pending and later collective of the communicator fails with status. */
+void engine_comm_abort(struct engine *e, uint64_t comm_id, uint32_t status);
+
+/* On return the engine no longer touches the communicator's region. */
+void engine_comm_del(struct engine *e, uint64_t comm_id);
+
+/*
+ * One turn of the worker's loop: takes what is armed, runs or watches the
+ * collectives, completes entries. Returns how much happened (0: nothing).
+ */
+unsigned engine_poll(struct engine *e);
+
+/*
+ * Whether the engine has work in flight that engine_poll must look at again
+ * soon although nothing can wake the worker (tasks blocked on peers in other
+ * workers, a daemon kernel running). *pause_ns says how long the worker may
+ * pause before the next poll.
+ */
+int engine_busy(struct engine *e, uint64_t *pause_ns);
+
+/*
+ * The worker wants to block until a doorbell or a control message: the
+ * engine announces SLEEPING in its queue headers and looks once more.
+ * Returns 1 when the worker may block, 0 when work turned up (the engine is
+ * polling again).
+ */
+int engine_sleep(struct engine *e);
+
+/* The worker woke from a block: the engine polls again. */
+void engine_wake(struct engine *e);
+
+/* NULL while the engine works; a sentence once it hit an error it cannot
+ * recover from in this process (a lost GPU context): the worker then exits
+ * and the supervisor starts a fresh one. */
+const char *engine_fatal(const struct engine *e);
+
+/* "host" or "cuda". */
+const char *engine_name(const struct engine *e);
+
+/*
+ * The implementations' side: each engine fills an ops table; engine.c
+ * dispatches. impl is the engine's own object.
+ */
+struct engine_ops {
+	const char *name;
+	void (*free)(void *impl);
+	int (*qp_add)(void *impl, struct sq_queue *q, char *err, size_t errlen);
+	void (*qp_del)(void *impl, struct sq_queue *q);
+	int (*reg_add)(void *impl, const struct sq_reg *r, int mem, const void *ipc, size_t ipc_len, char *err,
+	               size_t errlen);
+	void (*reg_del)(void *impl, uint32_t reg_id);
+	int (*comm_add)(void *impl, uint64_t comm_id, uint32_t nranks, const struct engine_member *members, void *region,
+	                size_t region_size, char *err, size_t errlen);
+	void (*comm_abort)(void *impl, uint64_t comm_id, uint32_t status);
+	void (*comm_del)(void *impl, uint64_t comm_id);
+	unsigned (*poll)(void *impl);
+	int (*busy)(void *impl, uint64_t *pause_ns);
+	int (*sleep)(void *impl);
+	void (*wake)(void *impl);
+	const char *(*fatal)(void *impl); /* may be NULL: never fatal */
+};
+
+#endif /* DFCCL_ENGINE_H */
