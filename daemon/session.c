@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -292,15 +293,30 @@ static void handle_register(struct session *s, uint64_t req, const Dfccl__V1__Re
 		break;
 	}
 	case DFCCL__V1__MEM_KIND__MEM_CUDA_IPC:
-	case DFCCL__V1__MEM_KIND__MEM_CUDA_VMM_FD:
-		if (m->kind == DFCCL__V1__MEM_KIND__MEM_CUDA_IPC && m->ipc_handle.len != IPC_HANDLE_BYTES) {
+		/* The handle names a whole allocation whose size the supervisor
+		 * cannot learn: only a worker that opens it can check the range. */
+		if (m->ipc_handle.len != IPC_HANDLE_BYTES) {
 			session_reply_error(s, req, EC(INVALID_ARGUMENT), "a CUDA IPC handle has %u bytes, got %zu",
 			                    IPC_HANDLE_BYTES, m->ipc_handle.len);
 			return;
 		}
+		if (m->offset > UINT64_MAX - m->size) {
+			session_reply_error(s, req, EC(INVALID_ARGUMENT), "range [%llu, +%llu) wraps around",
+			                    (unsigned long long)m->offset, (unsigned long long)m->size);
+			return;
+		}
+		if (srv->engine != DFCCLD_ENGINE_CUDA) {
+			session_reply_error(s, req, EC(NOT_SUPPORTED),
+			                    "this dfccld runs the %s engine, which cannot reach GPU memory: GPU memory needs "
+			                    "dfccld started with --engine cuda on a GPU node; with the host engine, use "
+			                    "buffers from dfcclMemAlloc", config_engine_name(srv->engine));
+			return;
+		}
+		break;
+	case DFCCL__V1__MEM_KIND__MEM_CUDA_VMM_FD:
 		session_reply_error(s, req, EC(NOT_SUPPORTED),
-		                    "registration of GPU memory needs the CUDA engine's data path, which this dfccld "
-		                    "does not have yet; use dfcclMemAlloc host memory");
+		                    "GPU memory exported as a file descriptor (cuMemCreate/VMM allocations) is not "
+		                    "supported yet; use memory from cudaMalloc, which is shared through CUDA IPC");
 		return;
 	default:
 		session_reply_error(s, req, EC(INVALID_ARGUMENT), "unknown memory kind %d", (int)m->kind);
@@ -323,8 +339,8 @@ static void handle_register(struct session *s, uint64_t req, const Dfccl__V1__Re
 	r->reg_id = ++srv->next_reg_id;
 	r->device = m->device;
 	r->size = m->size;
-	int rc = workers_add_reg(srv->workers, m->device, r->reg_id, s->id, m->kind, m->size, m->offset,
-	                         m->ipc_handle.data, m->ipc_handle.len, fd, req);
+	int rc = workers_add_reg(srv->workers, r->reg_id, s->id, m->kind, m->size, m->offset, m->ipc_handle.data,
+	                         m->ipc_handle.len, fd, req);
 	if (rc < 0) {
 		user_uncharge_bytes(s->user, (int64_t)m->size);
 		free(r);

@@ -692,31 +692,20 @@ static int worker_add_reg_rec(struct worker *wk, struct reg_rec *r)
 	return 1;
 }
 
-int workers_add_reg(struct workers *w, uint32_t device, uint32_t reg_id, uint64_t session_id, int kind,
-                    uint64_t size, uint64_t offset, const uint8_t *ipc_handle, size_t ipc_len, int fd,
-                    uint64_t request_id)
+int workers_add_reg(struct workers *w, uint32_t reg_id, uint64_t session_id, int kind, uint64_t size,
+                    uint64_t offset, const uint8_t *ipc_handle, size_t ipc_len, int fd, uint64_t request_id)
 {
-	if (!w)
-		return -ENODEV;
-	if (device >= w->n)
+	if (!w || w->n == 0)
 		return -ENODEV;
 	if (ipc_len > sizeof(((struct reg_rec *)0)->ipc))
 		return -EINVAL;
-	/* Collectives on host memory read peers' buffers directly, so every
-	 * worker maps every host-memory registration; GPU memory is mapped by
-	 * the worker of its own GPU. */
-	unsigned first = device, last = device;
-	if (kind == DFCCL__V1__MEM_KIND__MEM_HOST_MEMFD) {
-		first = 0;
-		last = w->n - 1;
-	}
 	struct reg_wait *rw = calloc(1, sizeof(*rw));
 	if (!rw)
 		return -ENOMEM;
 	rw->reg_id = reg_id;
 	rw->session_id = session_id;
 	rw->request_id = request_id;
-	for (unsigned d = first; d <= last; d++) {
+	for (unsigned d = 0; d < w->n; d++) {
 		struct reg_rec *r = calloc(1, sizeof(*r));
 		int e = 0;
 		if (!r)
@@ -725,7 +714,7 @@ int workers_add_reg(struct workers *w, uint32_t device, uint32_t reg_id, uint64_
 			e = errno;
 		if (e) {
 			free(r);
-			for (unsigned u = first; u < d; u++)
+			for (unsigned u = 0; u < d; u++)
 				workers_del_reg(w, u, reg_id);
 			free(rw);
 			return -e;
@@ -875,6 +864,8 @@ int workers_fill_stats(struct workers *w, Dfccl__V1__QueryReply *r)
 		d->spins = load64(&wk->stats->spins);
 		d->queue_pairs = wk->nqps;
 		d->worker_up = wk->state == W_READY;
+		d->kernel_launches = load64(&wk->stats->kernel_launches);
+		d->kernel_quits = load64(&wk->stats->kernel_quits);
 		d->by_algo = calloc(DFCCL_ALGO_COUNT_, sizeof(*d->by_algo));
 		if (!d->by_algo)
 			return -ENOMEM;

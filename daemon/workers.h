@@ -2,11 +2,12 @@
  * The supervisor's side of the engine workers: one process per device.
  *
  * For each device the supervisor keeps what a worker needs to do its job
- * (the queue pairs and registrations of every session on that device, and a
- * statistics page) and hands all of it to each worker it starts, so a worker
- * that dies can be replaced without the clients doing anything: the
- * collectives that were in flight on the device fail with DEVICE_LOST, its
- * communicators are told, and the new worker serves the same queue pairs.
+ * (the queue pairs of every session on that device, every registration of
+ * every session, and a statistics page) and hands all of it to each worker
+ * it starts, so a worker that dies can be replaced without the clients
+ * doing anything: the collectives that were in flight on the device fail
+ * with DEVICE_LOST, its communicators are told, and the new worker serves
+ * the same queue pairs.
  *
  * Worker states: starting (spawned, no WorkerHello yet) -> ready ->
  * dead (exited; restart scheduled with back-off) -> starting ... ; and
@@ -45,19 +46,22 @@ int workers_qp_fds(struct workers *w, uint32_t device, uint32_t qp_id, int *memf
 void workers_detach_qp(struct workers *w, uint32_t device, uint32_t qp_id);
 
 /*
- * Adds a registration (fd borrowed and duplicated; -1 for none) and hands
- * it to the device's worker. Returns 0 when the worker will acknowledge it
- * (session_reg_done is called then, with request_id), 1 when it is recorded
- * and there is nothing to wait for (the worker is down: the replacement gets
- * it), or a negative errno.
+ * Adds a registration (fd borrowed and duplicated; -1 for none; ipc_handle
+ * copied, at most 64 bytes) and hands it to every worker, whatever the
+ * device the memory lives on: collectives read and write peers' buffers
+ * directly, so each worker maps each buffer (host memory by its memfd, GPU
+ * memory by opening its CUDA IPC handle). Each worker receives
+ * WorkerAddReg{reg_id, session_id, kind, size, offset, ipc_handle}, now or
+ * when it is next ready. Returns 0 when workers will acknowledge it
+ * (session_reg_done is called once all have, with request_id), 1 when it is
+ * recorded and there is nothing to wait for (no worker is up: replacements
+ * get it), or a negative errno.
  */
-int workers_add_reg(struct workers *w, uint32_t device, uint32_t reg_id, uint64_t session_id, int kind,
-                    uint64_t size, uint64_t offset, const uint8_t *ipc_handle, size_t ipc_len, int fd,
-                    uint64_t request_id);
+int workers_add_reg(struct workers *w, uint32_t reg_id, uint64_t session_id, int kind, uint64_t size,
+                    uint64_t offset, const uint8_t *ipc_handle, size_t ipc_len, int fd, uint64_t request_id);
 /* Removes a registration from one device's worker. */
 void workers_del_reg(struct workers *w, uint32_t device, uint32_t reg_id);
-/* Removes a registration made with workers_add_reg from every worker that
- * got it (all of them for host memory). */
+/* Removes a registration made with workers_add_reg from every worker. */
 void workers_del_reg_all(struct workers *w, uint32_t reg_id);
 
 /* Whether the worker of `device` is serving (1), on its way up -- starting,

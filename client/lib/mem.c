@@ -1,12 +1,20 @@
 /*
- * Shared-memory allocations, their table, and dfcclCommRegister handles;
- * see mem.h.
+ * Shared-memory allocations, implicitly registered GPU allocations, their
+ * table, and dfcclCommRegister handles; see mem.h.
  *
  * The memfd is sealed against shrinking and growing before it is
  * registered: the daemon's engine maps it too, and a client that truncated
- * it afterwards would make the engine fault on pages that vanished. Only a
- * table lookup runs on the collective path: a binary search under one
- * mutex.
+ * it afterwards would make the engine fault on pages that vanished. For
+ * host memory only a table lookup runs on the collective path: a binary
+ * search under one mutex. GPU memory adds one driver query per
+ * translation, made outside the mutex.
+ *
+ * The mutex is never held across a daemon round trip: a GPU allocation
+ * being registered stands in the table as a pending entry, which keeps
+ * other threads from registering it too (they wait on mem_settled), and
+ * entries being replaced are taken out of the table before their
+ * registrations are dropped, so no other thread can hand them out
+ * meanwhile.
  */
 #include "mem.h"
 
@@ -19,9 +27,11 @@
 #include <unistd.h>
 
 #include "comm.h"
+#include "cudrv.h"
 #include "errors.h"
 
 static pthread_mutex_t mem_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t mem_settled = PTHREAD_COND_INITIALIZER; /* a pending entry was registered or dropped */
 static struct mem_table mem_allocs = MEM_TABLE_INIT;
 static uint64_t mem_next_id; /* guarded by mem_lock */
 
@@ -41,11 +51,31 @@ static size_t table_upper(const struct mem_table *t, uintptr_t addr)
 	return lo;
 }
 
+size_t mem_table_overlap(const struct mem_table *t, uintptr_t lo, uintptr_t hi, size_t *first)
+{
+	size_t i = table_upper(t, lo);
+	if (i > 0 && t->v[i - 1]->base + t->v[i - 1]->size > lo)
+		i--;
+	size_t n = 0;
+	while (i + n < t->n && t->v[i + n]->base < hi)
+		n++;
+	*first = i;
+	return n;
+}
+
+/* Removes t->v[i .. i + n). */
+static void table_remove(struct mem_table *t, size_t i, size_t n)
+{
+	if (n == 0)
+		return; /* t->v may be NULL */
+	memmove(&t->v[i], &t->v[i + n], (t->n - i - n) * sizeof(*t->v));
+	t->n -= n;
+}
+
 int mem_table_insert(struct mem_table *t, struct mem_alloc *a)
 {
-	size_t i = table_upper(t, a->base);
-	if ((i > 0 && t->v[i - 1]->base + t->v[i - 1]->size > a->base) ||
-	    (i < t->n && a->base + a->size > t->v[i]->base))
+	size_t i;
+	if (mem_table_overlap(t, a->base, a->base + a->size, &i))
 		return -EEXIST;
 	if (t->n == t->cap) {
 		size_t cap = t->cap ? t->cap * 2 : 16;
@@ -76,8 +106,7 @@ struct mem_alloc *mem_table_take(struct mem_table *t, uintptr_t base)
 	if (i == 0 || t->v[i - 1]->base != base)
 		return NULL;
 	struct mem_alloc *a = t->v[i - 1];
-	memmove(&t->v[i - 1], &t->v[i], (t->n - i) * sizeof(*t->v));
-	t->n--;
+	table_remove(t, i - 1, 1);
 	return a;
 }
 
@@ -87,6 +116,15 @@ void mem_table_clear(struct mem_table *t)
 	*t = (struct mem_table)MEM_TABLE_INIT;
 }
 
+/* Where address p of allocation a is, for a submission entry. */
+static void alloc_ref(const struct mem_alloc *a, uintptr_t p, struct mem_ref *out)
+{
+	out->reg_id = a->reg_id;
+	out->offset = p - a->base;
+	out->alloc_id = a->id;
+	out->device = a->device;
+}
+
 dfcclResult_t mem_table_translate(const struct mem_table *t, const struct client *c, const void *ptr, size_t bytes,
                                   struct mem_ref *out)
 {
@@ -94,26 +132,16 @@ dfcclResult_t mem_table_translate(const struct mem_table *t, const struct client
 	const struct mem_alloc *a = mem_table_find(t, p);
 	if (!a || bytes > a->size - (p - a->base))
 		return errors_set(dfcclInvalidArgument, "buffer %p of %zu bytes is not inside one dfcclMemAlloc allocation: "
-		                  "host-engine buffers must come from dfcclMemAlloc", ptr, bytes);
+		                  "host-engine buffers must come from dfcclMemAlloc (GPU buffers from cudaMalloc are "
+		                  "accepted when dfccld runs the CUDA engine)", ptr, bytes);
 	if (a->client != c)
 		return errors_set(dfcclInvalidUsage, "buffer %p was allocated through an earlier connection to dfccld (the "
 		                  "daemon restarted since); free it and allocate it again", ptr);
-	out->reg_id = a->reg_id;
-	out->offset = p - a->base;
-	out->alloc_id = a->id;
-	out->device = a->device;
+	alloc_ref(a, p, out);
 	return dfcclSuccess;
 }
 
-dfcclResult_t mem_translate(const struct client *c, const void *ptr, size_t bytes, struct mem_ref *out)
-{
-	pthread_mutex_lock(&mem_lock);
-	dfcclResult_t r = mem_table_translate(&mem_allocs, c, ptr, bytes, out);
-	pthread_mutex_unlock(&mem_lock);
-	return r;
-}
-
-/* ---------------------------------------------------------------- allocations */
+/* ---------------------------------------------------------------- registrations */
 
 static dfcclResult_t mem_deregister(struct client *c, uint32_t reg_id)
 {
@@ -127,17 +155,244 @@ static dfcclResult_t mem_deregister(struct client *c, uint32_t reg_id)
 	return r == dfcclDaemonUnavailable ? dfcclSuccess : r;
 }
 
+/* Frees a (not in the table any more) and what it holds; a GPU
+ * allocation's memory is the application's and stays. */
 static void mem_alloc_free(struct mem_alloc *a)
 {
 	if (!a)
 		return;
-	if (a->base)
+	if (a->kind == MEM_ALLOC_HOST && a->base)
 		munmap((void *)a->base, a->map_size);
 	if (a->memfd >= 0)
 		close(a->memfd);
 	client_unref(a->client);
 	free(a);
 }
+
+/* Deregisters a and frees it. */
+static dfcclResult_t mem_alloc_drop(struct mem_alloc *a)
+{
+	dfcclResult_t r = mem_deregister(a->client, a->reg_id);
+	mem_alloc_free(a);
+	return r;
+}
+
+/*
+ * Registers a with its session: host memory by its memfd, GPU memory by the
+ * legacy IPC handle of the whole allocation (ipc_handle,
+ * CUDRV_IPC_HANDLE_BYTES; NULL for host memory). Sets a->reg_id.
+ */
+static dfcclResult_t mem_alloc_register(struct mem_alloc *a, const uint8_t *ipc_handle)
+{
+	bool gpu = a->kind == MEM_ALLOC_GPU;
+	Dfccl__V1__RegisterMem reg = DFCCL__V1__REGISTER_MEM__INIT;
+	reg.kind = gpu ? DFCCL__V1__MEM_KIND__MEM_CUDA_IPC : DFCCL__V1__MEM_KIND__MEM_HOST_MEMFD;
+	reg.device = (uint32_t)a->device;
+	reg.size = a->size;
+	reg.offset = 0;
+	if (gpu) {
+		reg.ipc_handle.data = (uint8_t *)ipc_handle;
+		reg.ipc_handle.len = CUDRV_IPC_HANDLE_BYTES;
+	}
+	dfccl_envelope req = DFCCL__V1__ENVELOPE__INIT;
+	req.body_case = DFCCL__V1__ENVELOPE__BODY_REGISTER_MEM;
+	req.register_mem = &reg;
+	struct client_reply rep;
+	dfcclResult_t r = client_request(a->client, &req, gpu ? NULL : &a->memfd, gpu ? 0 : 1,
+	                                 DFCCL__V1__ENVELOPE__BODY_REGISTER_REPLY, &rep);
+	if (r != dfcclSuccess)
+		return r;
+	a->reg_id = rep.env->register_reply->reg_id;
+	client_reply_release(&rep);
+	return dfcclSuccess;
+}
+
+/* ---------------------------------------------------------------- GPU allocations */
+
+/* Whether c's daemon takes GPU memory: it runs the CUDA engine. */
+static bool mem_gpu_served(const struct client *c)
+{
+	return client_info(c)->engine == DFCCL__V1__ENGINE_KIND__ENGINE_CUDA;
+}
+
+/*
+ * Takes the GPU entries that overlap [lo, hi) out of the table, onto *list
+ * (linked through next). Returns 0; 1, taking nothing, when one of them is
+ * pending (the caller waits and looks again); -EEXIST, taking nothing, when
+ * a host allocation overlaps. Called with mem_lock held.
+ */
+static int gpu_take_overlapping(uintptr_t lo, uintptr_t hi, struct mem_alloc **list)
+{
+	size_t first, n = mem_table_overlap(&mem_allocs, lo, hi, &first);
+	for (size_t i = first; i < first + n; i++) {
+		if (mem_allocs.v[i]->kind != MEM_ALLOC_GPU)
+			return -EEXIST;
+		if (mem_allocs.v[i]->pending)
+			return 1;
+	}
+	for (size_t i = first; i < first + n; i++) {
+		mem_allocs.v[i]->next = *list;
+		*list = mem_allocs.v[i];
+	}
+	table_remove(&mem_allocs, first, n);
+	return 0;
+}
+
+/* Drops entries taken out of the table. Their sessions may be gone, and
+ * the daemon may have forgotten them already: either way nothing is left
+ * to undo, so failures are not reported. */
+static void gpu_release(struct mem_alloc *list)
+{
+	while (list) {
+		struct mem_alloc *a = list;
+		list = a->next;
+		mem_alloc_drop(a);
+	}
+}
+
+/*
+ * Registers GPU allocation n (pending in the table) with its session, then
+ * settles it: registered, with address p translated into *out, or out of
+ * the table and freed. The old entries in `stale` are deregistered first,
+ * so the daemon's workers let go of the memory freed under them before
+ * they open what was allocated in its place.
+ */
+static dfcclResult_t gpu_register(struct mem_alloc *n, const struct cudrv_ptr_info *info, struct mem_alloc *stale,
+                                  uintptr_t p, struct mem_ref *out)
+{
+	uint8_t handle[CUDRV_IPC_HANDLE_BYTES];
+	dfcclResult_t r;
+
+	gpu_release(stale);
+	int rc = cudrv_ipc_handle(info, handle);
+	if (rc < 0)
+		r = errors_set(dfcclSystemError, "cannot share GPU buffer %p with dfccld: %s", (void *)n->base,
+		               cudrv_last_error());
+	else
+		r = mem_alloc_register(n, handle);
+
+	/* Once settled, n may be replaced by another thread at any time: it is
+	 * read for *out before the lock goes. */
+	pthread_mutex_lock(&mem_lock);
+	if (r == dfcclSuccess) {
+		n->pending = false;
+		alloc_ref(n, p, out);
+	} else {
+		mem_table_take(&mem_allocs, n->base);
+	}
+	pthread_cond_broadcast(&mem_settled);
+	pthread_mutex_unlock(&mem_lock);
+	if (r != dfcclSuccess)
+		mem_alloc_free(n);
+	return r;
+}
+
+/*
+ * The registration of GPU allocation `info` in session c: the entry for it
+ * (base, size and buffer id all match) if c registered it, else a new one,
+ * replacing every entry it overlaps (allocations freed since, or
+ * registered through a session that is gone).
+ */
+static dfcclResult_t gpu_lookup(struct client *c, const struct cudrv_ptr_info *info, uintptr_t p,
+                                struct mem_ref *out)
+{
+	struct mem_alloc *stale = NULL;
+	struct mem_alloc *n = calloc(1, sizeof(*n));
+	if (!n)
+		return errors_set(dfcclSystemError, "out of memory");
+
+	pthread_mutex_lock(&mem_lock);
+	for (;;) {
+		struct mem_alloc *a = mem_table_find(&mem_allocs, info->base);
+		bool same = a && a->kind == MEM_ALLOC_GPU && a->base == info->base && a->size == info->size &&
+		            a->buffer_id == info->buffer_id;
+		if (same && !a->pending && a->client == c) {
+			alloc_ref(a, p, out);
+			pthread_mutex_unlock(&mem_lock);
+			free(n);
+			return dfcclSuccess;
+		}
+		if (same && !a->pending && !client_lost(a->client)) {
+			pthread_mutex_unlock(&mem_lock);
+			free(n);
+			return errors_set(dfcclInvalidUsage, "GPU buffer %p is registered through another connection to "
+			                  "dfccld that is still open; use it with communicators of that connection", (void *)p);
+		}
+		int rc = same && a->pending ? 1 : gpu_take_overlapping(info->base, info->base + info->size, &stale);
+		if (rc == 0)
+			break;
+		if (rc < 0) {
+			pthread_mutex_unlock(&mem_lock);
+			free(n);
+			return errors_set(dfcclInternalError, "GPU allocation [%p, +%zu) overlaps a dfcclMemAlloc allocation",
+			                  (void *)info->base, info->size);
+		}
+		pthread_cond_wait(&mem_settled, &mem_lock);
+	}
+	n->id = ++mem_next_id;
+	n->kind = MEM_ALLOC_GPU;
+	n->base = info->base;
+	n->size = info->size;
+	n->memfd = -1;
+	n->device = info->device;
+	n->buffer_id = info->buffer_id;
+	n->pending = true;
+	n->client = client_ref(c);
+	int rc = mem_table_insert(&mem_allocs, n);
+	pthread_mutex_unlock(&mem_lock);
+	if (rc < 0) {
+		gpu_release(stale);
+		mem_alloc_free(n);
+		return errors_set(dfcclSystemError, "cannot record a GPU allocation: %s", strerror(-rc));
+	}
+	return gpu_register(n, info, stale, p, out);
+}
+
+/* mem_translate for a buffer that is not in host memory of dfcclMemAlloc. */
+static dfcclResult_t gpu_translate(struct client *c, const void *ptr, size_t bytes, struct mem_ref *out)
+{
+	uintptr_t p = (uintptr_t)ptr;
+	struct cudrv_ptr_info info;
+	int rc = cudrv_pointer_info(ptr, &info);
+	if (rc < 0)
+		return errors_set(dfcclSystemError, "cannot tell whether buffer %p is GPU memory: %s", ptr,
+		                  cudrv_last_error());
+	if (rc == 0) {
+		/* A GPU allocation that held this address was freed: its
+		 * registration goes now rather than when the address is reused. */
+		struct mem_alloc *stale = NULL;
+		pthread_mutex_lock(&mem_lock);
+		gpu_take_overlapping(p, p + 1, &stale);
+		pthread_mutex_unlock(&mem_lock);
+		gpu_release(stale);
+		return errors_set(dfcclInvalidArgument, "buffer %p of %zu bytes is neither inside one dfcclMemAlloc "
+		                  "allocation nor in GPU memory: pass memory from cudaMalloc or dfcclMemAlloc", ptr, bytes);
+	}
+	if (!info.ipc_capable)
+		return errors_set(dfcclNotSupported, "GPU buffer %p lies in an allocation that legacy CUDA IPC cannot share "
+		                  "(cuMemCreate, a memory pool, or managed memory): VMM allocations are not supported yet; "
+		                  "use cudaMalloc", ptr);
+	if (bytes > info.size - (p - info.base))
+		return errors_set(dfcclInvalidArgument, "buffer %p of %zu bytes runs past the end of its GPU allocation "
+		                  "[%p, +%zu): a buffer must lie inside one cudaMalloc allocation", ptr, bytes,
+		                  (void *)info.base, info.size);
+	dfcclResult_t r = client_check_device(c, info.device);
+	if (r != dfcclSuccess)
+		return r;
+	return gpu_lookup(c, &info, p, out);
+}
+
+dfcclResult_t mem_translate(struct client *c, const void *ptr, size_t bytes, struct mem_ref *out)
+{
+	pthread_mutex_lock(&mem_lock);
+	const struct mem_alloc *a = mem_table_find(&mem_allocs, (uintptr_t)ptr);
+	bool gpu = a ? a->kind == MEM_ALLOC_GPU : mem_gpu_served(c);
+	dfcclResult_t r = gpu ? dfcclSuccess : mem_table_translate(&mem_allocs, c, ptr, bytes, out);
+	pthread_mutex_unlock(&mem_lock);
+	return gpu ? gpu_translate(c, ptr, bytes, out) : r;
+}
+
+/* ---------------------------------------------------------------- host allocations */
 
 /* Creates, sizes, seals and maps the memfd of a. */
 static dfcclResult_t mem_alloc_map(struct mem_alloc *a)
@@ -154,25 +409,6 @@ static dfcclResult_t mem_alloc_map(struct mem_alloc *a)
 	if (p == MAP_FAILED)
 		return errors_set(dfcclSystemError, "cannot map %zu bytes of shared memory: %s", a->size, strerror(errno));
 	a->base = (uintptr_t)p;
-	return dfcclSuccess;
-}
-
-static dfcclResult_t mem_alloc_register(struct mem_alloc *a)
-{
-	Dfccl__V1__RegisterMem reg = DFCCL__V1__REGISTER_MEM__INIT;
-	reg.kind = DFCCL__V1__MEM_KIND__MEM_HOST_MEMFD;
-	reg.device = (uint32_t)a->device;
-	reg.size = a->size;
-	reg.offset = 0;
-	dfccl_envelope req = DFCCL__V1__ENVELOPE__INIT;
-	req.body_case = DFCCL__V1__ENVELOPE__BODY_REGISTER_MEM;
-	req.register_mem = &reg;
-	struct client_reply rep;
-	dfcclResult_t r = client_request(a->client, &req, &a->memfd, 1, DFCCL__V1__ENVELOPE__BODY_REGISTER_REPLY, &rep);
-	if (r != dfcclSuccess)
-		return r;
-	a->reg_id = rep.env->register_reply->reg_id;
-	client_reply_release(&rep);
 	return dfcclSuccess;
 }
 
@@ -204,14 +440,19 @@ dfcclResult_t dfcclMemAlloc(void **ptr, size_t size)
 	r = mem_alloc_map(a);
 	if (r != dfcclSuccess)
 		goto fail;
-	r = mem_alloc_register(a);
+	r = mem_alloc_register(a, NULL);
 	if (r != dfcclSuccess)
 		goto fail;
 
+	/* The mapping may lie where a GPU allocation was before it was freed
+	 * and its addresses given back: those entries are stale. */
+	struct mem_alloc *stale = NULL;
 	pthread_mutex_lock(&mem_lock);
 	a->id = ++mem_next_id;
+	gpu_take_overlapping(a->base, a->base + a->size, &stale);
 	int rc = mem_table_insert(&mem_allocs, a);
 	pthread_mutex_unlock(&mem_lock);
+	gpu_release(stale);
 	if (rc < 0) {
 		mem_deregister(a->client, a->reg_id);
 		r = errors_set(dfcclSystemError, "cannot record an allocation: %s", strerror(-rc));
@@ -229,15 +470,18 @@ dfcclResult_t dfcclMemFree(void *ptr)
 {
 	if (!ptr)
 		return dfcclSuccess;
+	/* GPU allocations in the table are the application's, for cudaFree. */
 	pthread_mutex_lock(&mem_lock);
-	struct mem_alloc *a = mem_table_take(&mem_allocs, (uintptr_t)ptr);
+	struct mem_alloc *a = mem_table_find(&mem_allocs, (uintptr_t)ptr);
+	if (a && a->base == (uintptr_t)ptr && a->kind == MEM_ALLOC_HOST)
+		mem_table_take(&mem_allocs, a->base);
+	else
+		a = NULL;
 	pthread_mutex_unlock(&mem_lock);
 	if (!a)
 		return errors_set(dfcclInvalidArgument, "dfcclMemFree: %p was not returned by dfcclMemAlloc, or was freed "
 		                  "already", ptr);
-	dfcclResult_t r = mem_deregister(a->client, a->reg_id);
-	mem_alloc_free(a);
-	return r;
+	return mem_alloc_drop(a);
 }
 
 /* ---------------------------------------------------------------- communicator handles */

@@ -2,12 +2,28 @@
  * Buffers the daemon can reach, and the translation of a user pointer into
  * (registration id, offset) for a submission entry.
  *
- * Model. dfcclMemAlloc creates host shared memory (a sealed memfd mapped
- * MAP_SHARED), registers it with the daemon on the calling thread's device,
- * and records it in the process-wide allocation table: base, size,
- * registration id, descriptor, device, and an allocation id that is never
- * reused, so anything cached by allocation survives the same address being
- * handed out again after a free. dfcclMemFree deregisters and unmaps.
+ * Model. The process-wide allocation table holds two kinds of entries.
+ *
+ * Host allocations: dfcclMemAlloc creates host shared memory (a sealed
+ * memfd mapped MAP_SHARED), registers it with the daemon on the calling
+ * thread's device, and records it: base, size, registration id,
+ * descriptor, device, and an allocation id that is never reused, so
+ * anything cached by allocation survives the same address being handed out
+ * again after a free. dfcclMemFree deregisters and unmaps.
+ *
+ * GPU allocations (CUDA engine only): a pointer that is in no entry but
+ * lies in device memory (cudrv.h) makes mem_translate register the whole
+ * allocation it belongs to, once, by its legacy CUDA IPC handle, and record
+ * it keyed by base and the driver's buffer id. Nothing is mapped and
+ * nothing is freed by the library: the application frees the memory with
+ * cudaFree behind its back. So every translation through a GPU entry asks
+ * the driver again (one call) which allocation the address belongs to now;
+ * an entry whose allocation was freed, or whose session with the daemon is
+ * gone, is deregistered and dropped, and the allocation found there now is
+ * registered in its place. While one thread registers an allocation, the
+ * entry stands in the table marked pending, and other threads that need the
+ * same allocation wait for it instead of registering it again.
+ *
  * Collectives translate each buffer through the table with a bounds check;
  * a buffer that is not inside one allocation is refused before it reaches
  * the daemon. dfcclCommRegister hands out per-communicator handles that name
@@ -16,6 +32,7 @@
 #ifndef DFCCL_CLIENT_MEM_H
 #define DFCCL_CLIENT_MEM_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -24,14 +41,23 @@
 
 struct dfcclComm;
 
+enum mem_alloc_kind {
+	MEM_ALLOC_HOST = 0,     /* dfcclMemAlloc's shared memory */
+	MEM_ALLOC_GPU = 1,      /* a GPU allocation of the application, registered implicitly */
+};
+
 struct mem_alloc {
 	uint64_t id;            /* allocation id, unique in the process */
 	uintptr_t base;
-	size_t size;            /* bytes asked for (the registered range) */
-	size_t map_size;        /* size rounded up to pages */
+	size_t size;            /* host: bytes asked for; GPU: the whole allocation (the registered range) */
+	size_t map_size;        /* host: size rounded up to pages; GPU: 0 (nothing mapped) */
 	uint32_t reg_id;        /* registration id in the session */
-	int memfd;
-	int device;
+	int memfd;              /* host: the memfd; GPU: -1 */
+	int device;             /* host: dfcclSetDevice's; GPU: the CUDA device ordinal */
+	enum mem_alloc_kind kind;
+	uint64_t buffer_id;     /* GPU: the driver's id of the allocation */
+	bool pending;           /* GPU: registration in flight (guarded by the table's lock) */
+	struct mem_alloc *next; /* links entries taken out of the table together */
 	struct client *client;  /* the session it is registered with; reference held */
 };
 
@@ -69,20 +95,33 @@ struct mem_alloc *mem_table_take(struct mem_table *t, uintptr_t base);
 /* The allocation containing address addr, or NULL. */
 struct mem_alloc *mem_table_find(const struct mem_table *t, uintptr_t addr);
 
+/* The allocations that overlap [lo, hi) (lo < hi): t->v[*first ..
+ * *first + returned count). With none, *first is where one would go. */
+size_t mem_table_overlap(const struct mem_table *t, uintptr_t lo, uintptr_t hi, size_t *first);
+
 /* Frees the table's array (not the allocations). */
 void mem_table_clear(struct mem_table *t);
 
 /*
  * Translates [ptr, ptr + bytes) (bytes > 0) of session c into a registration
- * and offset. dfcclInvalidArgument unless the range lies inside one
- * allocation; dfcclInvalidUsage if that allocation belongs to another
- * session (the daemon was restarted since it was made).
+ * and offset through host allocations. dfcclInvalidArgument unless the
+ * range lies inside one allocation; dfcclInvalidUsage if that allocation
+ * belongs to another session (the daemon was restarted since it was made).
  */
 dfcclResult_t mem_table_translate(const struct mem_table *t, const struct client *c, const void *ptr, size_t bytes,
                                   struct mem_ref *out);
 
-/* mem_table_translate on the process-wide table. */
-dfcclResult_t mem_translate(const struct client *c, const void *ptr, size_t bytes, struct mem_ref *out);
+/*
+ * Translates [ptr, ptr + bytes) (bytes > 0) of session c through the
+ * process-wide table: mem_table_translate for dfcclMemAlloc memory. When the
+ * daemon runs the CUDA engine, device memory is translated too, registering
+ * its allocation with c first if needed (a daemon round trip); besides the
+ * errors of mem_table_translate and of the registration,
+ * dfcclInvalidArgument when the range runs past the end of its GPU
+ * allocation, dfcclNotSupported for GPU memory that legacy CUDA IPC cannot
+ * share, dfcclSystemError when the driver fails.
+ */
+dfcclResult_t mem_translate(struct client *c, const void *ptr, size_t bytes, struct mem_ref *out);
 
 /* Frees every dfcclCommRegister handle of comm (it is being freed). */
 void mem_comm_release(struct dfcclComm *comm);

@@ -402,8 +402,8 @@ static void print_queues(const Dfccl__V1__QueryReply *q, const char *socket_path
 static void print_stats(const Dfccl__V1__QueryReply *q, const char *socket_path)
 {
 	struct table t;
-	table_start(&t, 8, "DEVICE", "COMPLETED", "PREEMPTIONS", "ERRORS", "CTX SWITCHES", "SPINS", "QUEUE PAIRS",
-	            "WORKER");
+	table_start(&t, 10, "DEVICE", "COMPLETED", "PREEMPTIONS", "ERRORS", "CTX SWITCHES", "SPINS", "LAUNCHES", "QUITS",
+	            "QUEUE PAIRS", "WORKER");
 	for (size_t i = 0; i < q->n_stats; i++) {
 		const Dfccl__V1__DeviceStats *s = q->stats[i];
 		table_cell(&t, "%u", s->device);
@@ -412,6 +412,8 @@ static void print_stats(const Dfccl__V1__QueryReply *q, const char *socket_path)
 		table_cell(&t, "%llu", (unsigned long long)s->errors);
 		table_cell(&t, "%llu", (unsigned long long)s->context_switches);
 		table_cell(&t, "%llu", (unsigned long long)s->spins);
+		table_cell(&t, "%llu", (unsigned long long)s->kernel_launches);
+		table_cell(&t, "%llu", (unsigned long long)s->kernel_quits);
 		table_cell(&t, "%u", s->queue_pairs);
 		table_cell(&t, "%s", s->worker_up ? "up" : "down");
 	}

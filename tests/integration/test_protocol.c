@@ -2,8 +2,9 @@
  * The daemon at the protocol level, driven by raw frames: version
  * negotiation, bad input (malformed, oversized, wrong descriptors), the
  * shared-memory queue pair (a NOP round trip, garbage entries, an unarmed
- * entry that must not block armed ones), and SIGTERM shutdown. Every test
- * starts its own dfccld.
+ * entry that must not block armed ones), memory registration (host memory
+ * checks; GPU memory refused by the host engine), and SIGTERM shutdown.
+ * Every test starts its own dfccld.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -473,6 +474,64 @@ static void test_register_checks(void **state)
 	raw_close(&c);
 }
 
+/* GPU memory needs the CUDA engine: the host engine refuses it with a
+ * sentence saying so, after the checks of the request itself, and charges
+ * nothing for it. */
+static void test_register_gpu_needs_cuda_engine(void **state)
+{
+	struct daemon_proc *d = *state;
+	struct raw_client c = connect_ok(d);
+	uint8_t handle[65] = {0};
+	Dfccl__V1__RegisterMem rm = DFCCL__V1__REGISTER_MEM__INIT;
+	rm.kind = DFCCL__V1__MEM_KIND__MEM_CUDA_IPC;
+	rm.device = 1;
+	rm.size = 1 << 20;
+	rm.ipc_handle.data = handle;
+	Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
+	env.body_case = DFCCL__V1__ENVELOPE__BODY_REGISTER_MEM;
+	env.register_mem = &rm;
+
+	/* A handle of the wrong length, or none. */
+	size_t bad_lens[] = {0, 63, 65};
+	for (size_t i = 0; i < sizeof(bad_lens) / sizeof(bad_lens[0]); i++) {
+		rm.ipc_handle.len = bad_lens[i];
+		dfccl_envelope *r = raw_request(&c, &env, NULL, 0, NULL, NULL);
+		assert_int_equal(error_code(r), EC(INVALID_ARGUMENT));
+		assert_non_null(strstr(r->error->message, "has 64 bytes"));
+		frame_envelope_free(r);
+	}
+	/* A well-formed handle: the host engine cannot use it. */
+	rm.ipc_handle.len = 64;
+	dfccl_envelope *r = raw_request(&c, &env, NULL, 0, NULL, NULL);
+	assert_int_equal(error_code(r), EC(NOT_SUPPORTED));
+	assert_non_null(strstr(r->error->message, "runs the host engine"));
+	assert_non_null(strstr(r->error->message, "--engine cuda on a GPU node"));
+	frame_envelope_free(r);
+	/* Nor an unknown device: that check comes first. */
+	rm.device = 9;
+	r = raw_request(&c, &env, NULL, 0, NULL, NULL);
+	assert_int_equal(error_code(r), EC(NOT_FOUND));
+	frame_envelope_free(r);
+
+	/* VMM memory exported as a descriptor is not supported by any engine. */
+	int fd = sealed_memfd(4096);
+	rm.kind = DFCCL__V1__MEM_KIND__MEM_CUDA_VMM_FD;
+	rm.device = 0;
+	rm.size = 4096;
+	rm.ipc_handle.len = 0;
+	r = raw_request(&c, &env, &fd, 1, NULL, NULL);
+	assert_int_equal(error_code(r), EC(NOT_SUPPORTED));
+	assert_non_null(strstr(r->error->message, "not supported yet; use memory from cudaMalloc"));
+	frame_envelope_free(r);
+	close(fd);
+
+	r = raw_query(&c, DFCCL__V1__QUERY_KIND__QUERY_SESSIONS);
+	assert_int_equal(r->query_reply->sessions[0]->nregs, 0);
+	assert_int_equal(r->query_reply->sessions[0]->registered_bytes, 0);
+	frame_envelope_free(r);
+	raw_close(&c);
+}
+
 static void test_registered_range_checked_by_engine(void **state)
 {
 	struct daemon_proc *d = *state;
@@ -678,6 +737,7 @@ int main(void)
 	    cmocka_unit_test_setup_teardown(test_queue_nop_and_garbage, daemon_setup2, daemon_teardown),
 	    cmocka_unit_test_setup_teardown(test_unarmed_does_not_block, daemon_setup2, daemon_teardown),
 	    cmocka_unit_test_setup_teardown(test_register_checks, daemon_setup2, daemon_teardown),
+	    cmocka_unit_test_setup_teardown(test_register_gpu_needs_cuda_engine, daemon_setup2, daemon_teardown),
 	    cmocka_unit_test_setup_teardown(test_registered_range_checked_by_engine, daemon_setup2, daemon_teardown),
 	    cmocka_unit_test_setup_teardown(test_disconnect_cleans_up, daemon_setup2, daemon_teardown),
 	    cmocka_unit_test_setup_teardown(test_sigterm_tells_clients, daemon_setup2, daemon_teardown),

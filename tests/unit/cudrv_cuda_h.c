@@ -1,0 +1,37 @@
+/*
+ * cudrv.h declares the CUDA driver's types and constants itself, so that
+ * libdfccl builds without a toolkit. This file, built only where cuda.h is
+ * found, holds them against cuda.h: the function types of the table at
+ * compile time, and the constants and symbol names through the arrays that
+ * test_cudrv_mem compares with cudrv.h's own (cudrv_cuda_h.h).
+ */
+#include <cuda.h>
+
+#include "cudrv.h"
+#include "cudrv_cuda_h.h"
+
+#define SAME_TYPE(fn, member)                                                                                  \
+	_Static_assert(__builtin_types_compatible_p(__typeof__(&fn), __typeof__(((struct cudrv_ops *)0)->member)), \
+	               #fn " has the type of cudrv_ops." #member)
+
+SAME_TYPE(cuPointerGetAttributes, pointer_get_attributes);
+SAME_TYPE(cuIpcGetMemHandle, ipc_get_mem_handle);
+SAME_TYPE(cuDeviceGet, device_get);
+SAME_TYPE(cuDevicePrimaryCtxRetain, primary_ctx_retain);
+SAME_TYPE(cuDevicePrimaryCtxRelease, primary_ctx_release);
+SAME_TYPE(cuCtxGetCurrent, ctx_get_current);
+SAME_TYPE(cuCtxSetCurrent, ctx_set_current);
+SAME_TYPE(cuGetErrorName, get_error_name);
+
+_Static_assert(CU_IPC_HANDLE_SIZE == CUDRV_IPC_HANDLE_BYTES, "a legacy IPC handle has 64 bytes");
+
+const long cuda_h_values[] = {CUDRV_CHECKED_VALUES};
+
+/* The name each call has in libcuda.so.1 for this header's API version:
+ * cuda.h maps calls whose behaviour changed to versioned symbols. */
+#define NAME(fn) NAME_(fn)
+#define NAME_(fn) #fn
+const char *const cuda_h_symbols[] = {
+    NAME(cuPointerGetAttributes), NAME(cuIpcGetMemHandle), NAME(cuDeviceGet), NAME(cuDevicePrimaryCtxRetain),
+    NAME(cuDevicePrimaryCtxRelease), NAME(cuCtxGetCurrent), NAME(cuCtxSetCurrent), NAME(cuGetErrorName),
+};

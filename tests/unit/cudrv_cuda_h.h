@@ -1,0 +1,23 @@
+/*
+ * The driver constants and names that cudrv.h declares itself, listed once
+ * for both sides of the comparison with cuda.h: cudrv_cuda_h.c expands the
+ * list with cuda.h's definitions, test_cudrv_mem with cudrv.h's.
+ */
+#ifndef DFCCL_TEST_CUDRV_CUDA_H_H
+#define DFCCL_TEST_CUDRV_CUDA_H_H
+
+#define CUDRV_CHECKED_VALUES                                                                                     \
+	CUDA_SUCCESS, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_NOT_INITIALIZED,                \
+	    CUDA_ERROR_DEINITIALIZED, CUDA_ERROR_INVALID_CONTEXT, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,                  \
+	    CU_POINTER_ATTRIBUTE_BUFFER_ID, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,                                     \
+	    CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,                  \
+	    CU_POINTER_ATTRIBUTE_RANGE_SIZE, CU_MEMORYTYPE_DEVICE, sizeof(CUdeviceptr), sizeof(CUipcMemHandle)
+
+/* CUDRV_CHECKED_VALUES as cuda.h defines them. */
+extern const long cuda_h_values[];
+
+/* The symbol cuda.h binds each driver call of cudrv_ops to, in the order of
+ * the table's members. */
+extern const char *const cuda_h_symbols[];
+
+#endif

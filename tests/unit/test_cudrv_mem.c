@@ -1,0 +1,1004 @@
+/*
+ * Unit tests of libdfccl's GPU buffers: cudrv (client/lib/cudrv.c) and the
+ * implicit registration of GPU allocations in mem_translate
+ * (client/lib/mem.c), on machines without a GPU.
+ *
+ * The CUDA driver is a fake installed with cudrv_set_ops_for_test: a table
+ * of made-up allocations (addresses that are never dereferenced) that the
+ * test allocates and frees, counting the calls made on it. The daemon is a
+ * fake too: a thread of this test that listens on a Unix socket, answers
+ * Hello with the engine the test chose, and records every RegisterMem and
+ * DeregisterMem it is sent; it can answer late, refuse, or hang up.
+ *
+ * Covered: no driver at all behaves as before; an allocation is registered
+ * once, whole, with its IPC handle, and later translations hit the cache
+ * with one driver call each; an address freed and allocated again (a new
+ * buffer id) replaces the old registration; ranges that straddle an
+ * allocation's end and memory legacy IPC cannot share are refused; driver
+ * and daemon failures leave nothing behind; a thread without a CUDA
+ * context borrows the primary one and is left as it was; threads that
+ * translate a new allocation at once register it once; a lost session's
+ * entries are not reused; the host engine never asks the driver;
+ * dfcclMemAlloc memory works as before and dfcclMemFree refuses GPU memory.
+ * When the build has cuda.h, the driver declarations of cudrv.h are
+ * compared with it (cudrv_cuda_h.c).
+ */
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "client.h"
+#include "comm.h"
+#include "cudrv.h"
+#include "cudrv_cuda_h.h"
+#include "dfccl.h"
+#include "frame.h"
+#include "mem.h"
+
+#define MiB ((size_t)1 << 20)
+
+/* ---------------------------------------------------------------- the fake driver */
+
+struct CUctx_st {
+	int device;
+};
+
+struct fake_gpu_alloc {
+	uintptr_t base;
+	size_t size;
+	int device;
+	uint64_t buffer_id;
+	bool ipc;
+	bool live;
+};
+
+static struct {
+	pthread_mutex_t lock;
+	struct fake_gpu_alloc a[32];
+	unsigned n;
+	uint64_t next_buffer_id;
+	unsigned attr_calls;   /* cuPointerGetAttributes */
+	unsigned ipc_calls;    /* cuIpcGetMemHandle */
+	bool need_ctx;         /* cuIpcGetMemHandle wants a current context */
+	int retained;          /* primary contexts retained and not released */
+	CUresult attr_fails;   /* cuPointerGetAttributes answers this */
+	CUresult ipc_fails;    /* cuIpcGetMemHandle answers this */
+	struct CUctx_st ctx[8];
+} fk = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static __thread CUcontext fk_current;
+
+static void fake_reset(void)
+{
+	pthread_mutex_lock(&fk.lock);
+	fk.n = 0;
+	fk.attr_calls = fk.ipc_calls = 0;
+	fk.need_ctx = false;
+	fk.retained = 0;
+	fk.attr_fails = fk.ipc_fails = CUDA_SUCCESS;
+	for (int i = 0; i < 8; i++)
+		fk.ctx[i].device = i;
+	pthread_mutex_unlock(&fk.lock);
+	fk_current = NULL;
+}
+
+/* Allocates [base, base + size) on device; returns its buffer id. */
+static uint64_t fake_malloc(uintptr_t base, size_t size, int device, bool ipc)
+{
+	pthread_mutex_lock(&fk.lock);
+	assert_true(fk.n < 32);
+	uint64_t id = ++fk.next_buffer_id;
+	fk.a[fk.n++] = (struct fake_gpu_alloc){base, size, device, id, ipc, true};
+	pthread_mutex_unlock(&fk.lock);
+	return id;
+}
+
+static void fake_free(uintptr_t base)
+{
+	pthread_mutex_lock(&fk.lock);
+	for (unsigned i = 0; i < fk.n; i++)
+		if (fk.a[i].live && fk.a[i].base == base)
+			fk.a[i].live = false;
+	pthread_mutex_unlock(&fk.lock);
+}
+
+static unsigned fake_attr_calls(void)
+{
+	pthread_mutex_lock(&fk.lock);
+	unsigned n = fk.attr_calls;
+	pthread_mutex_unlock(&fk.lock);
+	return n;
+}
+
+/* Called with fk.lock held. */
+static const struct fake_gpu_alloc *fake_find(uintptr_t p)
+{
+	for (unsigned i = 0; i < fk.n; i++)
+		if (fk.a[i].live && p >= fk.a[i].base && p - fk.a[i].base < fk.a[i].size)
+			return &fk.a[i];
+	return NULL;
+}
+
+/* The handle the fake driver exports for an allocation. */
+static void fake_handle(uint64_t buffer_id, int device, uint8_t out[64])
+{
+	memset(out, 0xa5, 64);
+	memcpy(out, "FAKEIPC", 7);
+	memcpy(out + 8, &buffer_id, sizeof(buffer_id));
+	out[16] = (uint8_t)device;
+}
+
+static CUresult fake_get_attributes(unsigned n, CUpointer_attribute *attrs, void **data, CUdeviceptr p)
+{
+	pthread_mutex_lock(&fk.lock);
+	fk.attr_calls++;
+	CUresult r = fk.attr_fails;
+	const struct fake_gpu_alloc *a = fake_find((uintptr_t)p);
+	/* The widths the driver documents, so a reader that assumed wider
+	 * slots than it zeroed would be caught. */
+	for (unsigned i = 0; r == CUDA_SUCCESS && i < n; i++) {
+		switch (attrs[i]) {
+		case CU_POINTER_ATTRIBUTE_MEMORY_TYPE: *(unsigned *)data[i] = a ? CU_MEMORYTYPE_DEVICE : 0; break;
+		case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *(int *)data[i] = a ? a->device : 0; break;
+		case CU_POINTER_ATTRIBUTE_BUFFER_ID: *(unsigned long long *)data[i] = a ? a->buffer_id : 0; break;
+		case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *(CUdeviceptr *)data[i] = a ? a->base : 0; break;
+		case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *(size_t *)data[i] = a ? a->size : 0; break;
+		case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE: *(int *)data[i] = a && a->ipc; break;
+		default: r = CUDA_ERROR_INVALID_VALUE; break;
+		}
+	}
+	pthread_mutex_unlock(&fk.lock);
+	return r;
+}
+
+static CUresult fake_ipc_get_mem_handle(CUipcMemHandle *h, CUdeviceptr base)
+{
+	pthread_mutex_lock(&fk.lock);
+	fk.ipc_calls++;
+	CUresult r = fk.ipc_fails;
+	const struct fake_gpu_alloc *a = fake_find((uintptr_t)base);
+	if (r == CUDA_SUCCESS && fk.need_ctx && (!fk_current || !a || fk_current->device != a->device))
+		r = CUDA_ERROR_INVALID_CONTEXT;
+	else if (r == CUDA_SUCCESS && (!a || a->base != (uintptr_t)base))
+		r = CUDA_ERROR_INVALID_VALUE;
+	if (r == CUDA_SUCCESS)
+		fake_handle(a->buffer_id, a->device, (uint8_t *)h->reserved);
+	pthread_mutex_unlock(&fk.lock);
+	return r;
+}
+
+static CUresult fake_device_get(CUdevice *dev, int ordinal)
+{
+	if (ordinal < 0 || ordinal >= 8)
+		return CUDA_ERROR_INVALID_VALUE;
+	*dev = ordinal;
+	return CUDA_SUCCESS;
+}
+
+static CUresult fake_primary_ctx_retain(CUcontext *ctx, CUdevice dev)
+{
+	pthread_mutex_lock(&fk.lock);
+	fk.retained++;
+	*ctx = &fk.ctx[dev];
+	pthread_mutex_unlock(&fk.lock);
+	return CUDA_SUCCESS;
+}
+
+static CUresult fake_primary_ctx_release(CUdevice dev)
+{
+	pthread_mutex_lock(&fk.lock);
+	fk.retained--;
+	pthread_mutex_unlock(&fk.lock);
+	return CUDA_SUCCESS;
+}
+
+static CUresult fake_ctx_get_current(CUcontext *ctx)
+{
+	*ctx = fk_current;
+	return CUDA_SUCCESS;
+}
+
+static CUresult fake_ctx_set_current(CUcontext ctx)
+{
+	fk_current = ctx;
+	return CUDA_SUCCESS;
+}
+
+static CUresult fake_get_error_name(CUresult r, const char **name)
+{
+	*name = r == CUDA_ERROR_OUT_OF_MEMORY ? "CUDA_ERROR_OUT_OF_MEMORY" : "CUDA_ERROR_FAKE";
+	return CUDA_SUCCESS;
+}
+
+static const struct cudrv_ops fake_ops = {
+    .pointer_get_attributes = fake_get_attributes,
+    .ipc_get_mem_handle = fake_ipc_get_mem_handle,
+    .device_get = fake_device_get,
+    .primary_ctx_retain = fake_primary_ctx_retain,
+    .primary_ctx_release = fake_primary_ctx_release,
+    .ctx_get_current = fake_ctx_get_current,
+    .ctx_set_current = fake_ctx_set_current,
+    .get_error_name = fake_get_error_name,
+};
+
+/* ---------------------------------------------------------------- the fake daemon */
+
+#define FD_MAX_CONNS 4
+#define FD_MAX_EVENTS 64
+
+struct fake_reg {
+	uint64_t session;
+	uint32_t reg_id;
+	int kind;
+	uint32_t device;
+	uint64_t size, offset;
+	uint8_t handle[64];
+	size_t handle_len;
+};
+
+struct fake_daemon {
+	char path[108];
+	int lfd, wake;
+	pthread_t thread;
+	uint32_t engine;
+	uint32_t ndevices;
+
+	pthread_mutex_t lock; /* what follows */
+	bool stop, hangup;
+	int reply_delay_ms;   /* before answering a RegisterMem */
+	bool refuse_next;     /* answer the next RegisterMem with NOT_SUPPORTED */
+	uint64_t sessions;
+	uint32_t next_reg;
+	struct fake_reg regs[FD_MAX_EVENTS];
+	unsigned nregs;
+	uint32_t deregs[FD_MAX_EVENTS];
+	unsigned nderegs;
+};
+
+struct fake_conn {
+	int fd;
+	uint64_t session;
+	struct frame_reader rd;
+};
+
+static void fd_reply(struct fake_conn *c, dfccl_envelope *env, uint64_t request_id)
+{
+	env->request_id = request_id;
+	assert_int_equal(frame_send(c->fd, env, NULL, 0), 0);
+}
+
+static void fd_serve(struct fake_daemon *d, struct fake_conn *c, dfccl_envelope *req, int *fds, unsigned nfds)
+{
+	dfccl_envelope env = DFCCL__V1__ENVELOPE__INIT;
+	switch (req->body_case) {
+	case DFCCL__V1__ENVELOPE__BODY_HELLO: {
+		Dfccl__V1__HelloReply h = DFCCL__V1__HELLO_REPLY__INIT;
+		pthread_mutex_lock(&d->lock);
+		c->session = ++d->sessions;
+		pthread_mutex_unlock(&d->lock);
+		h.version = DFCCL_PROTO_VERSION;
+		h.daemon_version = "fake";
+		h.session_id = c->session;
+		h.engine = d->engine;
+		h.ndevices = d->ndevices;
+		env.body_case = DFCCL__V1__ENVELOPE__BODY_HELLO_REPLY;
+		env.hello_reply = &h;
+		fd_reply(c, &env, req->request_id);
+		break;
+	}
+	case DFCCL__V1__ENVELOPE__BODY_REGISTER_MEM: {
+		const Dfccl__V1__RegisterMem *m = req->register_mem;
+		pthread_mutex_lock(&d->lock);
+		int delay = d->reply_delay_ms;
+		bool refuse = d->refuse_next;
+		d->refuse_next = false;
+		uint32_t reg_id = ++d->next_reg;
+		assert_true(d->nregs < FD_MAX_EVENTS);
+		struct fake_reg *r = &d->regs[d->nregs++];
+		*r = (struct fake_reg){c->session, refuse ? 0 : reg_id, (int)m->kind, m->device, m->size, m->offset,
+		                       {0}, m->ipc_handle.len};
+		if (m->ipc_handle.len <= 64 && m->ipc_handle.len)
+			memcpy(r->handle, m->ipc_handle.data, m->ipc_handle.len);
+		pthread_mutex_unlock(&d->lock);
+		/* Host memory comes with its memfd, GPU memory without. */
+		assert_int_equal(nfds, m->kind == DFCCL__V1__MEM_KIND__MEM_HOST_MEMFD ? 1 : 0);
+		if (delay)
+			usleep((useconds_t)delay * 1000);
+		Dfccl__V1__RegisterReply rr = DFCCL__V1__REGISTER_REPLY__INIT;
+		Dfccl__V1__ErrorReply er = DFCCL__V1__ERROR_REPLY__INIT;
+		if (refuse) {
+			er.code = DFCCL__V1__ERROR_CODE__ERROR_NOT_SUPPORTED;
+			er.message = "the fake daemon refuses this buffer";
+			env.body_case = DFCCL__V1__ENVELOPE__BODY_ERROR;
+			env.error = &er;
+		} else {
+			rr.reg_id = reg_id;
+			env.body_case = DFCCL__V1__ENVELOPE__BODY_REGISTER_REPLY;
+			env.register_reply = &rr;
+		}
+		fd_reply(c, &env, req->request_id);
+		break;
+	}
+	case DFCCL__V1__ENVELOPE__BODY_DEREGISTER_MEM: {
+		pthread_mutex_lock(&d->lock);
+		assert_true(d->nderegs < FD_MAX_EVENTS);
+		d->deregs[d->nderegs++] = req->deregister_mem->reg_id;
+		pthread_mutex_unlock(&d->lock);
+		Dfccl__V1__Ok ok = DFCCL__V1__OK__INIT;
+		env.body_case = DFCCL__V1__ENVELOPE__BODY_OK;
+		env.ok = &ok;
+		fd_reply(c, &env, req->request_id);
+		break;
+	}
+	default:
+		fail_msg("the fake daemon got message %d", (int)req->body_case);
+	}
+	frame_close_fds(fds, nfds);
+}
+
+static void fd_conn_close(struct fake_conn *c)
+{
+	frame_reader_free(&c->rd);
+	close(c->fd);
+	c->fd = -1;
+}
+
+static void *fd_main(void *arg)
+{
+	struct fake_daemon *d = arg;
+	struct fake_conn conns[FD_MAX_CONNS];
+	for (int i = 0; i < FD_MAX_CONNS; i++)
+		conns[i] = (struct fake_conn){.fd = -1, .rd = FRAME_READER_INIT};
+	for (;;) {
+		pthread_mutex_lock(&d->lock);
+		bool stop = d->stop, hangup = d->hangup;
+		d->hangup = false;
+		pthread_mutex_unlock(&d->lock);
+		if (stop || hangup)
+			for (int i = 0; i < FD_MAX_CONNS; i++)
+				if (conns[i].fd >= 0)
+					fd_conn_close(&conns[i]);
+		if (stop)
+			break;
+		struct pollfd pf[FD_MAX_CONNS + 2] = {{.fd = d->lfd, .events = POLLIN}, {.fd = d->wake, .events = POLLIN}};
+		for (int i = 0; i < FD_MAX_CONNS; i++)
+			pf[i + 2] = (struct pollfd){.fd = conns[i].fd, .events = POLLIN};
+		assert_true(poll(pf, FD_MAX_CONNS + 2, -1) > 0);
+		if (pf[1].revents) {
+			uint64_t v;
+			assert_int_equal(read(d->wake, &v, sizeof(v)), sizeof(v));
+		}
+		if (pf[0].revents) {
+			int fd = accept4(d->lfd, NULL, NULL, SOCK_CLOEXEC);
+			int i = 0;
+			while (i < FD_MAX_CONNS && conns[i].fd >= 0)
+				i++;
+			assert_true(fd >= 0 && i < FD_MAX_CONNS);
+			conns[i].fd = fd;
+		}
+		for (int i = 0; i < FD_MAX_CONNS; i++) {
+			if (conns[i].fd < 0 || !pf[i + 2].revents)
+				continue;
+			if (frame_reader_fill(&conns[i].rd, conns[i].fd) <= 0) {
+				fd_conn_close(&conns[i]);
+				continue;
+			}
+			dfccl_envelope *env;
+			int fds[DFCCL_FRAME_MAX_FDS];
+			unsigned nfds;
+			while (frame_reader_next(&conns[i].rd, &env, fds, &nfds) == 1) {
+				fd_serve(d, &conns[i], env, fds, nfds);
+				frame_envelope_free(env);
+			}
+		}
+	}
+	return NULL;
+}
+
+static void fd_wake(struct fake_daemon *d)
+{
+	uint64_t one = 1;
+	assert_int_equal(write(d->wake, &one, sizeof(one)), sizeof(one));
+}
+
+static struct fake_daemon *fd_start(uint32_t engine)
+{
+	static unsigned seq;
+	struct fake_daemon *d = calloc(1, sizeof(*d));
+	assert_non_null(d);
+	pthread_mutex_init(&d->lock, NULL);
+	d->engine = engine;
+	d->ndevices = 8;
+	snprintf(d->path, sizeof(d->path), "/tmp/dfccl-test-cudrv-%d-%u.sock", (int)getpid(), ++seq);
+	unlink(d->path);
+	d->lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	assert_true(d->lfd >= 0);
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", d->path);
+	assert_int_equal(bind(d->lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	assert_int_equal(listen(d->lfd, 8), 0);
+	d->wake = eventfd(0, EFD_CLOEXEC);
+	assert_true(d->wake >= 0);
+	assert_int_equal(pthread_create(&d->thread, NULL, fd_main, d), 0);
+	return d;
+}
+
+static void fd_stop(struct fake_daemon *d)
+{
+	pthread_mutex_lock(&d->lock);
+	d->stop = true;
+	pthread_mutex_unlock(&d->lock);
+	fd_wake(d);
+	pthread_join(d->thread, NULL);
+	close(d->lfd);
+	close(d->wake);
+	unlink(d->path);
+	pthread_mutex_destroy(&d->lock);
+	free(d);
+}
+
+/* Ends every session; returns once c has noticed. */
+static void fd_hangup(struct fake_daemon *d, struct client *c)
+{
+	pthread_mutex_lock(&d->lock);
+	d->hangup = true;
+	pthread_mutex_unlock(&d->lock);
+	fd_wake(d);
+	for (int waited = 0; !client_lost(c); waited++) {
+		assert_true(waited < 2000);
+		usleep(1000);
+	}
+}
+
+static unsigned fd_nregs(struct fake_daemon *d)
+{
+	pthread_mutex_lock(&d->lock);
+	unsigned n = d->nregs;
+	pthread_mutex_unlock(&d->lock);
+	return n;
+}
+
+static unsigned fd_nderegs(struct fake_daemon *d)
+{
+	pthread_mutex_lock(&d->lock);
+	unsigned n = d->nderegs;
+	pthread_mutex_unlock(&d->lock);
+	return n;
+}
+
+/* The i-th deregistration the daemon received. */
+static uint32_t fd_dereg(struct fake_daemon *d, unsigned i)
+{
+	pthread_mutex_lock(&d->lock);
+	assert_true(i < d->nderegs);
+	uint32_t id = d->deregs[i];
+	pthread_mutex_unlock(&d->lock);
+	return id;
+}
+
+/* Answers RegisterMem after ms milliseconds; refuses the next one. */
+static void fd_set_delay(struct fake_daemon *d, int ms)
+{
+	pthread_mutex_lock(&d->lock);
+	d->reply_delay_ms = ms;
+	pthread_mutex_unlock(&d->lock);
+}
+
+static void fd_refuse_next(struct fake_daemon *d)
+{
+	pthread_mutex_lock(&d->lock);
+	d->refuse_next = true;
+	pthread_mutex_unlock(&d->lock);
+}
+
+/* The i-th registration the daemon received (a copy). */
+static struct fake_reg fd_reg(struct fake_daemon *d, unsigned i)
+{
+	pthread_mutex_lock(&d->lock);
+	assert_true(i < d->nregs);
+	struct fake_reg r = d->regs[i];
+	pthread_mutex_unlock(&d->lock);
+	return r;
+}
+
+static struct client *fd_connect(struct fake_daemon *d)
+{
+	struct client *c;
+	assert_int_equal(client_open(d->path, "test_cudrv_mem", &c), dfcclSuccess);
+	return c;
+}
+
+/* ---------------------------------------------------------------- fixture */
+
+struct fixture {
+	struct fake_daemon *d;
+	struct client *c;
+};
+
+static int setup_engine(void **state, uint32_t engine)
+{
+	struct fixture *fx = calloc(1, sizeof(*fx));
+	if (!fx)
+		return -1;
+	fake_reset();
+	cudrv_set_ops_for_test(&fake_ops);
+	fx->d = fd_start(engine);
+	fx->c = fd_connect(fx->d);
+	*state = fx;
+	return 0;
+}
+
+static int setup_cuda(void **state)
+{
+	return setup_engine(state, DFCCL__V1__ENGINE_KIND__ENGINE_CUDA);
+}
+
+static int setup_host(void **state)
+{
+	return setup_engine(state, DFCCL__V1__ENGINE_KIND__ENGINE_HOST);
+}
+
+/* Takes out of the process-wide table every entry this test left there:
+ * with every fake allocation freed, a translation at each one's base drops
+ * the entry found there. The entries hold their sessions, whose threads
+ * would otherwise outlive the test. */
+static void forget_gpu_entries(struct client *c)
+{
+	pthread_mutex_lock(&fk.lock);
+	for (unsigned i = 0; i < fk.n; i++)
+		fk.a[i].live = false;
+	fk.attr_fails = fk.ipc_fails = CUDA_SUCCESS;
+	unsigned n = fk.n;
+	pthread_mutex_unlock(&fk.lock);
+	for (unsigned i = 0; i < n; i++) {
+		struct mem_ref ref;
+		mem_translate(c, (void *)fk.a[i].base, 1, &ref);
+	}
+}
+
+static int teardown(void **state)
+{
+	struct fixture *fx = *state;
+	forget_gpu_entries(fx->c);
+	fd_stop(fx->d);
+	client_unref(fx->c);
+	cudrv_set_ops_for_test(NULL);
+	free(fx);
+	return 0;
+}
+
+/* Each test has its own stretch of made-up device addresses, so entries
+ * one test leaves in the process-wide table never meet another's. */
+static uintptr_t region(unsigned test)
+{
+	return (uintptr_t)0x300000000000ull + (uintptr_t)test * 0x100000000ull;
+}
+
+static void expect_error(dfcclResult_t r, dfcclResult_t want, const char *needle)
+{
+	assert_int_equal(r, want);
+	if (!strstr(dfcclGetLastError(NULL), needle))
+		fail_msg("error \"%s\" does not mention \"%s\"", dfcclGetLastError(NULL), needle);
+}
+
+/* ---------------------------------------------------------------- cudrv */
+
+static void test_no_driver(void **state)
+{
+	/* The real driver: absent on CI machines, and where it is installed,
+	 * not initialised by this process. Either way nothing is device memory. */
+	cudrv_set_ops_for_test(NULL);
+	int on_stack = 0;
+	struct cudrv_ptr_info info;
+	assert_int_equal(cudrv_pointer_info(&on_stack, &info), 0);
+	void *heap = malloc(64);
+	assert_int_equal(cudrv_pointer_info(heap, &info), 0);
+
+	/* And mem_translate refuses unknown buffers as it always did, whatever
+	 * engine the daemon runs, registering nothing. */
+	struct fake_daemon *d = fd_start(DFCCL__V1__ENGINE_KIND__ENGINE_CUDA);
+	struct client *c = fd_connect(d);
+	struct mem_ref ref;
+	expect_error(mem_translate(c, heap, 64, &ref), dfcclInvalidArgument,
+	             "neither inside one dfcclMemAlloc allocation nor in GPU memory");
+	assert_int_equal(fd_nregs(d), 0);
+	fd_stop(d);
+	client_unref(c);
+
+	d = fd_start(DFCCL__V1__ENGINE_KIND__ENGINE_HOST);
+	c = fd_connect(d);
+	expect_error(mem_translate(c, heap, 64, &ref), dfcclInvalidArgument,
+	             "host-engine buffers must come from dfcclMemAlloc (GPU buffers from cudaMalloc are accepted when "
+	             "dfccld runs the CUDA engine)");
+	assert_int_equal(fd_nregs(d), 0);
+	fd_stop(d);
+	client_unref(c);
+	free(heap);
+}
+
+static void test_pointer_info(void **state)
+{
+	uintptr_t x = region(1);
+	uint64_t id = fake_malloc(x, 4 * MiB, 3, true);
+	fake_malloc(x + 4 * MiB, MiB, 2, false);
+	struct cudrv_ptr_info info;
+
+	assert_int_equal(cudrv_pointer_info((void *)(x + 12345), &info), 1);
+	assert_int_equal(info.device, 3);
+	assert_int_equal(info.base, x);
+	assert_int_equal(info.size, 4 * MiB);
+	assert_int_equal(info.buffer_id, id);
+	assert_true(info.ipc_capable);
+	assert_int_equal(cudrv_pointer_info((void *)(x + 4 * MiB), &info), 1);
+	assert_false(info.ipc_capable);
+	assert_int_equal(info.device, 2);
+	assert_int_equal(cudrv_pointer_info((void *)(x + 5 * MiB), &info), 0);
+
+	uint8_t h[64], want[64];
+	assert_int_equal(cudrv_pointer_info((void *)x, &info), 1);
+	assert_int_equal(cudrv_ipc_handle(&info, h), 0);
+	fake_handle(id, 3, want);
+	assert_memory_equal(h, want, 64);
+
+	/* Failures: an errno, with the driver's words kept for the caller. */
+	fk.ipc_fails = CUDA_ERROR_OUT_OF_MEMORY;
+	assert_int_equal(cudrv_ipc_handle(&info, h), -ENOMEM);
+	assert_non_null(strstr(cudrv_last_error(), "cuIpcGetMemHandle failed with CUDA_ERROR_OUT_OF_MEMORY"));
+	fk.attr_fails = CUDA_ERROR_INVALID_VALUE;
+	assert_int_equal(cudrv_pointer_info((void *)x, &info), -EIO);
+	assert_non_null(strstr(cudrv_last_error(), "cuPointerGetAttributes failed with CUDA_ERROR_FAKE"));
+	/* A driver nobody initialised knows no device memory. */
+	fk.attr_fails = CUDA_ERROR_NOT_INITIALIZED;
+	assert_int_equal(cudrv_pointer_info((void *)x, &info), 0);
+	fk.attr_fails = CUDA_ERROR_DEINITIALIZED;
+	assert_int_equal(cudrv_pointer_info((void *)x, &info), 0);
+}
+
+static void test_ipc_handle_without_context(void **state)
+{
+	uintptr_t x = region(2);
+	uint64_t id = fake_malloc(x, MiB, 5, true);
+	struct cudrv_ptr_info info;
+	uint8_t h[64], want[64];
+	assert_int_equal(cudrv_pointer_info((void *)x, &info), 1);
+
+	/* No current context: the device's primary one is borrowed, and the
+	 * thread is left without one again. */
+	fk.need_ctx = true;
+	assert_int_equal(cudrv_ipc_handle(&info, h), 0);
+	fake_handle(id, 5, want);
+	assert_memory_equal(h, want, 64);
+	assert_null(fk_current);
+	assert_int_equal(fk.retained, 0);
+
+	/* Another device's context: the same, and that context is restored. */
+	fk_current = &fk.ctx[1];
+	assert_int_equal(cudrv_ipc_handle(&info, h), 0);
+	assert_ptr_equal(fk_current, &fk.ctx[1]);
+	assert_int_equal(fk.retained, 0);
+	fk_current = NULL;
+}
+
+/* ---------------------------------------------------------------- mem_translate */
+
+static void test_register_once(void **state)
+{
+	struct fixture *fx = *state;
+	uintptr_t x = region(3);
+	uint64_t id = fake_malloc(x, 8 * MiB, 1, true);
+	struct mem_ref ref, ref2;
+
+	assert_int_equal(mem_translate(fx->c, (void *)(x + 100), 200, &ref), dfcclSuccess);
+	assert_int_equal(ref.offset, 100);
+	assert_int_equal(ref.device, 1);
+	assert_int_equal(fd_nregs(fx->d), 1);
+	struct fake_reg r = fd_reg(fx->d, 0);
+	uint8_t want[64];
+	fake_handle(id, 1, want);
+	assert_int_equal(r.kind, DFCCL__V1__MEM_KIND__MEM_CUDA_IPC);
+	assert_int_equal(r.device, 1);
+	assert_int_equal(r.size, 8 * MiB);  /* the whole allocation */
+	assert_int_equal(r.offset, 0);
+	assert_int_equal(r.handle_len, 64);
+	assert_memory_equal(r.handle, want, 64);
+	assert_int_equal(ref.reg_id, r.reg_id);
+
+	/* Later translations anywhere in it hit the cache, one driver call
+	 * each. */
+	unsigned calls = fake_attr_calls();
+	assert_int_equal(mem_translate(fx->c, (void *)(x + MiB), MiB, &ref2), dfcclSuccess);
+	assert_int_equal(ref2.reg_id, ref.reg_id);
+	assert_int_equal(ref2.alloc_id, ref.alloc_id);
+	assert_int_equal(ref2.offset, MiB);
+	assert_int_equal(mem_translate(fx->c, (void *)x, 8 * MiB, &ref2), dfcclSuccess);
+	assert_int_equal(ref2.offset, 0);
+	assert_int_equal(fake_attr_calls(), calls + 2);
+	assert_int_equal(fd_nregs(fx->d), 1);
+
+	/* dfcclCommRegister takes it too. */
+	struct dfcclComm *comm = calloc(1, sizeof(*comm));
+	assert_non_null(comm);
+	comm->client = fx->c;
+	pthread_mutex_init(&comm->lock, NULL);
+	void *handle = NULL;
+	assert_int_equal(dfcclCommRegister(comm, (void *)(x + 64), 4096, &handle), dfcclSuccess);
+	const struct mem_handle *mh = handle;
+	assert_int_equal(mh->ref.reg_id, ref.reg_id);
+	assert_int_equal(mh->ref.offset, 64);
+	assert_int_equal(dfcclCommDeregister(comm, handle), dfcclSuccess);
+	mem_comm_release(comm);
+	pthread_mutex_destroy(&comm->lock);
+	free(comm);
+
+	/* GPU memory is the application's to free, not dfcclMemFree's. */
+	expect_error(dfcclMemFree((void *)x), dfcclInvalidArgument, "was not returned by dfcclMemAlloc");
+	assert_int_equal(mem_translate(fx->c, (void *)x, 8, &ref2), dfcclSuccess);
+	assert_int_equal(ref2.reg_id, ref.reg_id);
+	assert_int_equal(fd_nregs(fx->d), 1);
+	assert_int_equal(fd_nderegs(fx->d), 0);
+}
+
+static void test_address_reused(void **state)
+{
+	struct fixture *fx = *state;
+	uintptr_t x = region(4);
+	struct mem_ref ref, ref2;
+
+	fake_malloc(x, 2 * MiB, 0, true);
+	assert_int_equal(mem_translate(fx->c, (void *)(x + 8), 8, &ref), dfcclSuccess);
+
+	/* Freed and allocated again at the same address: a new buffer id. */
+	fake_free(x);
+	fake_malloc(x, 2 * MiB, 0, true);
+	assert_int_equal(mem_translate(fx->c, (void *)(x + 8), 8, &ref2), dfcclSuccess);
+	assert_int_equal(fd_nregs(fx->d), 2);
+	assert_int_equal(fd_nderegs(fx->d), 1);
+	assert_int_equal(fd_dereg(fx->d, 0), ref.reg_id);
+	assert_int_not_equal(ref2.reg_id, ref.reg_id);
+	assert_int_not_equal(ref2.alloc_id, ref.alloc_id);
+
+	/* Freed and not reused: refused, and its registration goes. */
+	fake_free(x);
+	expect_error(mem_translate(fx->c, (void *)(x + 8), 8, &ref), dfcclInvalidArgument, "nor in GPU memory");
+	assert_int_equal(fd_nderegs(fx->d), 2);
+	assert_int_equal(fd_dereg(fx->d, 1), ref2.reg_id);
+
+	/* Two allocations replaced by one larger one that covers both. */
+	fake_malloc(x, MiB, 0, true);
+	fake_malloc(x + MiB, MiB, 0, true);
+	assert_int_equal(mem_translate(fx->c, (void *)x, 8, &ref), dfcclSuccess);
+	assert_int_equal(mem_translate(fx->c, (void *)(x + MiB), 8, &ref2), dfcclSuccess);
+	assert_int_equal(fd_nregs(fx->d), 4);
+	fake_free(x);
+	fake_free(x + MiB);
+	fake_malloc(x, 2 * MiB, 0, true);
+	struct mem_ref big;
+	assert_int_equal(mem_translate(fx->c, (void *)(x + MiB + 8), 8, &big), dfcclSuccess);
+	assert_int_equal(big.offset, MiB + 8);
+	assert_int_equal(fd_nregs(fx->d), 5);
+	assert_int_equal(fd_nderegs(fx->d), 4);
+	uint32_t a = fd_dereg(fx->d, 2), b = fd_dereg(fx->d, 3);
+	assert_true((a == ref.reg_id && b == ref2.reg_id) || (a == ref2.reg_id && b == ref.reg_id));
+}
+
+static void test_refused_ranges(void **state)
+{
+	struct fixture *fx = *state;
+	uintptr_t x = region(5);
+	struct mem_ref ref;
+	fake_malloc(x, MiB, 0, true);
+	fake_malloc(x + MiB, MiB, 0, true); /* right after it */
+
+	/* Past the end of an allocation, also into the next one. */
+	expect_error(mem_translate(fx->c, (void *)(x + MiB - 8), 16, &ref), dfcclInvalidArgument,
+	             "runs past the end of its GPU allocation");
+	expect_error(mem_translate(fx->c, (void *)(x + 8), SIZE_MAX, &ref), dfcclInvalidArgument, "runs past the end");
+	/* Memory legacy IPC cannot share (VMM, pools, managed). */
+	fake_malloc(x + 4 * MiB, MiB, 0, false);
+	expect_error(mem_translate(fx->c, (void *)(x + 4 * MiB), 8, &ref), dfcclNotSupported,
+	             "VMM allocations are not supported yet; use cudaMalloc");
+	/* A device the daemon does not serve. */
+	fake_malloc(x + 8 * MiB, MiB, 8, true);
+	expect_error(mem_translate(fx->c, (void *)(x + 8 * MiB), 8, &ref), dfcclInvalidArgument, "device 8 does not exist");
+	assert_int_equal(fd_nregs(fx->d), 0);
+	/* The first one is fine on its own. */
+	assert_int_equal(mem_translate(fx->c, (void *)(x + MiB - 8), 8, &ref), dfcclSuccess);
+	assert_int_equal(fd_nregs(fx->d), 1);
+}
+
+static void test_failures_leave_nothing(void **state)
+{
+	struct fixture *fx = *state;
+	uintptr_t x = region(6);
+	struct mem_ref ref;
+	fake_malloc(x, MiB, 0, true);
+
+	fk.attr_fails = CUDA_ERROR_INVALID_VALUE;
+	expect_error(mem_translate(fx->c, (void *)x, 8, &ref), dfcclSystemError, "cuPointerGetAttributes failed");
+	fk.attr_fails = CUDA_SUCCESS;
+
+	fk.ipc_fails = CUDA_ERROR_OUT_OF_MEMORY;
+	expect_error(mem_translate(fx->c, (void *)x, 8, &ref), dfcclSystemError,
+	             "cannot share GPU buffer");
+	assert_int_equal(fd_nregs(fx->d), 0);
+	fk.ipc_fails = CUDA_SUCCESS;
+
+	fd_refuse_next(fx->d);
+	expect_error(mem_translate(fx->c, (void *)x, 8, &ref), dfcclNotSupported, "the fake daemon refuses");
+	assert_int_equal(fd_nregs(fx->d), 1);
+
+	/* Nothing was left pending: the next try registers. */
+	assert_int_equal(mem_translate(fx->c, (void *)x, 8, &ref), dfcclSuccess);
+	assert_int_equal(fd_nregs(fx->d), 2);
+	assert_int_equal(fd_reg(fx->d, 1).reg_id, ref.reg_id);
+	assert_int_equal(fd_nderegs(fx->d), 0);
+}
+
+struct racer {
+	pthread_barrier_t *start;
+	struct client *c;
+	uintptr_t p;
+	dfcclResult_t r;
+	struct mem_ref ref;
+};
+
+static void *race_translate(void *arg)
+{
+	struct racer *t = arg;
+	pthread_barrier_wait(t->start);
+	t->r = mem_translate(t->c, (void *)t->p, 64, &t->ref);
+	return NULL;
+}
+
+static void test_concurrent_first_use(void **state)
+{
+	struct fixture *fx = *state;
+	enum { N = 8 };
+	uintptr_t x = region(7);
+	fake_malloc(x, 16 * MiB, 0, true);
+	fd_set_delay(fx->d, 50); /* every thread arrives while the registration is in flight */
+
+	pthread_barrier_t start;
+	pthread_barrier_init(&start, NULL, N);
+	pthread_t th[N];
+	struct racer t[N];
+	for (int i = 0; i < N; i++) {
+		t[i] = (struct racer){&start, fx->c, x + (uintptr_t)i * MiB, dfcclInternalError, {0}};
+		assert_int_equal(pthread_create(&th[i], NULL, race_translate, &t[i]), 0);
+	}
+	for (int i = 0; i < N; i++)
+		pthread_join(th[i], NULL);
+	pthread_barrier_destroy(&start);
+	for (int i = 0; i < N; i++) {
+		assert_int_equal(t[i].r, dfcclSuccess);
+		assert_int_equal(t[i].ref.reg_id, t[0].ref.reg_id);
+		assert_int_equal(t[i].ref.offset, (uint64_t)i * MiB);
+	}
+	assert_int_equal(fd_nregs(fx->d), 1);
+	assert_int_equal(fd_nderegs(fx->d), 0);
+}
+
+static void test_session_lost(void **state)
+{
+	struct fixture *fx = *state;
+	uintptr_t x = region(8);
+	struct mem_ref ref, ref2;
+	fake_malloc(x, MiB, 0, true);
+	assert_int_equal(mem_translate(fx->c, (void *)x, 8, &ref), dfcclSuccess);
+	assert_int_equal(fd_reg(fx->d, 0).session, 1);
+
+	/* The daemon restarts: the next session registers the buffer again
+	 * instead of using the dead session's registration. */
+	fd_hangup(fx->d, fx->c);
+	struct client *c2 = fd_connect(fx->d);
+	assert_int_equal(mem_translate(c2, (void *)x, 8, &ref2), dfcclSuccess);
+	assert_int_equal(fd_nregs(fx->d), 2);
+	assert_int_equal(fd_reg(fx->d, 1).session, 2);
+	assert_int_equal(ref2.reg_id, fd_reg(fx->d, 1).reg_id);
+	assert_int_equal(mem_translate(c2, (void *)(x + 64), 8, &ref2), dfcclSuccess);
+	assert_int_equal(fd_nregs(fx->d), 2);
+
+	/* A second live session of the same process may not take it over. */
+	struct client *c3 = fd_connect(fx->d);
+	expect_error(mem_translate(c3, (void *)x, 8, &ref2), dfcclInvalidUsage, "another connection to dfccld");
+	assert_int_equal(fd_nregs(fx->d), 2);
+	client_unref(c3);
+	client_unref(c2);
+}
+
+static void test_host_engine_never_asks(void **state)
+{
+	struct fixture *fx = *state;
+	uintptr_t x = region(9);
+	struct mem_ref ref;
+	fake_malloc(x, MiB, 0, true);
+	expect_error(mem_translate(fx->c, (void *)x, 8, &ref), dfcclInvalidArgument,
+	             "GPU buffers from cudaMalloc are accepted when dfccld runs the CUDA engine");
+	assert_int_equal(fake_attr_calls(), 0);
+	assert_int_equal(fd_nregs(fx->d), 0);
+}
+
+static void test_host_memory_unchanged(void **state)
+{
+	struct fixture *fx = *state;
+	/* dfcclMemAlloc goes through the process's default session. */
+	setenv("DFCCL_SOCKET", fx->d->path, 1);
+	void *p = NULL;
+	assert_int_equal(dfcclMemAlloc(&p, 10000), dfcclSuccess);
+	assert_int_equal(fd_nregs(fx->d), 1);
+	struct fake_reg r = fd_reg(fx->d, 0);
+	assert_int_equal(r.kind, DFCCL__V1__MEM_KIND__MEM_HOST_MEMFD);
+	assert_int_equal(r.size, 10000);
+	assert_int_equal(r.handle_len, 0);
+
+	struct client *c;
+	assert_int_equal(client_default(&c), dfcclSuccess);
+	struct mem_ref ref;
+	assert_int_equal(mem_translate(c, (char *)p + 100, 9900, &ref), dfcclSuccess);
+	assert_int_equal(ref.reg_id, r.reg_id);
+	assert_int_equal(ref.offset, 100);
+	assert_int_equal(ref.device, 0);
+	expect_error(mem_translate(c, (char *)p + 100, 9901, &ref), dfcclInvalidArgument,
+	             "not inside one dfcclMemAlloc allocation");
+	memset(p, 0x5a, 10000); /* it is real memory */
+	/* Host memory never asks the driver. */
+	assert_int_equal(fake_attr_calls(), 0);
+
+	assert_int_equal(dfcclMemFree(p), dfcclSuccess);
+	assert_int_equal(fd_nderegs(fx->d), 1);
+	assert_int_equal(fd_dereg(fx->d, 0), r.reg_id);
+	expect_error(dfcclMemFree(p), dfcclInvalidArgument, "freed already");
+	client_unref(c);
+	unsetenv("DFCCL_SOCKET");
+}
+
+#ifdef DFCCL_TEST_CUDA_H
+static void test_matches_cuda_h(void **state)
+{
+	const long ours[] = {CUDRV_CHECKED_VALUES};
+	for (size_t i = 0; i < sizeof(ours) / sizeof(ours[0]); i++)
+		if (ours[i] != cuda_h_values[i])
+			fail_msg("value %zu of CUDRV_CHECKED_VALUES: cudrv.h says %ld, cuda.h %ld", i, ours[i], cuda_h_values[i]);
+	/* The names cudrv.c looks up are the ones cuda.h binds the calls to. */
+	static const char *const looked_up[] = {
+	    "cuPointerGetAttributes", "cuIpcGetMemHandle", "cuDeviceGet", "cuDevicePrimaryCtxRetain",
+	    "cuDevicePrimaryCtxRelease_v2", "cuCtxGetCurrent", "cuCtxSetCurrent", "cuGetErrorName",
+	};
+	for (size_t i = 0; i < sizeof(looked_up) / sizeof(looked_up[0]); i++)
+		assert_string_equal(looked_up[i], cuda_h_symbols[i]);
+}
+#endif
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+	    cmocka_unit_test(test_no_driver),
+	    cmocka_unit_test_setup_teardown(test_pointer_info, setup_cuda, teardown),
+	    cmocka_unit_test_setup_teardown(test_ipc_handle_without_context, setup_cuda, teardown),
+	    cmocka_unit_test_setup_teardown(test_register_once, setup_cuda, teardown),
+	    cmocka_unit_test_setup_teardown(test_address_reused, setup_cuda, teardown),
+	    cmocka_unit_test_setup_teardown(test_refused_ranges, setup_cuda, teardown),
+	    cmocka_unit_test_setup_teardown(test_failures_leave_nothing, setup_cuda, teardown),
+	    cmocka_unit_test_setup_teardown(test_concurrent_first_use, setup_cuda, teardown),
+	    cmocka_unit_test_setup_teardown(test_session_lost, setup_cuda, teardown),
+	    cmocka_unit_test_setup_teardown(test_host_engine_never_asks, setup_host, teardown),
+	    cmocka_unit_test_setup_teardown(test_host_memory_unchanged, setup_cuda, teardown),
+#ifdef DFCCL_TEST_CUDA_H
+	    cmocka_unit_test(test_matches_cuda_h),
+#endif
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
