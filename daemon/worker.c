@@ -315,7 +315,8 @@ static void add_reg(struct worker_state *w, const Dfccl__V1__WorkerAddReg *a, in
 	char err[200] = "";
 	int mem = a->kind == DFCCL__V1__MEM_KIND__MEM_CUDA_IPC ? ENGINE_MEM_CUDA_IPC : ENGINE_MEM_HOST;
 	int rc = a->kind == DFCCL__V1__MEM_KIND__MEM_HOST_MEMFD || a->kind == DFCCL__V1__MEM_KIND__MEM_CUDA_IPC
-	             ? engine_reg_add(w->eng, &r->r, mem, a->ipc_handle.data, a->ipc_handle.len, err, sizeof(err))
+	             ? engine_reg_add(w->eng, &r->r, mem, a->ipc_handle.data, a->ipc_handle.len, a->offset, err,
+	                              sizeof(err))
 	             : (snprintf(err, sizeof(err), "memory kind %d is not supported by this worker", (int)a->kind),
 	                -ENOTSUP);
 	if (rc < 0) {

@@ -68,10 +68,10 @@ void engine_qp_del(struct engine *e, struct sq_queue *q)
 	e->ops->qp_del(e->impl, q);
 }
 
-int engine_reg_add(struct engine *e, const struct sq_reg *r, int mem, const void *ipc, size_t ipc_len, char *err,
-                   size_t errlen)
+int engine_reg_add(struct engine *e, const struct sq_reg *r, int mem, const void *ipc, size_t ipc_len,
+                   uint64_t offset, char *err, size_t errlen)
 {
-	return e->ops->reg_add(e->impl, r, mem, ipc, ipc_len, err, errlen);
+	return e->ops->reg_add(e->impl, r, mem, ipc, ipc_len, offset, err, errlen);
 }
 
 void engine_reg_del(struct engine *e, uint32_t reg_id)

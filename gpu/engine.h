@@ -76,11 +76,12 @@ void engine_qp_del(struct engine *e, struct sq_queue *q);
 /*
  * A registration the worker recorded (r stays valid until engine_reg_del):
  * for ENGINE_MEM_HOST, r->base is the worker's mapping; for
- * ENGINE_MEM_CUDA_IPC, ipc holds the handle (r->base is NULL). Returns 0 or
- * a negative errno with a sentence in err.
+ * ENGINE_MEM_CUDA_IPC, ipc holds the handle of an allocation and the buffer
+ * is [offset, offset + r->size) of it (r->base is NULL). Returns 0 or a
+ * negative errno with a sentence in err.
  */
-int engine_reg_add(struct engine *e, const struct sq_reg *r, int mem, const void *ipc, size_t ipc_len, char *err,
-                   size_t errlen);
+int engine_reg_add(struct engine *e, const struct sq_reg *r, int mem, const void *ipc, size_t ipc_len,
+                   uint64_t offset, char *err, size_t errlen);
 
 /* On return the engine no longer touches the registration's memory. */
 void engine_reg_del(struct engine *e, uint32_t reg_id);
@@ -138,8 +139,8 @@ struct engine_ops {
 	void (*free)(void *impl);
 	int (*qp_add)(void *impl, struct sq_queue *q, char *err, size_t errlen);
 	void (*qp_del)(void *impl, struct sq_queue *q);
-	int (*reg_add)(void *impl, const struct sq_reg *r, int mem, const void *ipc, size_t ipc_len, char *err,
-	               size_t errlen);
+	int (*reg_add)(void *impl, const struct sq_reg *r, int mem, const void *ipc, size_t ipc_len, uint64_t offset,
+	               char *err, size_t errlen);
 	void (*reg_del)(void *impl, uint32_t reg_id);
 	int (*comm_add)(void *impl, uint64_t comm_id, uint32_t nranks, const struct engine_member *members, void *region,
 	                size_t region_size, char *err, size_t errlen);

@@ -49,6 +49,7 @@ struct ce_reg {
 	uint32_t reg_id;
 	uint32_t slot;      /* in the device hash table */
 	int ipc;            /* opened through CUDA IPC (else host-registered) */
+	void *ipc_ptr;      /* IPC: the opened allocation */
 	void *host_base;    /* host-registered: the registered start */
 	char *dev_base;
 };
@@ -316,8 +317,12 @@ static void ce_qp_del(void *impl, struct sq_queue *q)
 	}
 }
 
-static int ce_reg_add(void *impl, const struct sq_reg *r, int mem, const void *ipc, size_t ipc_len, char *err,
-                      size_t errlen)
+/* cuMemGetAddressRange of the driver API, reached through the runtime. */
+typedef int (*ce_range_fn)(unsigned long long *base, size_t *size, unsigned long long ptr);
+static ce_range_fn ce_mem_range;
+
+static int ce_reg_add(void *impl, const struct sq_reg *r, int mem, const void *ipc, size_t ipc_len, uint64_t offset,
+                      char *err, size_t errlen)
 {
 	struct cuda_engine *e = (struct cuda_engine *)impl;
 	struct ce_reg *cr = (struct ce_reg *)calloc(1, sizeof(*cr));
@@ -344,8 +349,25 @@ static int ce_reg_add(void *impl, const struct sq_reg *r, int mem, const void *i
 			free(cr);
 			return -EIO;
 		}
+		/* The client names the range; the allocation bounds it. A range
+		 * past the end would let the kernel fault on memory that is not
+		 * there (and lose the context of everyone on this GPU). */
+		unsigned long long base = 0;
+		size_t size = 0;
+		uint64_t avail = 0;
+		if (ce_mem_range && ce_mem_range(&base, &size, (unsigned long long)(uintptr_t)p) == 0 &&
+		    base + size > (uintptr_t)p)
+			avail = base + size - (uintptr_t)p;
+		if (offset > avail || r->size > avail - offset) {
+			snprintf(err, errlen, "range [%llu, +%llu) lies outside the %llu-byte GPU allocation",
+			         (unsigned long long)offset, (unsigned long long)r->size, (unsigned long long)avail);
+			cudaIpcCloseMemHandle(p);
+			free(cr);
+			return -EINVAL;
+		}
 		cr->ipc = 1;
-		cr->dev_base = (char *)p;
+		cr->ipc_ptr = p;
+		cr->dev_base = (char *)p + offset;
 	} else {
 		/* Host memory: register whole pages (the worker's mapping covers
 		 * them), and hand the kernel the buffer's place inside. */
@@ -380,7 +402,7 @@ static int ce_reg_add(void *impl, const struct sq_reg *r, int mem, const void *i
 	    ce_put32(e, OFF(regs[slot].state), DK_REG_LIVE) < 0) {
 		snprintf(err, errlen, "%s", slot == DK_REG_CAP ? "too many registrations on this GPU" : e->fatal);
 		if (cr->ipc)
-			cudaIpcCloseMemHandle(cr->dev_base);
+			cudaIpcCloseMemHandle(cr->ipc_ptr);
 		else
 			cudaHostUnregister(cr->host_base);
 		free(cr);
@@ -407,7 +429,7 @@ static void ce_reg_del(void *impl, uint32_t reg_id)
 		e->reg_used[cr->slot] = DK_REG_GONE;
 		ce_grace(e);
 		if (cr->ipc)
-			cudaIpcCloseMemHandle(cr->dev_base);
+			cudaIpcCloseMemHandle(cr->ipc_ptr);
 		else
 			cudaHostUnregister(cr->host_base);
 		free(cr);
@@ -581,7 +603,7 @@ static void ce_free(void *impl)
 		struct ce_reg *cr = e->regs;
 		e->regs = cr->next;
 		if (cr->ipc)
-			cudaIpcCloseMemHandle(cr->dev_base);
+			cudaIpcCloseMemHandle(cr->ipc_ptr);
 		else
 			cudaHostUnregister(cr->host_base);
 		free(cr);
@@ -634,6 +656,10 @@ extern "C" int cuda_engine_ops_new(const struct engine_config *cfg, const struct
 	}
 	if (rc == cudaSuccess)
 		rc = (cudaError_t)dk_preload();
+	enum cudaDriverEntryPointQueryResult q;
+	if (rc == cudaSuccess)
+		rc = cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", (void **)&ce_mem_range, 12000, cudaEnableDefault,
+		                                      &q);
 	if (rc == cudaSuccess)
 		rc = cudaStreamCreateWithFlags(&e->kstream, cudaStreamNonBlocking);
 	if (rc == cudaSuccess)
