@@ -34,8 +34,8 @@ extern "C" {
 /* While the kernel runs, the worker looks for completions to wake sleepers
  * and for the kernel's exit this often. */
 #define CE_RUNNING_PAUSE_NS 20000ull
-/* A grace period longer than this means the kernel is stuck: fatal. */
-#define CE_GRACE_TIMEOUT_NS 5000000000ull
+/* A kernel that does not park within this long is stuck: fatal. */
+#define CE_PARK_TIMEOUT_NS 5000000000ull
 
 struct ce_qp {
 	struct sq_queue *q; /* NULL: free slot */
@@ -76,8 +76,8 @@ struct cuda_engine {
 	uint64_t stats_base[6]; /* the page's counters when this engine started (they survive restarts) */
 	uint32_t nqps;          /* queue-pair slots below this may be in use */
 	uint32_t ncomms;        /* communicator slots below this may be in use */
-	uint64_t grace;         /* the last grace period requested */
 	int running;
+	int resume;             /* the kernel left with tasks in flight: launch it again */
 	char fatal[256];
 };
 
@@ -126,39 +126,37 @@ static void ce_check_kernel(struct cuda_engine *e)
 	e->running = 0;
 	if (ce_failed(e, rc, "the daemon kernel failed"))
 		return;
+	/* Idle, it leaves nothing behind; parked or stopped, it may have. */
 	if (__atomic_exchange_n(&e->host->quit_voluntary, 0u, __ATOMIC_ACQ_REL))
 		__atomic_fetch_add(&e->stats->kernel_quits, 1, __ATOMIC_RELAXED);
+	else
+		e->resume = 1;
 }
 
 /*
- * Waits until no block holds anything it read from a table entry removed
- * before the call: every block acknowledges a new grace period at the top of
- * its loop. Trivial while the kernel is not running.
+ * Parks the kernel: every block leaves at the top of its loop, the tasks
+ * stay in device memory with their contexts, and the next launch resumes
+ * them. Done before anything that maps or unmaps memory or removes a table
+ * entry: such CUDA calls may wait for the device to go idle, which a
+ * resident kernel whose tasks wait on a client blocked in that very call
+ * would never do; and no block holds what it read from an entry afterwards.
  */
-static void ce_grace(struct cuda_engine *e)
+static void ce_park(struct cuda_engine *e)
 {
 	ce_check_kernel(e);
 	if (!e->running)
 		return;
-	uint64_t g = ++e->grace;
-	if (ce_put(e, OFF(ctl.grace_req), &g, sizeof(g)) < 0)
+	if (ce_put32(e, OFF(ctl.park), 1) < 0)
 		return;
 	uint64_t start = mono_ns();
-	for (;;) {
-		uint32_t acked = 0;
-		for (uint32_t b = 0; b < e->params.blocks; b++)
-			acked += __atomic_load_n(&e->host->block[b].grace_ack, __ATOMIC_ACQUIRE) >= g;
-		if (acked == e->params.blocks)
-			return;
+	while (e->running) {
 		ce_check_kernel(e);
-		if (!e->running)
-			return;
-		if (mono_ns() - start > CE_GRACE_TIMEOUT_NS) {
-			snprintf(e->fatal, sizeof(e->fatal), "GPU %u: the daemon kernel did not pass a grace period in 5 s",
+		if (e->running && mono_ns() - start > CE_PARK_TIMEOUT_NS) {
+			snprintf(e->fatal, sizeof(e->fatal), "GPU %u: the daemon kernel did not park within 5 s",
 			         e->cfg.device);
 			return;
 		}
-		usleep(10);
+		usleep(5);
 	}
 }
 
@@ -169,11 +167,9 @@ static void ce_launch(struct cuda_engine *e)
 	for (uint32_t i = 0; i < e->nqps; i++)
 		if (e->qps[i].q)
 			sq_set_engine_state(e->qps[i].q, DFCCL_ENGINE_POLLING);
-	uint32_t zero = 0;
-	cudaError_t rc = cudaMemcpyAsync(OFF(ctl.quit), &zero, sizeof(zero), cudaMemcpyHostToDevice,
-	                                 e->kstream);
-	if (ce_failed(e, rc, "preparing the daemon kernel"))
+	if (ce_put32(e, OFF(ctl.quit), 0) < 0 || ce_put32(e, OFF(ctl.park), 0) < 0 || ce_put32(e, OFF(ctl.started), 0) < 0)
 		return;
+	e->resume = 0;
 	if (ce_failed(e, (cudaError_t)dk_launch(&e->params, e->kstream), "launching the daemon kernel"))
 		return;
 	e->running = 1;
@@ -248,6 +244,7 @@ static int ce_qp_add(void *impl, struct sq_queue *q, char *err, size_t errlen)
 		return -ENOSPC;
 	}
 	struct ce_qp *p = &e->qps[i];
+	ce_park(e);
 	cudaError_t rc = cudaHostRegister(q->hdr, q->size, cudaHostRegisterMapped | cudaHostRegisterPortable);
 	if (rc != cudaSuccess) {
 		snprintf(err, errlen, "cannot register the queue region with the GPU: %s", cudaGetErrorString(rc));
@@ -305,10 +302,10 @@ static void ce_qp_del(void *impl, struct sq_queue *q)
 		if (p->q != q)
 			continue;
 		/* The kernel drops the queue's tasks (failing their peers) on
-		 * their next visit; after the grace period it reads nothing of
-		 * the region any more. */
+		 * their next visit; parked, it reads nothing of the region any
+		 * more. */
+		ce_park(e);
 		ce_put32(e, OFF(qps[i].live), 0);
-		ce_grace(e);
 		cudaFree(p->taken);
 		cudaHostUnregister(q->hdr);
 		p->q = NULL;
@@ -331,6 +328,7 @@ static int ce_reg_add(void *impl, const struct sq_reg *r, int mem, const void *i
 		return -ENOMEM;
 	}
 	cr->reg_id = r->reg_id;
+	ce_park(e);
 	cudaError_t rc;
 	if (mem == ENGINE_MEM_CUDA_IPC) {
 		cudaIpcMemHandle_t h;
@@ -423,11 +421,11 @@ static void ce_reg_del(void *impl, uint32_t reg_id)
 		if (cr->reg_id != reg_id)
 			continue;
 		*pp = cr->next;
-		/* Tasks look buffers up on every visit: after the grace period
-		 * none holds this one. */
+		/* Tasks look buffers up on every visit: parked, none holds
+		 * this one. */
+		ce_park(e);
 		ce_put32(e, OFF(regs[cr->slot].state), DK_REG_GONE);
 		e->reg_used[cr->slot] = DK_REG_GONE;
-		ce_grace(e);
 		if (cr->ipc)
 			cudaIpcCloseMemHandle(cr->ipc_ptr);
 		else
@@ -455,6 +453,7 @@ static int ce_comm_add(void *impl, uint64_t comm_id, uint32_t nranks, const stru
 	struct ce_comm *c = &e->comms[i];
 	size_t sync = DFCCL_COMM_SYNC_BYTES(nranks);
 	void *dev = NULL;
+	ce_park(e);
 	cudaError_t rc = cudaHostRegister(region, sync, cudaHostRegisterMapped | cudaHostRegisterPortable);
 	if (rc == cudaSuccess)
 		rc = cudaHostGetDevicePointer(&dev, region, 0);
@@ -531,8 +530,8 @@ static void ce_comm_del(void *impl, uint64_t comm_id)
 	struct ce_comm *c = ce_comm_find(e, comm_id, &i);
 	if (!c)
 		return;
+	ce_park(e);
 	ce_put32(e, OFF(comms[i].live), 0);
-	ce_grace(e);
 	cudaHostUnregister(c->region);
 	c->comm_id = 0;
 	c->region = NULL;
@@ -543,7 +542,7 @@ static unsigned ce_poll(void *impl)
 	struct cuda_engine *e = (struct cuda_engine *)impl;
 	ce_check_kernel(e);
 	unsigned work = ce_completions(e);
-	if (!e->running && ce_armed(e)) {
+	if (!e->running && (e->resume || ce_armed(e))) {
 		ce_launch(e);
 		work++;
 	}
@@ -563,6 +562,10 @@ static int ce_sleep(void *impl)
 	ce_check_kernel(e);
 	if (e->running)
 		return 0;
+	if (e->resume) {
+		ce_launch(e);
+		return 0;
+	}
 	for (uint32_t i = 0; i < e->nqps; i++)
 		if (e->qps[i].q)
 			sq_set_engine_state(e->qps[i].q, DFCCL_ENGINE_SLEEPING);

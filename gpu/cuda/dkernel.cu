@@ -844,7 +844,6 @@ __device__ int chan_wait(dk_ctx &c, dk_task *t, uint32_t ch, dk_comm *cm, uint32
 	dk_cond w = cond_of(t, ch, x->step, cm);
 	bool drain = x->step == DK_FINISH || x->step == DK_BOX_ACK;
 	uint32_t threshold = drain ? sched_threshold_drain(&c.p.sched) : sched_threshold(&c.p.sched, position, s);
-	uint64_t grace = vload(&c.st->ctl.grace_req);
 	dk_inbox *ib = &c.st->inbox[c.b];
 	uint32_t arrived = vload(&ib->tail);
 	uint64_t spins = 0;
@@ -860,11 +859,11 @@ __device__ int chan_wait(dk_ctx &c, dk_task *t, uint32_t ch, dk_comm *cm, uint32
 				rc = -(int)ab;
 				break;
 			}
-			/* A grace period or a stop must not wait for a long spin,
-			 * and new tasks get posted at once (their peers may be
-			 * waiting for exactly that): block 0 keeps reading the
-			 * queues, and a new arrival ends the wait. */
-			if (spins && (vload(&c.st->ctl.grace_req) != grace || vload(&c.st->ctl.stop))) {
+			/* Parking or a stop must not wait for a long spin, and new
+			 * tasks get posted at once (their peers may be waiting for
+			 * exactly that): block 0 keeps reading the queues, and a new
+			 * arrival ends the wait. */
+			if (spins && (vload(&c.st->ctl.park) || vload(&c.st->ctl.stop))) {
 				rc = 0;
 				break;
 			}
@@ -1113,20 +1112,31 @@ __global__ void __launch_bounds__(DK_THREADS) dk_main(dk_params p)
 		c.acc.context_switches = v[3];
 		c.acc.spins = v[4];
 		c.acc.started = v[5];
-		c.acc.grace_ack = v[6];
 		c.out = c.acc;
+		/* Resume: the tasks this block had when the kernel last left
+		 * (their contexts are in global memory), in their order. Tasks
+		 * still in the inbox are among them, so it starts empty. */
 		sh.q.n = 0;
+		dk_inbox *ib = &st->inbox[c.b];
+		ib->head = vload(&ib->tail);
+		uint32_t live = vload(&st->live_tasks);
+		for (uint32_t ti = 0; live && ti < DK_MAX_TASKS; ti++) {
+			dk_task *t = &st->tasks[ti];
+			if (vload(&t->state) == DK_TASK_LIVE && c.b < t->nch && t->ch[c.b].step != DK_LEFT)
+				sched_insert(&p.sched, &sh.q, st->states[c.b], ti);
+		}
+		__threadfence();
+		atomicAdd(&st->ctl.started, 1u);
+		/* Block 0 makes new tasks only once every block has rebuilt its
+		 * queue, so none is taken twice. */
+		if (c.b == 0)
+			while (vload(&st->ctl.started) < p.blocks)
+				__nanosleep(100);
 	}
 	uint64_t last_active = now_ns();
 	uint64_t last_task = 0;
 	for (;;) {
 		if (tid == 0) {
-			uint64_t g = vload(&st->ctl.grace_req);
-			if (g != c.acc.grace_ack) {
-				c.acc.grace_ack = g;
-				*(volatile uint64_t *)&c.bs->grace_ack = g;
-				__threadfence_system();
-			}
 			bool found = false;
 			if (c.b == 0 && read_queues(c) > 0)
 				found = true;
@@ -1142,7 +1152,7 @@ __global__ void __launch_bounds__(DK_THREADS) dk_main(dk_params p)
 			if (found || sh.q.n)
 				last_active = now;
 			sh.quit = 0;
-			if (vload(&st->ctl.stop)) {
+			if (vload(&st->ctl.stop) || vload(&st->ctl.park)) {
 				sh.quit = 1;
 			} else if (c.b == 0) {
 				if (vload(&st->live_tasks) == 0 && now - last_active >= p.idle_ns) {
@@ -1192,6 +1202,7 @@ __global__ void __launch_bounds__(DK_THREADS) dk_main(dk_params p)
 			__syncthreads();
 			if (ret == R_CHDONE || ret == R_FREE) {
 				if (tid == 0) {
+					t->ch[c.b].step = DK_LEFT;
 					sched_remove_at(&sh.q, pos);
 					if (ret == R_FREE)
 						task_free(st, t);

@@ -9,16 +9,19 @@
  * copies on a stream of its own while the kernel runs, read by the kernel
  * with volatile loads), the tasks and their contexts, the per-block inboxes.
  * What the host side reads while the kernel runs lives in mapped pinned host
- * memory, `struct dk_host`: grace-period acknowledgements and per-block
- * counters, each word written by one block only, so no atomics cross PCIe.
+ * memory, `struct dk_host`: per-block counters, each word written by one
+ * block only, so no atomics cross PCIe.
  *
  * Updating a table under a running kernel. An entry is written in two
  * copies: its body while its `live` (or `state`) word still says "ignore
- * me", then that word. Removing one is the reverse: the word first, then a
- * grace period (dk_ctl.grace_req; every block acknowledges at the top of its
- * loop, and waits give up early when one is requested), after which no block
- * holds anything it read from the entry: tasks look their queue pair,
- * communicator and buffers up again on every visit.
+ * me", then that word. Removing one, and anything that maps or unmaps
+ * memory (CUDA calls that may wait for the device to be idle), happens with
+ * the kernel parked: the host side sets dk_ctl.park, every block leaves at
+ * the top of its loop (waits give up early), and the tasks stay in global
+ * memory with their contexts; the next launch rebuilds each block's queue
+ * from them (DFCCL's voluntary quit with saved contexts). Tasks look their
+ * queue pair, communicator and buffers up again on every visit, so a parked
+ * task whose entry went away meanwhile notices when it resumes.
  */
 #ifndef DFCCL_DKERNEL_H
 #define DFCCL_DKERNEL_H
@@ -89,6 +92,7 @@ enum dk_step {
 	DK_BOX_FREE,
 	DK_BOX_ACK,
 	DK_BOX_KEY,
+	DK_LEFT,   /* this channel's part is over: not in its block's queue any more */
 };
 
 /* The dynamic context of one channel of a task: its step and position. */
@@ -143,7 +147,8 @@ struct dk_inbox {
 struct dk_ctl {
 	uint32_t quit;       /* block 0 decided to quit (idle); host clears it before a launch */
 	uint32_t stop;       /* host: leave now (the worker is exiting) */
-	uint64_t grace_req;  /* host: grace period requested; blocks acknowledge in dk_host */
+	uint32_t park;       /* host: leave now, tasks kept for the next launch; cleared before a launch */
+	uint32_t started;    /* blocks that rebuilt their queue in this launch (block 0 waits for all) */
 	uint32_t nqps;       /* host: queue-pair slots in use are below this */
 	uint32_t ncomms;     /* host: communicator slots in use are below this */
 };
@@ -151,8 +156,7 @@ struct dk_ctl {
 /* Counters of one block, in host memory; the block is the only writer. */
 struct dk_block_stats {
 	uint64_t completed, errors, preemptions, context_switches, spins, started;
-	uint64_t grace_ack;  /* the last grace period this block passed */
-	uint64_t reserved;
+	uint64_t reserved[2];
 };
 
 /* Mapped pinned host memory: what the host side reads while the kernel runs. */
