@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "comm.h"
+#include "cudrv.h"
 #include "errors.h"
 #include "mem.h"
 #include "qp.h"
@@ -360,7 +361,17 @@ static dfcclResult_t coll_alltoall(const char *send, char *recv, size_t count, d
 	    (r = coll_buffer(&a, "recvbuff", recv, n, &op.sqe.recv_reg, &op.sqe.recv_off)) != dfcclSuccess)
 		return r;
 
-	memmove(recv + (size_t)comm->rank * block, send + (size_t)comm->rank * block, block);
+	/* The own block: GPU memory is not the CPU's to copy, the driver does it. */
+	char *own_dst = recv + (size_t)comm->rank * block;
+	const char *own_src = send + (size_t)comm->rank * block;
+	struct cudrv_ptr_info pi;
+	if (cudrv_pointer_info(own_dst, &pi) == 1 || cudrv_pointer_info(own_src, &pi) == 1) {
+		if (cudrv_copy(own_dst, own_src, block, pi.device) < 0)
+			return errors_set(dfcclUnhandledCudaError, "AllToAll: cannot copy the rank's own block: %s",
+			                  cudrv_last_error());
+	} else {
+		memmove(own_dst, own_src, block);
+	}
 	dfcclGroupStart();
 	for (int j = 0; j < comm->nranks; j++) {
 		if (j == comm->rank)

@@ -47,6 +47,7 @@ static void drv_load(void)
 	    {"cuCtxGetCurrent", offsetof(struct cudrv_ops, ctx_get_current), false},
 	    {"cuCtxSetCurrent", offsetof(struct cudrv_ops, ctx_set_current), false},
 	    {"cuGetErrorName", offsetof(struct cudrv_ops, get_error_name), true},
+	    {"cuMemcpy", offsetof(struct cudrv_ops, memcpy), true},
 	};
 	void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
 	if (!lib)
@@ -139,12 +140,17 @@ int cudrv_pointer_info(const void *p, struct cudrv_ptr_info *out)
 	return 1;
 }
 
-/* cuIpcGetMemHandle in the device's primary context, which the CUDA runtime
- * allocated the memory in, for a thread that has no current context (one
- * that never made a CUDA call); the thread's own context, if any, is made
- * current again afterwards. */
-static CUresult drv_ipc_in_primary(const struct cudrv_ops *ops, int device, CUipcMemHandle *h, CUdeviceptr base,
-                                   const char **call)
+/* A driver call that needs a context, made in the device's primary context
+ * (the one the CUDA runtime allocates in) for a thread that has no current
+ * context (one that never made a CUDA call); the thread's own context, if
+ * any, is made current again afterwards. */
+struct drv_call {
+	const char *name;
+	CUresult (*fn)(const struct cudrv_ops *ops, void *arg);
+	void *arg;
+};
+
+static CUresult drv_in_primary(const struct cudrv_ops *ops, int device, const struct drv_call *c, const char **call)
 {
 	CUdevice dev;
 	CUcontext ctx = NULL, prev = NULL;
@@ -162,12 +168,33 @@ static CUresult drv_ipc_in_primary(const struct cudrv_ops *ops, int device, CUip
 	*call = "cuCtxSetCurrent";
 	if ((r = ops->ctx_set_current(ctx)) != CUDA_SUCCESS)
 		goto release;
-	*call = "cuIpcGetMemHandle";
-	r = ops->ipc_get_mem_handle(h, base);
+	*call = c->name;
+	r = c->fn(ops, c->arg);
 	ops->ctx_set_current(prev);
 release:
 	ops->primary_ctx_release(dev);
 	return r;
+}
+
+/* Makes call c, in the primary context of device if the thread has none. */
+static CUresult drv_with_context(const struct cudrv_ops *ops, int device, const struct drv_call *c, const char **call)
+{
+	*call = c->name;
+	CUresult r = c->fn(ops, c->arg);
+	if (r == CUDA_ERROR_INVALID_CONTEXT)
+		r = drv_in_primary(ops, device, c, call);
+	return r;
+}
+
+struct drv_ipc_arg {
+	CUipcMemHandle *h;
+	CUdeviceptr base;
+};
+
+static CUresult drv_ipc_call(const struct cudrv_ops *ops, void *arg)
+{
+	struct drv_ipc_arg *a = arg;
+	return ops->ipc_get_mem_handle(a->h, a->base);
 }
 
 int cudrv_ipc_handle(const struct cudrv_ptr_info *a, uint8_t out[CUDRV_IPC_HANDLE_BYTES])
@@ -178,12 +205,38 @@ int cudrv_ipc_handle(const struct cudrv_ptr_info *a, uint8_t out[CUDRV_IPC_HANDL
 		return -ENODEV;
 	}
 	CUipcMemHandle h;
-	const char *call = "cuIpcGetMemHandle";
-	CUresult r = ops->ipc_get_mem_handle(&h, (CUdeviceptr)a->base);
-	if (r == CUDA_ERROR_INVALID_CONTEXT)
-		r = drv_ipc_in_primary(ops, a->device, &h, (CUdeviceptr)a->base, &call);
+	struct drv_ipc_arg arg = {&h, (CUdeviceptr)a->base};
+	struct drv_call c = {"cuIpcGetMemHandle", drv_ipc_call, &arg};
+	const char *call;
+	CUresult r = drv_with_context(ops, a->device, &c, &call);
 	if (r != CUDA_SUCCESS)
 		return drv_fail(ops, call, r);
 	memcpy(out, h.reserved, CUDRV_IPC_HANDLE_BYTES);
 	return 0;
+}
+
+struct drv_copy_arg {
+	void *dst;
+	const void *src;
+	size_t bytes;
+};
+
+static CUresult drv_copy_call(const struct cudrv_ops *ops, void *arg)
+{
+	struct drv_copy_arg *a = arg;
+	return ops->memcpy((CUdeviceptr)(uintptr_t)a->dst, (CUdeviceptr)(uintptr_t)a->src, a->bytes);
+}
+
+int cudrv_copy(void *dst, const void *src, size_t bytes, int device)
+{
+	const struct cudrv_ops *ops = drv();
+	if (!ops || !ops->memcpy) {
+		snprintf(drv_err, sizeof(drv_err), "the CUDA driver (libcuda.so.1) with cuMemcpy cannot be loaded");
+		return -ENODEV;
+	}
+	struct drv_copy_arg arg = {dst, src, bytes};
+	struct drv_call c = {"cuMemcpy", drv_copy_call, &arg};
+	const char *call;
+	CUresult r = drv_with_context(ops, device, &c, &call);
+	return r == CUDA_SUCCESS ? 0 : drv_fail(ops, call, r);
 }

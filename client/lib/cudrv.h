@@ -103,7 +103,16 @@ struct cudrv_ops {
 	CUresult (*ctx_get_current)(CUcontext *ctx);
 	CUresult (*ctx_set_current)(CUcontext ctx);
 	CUresult (*get_error_name)(CUresult r, const char **name); /* optional */
+	CUresult (*memcpy)(CUdeviceptr dst, CUdeviceptr src, size_t bytes); /* optional */
 };
+
+/*
+ * Copies bytes between any two buffers the driver can address (device or
+ * host, unified addressing), synchronously; device names the GPU whose
+ * primary context serves a thread that has none. Returns 0 or a negative
+ * errno (cudrv_last_error says why).
+ */
+int cudrv_copy(void *dst, const void *src, size_t bytes, int device);
 
 /* Makes every later call use ops (borrowed; NULL: the real driver again).
  * For unit tests, before any thread queries the driver. */
