@@ -34,6 +34,8 @@ extern "C" {
 /* While the kernel runs, the worker looks for completions to wake sleepers
  * and for the kernel's exit this often. */
 #define CE_RUNNING_PAUSE_NS 20000ull
+/* Counters of struct dk_block_stats that go to the statistics page. */
+#define CE_NCOUNTERS 6
 /* A kernel that does not park within this long is stuck: fatal. */
 #define CE_PARK_TIMEOUT_NS 5000000000ull
 
@@ -73,13 +75,28 @@ struct cuda_engine {
 	struct ce_comm comms[DK_MAX_COMMS];
 	uint8_t reg_used[DK_REG_CAP]; /* mirror of the device table's states */
 	struct ce_reg *regs;
-	uint64_t stats_base[6]; /* the page's counters when this engine started (they survive restarts) */
+	uint64_t stats_base[CE_NCOUNTERS]; /* the page's counters when this engine started (they survive restarts) */
 	uint32_t nqps;          /* queue-pair slots below this may be in use */
 	uint32_t ncomms;        /* communicator slots below this may be in use */
 	int running;
 	int resume;             /* the kernel left with tasks in flight: launch it again */
 	char fatal[256];
 };
+
+/*
+ * The statistics page's counters that the kernel's per-block counters
+ * (struct dk_block_stats, in its order) add up to: tasks started count as
+ * direct collectives, the only algorithm the kernel runs yet.
+ */
+static void ce_page_counters(struct dfccl_worker_stats *s, uint64_t *out[CE_NCOUNTERS])
+{
+	out[0] = &s->completed;
+	out[1] = &s->errors;
+	out[2] = &s->preemptions;
+	out[3] = &s->context_switches;
+	out[4] = &s->spins;
+	out[5] = &s->by_algo[DFCCL_ALGO_DIRECT];
+}
 
 static uint64_t mono_ns(void)
 {
@@ -214,20 +231,17 @@ static unsigned ce_completions(struct cuda_engine *e)
 			moved++;
 		}
 	}
-	uint64_t sum[6];
+	uint64_t *page[CE_NCOUNTERS];
+	ce_page_counters(e->stats, page);
+	uint64_t sum[CE_NCOUNTERS];
 	memcpy(sum, e->stats_base, sizeof(sum));
 	for (uint32_t b = 0; b < DK_MAX_BLOCKS; b++) {
 		const volatile uint64_t *v = (const volatile uint64_t *)&e->host->block[b];
-		for (int k = 0; k < 6; k++)
+		for (int k = 0; k < CE_NCOUNTERS; k++)
 			sum[k] += v[k];
 	}
-	struct dfccl_worker_stats *s = e->stats;
-	__atomic_store_n(&s->completed, sum[0], __ATOMIC_RELAXED);
-	__atomic_store_n(&s->errors, sum[1], __ATOMIC_RELAXED);
-	__atomic_store_n(&s->preemptions, sum[2], __ATOMIC_RELAXED);
-	__atomic_store_n(&s->context_switches, sum[3], __ATOMIC_RELAXED);
-	__atomic_store_n(&s->spins, sum[4], __ATOMIC_RELAXED);
-	__atomic_store_n(&s->by_algo[DFCCL_ALGO_DIRECT], sum[5], __ATOMIC_RELAXED);
+	for (int k = 0; k < CE_NCOUNTERS; k++)
+		__atomic_store_n(page[k], sum[k], __ATOMIC_RELAXED);
 	return moved;
 }
 
@@ -643,9 +657,9 @@ extern "C" int cuda_engine_ops_new(const struct engine_config *cfg, const struct
 	}
 	e->cfg = *cfg;
 	e->stats = cfg->stats;
-	const uint64_t *page[6] = {&e->stats->completed, &e->stats->errors, &e->stats->preemptions,
-	                           &e->stats->context_switches, &e->stats->spins, &e->stats->by_algo[DFCCL_ALGO_DIRECT]};
-	for (int k = 0; k < 6; k++)
+	uint64_t *page[CE_NCOUNTERS];
+	ce_page_counters(e->stats, page);
+	for (int k = 0; k < CE_NCOUNTERS; k++)
 		e->stats_base[k] = __atomic_load_n(page[k], __ATOMIC_RELAXED);
 	int ndev = 0;
 	cudaError_t rc = cudaGetDeviceCount(&ndev);
