@@ -101,7 +101,8 @@ static dfcclResult_t coll_buffer(const struct coll_args *a, const char *what, co
 	}
 	if (ref.device != a->comm->device)
 		return errors_set(dfcclInvalidArgument, "%s: buffer %p was allocated for device %d but the communicator uses "
-		                  "device %d (call dfcclSetDevice before dfcclMemAlloc)", name, ptr, ref.device,
+		                  "device %d (GPU buffers must be on the communicator's GPU; call dfcclSetDevice before "
+		                  "dfcclMemAlloc)", name, ptr, ref.device,
 		                  a->comm->device);
 	*reg = ref.reg_id;
 	*off = ref.offset;
@@ -122,9 +123,9 @@ static dfcclResult_t coll_check(const struct coll_args *a)
 	if (!comm)
 		return errors_set(dfcclInvalidArgument, "%s: comm is NULL", name);
 	if (a->stream)
-		return errors_set(dfcclNotSupported, "%s: stream-ordered submission needs the CUDA engine, which this "
-		                  "release does not have; pass a NULL stream (the call then returns once submitted, and "
-		                  "dfcclCommSynchronize waits for it)", name);
+		return errors_set(dfcclNotSupported, "%s: stream-ordered submission is not supported yet; pass a NULL "
+		                  "stream after synchronizing the work that writes the buffers (the call then returns "
+		                  "once submitted, and dfcclCommSynchronize waits for it)", name);
 	size_t elem = coll_dtype_size(a->dtype);
 	if (elem == 0)
 		return errors_set(dfcclInvalidArgument, "%s: unknown data type %d", name, a->dtype);
