@@ -186,7 +186,12 @@ dfcclResult_t dfcclCommDeregister(const dfcclComm_t comm, void *handle);
  *
  * NCCL-style collectives: calls on one communicator match across ranks by
  * their order on that communicator. Buffers must come from dfcclMemAlloc
- * (host engine) or be device memory (CUDA engine).
+ * (either engine) or from cudaMalloc (CUDA engine: the allocation is
+ * registered with the daemon the first time a call names it, once). In this
+ * release `stream` must be NULL: the daemon's kernel reads the buffers with
+ * no order to the caller's streams, so the work that writes the send buffer
+ * must be complete (synchronize its stream) before the call, and the
+ * receive buffer may be read once dfcclCommSynchronize returns.
  */
 
 dfcclResult_t dfcclAllReduce(const void *sendbuff, void *recvbuff, size_t count,
