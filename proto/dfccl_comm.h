@@ -204,6 +204,16 @@ static inline DFCCL_HD unsigned dfccl_size_bucket(uint64_t bytes)
 #define DFCCL_COMM_REGION_SIZE(n) \
 	(DFCCL_COMM_CONN_OFFSET(n) + (uint64_t)DFCCL_COMM_CONN_SLOTS * (n)*DFCCL_COMM_CONN_BYTES)
 
+/* The status a communicator fails with, from its region's `aborted` word
+ * (0: healthy): whoever wrote the word meant an abort, so a value that is
+ * no status still fails the tasks, with the generic one. */
+static inline DFCCL_HD uint32_t dfccl_comm_abort_status(uint64_t aborted)
+{
+	if (aborted == 0)
+		return DFCCL_CQ_OK;
+	return aborted < DFCCL_CQ_STATUS_COUNT_ ? (uint32_t)aborted : (uint32_t)DFCCL_CQ_ABORTED;
+}
+
 static inline DFCCL_HD struct dfccl_comm_plan *dfccl_comm_plan_of(void *region)
 {
 	return (struct dfccl_comm_plan *)((char *)region + DFCCL_COMM_PLAN_OFFSET);

@@ -59,7 +59,6 @@ struct ce_reg {
 struct ce_comm {
 	uint64_t comm_id;   /* 0: free slot */
 	void *region;
-	size_t sync_bytes;
 	uint32_t gen;
 };
 
@@ -245,6 +244,44 @@ static unsigned ce_completions(struct cuda_engine *e)
 	return moved;
 }
 
+/* ------------------------------------------------------------------ mappings */
+
+/* Registers host memory with the GPU and gives its device address; on
+ * failure nothing stays registered and the runtime's error is cleared. */
+static cudaError_t ce_host_map(void *p, size_t bytes, void **dev)
+{
+	cudaError_t rc = cudaHostRegister(p, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable);
+	if (rc != cudaSuccess) {
+		cudaGetLastError();
+		return rc;
+	}
+	rc = cudaHostGetDevicePointer(dev, p, 0);
+	if (rc != cudaSuccess) {
+		cudaGetLastError();
+		cudaHostUnregister(p);
+	}
+	return rc;
+}
+
+/* Gives back what ce_reg_add mapped, and the record. */
+static void ce_reg_release(struct ce_reg *cr)
+{
+	if (cr->ipc)
+		cudaIpcCloseMemHandle(cr->ipc_ptr);
+	else
+		cudaHostUnregister(cr->host_base);
+	free(cr);
+}
+
+/* Gives back what ce_qp_add mapped and allocated for a queue pair. */
+static void ce_qp_release(struct ce_qp *p)
+{
+	cudaFree(p->taken);
+	cudaHostUnregister(p->q->hdr);
+	p->q = NULL;
+	p->taken = NULL;
+}
+
 /* ------------------------------------------------------------------ the engine interface */
 
 static int ce_qp_add(void *impl, struct sq_queue *q, char *err, size_t errlen)
@@ -259,16 +296,14 @@ static int ce_qp_add(void *impl, struct sq_queue *q, char *err, size_t errlen)
 	}
 	struct ce_qp *p = &e->qps[i];
 	ce_park(e);
-	cudaError_t rc = cudaHostRegister(q->hdr, q->size, cudaHostRegisterMapped | cudaHostRegisterPortable);
+	void *dev = NULL;
+	uint64_t *taken = NULL;
+	cudaError_t rc = ce_host_map(q->hdr, q->size, &dev);
 	if (rc != cudaSuccess) {
 		snprintf(err, errlen, "cannot register the queue region with the GPU: %s", cudaGetErrorString(rc));
 		return -ENOMEM;
 	}
-	void *dev = NULL;
-	uint64_t *taken = NULL;
-	rc = cudaHostGetDevicePointer(&dev, q->hdr, 0);
-	if (rc == cudaSuccess)
-		rc = cudaMalloc((void **)&taken, (size_t)q->n * sizeof(uint64_t));
+	rc = cudaMalloc((void **)&taken, (size_t)q->n * sizeof(uint64_t));
 	if (rc == cudaSuccess)
 		rc = cudaMemcpyAsync(taken, q->taken, (size_t)q->n * sizeof(uint64_t), cudaMemcpyHostToDevice,
 		                     e->ctl_stream);
@@ -281,8 +316,7 @@ static int ce_qp_add(void *impl, struct sq_queue *q, char *err, size_t errlen)
 		return -ENOMEM;
 	}
 	struct dk_qp d;
-	memset(&d, 0, sizeof(d));
-	d.live = 0;
+	memset(&d, 0, sizeof(d)); /* live = 0: the kernel ignores the slot until the second copy */
 	d.gen = ++p->gen;
 	d.n = q->n;
 	d.session_id = q->session_id;
@@ -320,10 +354,7 @@ static void ce_qp_del(void *impl, struct sq_queue *q)
 		 * more. */
 		ce_park(e);
 		ce_put32(e, OFF(qps[i].live), 0);
-		cudaFree(p->taken);
-		cudaHostUnregister(q->hdr);
-		p->q = NULL;
-		p->taken = NULL;
+		ce_qp_release(p);
 		return;
 	}
 }
@@ -386,14 +417,11 @@ static int ce_reg_add(void *impl, const struct sq_reg *r, int mem, const void *i
 		uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
 		uintptr_t lo = (uintptr_t)r->base & ~(page - 1);
 		uintptr_t hi = ((uintptr_t)r->base + r->size + page - 1) & ~(page - 1);
-		rc = cudaHostRegister((void *)lo, hi - lo, cudaHostRegisterMapped | cudaHostRegisterPortable);
 		void *dev = NULL;
-		if (rc == cudaSuccess)
-			rc = cudaHostGetDevicePointer(&dev, (void *)lo, 0);
+		rc = ce_host_map((void *)lo, hi - lo, &dev);
 		if (rc != cudaSuccess) {
 			snprintf(err, errlen, "cannot register the host buffer with GPU %u: %s", e->cfg.device,
 			         cudaGetErrorString(rc));
-			cudaGetLastError();
 			free(cr);
 			return -ENOMEM;
 		}
@@ -413,11 +441,7 @@ static int ce_reg_add(void *impl, const struct sq_reg *r, int mem, const void *i
 	if (slot == DK_REG_CAP || ce_put(e, OFF(regs[slot]), &d, sizeof(d)) < 0 ||
 	    ce_put32(e, OFF(regs[slot].state), DK_REG_LIVE) < 0) {
 		snprintf(err, errlen, "%s", slot == DK_REG_CAP ? "too many registrations on this GPU" : e->fatal);
-		if (cr->ipc)
-			cudaIpcCloseMemHandle(cr->ipc_ptr);
-		else
-			cudaHostUnregister(cr->host_base);
-		free(cr);
+		ce_reg_release(cr);
 		return -ENOSPC;
 	}
 	e->reg_used[slot] = DK_REG_LIVE;
@@ -440,11 +464,7 @@ static void ce_reg_del(void *impl, uint32_t reg_id)
 		ce_park(e);
 		ce_put32(e, OFF(regs[cr->slot].state), DK_REG_GONE);
 		e->reg_used[cr->slot] = DK_REG_GONE;
-		if (cr->ipc)
-			cudaIpcCloseMemHandle(cr->ipc_ptr);
-		else
-			cudaHostUnregister(cr->host_base);
-		free(cr);
+		ce_reg_release(cr);
 		return;
 	}
 }
@@ -468,13 +488,10 @@ static int ce_comm_add(void *impl, uint64_t comm_id, uint32_t nranks, const stru
 	size_t sync = DFCCL_COMM_SYNC_BYTES(nranks);
 	void *dev = NULL;
 	ce_park(e);
-	cudaError_t rc = cudaHostRegister(region, sync, cudaHostRegisterMapped | cudaHostRegisterPortable);
-	if (rc == cudaSuccess)
-		rc = cudaHostGetDevicePointer(&dev, region, 0);
+	cudaError_t rc = ce_host_map(region, sync, &dev);
 	if (rc != cudaSuccess) {
 		snprintf(err, errlen, "cannot register communicator %llu's region with GPU %u: %s",
 		         (unsigned long long)comm_id, e->cfg.device, cudaGetErrorString(rc));
-		cudaGetLastError();
 		return -ENOMEM;
 	}
 	struct dk_comm *d = (struct dk_comm *)calloc(1, sizeof(*d));
@@ -500,7 +517,6 @@ static int ce_comm_add(void *impl, uint64_t comm_id, uint32_t nranks, const stru
 	}
 	c->comm_id = comm_id;
 	c->region = region;
-	c->sync_bytes = sync;
 	if (i + 1 > e->ncomms) {
 		e->ncomms = i + 1;
 		ce_put32(e, OFF(ctl.ncomms), e->ncomms);
@@ -619,20 +635,14 @@ static void ce_free(void *impl)
 	while (e->regs) {
 		struct ce_reg *cr = e->regs;
 		e->regs = cr->next;
-		if (cr->ipc)
-			cudaIpcCloseMemHandle(cr->ipc_ptr);
-		else
-			cudaHostUnregister(cr->host_base);
-		free(cr);
+		ce_reg_release(cr);
 	}
 	for (uint32_t i = 0; i < DK_MAX_COMMS; i++)
 		if (e->comms[i].comm_id)
 			cudaHostUnregister(e->comms[i].region);
 	for (uint32_t i = 0; i < DK_MAX_QPS; i++)
-		if (e->qps[i].q) {
-			cudaFree(e->qps[i].taken);
-			cudaHostUnregister(e->qps[i].q->hdr);
-		}
+		if (e->qps[i].q)
+			ce_qp_release(&e->qps[i]);
 	cudaFree(e->dst);
 	cudaFreeHost(e->host);
 	if (e->kstream)

@@ -343,7 +343,7 @@ __device__ void complete(dk_ctx &c, dk_qp *q, uint64_t seq, uint32_t status)
  * store: every writer stores some failure, and any of them will do). */
 __device__ void comm_fail(dk_comm *cm, uint32_t status)
 {
-	uint64_t *w = &cm->hdr->aborted;
+	uint64_t *w = &vload(&cm->hdr)->aborted;
 	if (ld_acq_sys(w) == 0)
 		st_rel_sys(w, status);
 }
@@ -353,10 +353,7 @@ __device__ uint32_t comm_aborted(dk_comm *cm)
 	uint32_t a = vload(&cm->abort_status);
 	if (a)
 		return a;
-	uint64_t v = ld_acq_sys(&cm->hdr->aborted);
-	if (v == 0)
-		return DFCCL_CQ_OK;
-	return v < DFCCL_CQ_STATUS_COUNT_ ? (uint32_t)v : DFCCL_CQ_ABORTED;
+	return dfccl_comm_abort_status(ld_acq_sys(&vload(&cm->hdr)->aborted));
 }
 
 /* ------------------------------------------------------------------ taking entries (block 0, thread 0) */

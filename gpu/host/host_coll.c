@@ -168,12 +168,7 @@ uint32_t host_comm_aborted(const struct host_comm *c)
 {
 	if (c->abort_status)
 		return c->abort_status;
-	uint64_t v = load_acq(&c->hdr->aborted);
-	if (v == 0)
-		return DFCCL_CQ_OK;
-	/* Whoever wrote the word meant an abort; a value that is no status
-	 * still fails the tasks, with the generic one. */
-	return v < DFCCL_CQ_STATUS_COUNT_ ? (uint32_t)v : DFCCL_CQ_ABORTED;
+	return dfccl_comm_abort_status(load_acq(&c->hdr->aborted));
 }
 
 void host_comm_fail(struct host_comm *c, uint32_t status)
