@@ -26,6 +26,8 @@
 
 #define SQE_NDTYPES 10u
 #define SQE_NREDOPS 5u
+/* dfcclRedOp_t values (client/include/dfccl.h) */
+enum sqe_redop { SQE_REDOP_SUM = 0, SQE_REDOP_PROD = 1, SQE_REDOP_MAX = 2, SQE_REDOP_MIN = 3, SQE_REDOP_AVG = 4 };
 #define SQE_KNOWN_FLAGS \
 	(DFCCL_SQE_F_INPLACE | DFCCL_SQE_F_REGISTERED | DFCCL_SQE_F_PRIORITY | DFCCL_SQE_F_STREAM_ARMED)
 

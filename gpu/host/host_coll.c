@@ -5,7 +5,7 @@
  *   everywhere, then post) -> POSTS (wait for every rank's post, check them)
  *   -> WORK1 -> [allreduce: SYNC1 (wait until every rank finished phase 1)
  *   -> WORK2] -> FINISH (store done, wait until every rank has).
- *   collectives over a ring or trees (host_algo.h): SLOT -> POSTS ->
+ *   collectives over a ring or trees (gpu/algo.h): SLOT -> POSTS ->
  *   (AWAIT (wait for the ranks the algorithm step depends on) -> AWORK (the
  *   step's data movement, then progress = DFCCL_PROGRESS(key, step + 1)))
  *   for every step of the algorithm -> FINISH.
@@ -136,10 +136,11 @@ void host_coll_init(struct host_task *t, struct host_comm *c, struct sq_queue *q
 	t->dtype = e->dtype;
 	t->redop = e->redop;
 	uint32_t n = c->nranks;
-	t->algo = host_algo_choose(&c->topo, e->opcode, e->count, t->dsize, e->algo, (uint8_t)algo);
+	t->algo = algo_choose(&c->topo, e->opcode, e->count, t->dsize, e->algo, (uint8_t)algo);
 	if (t->algo != DFCCL_ALGO_DIRECT) {
-		host_algo_init(&t->alg, &c->topo, t->algo, e->opcode, e->redop, e->rank,
-		               coll_has_root(e->opcode) ? e->peer : 0, e->count, t->dsize);
+		/* algo_choose counted the steps of the whole: they fit. */
+		algo_init(&t->alg, &c->topo, t->algo, e->opcode, e->redop, e->rank, coll_has_root(e->opcode) ? e->peer : 0,
+		          e->count, 0, e->count, t->dsize, DFCCL_COMM_CONN_BYTES);
 		algo_enter(t, 0);
 	}
 	uint64_t nslots;
@@ -185,14 +186,14 @@ void host_comm_fail(struct host_comm *c, uint32_t status)
 static void algo_enter(struct host_task *t, uint32_t astep)
 {
 	t->astep = astep;
-	host_algo_step(&t->alg, astep, &t->cur);
+	algo_step_get(&t->alg, astep, &t->cur);
 }
 
 /* Whether the step t is at keeps within the collective's buffers and ranks
- * (host_algo_step_valid), checked before its wait and before its data. */
+ * (algo_step_valid), checked before its wait and before its data. */
 static int algo_step_ok(const struct host_task *t)
 {
-	return host_algo_step_valid(&t->alg, &t->cur);
+	return algo_step_valid(&t->alg, &t->cur);
 }
 
 /* ------------------------------------------------------------------ waits */
@@ -207,8 +208,8 @@ struct coll_cond {
 	uint32_t n;
 	uint64_t target;
 	int listed;           /* word(r) is rank rankv[r]'s, its target targetv[r] */
-	uint32_t rankv[HOST_ALGO_MAX_WAIT];
-	uint64_t targetv[HOST_ALGO_MAX_WAIT];
+	uint32_t rankv[ALGO_MAX_WAIT];
+	uint64_t targetv[ALGO_MAX_WAIT];
 };
 
 static struct coll_cond coll_cond_of(const struct host_task *t)
@@ -223,7 +224,7 @@ static struct coll_cond coll_cond_of(const struct host_task *t)
 	case STEP_BOX_FREE: w.word = &t->box->ack, w.n = 1, w.target = t->slot_free; break;
 	case STEP_BOX_ACK: w.word = &t->box->ack, w.n = 1, w.target = t->key; break;
 	case STEP_AWAIT: {
-		const struct host_algo_step *p = &t->cur;
+		const struct algo_step *p = &t->cur;
 		w.word = &t->posts[0].progress, w.n = p->nwait, w.listed = 1;
 		for (uint32_t k = 0; k < p->nwait; k++)
 			w.rankv[k] = p->wait[k], w.targetv[k] = DFCCL_PROGRESS(t->key, p->phase[k]);
@@ -426,11 +427,11 @@ static void reduce_elems(const struct host_task *t, char *dst, char *const *srcs
 }
 
 /* The start of one of the buffers an algorithm step names. */
-static char *algo_buf(const struct coll_bufs *b, const struct host_algo_buf *x)
+static char *step_buf(const struct coll_bufs *b, const struct algo_buf *x)
 {
 	switch (x->kind) {
-	case HOST_BUF_SEND: return b->send[x->rank];
-	case HOST_BUF_RECV: return b->recv[x->rank];
+	case ALGO_BUF_SEND: return b->send[x->rank];
+	case ALGO_BUF_RECV: return b->recv[x->rank];
 	default: return b->conn[x->rank];
 	}
 }
@@ -462,11 +463,11 @@ static uint64_t work_piece(const struct host_task *t, const struct coll_bufs *b,
 	uint64_t m = max, lo;
 	*bytes = 0;
 	if (t->step == STEP_AWORK) {
-		const struct host_algo_step *p = &t->cur;
-		const void *at[HOST_ALGO_MAX_SRC];
+		const struct algo_step *p = &t->cur;
+		const void *at[ALGO_MAX_SRC];
 		for (uint32_t k = 0; k < p->nsrc; k++)
-			at[k] = algo_buf(b, &p->src[k]) + (p->src[k].off + pos) * ds;
-		char *dst = algo_buf(b, &p->dst) + (p->dst.off + pos) * ds;
+			at[k] = step_buf(b, &p->src[k]) + (p->src[k].off + pos) * ds;
+		char *dst = step_buf(b, &p->dst) + (p->dst.off + pos) * ds;
 		if (p->reduce && (p->nsrc > 1 || p->redop == REDUCE_AVG))
 			reduce_into(dst, at, p->nsrc, m, t->dtype, p->redop, t->comm->nranks);
 		else

@@ -31,7 +31,7 @@
  *   send/recv      the receiver copies from the sender's buffer, through the
  *                  pair's mailbox.
  *
- * Ring and tree algorithms (host_algo.h) run all-reduce, all-gather,
+ * Ring and tree algorithms (gpu/algo.h) run all-reduce, all-gather,
  * reduce-scatter, broadcast and reduce when the entry's `algo` hint, else
  * the engine's setting, else the communicator's plan (the selection table
  * for the collective and its size) asks for one the engine runs. Their
@@ -54,7 +54,7 @@
 #include "dfccl_comm.h"
 #include "dfccl_queue.h"
 #include "dfccl_stats.h"
-#include "host_algo.h"
+#include "algo.h"
 #include "host_engine.h"
 #include "scheduler.h"
 #include "sq.h"
@@ -66,7 +66,7 @@ struct host_comm {
 	uint32_t abort_status;           /* the engine's abort table: nonzero once aborted here */
 	struct dfccl_comm_header *hdr;   /* the shared region */
 	size_t region_size;
-	struct host_topo topo;           /* its plan: ring, trees, algorithm per size */
+	struct algo_topo topo;           /* its plan: ring, trees, algorithm per size */
 	struct engine_member members[]; /* by rank */
 };
 
@@ -95,14 +95,14 @@ struct host_task {
 	uint8_t opcode, dtype, redop;
 	uint8_t algo;      /* enum dfccl_algo: DIRECT, or the ring or tree algorithm in alg */
 	uint32_t conn_slot;            /* the instance slot of the connectors */
-	struct host_algo alg;          /* ring and trees: the algorithm's static context */
+	struct algo_run alg;          /* ring and trees: the algorithm's static context */
 	struct dfccl_rank_post *posts; /* collectives: the instance's slot, posts[r] for every rank */
 	struct dfccl_p2p_box *box;     /* send/recv: the pair's mailbox */
 	uint64_t slot_free;            /* the slot is free once every rank's done >= this */
 	/* dynamic context */
 	uint32_t step;
 	uint32_t astep;     /* ring and trees: the algorithm step, which is also the progress phase done */
-	struct host_algo_step cur; /* ring and trees: step astep's description (host_algo_step) */
+	struct algo_step cur; /* ring and trees: step astep's description (algo_step_get) */
 	uint32_t wait_rank; /* the current wait has seen ranks below this ready */
 	uint64_t pos;       /* elements done in the current data step */
 	uint32_t status;    /* the completion status, once the task is done */

@@ -147,7 +147,7 @@ int host_engine_comm_add(struct host_engine *e, uint64_t comm_id, uint32_t nrank
 	memcpy(c->members, members, nranks * sizeof(c->members[0]));
 	/* A missing plan is normal for engines fed without a supervisor; a
 	 * damaged one leaves the safe defaults too. */
-	host_topo_load(&c->topo, dfccl_comm_plan_of(region), nranks);
+	algo_topo_load(&c->topo, dfccl_comm_plan_of(region), nranks);
 	e->comms[e->ncomms++] = c;
 	return 0;
 }

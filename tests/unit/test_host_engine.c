@@ -836,7 +836,7 @@ static void sim_plan(struct sim *s, unsigned i, uint32_t n, uint8_t algo)
 	tu_random_plan(dfccl_comm_plan_of(s->regions[i]), n, algo, &rng);
 }
 
-/* Whether the host engine runs algo for op (host_algo.h). */
+/* Whether the host engine runs algo for op (gpu/algo.h). */
 static int algo_runs(uint8_t algo, uint8_t op)
 {
 	if (algo == DFCCL_ALGO_DIRECT || algo == DFCCL_ALGO_RING)

@@ -3,7 +3,7 @@
  * ring and every tree edge use NVLink on the cube-mesh, the trees have
  * distinct roots, the table follows the forced algorithm and the tuning
  * file, several ranks may share a device, bad input is refused, and the
- * host engine accepts every plan the topology produces (host_topo_load
+ * host engine accepts every plan the topology produces (algo_topo_load
  * checks them independently of how they were built).
  */
 #include <errno.h>
@@ -15,7 +15,7 @@
 
 #include <cmocka.h>
 
-#include "host_algo.h"
+#include "algo.h"
 #include "topo_fixture.h"
 #include "topo_plan.h"
 
@@ -49,8 +49,8 @@ static void test_cube_mesh(void **state)
 				check_nvlink(m, r, p.parent[k][r]);
 		}
 	assert_int_equal(__builtin_popcount(roots), DFCCL_PLAN_TREES); /* one root per tree, all distinct */
-	struct host_topo t;
-	assert_int_equal(host_topo_load(&t, &p, 8), 0);
+	struct algo_topo t;
+	assert_int_equal(algo_topo_load(&t, &p, 8), 0);
 	assert_int_equal(t.planned, 1);
 	topo_model_free(m);
 }
@@ -105,14 +105,14 @@ static void test_shared_devices_and_errors(void **state)
 	/* 8 ranks on 4 GPUs, two per GPU, in an odd order */
 	static const unsigned dev[8] = {3, 1, 0, 2, 0, 1, 3, 2};
 	assert_int_equal(topo_plan_build(m, dev, 8, NULL, NULL, &p, err, sizeof(err)), 0);
-	struct host_topo t;
-	assert_int_equal(host_topo_load(&t, &p, 8), 0);
+	struct algo_topo t;
+	assert_int_equal(algo_topo_load(&t, &p, 8), 0);
 	/* one rank: nothing to exchange */
 	assert_int_equal(topo_plan_build(m, dev, 1, NULL, NULL, &p, err, sizeof(err)), 0);
 	assert_int_equal(p.ntrees, 1);
 	assert_int_equal(p.parent[0][0], DFCCL_PLAN_NO_PARENT);
 	assert_int_equal(p.algo[0][5], DFCCL_ALGO_DIRECT);
-	assert_int_equal(host_topo_load(&t, &p, 1), 0);
+	assert_int_equal(algo_topo_load(&t, &p, 1), 0);
 	/* refused: no ranks, too many, a device the model lacks, a bad tuning file */
 	assert_int_equal(topo_plan_build(m, dev, 0, NULL, NULL, &p, err, sizeof(err)), -EINVAL);
 	assert_int_equal(topo_plan_build(m, dev, DFCCL_COMM_MAX_RANKS + 1, NULL, NULL, &p, err, sizeof(err)), -EINVAL);
@@ -137,23 +137,23 @@ static void test_engine_accepts(void **state)
 			struct dfccl_comm_plan p;
 			char err[256];
 			assert_int_equal(topo_plan_build(m, fixture_identity(), n, NULL, NULL, &p, err, sizeof(err)), 0);
-			struct host_topo t;
-			if (host_topo_load(&t, &p, n) != 0)
+			struct algo_topo t;
+			if (algo_topo_load(&t, &p, n) != 0)
 				fail_msg("%s, %u ranks: the engine refused the plan", files[f], n);
 		}
 		topo_model_free(m);
 	}
 	/* and refuses one that is damaged */
 	struct dfccl_comm_plan p;
-	struct host_topo t;
+	struct algo_topo t;
 	char err[256];
 	struct topo_model *m = fixture_model("two-gpu.json");
 	assert_int_equal(topo_plan_build(m, fixture_identity(), 2, NULL, NULL, &p, err, sizeof(err)), 0);
 	p.parent[1][0] = p.parent[1][1] = 0; /* a node its own parent */
-	assert_int_equal(host_topo_load(&t, &p, 2), -EINVAL);
+	assert_int_equal(algo_topo_load(&t, &p, 2), -EINVAL);
 	assert_int_equal(t.planned, 0);
 	p.valid = 0;
-	assert_int_equal(host_topo_load(&t, &p, 2), -ENOENT);
+	assert_int_equal(algo_topo_load(&t, &p, 2), -ENOENT);
 	topo_model_free(m);
 }
 
