@@ -35,7 +35,7 @@ extern "C" {
  * and for the kernel's exit this often. */
 #define CE_RUNNING_PAUSE_NS 20000ull
 /* Counters of struct dk_block_stats that go to the statistics page. */
-#define CE_NCOUNTERS 6
+#define CE_NCOUNTERS DK_NCOUNTERS
 /* A kernel that does not park within this long is stuck: fatal. */
 #define CE_PARK_TIMEOUT_NS 5000000000ull
 
@@ -59,6 +59,7 @@ struct ce_reg {
 struct ce_comm {
 	uint64_t comm_id;   /* 0: free slot */
 	void *region;
+	char *conn;         /* device memory: the connectors of this device's ranks, one after the other */
 	uint32_t gen;
 };
 
@@ -84,8 +85,7 @@ struct cuda_engine {
 
 /*
  * The statistics page's counters that the kernel's per-block counters
- * (struct dk_block_stats, in its order) add up to: tasks started count as
- * direct collectives, the only algorithm the kernel runs yet.
+ * (struct dk_block_stats, in its order) add up to.
  */
 static void ce_page_counters(struct dfccl_worker_stats *s, uint64_t *out[CE_NCOUNTERS])
 {
@@ -94,7 +94,8 @@ static void ce_page_counters(struct dfccl_worker_stats *s, uint64_t *out[CE_NCOU
 	out[2] = &s->preemptions;
 	out[3] = &s->context_switches;
 	out[4] = &s->spins;
-	out[5] = &s->by_algo[DFCCL_ALGO_DIRECT];
+	for (int a = DFCCL_ALGO_DIRECT; a < DFCCL_ALGO_COUNT_; a++)
+		out[5 + a - DFCCL_ALGO_DIRECT] = &s->by_algo[a];
 }
 
 static uint64_t mono_ns(void)
@@ -469,6 +470,18 @@ static void ce_reg_del(void *impl, uint32_t reg_id)
 	}
 }
 
+/* Connectors of one rank (dkernel.h, struct dk_comm). */
+#define CE_CONN_RANK_BYTES ((size_t)DFCCL_COMM_CONN_SLOTS * DFCCL_COMM_CONN_BYTES)
+
+static void ce_comm_release(struct ce_comm *c)
+{
+	cudaHostUnregister(c->region);
+	cudaFree(c->conn);
+	c->comm_id = 0;
+	c->region = NULL;
+	c->conn = NULL;
+}
+
 static int ce_comm_add(void *impl, uint64_t comm_id, uint32_t nranks, const struct engine_member *members,
                        void *region, size_t region_size, char *err, size_t errlen)
 {
@@ -485,38 +498,55 @@ static int ce_comm_add(void *impl, uint64_t comm_id, uint32_t nranks, const stru
 		return -ENOSPC;
 	}
 	struct ce_comm *c = &e->comms[i];
-	size_t sync = DFCCL_COMM_SYNC_BYTES(nranks);
-	void *dev = NULL;
-	ce_park(e);
-	cudaError_t rc = ce_host_map(region, sync, &dev);
-	if (rc != cudaSuccess) {
-		snprintf(err, errlen, "cannot register communicator %llu's region with GPU %u: %s",
-		         (unsigned long long)comm_id, e->cfg.device, cudaGetErrorString(rc));
-		return -ENOMEM;
-	}
 	struct dk_comm *d = (struct dk_comm *)calloc(1, sizeof(*d));
 	if (!d) {
-		cudaHostUnregister(region);
 		snprintf(err, errlen, "out of memory");
 		return -ENOMEM;
 	}
 	d->gen = ++c->gen;
 	d->comm_id = comm_id;
 	d->nranks = nranks;
-	d->hdr = (struct dfccl_comm_header *)dev;
+	uint32_t here = 0;
 	for (uint32_t r = 0; r < nranks; r++) {
 		d->session[members[r].rank] = members[r].session_id;
 		d->device[members[r].rank] = members[r].device;
+		here += members[r].device == e->cfg.device;
 	}
+	/* The plan as the region carries it; an absent or invalid one gives
+	 * the defaults, the same in every worker. */
+	algo_topo_load(&d->topo, dfccl_comm_plan_of(region), nranks);
+	ce_park(e);
+	void *dev = NULL;
+	cudaError_t rc = ce_host_map(region, DFCCL_COMM_SYNC_BYTES(nranks), &dev);
+	const char *what = "register its region with";
+	c->region = region;
+	if (rc == cudaSuccess && here == nranks) {
+		/* Every rank is ours: their connectors too (see dk_comm). */
+		what = "allocate its connectors on";
+		rc = cudaMalloc((void **)&c->conn, CE_CONN_RANK_BYTES * nranks);
+		for (uint32_t r = 0; rc == cudaSuccess && r < nranks; r++)
+			d->conn[r] = c->conn + CE_CONN_RANK_BYTES * r;
+		d->conn_all = rc == cudaSuccess;
+	}
+	if (rc != cudaSuccess) {
+		cudaGetLastError();
+		snprintf(err, errlen, "cannot %s GPU %u for communicator %llu: %s", what, e->cfg.device,
+		         (unsigned long long)comm_id, cudaGetErrorString(rc));
+		free(d);
+		if (dev)
+			ce_comm_release(c);
+		c->region = NULL;
+		return -ENOMEM;
+	}
+	d->hdr = (struct dfccl_comm_header *)dev;
 	int bad = ce_put(e, OFF(comms[i]), d, sizeof(*d)) < 0 || ce_put32(e, OFF(comms[i].live), 1) < 0;
 	free(d);
 	if (bad) {
 		snprintf(err, errlen, "%s", e->fatal);
-		cudaHostUnregister(region);
+		ce_comm_release(c);
 		return -EIO;
 	}
 	c->comm_id = comm_id;
-	c->region = region;
 	if (i + 1 > e->ncomms) {
 		e->ncomms = i + 1;
 		ce_put32(e, OFF(ctl.ncomms), e->ncomms);
@@ -562,9 +592,7 @@ static void ce_comm_del(void *impl, uint64_t comm_id)
 		return;
 	ce_park(e);
 	ce_put32(e, OFF(comms[i].live), 0);
-	cudaHostUnregister(c->region);
-	c->comm_id = 0;
-	c->region = NULL;
+	ce_comm_release(c);
 }
 
 static unsigned ce_poll(void *impl)
@@ -639,7 +667,7 @@ static void ce_free(void *impl)
 	}
 	for (uint32_t i = 0; i < DK_MAX_COMMS; i++)
 		if (e->comms[i].comm_id)
-			cudaHostUnregister(e->comms[i].region);
+			ce_comm_release(&e->comms[i]);
 	for (uint32_t i = 0; i < DK_MAX_QPS; i++)
 		if (e->qps[i].q)
 			ce_qp_release(&e->qps[i]);
@@ -725,6 +753,7 @@ extern "C" int cuda_engine_ops_new(const struct engine_config *cfg, const struct
 	e->params.idle_ns = cfg->kernel_idle_ns;
 	e->params.visit_bytes = CE_VISIT_BYTES;
 	e->params.chan_bytes = CE_CHAN_BYTES;
+	e->params.algo = cfg->algo;
 	*ops = &cuda_ops;
 	*impl = e;
 	return 0;

@@ -26,12 +26,22 @@
  * Send and receive run on one channel through the pair's mailbox, as on
  * the host engine.
  *
- * Algorithms: direct, over every rank's buffers as this GPU maps them
- * (CUDA IPC over NVLink or PCIe, or the GPU itself for ranks sharing it):
- * two-shot all-reduce (rank r reduces chunk r of its channel's share into
- * its own buffer, then copies the other chunks from their owners), and
- * all-gather, reduce-scatter, broadcast and reduce by reading the peers'
- * buffers. The reduction order is rank 0, 1, ..., n-1 on every rank.
+ * Algorithms, chosen per entry by the entry's hint (DFCCL_ALGO) or the
+ * `algo` setting, with the communicator's plan for its rings and trees
+ * (gpu/algo.h's algo_choose, as on the host engine; direct when neither
+ * asks, see entry_accept). The choice is part of the posted shape, so
+ * ranks that disagree fail with DFCCL_CQ_MISMATCH:
+ *   direct: over every rank's buffers as this GPU maps them (CUDA IPC over
+ *   NVLink or PCIe, or the GPU itself for ranks sharing it): two-shot
+ *   all-reduce (rank r reduces chunk r of its channel's share into its own
+ *   buffer, then copies the other chunks from their owners), and
+ *   all-gather, reduce-scatter, broadcast and reduce by reading the peers'
+ *   buffers. The reduction order is rank 0, 1, ..., n-1 on every rank.
+ *   ring and trees: the steps of gpu/algo.h, the host engine's, each
+ *   channel running its part of the data (algo_init's part) with its own
+ *   progress words and its share of the connectors: AWAIT (the step's
+ *   waits on peers' channel words) -> AWORK (its copy or reduction) ->
+ *   its channel word = DFCCL_PROGRESS(key, step + 1).
  *
  * Memory ordering: data are written with plain stores and published with a
  * system-scope fence before the word that announces them; a waiter reads the
@@ -310,7 +320,7 @@ __device__ void stats_flush(dk_ctx &c)
 	volatile uint64_t *d = (volatile uint64_t *)c.bs;
 	const uint64_t *a = (const uint64_t *)&c.acc;
 	uint64_t *o = (uint64_t *)&c.out;
-	for (int k = 0; k < 6; k++)
+	for (int k = 0; k < DK_NCOUNTERS; k++)
 		if (a[k] != o[k]) {
 			d[k] = a[k];
 			o[k] = a[k];
@@ -478,12 +488,21 @@ __device__ uint32_t entry_accept(dk_ctx &c, uint32_t qi, dk_qp *q, const dfccl_s
 	}
 	t->slot_free = t->key > nslots ? t->key - nslots : 0;
 	t->nch = (uint8_t)channels_for(c.p, e->opcode, e->count * dsize);
+	/* The entry's hint or the setting, the same on every rank. Without
+	 * either the daemon kernel runs direct: the plan's size tables are
+	 * estimates of the topology model that no measurement of the daemon
+	 * kernel's rings and trees backs yet (`dfcclctl tune` makes one). */
+	t->algo = e->algo || c.p.algo ? algo_choose(&cm->topo, e->opcode, e->count, dsize, e->algo, (uint8_t)c.p.algo)
+	                              : (uint8_t)DFCCL_ALGO_DIRECT;
+	if (algo_uses_conn(e->opcode, t->algo) && !vload(&cm->conn_all))
+		t->algo = DFCCL_ALGO_DIRECT;
 	uint32_t first = sqe_is_p2p(e->opcode) ? (e->opcode == DFCCL_OP_SEND ? DK_BOX_FREE : DK_BOX_KEY) : DK_SLOT;
 	for (uint32_t ch = 0; ch < t->nch; ch++) {
 		t->ch[ch].step = ch == 0 ? first : DK_POSTS;
 		t->ch[ch].wait_rank = 0;
 		t->ch[ch].pos = 0;
 		t->ch[ch].waits = 0;
+		t->ch[ch].astep = 0;
 		st->states[ch][ti].arrival = t->arrival;
 		st->states[ch][ti].priority = (e->flags & DFCCL_SQE_F_PRIORITY) ? e->priority : 0;
 		st->states[ch][ti].boost = 1;
@@ -499,7 +518,7 @@ __device__ uint32_t entry_accept(dk_ctx &c, uint32_t qi, dk_qp *q, const dfccl_s
 		*(volatile uint32_t *)&ib->tail = tail + 1;
 	}
 	*task = ti;
-	c.acc.started++;
+	c.acc.started[t->algo - 1]++;
 	return DFCCL_CQ_OK;
 }
 
@@ -625,9 +644,9 @@ struct dk_bufs {
 
 __device__ uint32_t shape_of(const dk_task *t)
 {
-	/* The algorithm byte carries the channel count, so ranks that would
-	 * split the data differently fail instead of mixing parts. */
-	return DFCCL_POST_SHAPE(t->opcode, t->dtype, t->redop, DFCCL_ALGO_DIRECT | (uint32_t)t->nch << 3);
+	/* The algorithm byte carries the channel count too, so ranks that
+	 * would split the data differently fail instead of mixing parts. */
+	return DFCCL_POST_SHAPE(t->opcode, t->dtype, t->redop, t->algo | (uint32_t)t->nch << 3);
 }
 
 /* Copies and checks what the peers posted for the instance (the sender's
@@ -801,6 +820,38 @@ __device__ uint64_t work_piece(const dk_task *t, uint32_t ch, uint32_t step, uin
 	return m;
 }
 
+/* Where an algorithm step's buffer starts, as this GPU maps it: a rank's
+ * send or receive buffer, or its connector's share for this channel. */
+__device__ char *algo_base(const dk_task *t, uint32_t ch, dk_comm *cm, const dk_bufs &b, const algo_buf &x)
+{
+	switch (x.kind) {
+	case ALGO_BUF_SEND: return b.send[x.rank];
+	case ALGO_BUF_RECV: return b.recv[x.rank];
+	default:
+		return vload(&cm->conn[x.rank]) + (uint64_t)t->slot * DFCCL_COMM_CONN_BYTES +
+		       (uint64_t)ch * dk_conn_bytes(t->nch);
+	}
+}
+
+/* The next piece of algorithm step `as` from element pos, at most max. */
+__device__ void algo_piece(const dk_task *t, uint32_t ch, dk_comm *cm, const algo_step &as, const dk_bufs &b,
+                           uint64_t pos, uint64_t max, dk_op &op)
+{
+	uint32_t ds = t->dsize;
+	op.dsize = ds;
+	op.dtype = t->dtype;
+	op.redop = as.redop;
+	op.div = vload(&cm->nranks);
+	op.nsrc = as.nsrc;
+	op.reduce = as.reduce;
+	op.dst = algo_base(t, ch, cm, b, as.dst) + (as.dst.off + pos) * ds;
+	for (uint32_t k = 0; k < as.nsrc; k++)
+		op.src[k] = algo_base(t, ch, cm, b, as.src[k]) + (as.src[k].off + pos) * ds;
+	if (op.reduce && op.nsrc == 1 && as.redop != OP_AVG)
+		op.reduce = 0;
+	op.elems = as.elems - pos < max ? as.elems - pos : max;
+}
+
 /* The wait of a channel's step: word(r) >= target for every rank r. */
 struct dk_cond {
 	const uint64_t *word;
@@ -831,14 +882,49 @@ __device__ dk_cond cond_of(const dk_task *t, uint32_t ch, uint32_t step, dk_comm
 }
 
 /*
+ * Whether the wait of a channel's step is over; where it is not, *blocker
+ * gets a rank it still waits for, and x->wait_rank where to look first next
+ * time. `as`: the algorithm step of DK_AWAIT (its ranks' channel words must
+ * reach their phases), else NULL (the step's dk_cond).
+ */
+__device__ bool cond_ready(const dk_task *t, dk_chan_ctx *x, const dk_cond &w, const algo_step *as, dk_comm *cm,
+                           uint32_t ch, uint32_t *blocker)
+{
+	if (as) {
+		void *region = vload(&cm->hdr);
+		uint32_t n = vload(&cm->nranks);
+		for (uint32_t k = x->wait_rank; k < as->nwait; k++) {
+			const uint64_t *word = dfccl_comm_chan(region, n, t->slot, as->wait[k], ch);
+			if (ld_acq_sys(word) < DFCCL_PROGRESS(t->key, as->phase[k])) {
+				x->wait_rank = k;
+				*blocker = as->wait[k];
+				return false;
+			}
+		}
+		x->wait_rank = 0;
+		return true;
+	}
+	for (uint32_t r = x->wait_rank; r < w.n; r++) {
+		if (ld_acq_sys(w.word + (uint64_t)r * w.stride) < w.target) {
+			x->wait_rank = r;
+			*blocker = w.n == 1 ? t->peer : r;
+			return false;
+		}
+	}
+	x->wait_rank = 0;
+	return true;
+}
+
+/*
  * Two-phase blocking (thread 0): polls the wait of the channel's step up to
  * its threshold. Returns 1 when ready, 0 when preempted, -status when the
- * communicator failed.
+ * communicator failed. `as` as for cond_ready.
  */
-__device__ int chan_wait(dk_ctx &c, dk_task *t, uint32_t ch, dk_comm *cm, uint32_t position, sched_state *s)
+__device__ int chan_wait(dk_ctx &c, dk_task *t, uint32_t ch, dk_comm *cm, uint32_t position, sched_state *s,
+                         const algo_step *as)
 {
 	dk_chan_ctx *x = &t->ch[ch];
-	dk_cond w = cond_of(t, ch, x->step, cm);
+	dk_cond w = as ? dk_cond{} : cond_of(t, ch, x->step, cm);
 	bool drain = x->step == DK_FINISH || x->step == DK_BOX_ACK;
 	uint32_t threshold = drain ? sched_threshold_drain(&c.p.sched) : sched_threshold(&c.p.sched, position, s);
 	dk_inbox *ib = &c.st->inbox[c.b];
@@ -871,22 +957,13 @@ __device__ int chan_wait(dk_ctx &c, dk_task *t, uint32_t ch, dk_comm *cm, uint32
 				break;
 			}
 		}
-		bool ready = true;
-		for (uint32_t r = x->wait_rank; r < w.n; r++) {
-			if (ld_acq_sys(w.word + (uint64_t)r * w.stride) < w.target) {
-				x->wait_rank = r;
-				ready = false;
-				break;
-			}
-		}
-		if (ready) {
-			x->wait_rank = 0;
+		uint32_t blocker = 0;
+		if (cond_ready(t, x, w, as, cm, ch, &blocker)) {
 			rc = 1;
 			break;
 		}
 		/* A rank of this GPU moves only when a block of this kernel runs
 		 * it, quite possibly this very block: give way at once. */
-		uint32_t blocker = w.n == 1 ? t->peer : x->wait_rank;
 		uint32_t limit = vload(&cm->device[blocker]) == c.p.device ? 0 : threshold;
 		if (spins >= limit) {
 			rc = 0;
@@ -1015,6 +1092,39 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 			}
 			continue;
 		}
+		case DK_AWORK: {
+			algo_step as;
+			algo_step_get(&t->alg[ch], x->astep, &as);
+			uint64_t total = as.nsrc ? as.elems : 0;
+			if (x->pos < total) {
+				if (*budget == 0) {
+					sh.ret = R_PROGRESS;
+					return A_RETURN;
+				}
+				dk_bufs b;
+				status = bufs_get(c, t, cm, &b);
+				if (status != DFCCL_CQ_OK) {
+					comm_fail(cm, status);
+					t->status = status;
+					x->step = DK_CHDONE;
+					continue;
+				}
+				uint64_t max = *budget / t->dsize ? *budget / t->dsize : 1;
+				algo_piece(t, ch, cm, as, b, x->pos, max, sh.op);
+				sh.npos = sh.op.elems;
+				uint64_t bytes = sh.op.elems * t->dsize;
+				*budget = bytes < *budget ? *budget - bytes : 0;
+				return A_DATA;
+			}
+			/* The step is done: say so to the ranks that wait for it (a
+			 * release store, cumulative over the block's writes). */
+			x->pos = 0;
+			x->astep++;
+			*progressed = true;
+			st_rel_sys(dfccl_comm_chan(vload(&cm->hdr), n, t->slot, t->rank, ch), DFCCL_PROGRESS(t->key, x->astep));
+			x->step = x->astep < t->alg[ch].nsteps ? DK_AWAIT : DK_CHDONE;
+			continue;
+		}
 		case DK_CHDONE: {
 			/* The last channel of this rank to get here finishes the task;
 			 * its release of `done` covers the other channels' writes,
@@ -1038,7 +1148,19 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 		default:
 			break;
 		}
-		int rc = chan_wait(c, t, ch, cm, position, s);
+		algo_step as;
+		if (x->step == DK_AWAIT) {
+			/* Checked before its wait and its data: a wrong plan or a bug
+			 * fails the collective instead of touching another buffer. */
+			algo_step_get(&t->alg[ch], x->astep, &as);
+			if (!algo_step_valid(&t->alg[ch], &as)) {
+				comm_fail(cm, DFCCL_CQ_BAD_ENTRY);
+				t->status = DFCCL_CQ_BAD_ENTRY;
+				x->step = DK_CHDONE;
+				continue;
+			}
+		}
+		int rc = chan_wait(c, t, ch, cm, position, s, x->step == DK_AWAIT ? &as : NULL);
 		if (rc < 0) {
 			t->status = (uint32_t)-rc;
 			if (x->step == DK_FINISH) {
@@ -1065,16 +1187,29 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 			status = posts_take(t, cm);
 			if (status == DFCCL_CQ_OK)
 				status = bufs_get(c, t, cm, &b);
+			if (status == DFCCL_CQ_OK && t->algo != DFCCL_ALGO_DIRECT) {
+				/* This channel's part of the ring or trees. */
+				uint64_t lo, hi;
+				chan_range(t, ch, &lo, &hi);
+				if (algo_init(&t->alg[ch], &cm->topo, t->algo, t->opcode, t->redop, t->rank,
+				              sqe_has_root(t->opcode) ? t->peer : 0, t->count, lo, hi - lo, t->dsize,
+				              dk_conn_bytes(t->nch)) < 0)
+					status = DFCCL_CQ_OUT_OF_RANGE;
+			}
 			if (status != DFCCL_CQ_OK) {
 				comm_fail(cm, status);
 				t->status = status;
 				x->step = DK_CHDONE;
+			} else if (t->algo != DFCCL_ALGO_DIRECT) {
+				x->astep = 0;
+				x->step = t->alg[ch].nsteps ? DK_AWAIT : DK_CHDONE;
 			} else {
 				x->step = DK_WORK1;
 			}
 			break;
 		}
 		case DK_SYNC1: x->step = DK_WORK2; break;
+		case DK_AWAIT: x->step = DK_AWORK; break;
 		case DK_BOX_FREE:
 			box_post(t);
 			x->step = DK_BOX_ACK;
@@ -1103,12 +1238,9 @@ __global__ void __launch_bounds__(DK_THREADS) dk_main(dk_params p)
 	if (tid == 0) {
 		/* Counters carry on from the last launch. */
 		volatile uint64_t *v = (volatile uint64_t *)c.bs;
-		c.acc.completed = v[0];
-		c.acc.errors = v[1];
-		c.acc.preemptions = v[2];
-		c.acc.context_switches = v[3];
-		c.acc.spins = v[4];
-		c.acc.started = v[5];
+		uint64_t *a = (uint64_t *)&c.acc;
+		for (int k = 0; k < DK_NCOUNTERS; k++)
+			a[k] = v[k];
 		c.out = c.acc;
 		/* Resume: the tasks this block had when the kernel last left
 		 * (their contexts are in global memory), in their order. Tasks

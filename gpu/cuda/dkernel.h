@@ -28,6 +28,7 @@
 
 #include <stdint.h>
 
+#include "algo.h"
 #include "dfccl_comm.h"
 #include "dfccl_queue.h"
 #include "scheduler.h"
@@ -68,7 +69,18 @@ struct dk_reg {
 	char *base;          /* host: the buffer as the GPU sees it */
 };
 
-/* A communicator with a rank on this device. */
+/*
+ * A communicator with a rank on this device.
+ *
+ * Connectors (the staging memory of reduce and reduce-scatter over rings
+ * and trees) live in device memory: per rank, DFCCL_COMM_CONN_SLOTS
+ * instance slots of DFCCL_COMM_CONN_BYTES, a slot shared out among the
+ * instance's channels (dk_conn_bytes each). The host side allocates them
+ * for the ranks of this device when every rank of the communicator is on
+ * it (conn_all: 1); until connectors are exchanged between workers, a
+ * communicator that spans GPUs runs those two collectives with the direct
+ * algorithms, which every rank of it decides alike.
+ */
 struct dk_comm {
 	uint32_t live;                    /* host: as dk_qp.live */
 	uint32_t gen;                     /* host */
@@ -78,7 +90,17 @@ struct dk_comm {
 	struct dfccl_comm_header *hdr;    /* host: the region's synchronisation part as the GPU sees it */
 	uint64_t session[DFCCL_COMM_MAX_RANKS]; /* host: by rank */
 	uint32_t device[DFCCL_COMM_MAX_RANKS];  /* host: by rank */
+	char *conn[DFCCL_COMM_MAX_RANKS];       /* host: by rank, device memory (NULL: not here) */
+	uint32_t conn_all;                      /* host: 1 when every rank's conn is set */
+	uint32_t reserved;
+	struct algo_topo topo;                  /* host: the plan, checked (algo_topo_load) */
 };
+
+/* A channel's share of an instance slot's connector: 32-byte multiples. */
+static inline DFCCL_HD uint32_t dk_conn_bytes(uint32_t nch)
+{
+	return DFCCL_COMM_CONN_BYTES / nch / 32u * 32u;
+}
 
 /* Steps of a channel of a task (see dkernel.cu). */
 enum dk_step {
@@ -92,6 +114,8 @@ enum dk_step {
 	DK_BOX_FREE,
 	DK_BOX_ACK,
 	DK_BOX_KEY,
+	DK_AWAIT,  /* ring and trees: the waits of algorithm step `astep` */
+	DK_AWORK,  /* ring and trees: its data */
 	DK_LEFT,   /* this channel's part is over: not in its block's queue any more */
 };
 
@@ -101,7 +125,7 @@ struct dk_chan_ctx {
 	uint32_t wait_rank; /* the current wait has seen ranks below this ready */
 	uint64_t pos;       /* elements done in the current data step */
 	uint32_t waits;     /* waits begun: every 8th looks at the abort word first */
-	uint32_t reserved;
+	uint32_t astep;     /* ring and trees: the algorithm's step */
 };
 
 enum dk_task_state { DK_TASK_FREE = 0, DK_TASK_LIVE = 1 };
@@ -123,10 +147,13 @@ struct dk_task {
 	uint64_t slot_free; /* the slot is free once every rank's done >= this */
 	uint64_t arrival;
 	uint8_t opcode, dtype, redop, nch;
+	uint8_t algo;       /* enum dfccl_algo, chosen when the entry was taken */
+	uint8_t reserved[3];
 	uint32_t status;    /* completion status once known */
 	struct dfccl_rank_post *posts; /* collectives: the instance's posts, [rank] */
 	struct dfccl_p2p_box *box;     /* send/recv */
 	struct dk_chan_ctx ch[DK_MAX_BLOCKS];
+	struct algo_run alg[DK_MAX_BLOCKS]; /* ring and trees: each channel's part (set at POSTS) */
 	/* Every rank's post (or the sender's mailbox), copied once checked:
 	 * posts do not change while the instance runs, and reading them again
 	 * from host memory on every visit would cost a PCIe round trip each. */
@@ -153,11 +180,16 @@ struct dk_ctl {
 	uint32_t ncomms;     /* host: communicator slots in use are below this */
 };
 
-/* Counters of one block, in host memory; the block is the only writer. */
+/* Counters of one block, in host memory; the block is the only writer.
+ * started[a - 1]: collectives block 0 started with algorithm a (direct ..
+ * multitree). */
+#define DK_NCOUNTERS 9
 struct dk_block_stats {
-	uint64_t completed, errors, preemptions, context_switches, spins, started;
-	uint64_t reserved[2];
+	uint64_t completed, errors, preemptions, context_switches, spins;
+	uint64_t started[DFCCL_ALGO_COUNT_ - 1];
+	uint64_t reserved[16 - DK_NCOUNTERS];
 };
+DFCCL_STATIC_ASSERT(DK_NCOUNTERS == 5 + DFCCL_ALGO_COUNT_ - 1, "one started counter per algorithm but auto");
 
 /* Mapped pinned host memory: what the host side reads while the kernel runs. */
 struct dk_host {
@@ -190,6 +222,8 @@ struct dk_params {
 	uint64_t idle_ns;        /* quit after this long with nothing to do */
 	uint64_t visit_bytes;    /* bytes a channel moves per visit before it yields */
 	uint64_t chan_bytes;     /* a collective gets one channel per this many bytes, up to `blocks` */
+	uint32_t algo;           /* enum dfccl_algo: for entries without a hint (the `algo` setting) */
+	uint32_t reserved;
 };
 
 /* The registration table's first probe for reg_id. */

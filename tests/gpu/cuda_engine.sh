@@ -5,7 +5,8 @@
 #     not x count on cudaMalloc buffers, checked element by element with
 #     canaries: on 2 GPUs one rank each and with 2 ranks sharing GPU 0, and
 #     quick (fewer counts) with 4 ranks sharing GPU 0 and on every GPU when
-#     there are more than 2;
+#     there are more than 2; quick again over rings, trees and multi-trees
+#     (DFCCL_ALGO), each of which must have run;
 #   - the DFCCL deadlock programs A (8 communicators) and B (8 registered
 #     collectives with host synchronizations between them), which must
 #     complete with correct results and make the daemon preempt;
@@ -99,6 +100,11 @@ stop_daemon() {
 	[ "$rc" = 0 ] || fail "dfccld exited with $rc on SIGTERM"
 }
 
+# Collectives started over algorithm $1 (a DFCCL_ALGO name), over every device.
+started() {
+	ctl --json stats | json "sum(x['by_algo'][['auto', 'direct', 'ring', 'tree', 'multitree'].index('$1')] for x in d['devices'])"
+}
+
 # Collectives the daemon preempted, over every device.
 preemptions() { ctl --json stats | json "sum(x['preemptions'] for x in d['devices'])"; }
 
@@ -120,6 +126,21 @@ run_suite() {
 		all=$(seq -s, 0 $((ngpu - 1)))
 		step "collectives: $ngpu ranks on GPUs $all" 300 "${coll[@]}" --quick --nranks "$ngpu" --gpus "$all"
 	fi
+
+	# Rings and trees (DFCCL_ALGO asks every entry for one; collectives
+	# it does not serve run direct): each must have run.
+	for algo in ring tree multitree; do
+		before=$(started "$algo")
+		step "collectives over $algo: 2 ranks on GPUs $pair" 300 env DFCCL_ALGO=$algo "${coll[@]}" --quick --nranks 2 \
+			--gpus "$pair"
+		step "collectives over $algo: 3 ranks sharing GPU 0" 300 env DFCCL_ALGO=$algo "${coll[@]}" --quick --nranks 3 \
+			--gpus 0,0,0
+		[ "$algo" = ring ] && step "deadlock program A over rings: 8 communicators, 2 ranks on GPUs $pair" 300 \
+			env DFCCL_ALGO=ring "${coll[@]}" --deadlock A --comms 8 --iters 50 --nranks 2 --gpus "$pair"
+		after=$(started "$algo")
+		echo "collectives started over $algo: $((after - before))"
+		[ $((after - before)) -gt 0 ] || fail "no collective ran over $algo with DFCCL_ALGO=$algo"
+	done
 
 	before=$(preemptions)
 	step "deadlock program A: 8 communicators, 2 ranks on GPUs $pair" 300 \
