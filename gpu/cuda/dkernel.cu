@@ -833,7 +833,7 @@ __device__ char *algo_base(const dk_task *t, uint32_t ch, dk_comm *cm, const dk_
 	}
 }
 
-/* The next piece of algorithm step `as` from element pos, at most max. */
+/* The piece [pos, pos + max) of algorithm step `as` (within its elems). */
 __device__ void algo_piece(const dk_task *t, uint32_t ch, dk_comm *cm, const algo_step &as, const dk_bufs &b,
                            uint64_t pos, uint64_t max, dk_op &op)
 {
@@ -849,7 +849,7 @@ __device__ void algo_piece(const dk_task *t, uint32_t ch, dk_comm *cm, const alg
 		op.src[k] = algo_base(t, ch, cm, b, as.src[k]) + (as.src[k].off + pos) * ds;
 	if (op.reduce && op.nsrc == 1 && as.redop != OP_AVG)
 		op.reduce = 0;
-	op.elems = as.elems - pos < max ? as.elems - pos : max;
+	op.elems = max;
 }
 
 /* The wait of a channel's step: word(r) >= target for every rank r. */
@@ -1052,8 +1052,16 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 		uint32_t status = DFCCL_CQ_OK;
 		switch (x->step) {
 		case DK_WORK1:
-		case DK_WORK2: {
-			uint64_t total = work_total(t, ch, x->step, n);
+		case DK_WORK2:
+		case DK_AWORK: {
+			algo_step as;
+			uint64_t total;
+			if (x->step == DK_AWORK) {
+				algo_step_get(&t->alg[ch], x->astep, &as);
+				total = as.nsrc ? as.elems : 0;
+			} else {
+				total = work_total(t, ch, x->step, n);
+			}
 			if (x->pos < total) {
 				if (*budget == 0) {
 					sh.ret = R_PROGRESS;
@@ -1070,7 +1078,12 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 				uint64_t max = *budget / t->dsize ? *budget / t->dsize : 1;
 				if (max > total - x->pos)
 					max = total - x->pos;
-				sh.npos = work_piece(t, ch, x->step, n, b, x->pos, max, sh.op);
+				if (x->step == DK_AWORK) {
+					algo_piece(t, ch, cm, as, b, x->pos, max, sh.op);
+					sh.npos = sh.op.elems;
+				} else {
+					sh.npos = work_piece(t, ch, x->step, n, b, x->pos, max, sh.op);
+				}
 				uint64_t bytes = sh.op.elems * t->dsize;
 				*budget = bytes < *budget ? *budget - bytes : 0;
 				return A_DATA;
@@ -1079,6 +1092,14 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 			*progressed = true;
 			/* Release stores are cumulative: what the block wrote before
 			 * its barrier is published with them. */
+			if (x->step == DK_AWORK) {
+				/* Algorithm step done: the ranks that wait for it see it. */
+				x->astep++;
+				st_rel_sys(dfccl_comm_chan(vload(&cm->hdr), n, t->slot, t->rank, ch),
+				           DFCCL_PROGRESS(t->key, x->astep));
+				x->step = x->astep < t->alg[ch].nsteps ? DK_AWAIT : DK_CHDONE;
+				continue;
+			}
 			if (t->opcode == DFCCL_OP_RECV) {
 				st_rel_sys(&t->box->ack, t->key);
 				x->step = DK_CHDONE;
@@ -1090,39 +1111,6 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 			} else {
 				x->step = DK_CHDONE;
 			}
-			continue;
-		}
-		case DK_AWORK: {
-			algo_step as;
-			algo_step_get(&t->alg[ch], x->astep, &as);
-			uint64_t total = as.nsrc ? as.elems : 0;
-			if (x->pos < total) {
-				if (*budget == 0) {
-					sh.ret = R_PROGRESS;
-					return A_RETURN;
-				}
-				dk_bufs b;
-				status = bufs_get(c, t, cm, &b);
-				if (status != DFCCL_CQ_OK) {
-					comm_fail(cm, status);
-					t->status = status;
-					x->step = DK_CHDONE;
-					continue;
-				}
-				uint64_t max = *budget / t->dsize ? *budget / t->dsize : 1;
-				algo_piece(t, ch, cm, as, b, x->pos, max, sh.op);
-				sh.npos = sh.op.elems;
-				uint64_t bytes = sh.op.elems * t->dsize;
-				*budget = bytes < *budget ? *budget - bytes : 0;
-				return A_DATA;
-			}
-			/* The step is done: say so to the ranks that wait for it (a
-			 * release store, cumulative over the block's writes). */
-			x->pos = 0;
-			x->astep++;
-			*progressed = true;
-			st_rel_sys(dfccl_comm_chan(vload(&cm->hdr), n, t->slot, t->rank, ch), DFCCL_PROGRESS(t->key, x->astep));
-			x->step = x->astep < t->alg[ch].nsteps ? DK_AWAIT : DK_CHDONE;
 			continue;
 		}
 		case DK_CHDONE: {

@@ -122,6 +122,18 @@ static const uint8_t colls[] = {DFCCL_OP_ALLREDUCE, DFCCL_OP_ALLGATHER, DFCCL_OP
 static const uint8_t algos[] = {DFCCL_ALGO_RING, DFCCL_ALGO_TREE, DFCCL_ALGO_MULTITREE};
 static const uint32_t dsizes[] = {1, 2, 4, 8};
 
+/* A random plan for n ranks into topo, a random collective and algorithm;
+ * whether that algorithm runs that collective. */
+static int random_case(struct algo_topo *topo, uint32_t n, uint8_t *op, uint8_t *algo)
+{
+	struct dfccl_comm_plan plan;
+	random_plan(&plan, n);
+	assert_int_equal(algo_topo_load(topo, &plan, n), 0);
+	*op = colls[rnd(sizeof(colls))];
+	*algo = algos[rnd(sizeof(algos))];
+	return algo_runs(*op, *algo);
+}
+
 static void test_properties(void **state)
 {
 	(void)state;
@@ -130,11 +142,8 @@ static void test_properties(void **state)
 	unsigned instances = 0;
 	for (unsigned iter = 0; iter < 400; iter++) {
 		uint32_t n = iter % 5 == 0 ? 2 + rnd(63) : 2 + rnd(9);
-		struct dfccl_comm_plan plan;
-		random_plan(&plan, n);
-		assert_int_equal(algo_topo_load(&topo, &plan, n), 0);
-		uint8_t op = colls[rnd(sizeof(colls))], algo = algos[rnd(sizeof(algos))];
-		if (!algo_runs(op, algo))
+		uint8_t op, algo;
+		if (!random_case(&topo, n, &op, &algo))
 			continue;
 		uint32_t dsize = dsizes[rnd(4)];
 		/* small, then up to about four connector halves or broadcast slices
@@ -272,11 +281,8 @@ static void test_parts_data(void **state)
 	unsigned checked = 0;
 	for (unsigned iter = 0; iter < 300; iter++) {
 		uint32_t n = 2 + rnd(DT_MAX_RANKS - 1), parts = 1 + rnd(DT_MAX_PARTS), root = rnd(n);
-		struct dfccl_comm_plan plan;
-		random_plan(&plan, n);
-		assert_int_equal(algo_topo_load(&topo, &plan, n), 0);
-		uint8_t op = colls[rnd(sizeof(colls))], algo = algos[rnd(sizeof(algos))];
-		if (!algo_runs(op, algo))
+		uint8_t op, algo;
+		if (!random_case(&topo, n, &op, &algo))
 			continue;
 		/* small connectors, so reduce and reduce-scatter pipeline */
 		uint32_t conn = 32u << rnd(4);
