@@ -480,25 +480,59 @@ void comm_worker_up(struct server *srv, uint32_t device)
 	}
 }
 
-int comm_leave(struct server *srv, struct session *s, uint64_t comm_id, int abort, char *err, size_t errlen)
+/* Member r (session s) of c, looked up for a request on comm_id: NULL with
+ * the error in err when s has no active rank in it. */
+static struct comm *comm_of_member(struct server *srv, struct session *s, uint64_t comm_id, int *r, char *err,
+                                   size_t errlen)
 {
 	struct comm *c = comm_find_id(srv, comm_id);
-	int r = c ? comm_rank_of(c, s) : -1;
-	if (r < 0 || c->members[r].state != MEMBER_ACTIVE) {
+	*r = c ? comm_rank_of(c, s) : -1;
+	if (*r < 0 || c->members[*r].state != MEMBER_ACTIVE) {
 		snprintf(err, errlen, "communicator %llu does not exist or this session is not a member of it",
 		         (unsigned long long)comm_id);
+		return NULL;
+	}
+	return c;
+}
+
+/* Rank r (session s) stops c: every rank's pending and later collectives
+ * fail with DFCCL_CQ_ABORTED, and the others are told why (`verb`: what
+ * the rank did). */
+static void comm_abort_by(struct comm *c, int r, const struct session *s, const char *verb)
+{
+	if (c->state == COMM_READY)
+		comm_break(c, COMM_ABORTED, DFCCL_CQ_ABORTED);
+	char msg[256];
+	snprintf(msg, sizeof(msg), "rank %d (pid %d) %s communicator %llu", r, (int)s->pid, verb,
+	         (unsigned long long)c->id);
+	log_info("comm", "%s", msg);
+	comm_notify(c, r, EC(ABORTED), msg);
+}
+
+int comm_leave(struct server *srv, struct session *s, uint64_t comm_id, int abort, char *err, size_t errlen)
+{
+	int r;
+	struct comm *c = comm_of_member(srv, s, comm_id, &r, err, errlen);
+	if (!c)
 		return EC(NOT_FOUND);
-	}
-	if (abort) {
-		if (c->state == COMM_READY)
-			comm_break(c, COMM_ABORTED, DFCCL_CQ_ABORTED);
-		char msg[256];
-		snprintf(msg, sizeof(msg), "rank %d (pid %d) aborted communicator %llu", r, (int)s->pid,
-		         (unsigned long long)c->id);
-		log_info("comm", "%s", msg);
-		comm_notify(c, r, EC(ABORTED), msg);
-	}
+	if (abort)
+		comm_abort_by(c, r, s, "aborted");
 	comm_member_leave(c, (uint32_t)r);
+	return 0;
+}
+
+int comm_revoke(struct server *srv, struct session *s, uint64_t comm_id, char *err, size_t errlen)
+{
+	int r;
+	struct comm *c = comm_of_member(srv, s, comm_id, &r, err, errlen);
+	if (!c)
+		return EC(NOT_FOUND);
+	if (c->state != COMM_READY && c->state != COMM_ABORTED && c->state != COMM_PEER_LOST) {
+		snprintf(err, errlen, "communicator %llu is %s: only a ready communicator can be revoked",
+		         (unsigned long long)comm_id, comm_state_name(c->state));
+		return EC(INVALID_ARGUMENT);
+	}
+	comm_abort_by(c, r, s, "revoked");
 	return 0;
 }
 

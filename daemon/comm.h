@@ -89,6 +89,11 @@ int comm_join(struct server *srv, struct session *s, uint64_t request_id, const 
  * Returns 0 or a positive error code with a sentence in err. */
 int comm_leave(struct server *srv, struct session *s, uint64_t comm_id, int abort, char *err, size_t errlen);
 
+/* dfcclCommRevoke from session s: c fails every pending and later
+ * collective with DFCCL_CQ_ABORTED on every rank; the members stay. Returns
+ * 0 or a positive error code with a sentence in err. */
+int comm_revoke(struct server *srv, struct session *s, uint64_t comm_id, char *err, size_t errlen);
+
 /* Session s is gone: leave everything it joined; other ranks are told. */
 void comm_session_gone(struct server *srv, struct session *s);
 

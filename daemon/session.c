@@ -204,10 +204,12 @@ static void handle_comm_init(struct session *s, uint64_t req, const Dfccl__V1__C
 		reply_error_msg(s, req, code, err);
 }
 
-static void handle_comm_leave(struct session *s, uint64_t req, uint64_t comm_id, int abort)
+/* Destroy (0), abort (1) or revoke (2) of comm_id. */
+static void handle_comm_leave(struct session *s, uint64_t req, uint64_t comm_id, int how)
 {
 	char err[512];
-	int code = comm_leave(s->srv, s, comm_id, abort, err, sizeof(err));
+	int code = how == 2 ? comm_revoke(s->srv, s, comm_id, err, sizeof(err))
+	                    : comm_leave(s->srv, s, comm_id, how, err, sizeof(err));
 	if (code)
 		reply_error_msg(s, req, code, err);
 	else
@@ -527,6 +529,7 @@ static void session_on_frame(struct conn *c, dfccl_envelope *env, int *fds, unsi
 	case DFCCL__V1__ENVELOPE__BODY_COMM_INIT: handle_comm_init(s, req, env->comm_init); break;
 	case DFCCL__V1__ENVELOPE__BODY_COMM_DESTROY: handle_comm_leave(s, req, env->comm_destroy->comm_id, 0); break;
 	case DFCCL__V1__ENVELOPE__BODY_COMM_ABORT: handle_comm_leave(s, req, env->comm_abort->comm_id, 1); break;
+	case DFCCL__V1__ENVELOPE__BODY_COMM_REVOKE: handle_comm_leave(s, req, env->comm_revoke->comm_id, 2); break;
 	case DFCCL__V1__ENVELOPE__BODY_REGISTER_MEM: handle_register(s, req, env->register_mem, fds, nfds); break;
 	case DFCCL__V1__ENVELOPE__BODY_DEREGISTER_MEM: handle_deregister(s, req, env->deregister_mem->reg_id); break;
 	case DFCCL__V1__ENVELOPE__BODY_QUERY: handle_query(s, req, env->query); break;

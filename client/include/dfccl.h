@@ -169,6 +169,32 @@ dfcclResult_t dfcclCommDevice(const dfcclComm_t comm, int *device);
  * (a peer lost, an abort, the device's worker lost). Never blocks. */
 dfcclResult_t dfcclCommGetAsyncError(dfcclComm_t comm, dfcclResult_t *asyncError);
 
+/* ---------------------------------------------------------------- recovery
+ *
+ * Shaped like NCCL's. dfcclCommRevoke stops a communicator: every rank's
+ * pending and later collectives on it fail with dfcclAborted, and the
+ * handle stays valid for dfcclCommShrink, dfcclCommDestroy or
+ * dfcclCommAbort. dfcclCommShrink makes a communicator of the ranks not in
+ * excludeRanksList, renumbered densely in their old order, without a new
+ * unique id: every surviving rank calls it with the same list (the excluded
+ * ranks do not call it). DFCCL_SHRINK_DEFAULT needs comm to be idle (no
+ * collective outstanding in this process); DFCCL_SHRINK_ABORT revokes comm
+ * first, so whatever hangs on it fails. dfcclCommSplit is collective over
+ * every rank of comm: ranks of one color >= 0 form a communicator, ordered
+ * by key and then by their old rank; DFCCL_SPLIT_NOCOLOR gets *newcomm =
+ * NULL. Ranks must make their shrink and split calls on a communicator in
+ * the same order. The new communicator lives on comm's device unless
+ * config names another.
+ */
+#define DFCCL_SHRINK_DEFAULT 0x00
+#define DFCCL_SHRINK_ABORT 0x01
+#define DFCCL_SPLIT_NOCOLOR (-1)
+
+dfcclResult_t dfcclCommRevoke(dfcclComm_t comm);
+dfcclResult_t dfcclCommShrink(dfcclComm_t comm, int *excludeRanksList, int excludeRanksCount, dfcclComm_t *newcomm,
+                              dfcclConfig_t *config, int shrinkFlags);
+dfcclResult_t dfcclCommSplit(dfcclComm_t comm, int color, int key, dfcclComm_t *newcomm, dfcclConfig_t *config);
+
 /* ---------------------------------------------------------------- memory */
 
 /* Allocates size bytes the daemon can reach: host shared memory on the host

@@ -10,6 +10,8 @@
  */
 #include "comm.h"
 
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -124,6 +126,7 @@ dfcclResult_t dfcclCommInitRankConfig(dfcclComm_t *comm, int nranks, dfcclUnique
 	req_tracker_init(&cm->tracker, client_req_poller(cm->client));
 	cm->tracking = true;
 	cm->id = cr->comm_id;
+	cm->unique_id = commId;
 	cm->nranks = nranks;
 	cm->rank = rank;
 	cm->device = device;
@@ -251,4 +254,142 @@ dfcclResult_t dfcclCommGetAsyncError(dfcclComm_t comm, dfcclResult_t *asyncError
 		return errors_set(dfcclInvalidArgument, "dfcclCommGetAsyncError: %s is NULL", comm ? "asyncError" : "comm");
 	*asyncError = comm_check(comm);
 	return dfcclSuccess;
+}
+
+/* ---------------------------------------------------------------- recovery */
+
+dfcclResult_t dfcclCommRevoke(dfcclComm_t comm)
+{
+	if (!comm)
+		return errors_set(dfcclInvalidArgument, "dfcclCommRevoke: comm is NULL");
+	Dfccl__V1__CommRevoke rv = DFCCL__V1__COMM_REVOKE__INIT;
+	rv.comm_id = comm->id;
+	dfccl_envelope req = DFCCL__V1__ENVELOPE__INIT;
+	req.body_case = DFCCL__V1__ENVELOPE__BODY_COMM_REVOKE;
+	req.comm_revoke = &rv;
+	return client_request_ok(comm->client, &req);
+}
+
+/* What derives a child's id: the kind of call, its number among the
+ * parent's shrinks and splits, and what tells the children of one call
+ * apart (the exclusion set, the color). */
+struct comm_salt {
+	char kind[8];
+	uint64_t generation;
+	int32_t color;
+	uint8_t excluded[64];
+};
+
+/* Joins the child of comm named by salt as rank `rank` of `nranks`, on
+ * comm's device unless config names one. */
+static dfcclResult_t comm_child(struct dfcclComm *comm, struct comm_salt *salt, int nranks, int rank,
+                                dfcclComm_t *newcomm, const dfcclConfig_t *config)
+{
+	dfcclConfig_t cfg = DFCCL_CONFIG_INITIALIZER;
+	if (config) {
+		dfcclResult_t r = comm_config(config, &cfg.device, &cfg.initTimeoutMs);
+		if (r != dfcclSuccess)
+			return r;
+		cfg.device = config->device;
+	}
+	if (cfg.device < 0)
+		cfg.device = comm->device;
+	salt->generation = __atomic_add_fetch(&comm->derived, 1, __ATOMIC_RELAXED);
+	dfcclUniqueId id;
+	uniqueid_derive(&comm->unique_id, salt, sizeof(*salt), &id);
+	return dfcclCommInitRankConfig(newcomm, nranks, id, rank, &cfg);
+}
+
+dfcclResult_t dfcclCommShrink(dfcclComm_t comm, int *excludeRanksList, int excludeRanksCount, dfcclComm_t *newcomm,
+                              dfcclConfig_t *config, int shrinkFlags)
+{
+	if (!comm || !newcomm)
+		return errors_set(dfcclInvalidArgument, "dfcclCommShrink: %s is NULL", comm ? "newcomm" : "comm");
+	*newcomm = NULL;
+	if (shrinkFlags != DFCCL_SHRINK_DEFAULT && shrinkFlags != DFCCL_SHRINK_ABORT)
+		return errors_set(dfcclInvalidArgument, "dfcclCommShrink: flags %#x: use DFCCL_SHRINK_DEFAULT or "
+		                  "DFCCL_SHRINK_ABORT", (unsigned)shrinkFlags);
+	if (excludeRanksCount < 0 || (excludeRanksCount > 0 && !excludeRanksList))
+		return errors_set(dfcclInvalidArgument, "dfcclCommShrink: %d excluded ranks in %s list", excludeRanksCount,
+		                  excludeRanksList ? "the" : "a NULL");
+	struct comm_salt salt;
+	memset(&salt, 0, sizeof(salt));
+	memcpy(salt.kind, "shrink", 6);
+	int below = 0;
+	for (int i = 0; i < excludeRanksCount; i++) {
+		int x = excludeRanksList[i];
+		if (x < 0 || x >= comm->nranks)
+			return errors_set(dfcclInvalidArgument, "dfcclCommShrink: excluded rank %d is outside 0..%d", x,
+			                  comm->nranks - 1);
+		if (x == comm->rank)
+			return errors_set(dfcclInvalidArgument, "dfcclCommShrink: rank %d excludes itself (excluded ranks "
+			                  "do not call it)", x);
+		if (salt.excluded[x / 8] & (1u << (x % 8)))
+			return errors_set(dfcclInvalidArgument, "dfcclCommShrink: rank %d is excluded twice", x);
+		salt.excluded[x / 8] |= (uint8_t)(1u << (x % 8));
+		below += x < comm->rank;
+	}
+	if (shrinkFlags == DFCCL_SHRINK_ABORT) {
+		/* Whatever hangs on comm fails now; a communicator that failed
+		 * already (a peer lost) needs nothing more. */
+		dfcclResult_t r = dfcclCommRevoke(comm);
+		if (r != dfcclSuccess && r != dfcclDaemonUnavailable)
+			return r;
+	} else if (dfcclCommQuery(comm) == dfcclInProgress) {
+		return errors_set(dfcclInvalidUsage, "dfcclCommShrink: communicator %llu has collectives outstanding; "
+		                  "wait for them or shrink with DFCCL_SHRINK_ABORT", (unsigned long long)comm->id);
+	}
+	return comm_child(comm, &salt, comm->nranks - excludeRanksCount, comm->rank - below, newcomm, config);
+}
+
+dfcclResult_t dfcclCommSplit(dfcclComm_t comm, int color, int key, dfcclComm_t *newcomm, dfcclConfig_t *config)
+{
+	if (!comm || !newcomm)
+		return errors_set(dfcclInvalidArgument, "dfcclCommSplit: %s is NULL", comm ? "newcomm" : "comm");
+	*newcomm = NULL;
+	if (color < 0 && color != DFCCL_SPLIT_NOCOLOR)
+		return errors_set(dfcclInvalidArgument, "dfcclCommSplit: color %d: use a color >= 0 or "
+		                  "DFCCL_SPLIT_NOCOLOR", color);
+	/* Every rank's (color, key), through comm itself, in memory of comm's
+	 * device (dfcclMemAlloc allocates for the thread's device). */
+	int n = comm->nranks, thread_device = 0;
+	int32_t *buf = NULL;
+	dfcclGetDevice(&thread_device);
+	dfcclSetDevice(comm->device);
+	dfcclResult_t r = dfcclMemAlloc((void **)&buf, (size_t)(2 + 2 * n) * sizeof(*buf));
+	dfcclSetDevice(thread_device);
+	if (r != dfcclSuccess)
+		return r;
+	buf[0] = color;
+	buf[1] = key;
+	r = dfcclAllGather(buf, buf + 2, 2, dfcclInt32, comm, NULL);
+	if (r == dfcclSuccess)
+		r = dfcclCommSynchronize(comm);
+	if (r != dfcclSuccess) {
+		char why[256];
+		snprintf(why, sizeof(why), "%s", dfcclGetLastError(NULL));
+		dfcclMemFree(buf);
+		return errors_set(r, "dfcclCommSplit: exchanging colors over communicator %llu failed: %s",
+		                  (unsigned long long)comm->id, why);
+	}
+	/* This rank's place among its color: ranks before it by (key, rank). */
+	int members = 0, rank = 0;
+	for (int q = 0; q < n; q++) {
+		int32_t c = buf[2 + 2 * q], k = buf[3 + 2 * q];
+		if (c != color)
+			continue;
+		members++;
+		rank += k < key || (k == key && q < comm->rank);
+	}
+	dfcclMemFree(buf);
+	struct comm_salt salt;
+	memset(&salt, 0, sizeof(salt));
+	memcpy(salt.kind, "split", 5);
+	salt.color = color;
+	/* Every rank counts the split, whatever its color, so later ids agree. */
+	if (color == DFCCL_SPLIT_NOCOLOR) {
+		__atomic_add_fetch(&comm->derived, 1, __ATOMIC_RELAXED);
+		return dfcclSuccess;
+	}
+	return comm_child(comm, &salt, members, rank, newcomm, config);
 }

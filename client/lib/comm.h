@@ -47,6 +47,8 @@ struct dfcclComm {
 	struct qp *qp;           /* the session's queue pair on `device` */
 	struct client_async async;
 	uint64_t id;             /* daemon-wide communicator id */
+	dfcclUniqueId unique_id; /* what it was made from: shrink and split derive their ids from it */
+	uint64_t derived;        /* atomic: shrinks and splits made from it so far */
 	int nranks;
 	int rank;
 	int device;

@@ -34,6 +34,42 @@ int uniqueid_generate(dfcclUniqueId *id)
 	return 0;
 }
 
+/* splitmix64's finaliser. */
+static uint64_t uniqueid_mix(uint64_t x)
+{
+	x ^= x >> 30;
+	x *= 0xbf58476d1ce4e5b9ull;
+	x ^= x >> 27;
+	x *= 0x94d049bb133111ebull;
+	return x ^ (x >> 31);
+}
+
+/* Absorbs len bytes into the state word h. */
+static uint64_t uniqueid_absorb(uint64_t h, const void *p, size_t len)
+{
+	const uint8_t *b = p;
+	for (size_t i = 0; i < len; i++)
+		h = uniqueid_mix(h ^ ((uint64_t)b[i] << (8 * (i % 8))) ^ i);
+	return h;
+}
+
+void uniqueid_derive(const dfcclUniqueId *parent, const void *salt, size_t len, dfcclUniqueId *out)
+{
+	struct uniqueid_layout l;
+	memcpy(&l, parent->internal, sizeof(l));
+	uint64_t h = uniqueid_absorb(0x6466636364657269ull, salt, len);
+	/* Each output word depends on every parent random byte, the salt and
+	 * its position. */
+	uint8_t random[UNIQUEID_RANDOM_BYTES];
+	for (size_t w = 0; w < UNIQUEID_RANDOM_BYTES / 8; w++) {
+		uint64_t v = uniqueid_absorb(h ^ uniqueid_mix(w + 1), l.random, sizeof(l.random));
+		memcpy(random + 8 * w, &v, 8);
+	}
+	memcpy(l.random, random, sizeof(random));
+	l.flags[0] |= UNIQUEID_F_DERIVED;
+	memcpy(out->internal, &l, sizeof(l));
+}
+
 int uniqueid_check(const dfcclUniqueId *id)
 {
 	return memcmp(id->internal, uniqueid_tag, sizeof(uniqueid_tag)) ? -EINVAL : 0;

@@ -9,7 +9,8 @@
  *
  *   [0, 4)    tag: 'D' 'F' 'C' and the layout version, so that garbage (or an
  *             NCCL id passed by mistake) is refused with a clear message
- *   [4, 8)    flags, little-endian; none defined yet (zero)
+ *   [4, 8)    flags, little-endian: UNIQUEID_F_DERIVED for ids derived from
+ *             another (uniqueid_derive), else zero
  *   [8, 40)   32 random bytes from getrandom()
  *   [40, 64)  bootstrap address of the owning daemon for communicators that
  *             span nodes: family (2 bytes), port (2 bytes, network order),
@@ -48,5 +49,11 @@ int uniqueid_generate(dfcclUniqueId *id);
 
 /* 0 if id carries this library's tag, -EINVAL if not. */
 int uniqueid_check(const dfcclUniqueId *id);
+
+/* The id of a communicator made from parent's (shrink, split): the same on
+ * every rank that derives it with the same salt, unguessable to whoever
+ * does not know parent. It carries UNIQUEID_F_DERIVED. */
+#define UNIQUEID_F_DERIVED 0x1u
+void uniqueid_derive(const dfcclUniqueId *parent, const void *salt, size_t len, dfcclUniqueId *out);
 
 #endif /* DFCCL_CLIENT_UNIQUEID_H */

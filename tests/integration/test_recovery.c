@@ -1,0 +1,309 @@
+/*
+ * Recovery from faults through libdfccl (host engine, one client process
+ * per rank): survivors of a SIGKILLed rank shrink with DFCCL_SHRINK_ABORT
+ * and run checked collectives on the new communicator; dfcclCommRevoke
+ * fails a hanging collective on every rank and an idle shrink follows;
+ * dfcclCommSplit groups ranks by color and orders them by key, twice on
+ * one parent; bad arguments get clear errors. The test process never
+ * initialises libdfccl (unique ids need no daemon), so every forked rank
+ * starts clean.
+ */
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "dfccl.h"
+#include "harness.h"
+
+#define FAIL(...)                                   \
+	do {                                        \
+		fprintf(stderr, "rank %d: ", rank); \
+		fprintf(stderr, __VA_ARGS__);       \
+		fprintf(stderr, "\n");              \
+		return 1;                           \
+	} while (0)
+
+struct job {
+	dfcclUniqueId id;
+	int nranks;
+	int ready_fd; /* a rank writes one byte when it is where the test wants it */
+	int go_fd;    /* the read end of that pipe, for a rank that waits on another */
+};
+
+/* Rank `rank` on device rank % 2, which its buffers are allocated for too. */
+static dfcclResult_t init(const struct job *j, int rank, dfcclComm_t *comm)
+{
+	dfcclResult_t r = dfcclSetDevice(rank % 2);
+	return r == dfcclSuccess ? dfcclCommInitRank(comm, j->nranks, j->id, rank) : r;
+}
+
+/* `iters` all-reduces (sum of int64) on comm, each checked against the sum
+ * of every rank's contribution, computed here from `olds` (the old rank of
+ * each new rank: what each contributes). Returns 0 or 1 with a message. */
+static int checked_allreduces(dfcclComm_t comm, const int *olds, int iters, int rank)
+{
+	int n = 0, me = 0;
+	if (dfcclCommCount(comm, &n) != dfcclSuccess || dfcclCommUserRank(comm, &me) != dfcclSuccess)
+		FAIL("count/rank: %s", dfcclGetLastError(NULL));
+	const size_t count = 1000;
+	int64_t *buf = NULL;
+	if (dfcclMemAlloc((void **)&buf, 2 * count * sizeof(*buf)) != dfcclSuccess)
+		FAIL("alloc: %s", dfcclGetLastError(NULL));
+	for (int it = 0; it < iters; it++) {
+		for (size_t i = 0; i < count; i++)
+			buf[i] = (int64_t)olds[me] * 1000003 + (int64_t)i * (it + 1);
+		if (dfcclAllReduce(buf, buf + count, count, dfcclInt64, dfcclSum, comm, NULL) != dfcclSuccess ||
+		    dfcclCommSynchronize(comm) != dfcclSuccess)
+			FAIL("all-reduce %d: %s", it, dfcclGetLastError(NULL));
+		for (size_t i = 0; i < count; i++) {
+			int64_t want = 0;
+			for (int q = 0; q < n; q++)
+				want += (int64_t)olds[q] * 1000003 + (int64_t)i * (it + 1);
+			if (buf[count + i] != want)
+				FAIL("all-reduce %d element %zu: %lld, expected %lld", it, i, (long long)buf[count + i],
+				     (long long)want);
+		}
+	}
+	dfcclMemFree(buf);
+	return 0;
+}
+
+/* ------------------------------------------------------------ shrink after a kill */
+
+static int shrink_rank(void *arg, int rank)
+{
+	struct job *j = arg;
+	dfcclComm_t comm = NULL, small = NULL;
+	if (init(j, rank, &comm) != dfcclSuccess)
+		FAIL("init: %s", dfcclGetLastError(NULL));
+	char b = 'r';
+	if (write(j->ready_fd, &b, 1) != 1)
+		FAIL("ready pipe");
+	if (rank == 2) {
+		pause(); /* the test kills it */
+		return 1;
+	}
+	/* A collective rank 2 never joins: it fails once rank 2 is gone. */
+	int64_t *buf = NULL;
+	if (dfcclMemAlloc((void **)&buf, 16) != dfcclSuccess)
+		FAIL("alloc: %s", dfcclGetLastError(NULL));
+	if (dfcclAllReduce(buf, buf + 1, 1, dfcclInt64, dfcclSum, comm, NULL) != dfcclSuccess)
+		FAIL("submit: %s", dfcclGetLastError(NULL));
+	uint64_t t0 = now_ms();
+	dfcclResult_t r = dfcclCommSynchronize(comm);
+	if (r == dfcclSuccess)
+		FAIL("the all-reduce with a dead rank completed");
+	if (now_ms() - t0 > 5000)
+		FAIL("the dead rank's error took %llu ms", (unsigned long long)(now_ms() - t0));
+	dfcclMemFree(buf);
+
+	int excl[] = {2};
+	if (dfcclCommShrink(comm, excl, 1, &small, NULL, DFCCL_SHRINK_ABORT) != dfcclSuccess)
+		FAIL("shrink: %s", dfcclGetLastError(NULL));
+	int n = 0, me = -1, dev = -1;
+	if (dfcclCommCount(small, &n) != dfcclSuccess || n != 2 || dfcclCommUserRank(small, &me) != dfcclSuccess ||
+	    me != rank || dfcclCommDevice(small, &dev) != dfcclSuccess || dev != rank % 2)
+		FAIL("shrunk communicator: %d ranks, rank %d, device %d", n, me, dev);
+	const int olds[] = {0, 1};
+	if (checked_allreduces(small, olds, 100, rank))
+		return 1;
+	if (dfcclCommDestroy(small) != dfcclSuccess)
+		FAIL("destroy the shrunk communicator: %s", dfcclGetLastError(NULL));
+	dfcclCommAbort(comm);
+	return 0;
+}
+
+static void test_shrink_after_kill(void **state)
+{
+	(void)state;
+	struct job j = {.nranks = 3, .go_fd = -1};
+	assert_int_equal(dfcclGetUniqueId(&j.id), dfcclSuccess);
+	int ready[2];
+	assert_int_equal(pipe(ready), 0);
+	j.ready_fd = ready[1];
+	pid_t p[3];
+	for (int r = 0; r < 3; r++)
+		p[r] = child_run(shrink_rank, &j, r);
+	for (int r = 0; r < 3; r++) {
+		char b;
+		assert_int_equal(read(ready[0], &b, 1), 1);
+	}
+	usleep(50000); /* let ranks 0 and 1 submit */
+	kill(p[2], SIGKILL);
+	assert_int_equal(child_wait(p[2], 5000), 128 + SIGKILL);
+	for (int r = 0; r < 2; r++)
+		assert_int_equal(child_wait(p[r], 30000), 0);
+	close(ready[0]);
+	close(ready[1]);
+}
+
+/* ------------------------------------------------------------ revoke, then an idle shrink */
+
+static int revoke_rank(void *arg, int rank)
+{
+	struct job *j = arg;
+	dfcclComm_t comm = NULL, again = NULL;
+	if (init(j, rank, &comm) != dfcclSuccess)
+		FAIL("init: %s", dfcclGetLastError(NULL));
+	int64_t *buf = NULL;
+	if (dfcclMemAlloc((void **)&buf, 16) != dfcclSuccess)
+		FAIL("alloc: %s", dfcclGetLastError(NULL));
+	char b = 'r';
+	if (rank == 0) {
+		/* A collective its peer never joins, then a shrink while it hangs. */
+		if (dfcclAllReduce(buf, buf + 1, 1, dfcclInt64, dfcclSum, comm, NULL) != dfcclSuccess)
+			FAIL("submit: %s", dfcclGetLastError(NULL));
+		if (dfcclCommShrink(comm, NULL, 0, &again, NULL, DFCCL_SHRINK_DEFAULT) != dfcclInvalidUsage ||
+		    !strstr(dfcclGetLastError(NULL), "outstanding"))
+			FAIL("a default shrink with a collective outstanding: '%s'", dfcclGetLastError(NULL));
+		if (write(j->ready_fd, &b, 1) != 1)
+			FAIL("ready pipe");
+		uint64_t t0 = now_ms();
+		dfcclResult_t r = dfcclCommSynchronize(comm);
+		if (r != dfcclAborted)
+			FAIL("the hanging all-reduce ended with %d (%s), expected dfcclAborted", r, dfcclGetLastError(NULL));
+		/* The daemon's notice may come after the engine failed the entry. */
+		dfcclResult_t ae = dfcclSuccess;
+		for (uint64_t t1 = now_ms(); ae == dfcclSuccess && now_ms() - t1 < 2000; usleep(2000))
+			if (dfcclCommGetAsyncError(comm, &ae) != dfcclSuccess)
+				FAIL("dfcclCommGetAsyncError: %s", dfcclGetLastError(NULL));
+		if (dfcclCommGetAsyncError(comm, &ae) != dfcclSuccess || ae != dfcclAborted ||
+		    !strstr(dfcclGetLastError(NULL), "rank 1 (pid"))
+			FAIL("the communicator's error is %d, '%s': expected dfcclAborted naming rank 1's revoke", ae,
+			     dfcclGetLastError(NULL));
+		if (now_ms() - t0 > 5000)
+			FAIL("the revoke took %llu ms to reach rank 0", (unsigned long long)(now_ms() - t0));
+		if (dfcclAllReduce(buf, buf + 1, 1, dfcclInt64, dfcclSum, comm, NULL) == dfcclSuccess &&
+		    dfcclCommSynchronize(comm) == dfcclSuccess)
+			FAIL("a collective on the revoked communicator succeeded");
+	} else {
+		char go;
+		if (read(j->go_fd, &go, 1) != 1)
+			FAIL("go pipe");
+		if (dfcclCommRevoke(comm) != dfcclSuccess)
+			FAIL("revoke: %s", dfcclGetLastError(NULL));
+	}
+	dfcclMemFree(buf);
+	/* Both idle now: a shrink that excludes nobody renews the communicator. */
+	if (dfcclCommShrink(comm, NULL, 0, &again, NULL, DFCCL_SHRINK_DEFAULT) != dfcclSuccess)
+		FAIL("shrink after the revoke: %s", dfcclGetLastError(NULL));
+	const int olds[] = {0, 1};
+	if (checked_allreduces(again, olds, 20, rank))
+		return 1;
+	dfcclCommDestroy(again);
+	dfcclCommDestroy(comm);
+	return 0;
+}
+
+static void test_revoke(void **state)
+{
+	(void)state;
+	struct job j = {.nranks = 2};
+	assert_int_equal(dfcclGetUniqueId(&j.id), dfcclSuccess);
+	/* Rank 0 writes into the pipe once its collective hangs; rank 1 then
+	 * revokes. */
+	int pfd[2];
+	assert_int_equal(pipe(pfd), 0);
+	j.go_fd = pfd[0];
+	j.ready_fd = pfd[1];
+	pid_t p[2];
+	for (int r = 0; r < 2; r++)
+		p[r] = child_run(revoke_rank, &j, r);
+	for (int r = 0; r < 2; r++)
+		assert_int_equal(child_wait(p[r], 30000), 0);
+	close(pfd[0]);
+	close(pfd[1]);
+}
+
+/* ------------------------------------------------------------ split */
+
+static int split_rank(void *arg, int rank)
+{
+	struct job *j = arg;
+	dfcclComm_t comm = NULL, sub = NULL, all = NULL;
+	if (init(j, rank, &comm) != dfcclSuccess)
+		FAIL("init: %s", dfcclGetLastError(NULL));
+	/* Bad arguments first: nothing reaches the daemon. */
+	int self[] = {rank}, twice[] = {(rank + 1) % j->nranks, (rank + 1) % j->nranks}, far[] = {j->nranks};
+	if (dfcclCommShrink(comm, self, 1, &sub, NULL, 0) != dfcclInvalidArgument ||
+	    !strstr(dfcclGetLastError(NULL), "excludes itself"))
+		FAIL("shrink excluding itself: '%s'", dfcclGetLastError(NULL));
+	if (dfcclCommShrink(comm, twice, 2, &sub, NULL, 0) != dfcclInvalidArgument ||
+	    !strstr(dfcclGetLastError(NULL), "twice"))
+		FAIL("shrink excluding a rank twice: '%s'", dfcclGetLastError(NULL));
+	if (dfcclCommShrink(comm, far, 1, &sub, NULL, 0) != dfcclInvalidArgument ||
+	    !strstr(dfcclGetLastError(NULL), "outside"))
+		FAIL("shrink excluding a rank outside: '%s'", dfcclGetLastError(NULL));
+	if (dfcclCommShrink(comm, NULL, 0, &sub, NULL, 0x10) != dfcclInvalidArgument)
+		FAIL("shrink with unknown flags: '%s'", dfcclGetLastError(NULL));
+	if (dfcclCommSplit(comm, -5, 0, &sub, NULL) != dfcclInvalidArgument || !strstr(dfcclGetLastError(NULL), "color"))
+		FAIL("split with color -5: '%s'", dfcclGetLastError(NULL));
+
+	/* Colors by parity, the last rank without one; keys reverse the order. */
+	int last = j->nranks - 1;
+	int color = rank == last ? DFCCL_SPLIT_NOCOLOR : rank % 2;
+	if (dfcclCommSplit(comm, color, -rank, &sub, NULL) != dfcclSuccess)
+		FAIL("split: %s", dfcclGetLastError(NULL));
+	if (color == DFCCL_SPLIT_NOCOLOR) {
+		if (sub)
+			FAIL("DFCCL_SPLIT_NOCOLOR got a communicator");
+	} else {
+		/* The members of this color, by descending old rank. */
+		int olds[16], n = 0, me = -1;
+		for (int q = last - 1; q >= 0; q--)
+			if (q % 2 == color) {
+				if (q == rank)
+					me = n;
+				olds[n++] = q;
+			}
+		int got_n = 0, got_me = -1;
+		if (!sub || dfcclCommCount(sub, &got_n) != dfcclSuccess || got_n != n ||
+		    dfcclCommUserRank(sub, &got_me) != dfcclSuccess || got_me != me)
+			FAIL("split: %d ranks, rank %d; expected %d and %d", got_n, got_me, n, me);
+		if (checked_allreduces(sub, olds, 10, rank))
+			return 1;
+		dfcclCommDestroy(sub);
+	}
+	/* A second split of the same parent: everyone, by rank. */
+	if (dfcclCommSplit(comm, 7, rank, &all, NULL) != dfcclSuccess)
+		FAIL("second split: %s", dfcclGetLastError(NULL));
+	int olds[16];
+	for (int q = 0; q < j->nranks; q++)
+		olds[q] = q;
+	if (checked_allreduces(all, olds, 10, rank))
+		return 1;
+	dfcclCommDestroy(all);
+	dfcclCommDestroy(comm);
+	return 0;
+}
+
+static void test_split(void **state)
+{
+	(void)state;
+	struct job j = {.nranks = 5, .ready_fd = -1, .go_fd = -1};
+	assert_int_equal(dfcclGetUniqueId(&j.id), dfcclSuccess);
+	pid_t p[5];
+	for (int r = 0; r < j.nranks; r++)
+		p[r] = child_run(split_rank, &j, r);
+	for (int r = 0; r < j.nranks; r++)
+		assert_int_equal(child_wait(p[r], 30000), 0);
+}
+
+int main(void)
+{
+	signal(SIGPIPE, SIG_IGN);
+	const struct CMUnitTest tests[] = {
+	    cmocka_unit_test_setup_teardown(test_shrink_after_kill, daemon_setup2, daemon_teardown),
+	    cmocka_unit_test_setup_teardown(test_revoke, daemon_setup2, daemon_teardown),
+	    cmocka_unit_test_setup_teardown(test_split, daemon_setup2, daemon_teardown),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
