@@ -115,11 +115,15 @@ typedef struct {
 	unsigned int version; /* DFCCL_VERSION_CODE */
 	int device;           /* -1: the calling thread's device (dfcclSetDevice) */
 	int initTimeoutMs;    /* 0: the daemon's default (setting comm-init-timeout-ms) */
+	int blocking;         /* 1: init returns once the communicator is ready; 0: it returns
+	                       * dfcclInProgress at once, and dfcclCommGetAsyncError says
+	                       * dfcclInProgress until the init ended (then dfcclSuccess or its
+	                       * error); destroy or abort may be called meanwhile */
 } dfcclConfig_t;
 
 #define DFCCL_CONFIG_MAGIC 0xdfcc1cf9u
 #define DFCCL_CONFIG_INITIALIZER \
-	{sizeof(dfcclConfig_t), DFCCL_CONFIG_MAGIC, DFCCL_VERSION_CODE, -1, 0}
+	{sizeof(dfcclConfig_t), DFCCL_CONFIG_MAGIC, DFCCL_VERSION_CODE, -1, 0, 1}
 
 /* ---------------------------------------------------------------- basics */
 

@@ -10,6 +10,7 @@
  */
 #include "comm.h"
 
+#include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,10 +36,11 @@ static void comm_free(struct dfcclComm *comm)
 	free(comm);
 }
 
-static dfcclResult_t comm_config(const dfcclConfig_t *config, int *device, int *timeout_ms)
+static dfcclResult_t comm_config(const dfcclConfig_t *config, int *device, int *timeout_ms, int *blocking)
 {
 	*device = client_current_device();
 	*timeout_ms = 0;
+	*blocking = 1;
 	if (!config)
 		return dfcclSuccess;
 	if (config->magic != DFCCL_CONFIG_MAGIC || config->size < sizeof(dfcclConfig_t))
@@ -49,62 +51,36 @@ static dfcclResult_t comm_config(const dfcclConfig_t *config, int *device, int *
 	if (config->initTimeoutMs < 0)
 		return errors_set(dfcclInvalidArgument, "config initTimeoutMs %d is negative (0 means the daemon's default)",
 		                  config->initTimeoutMs);
+	if (config->blocking != 0 && config->blocking != 1)
+		return errors_set(dfcclInvalidArgument, "config blocking %d: use 1 (the call returns once the "
+		                  "communicator is ready) or 0 (non-blocking)", config->blocking);
 	if (config->device >= 0)
 		*device = config->device;
 	*timeout_ms = config->initTimeoutMs;
+	*blocking = config->blocking;
 	return dfcclSuccess;
 }
 
-dfcclResult_t dfcclCommInitRankConfig(dfcclComm_t *comm, int nranks, dfcclUniqueId commId, int rank,
-                                      const dfcclConfig_t *config)
+/* Joins cm (allocated, its rank, size and device set) through the daemon:
+ * a queue pair on the device, the CommInit request and its reply. */
+static dfcclResult_t comm_join(struct dfcclComm *cm, dfcclUniqueId commId, int timeout_ms)
 {
-	dfcclResult_t r;
-	int device, timeout_ms;
 	struct client *c = NULL;
 	struct qp *qp;
-	struct dfcclComm *cm = NULL;
 	struct client_reply rep = CLIENT_REPLY_INIT;
-
-	if (!comm)
-		return errors_set(dfcclInvalidArgument, "dfcclCommInitRank: comm is NULL");
-	*comm = NULL;
-	if (nranks < 1)
-		return errors_set(dfcclInvalidArgument, "nranks %d: a communicator needs at least one rank", nranks);
-	if (rank < 0 || rank >= nranks)
-		return errors_set(dfcclInvalidArgument, "rank %d is outside 0..%d for a communicator of %d rank(s)",
-		                  rank, nranks - 1, nranks);
-	if (uniqueid_check(&commId) < 0)
-		return errors_set(dfcclInvalidArgument, "not a dfccl unique id (use dfcclGetUniqueId)");
-	r = comm_config(config, &device, &timeout_ms);
+	dfcclResult_t r = client_default(&c);
 	if (r != dfcclSuccess)
 		return r;
-
-	r = client_default(&c);
-	if (r != dfcclSuccess)
-		return r;
-	r = client_attach(c, (uint32_t)device, &qp);
+	r = client_attach(c, (uint32_t)cm->device, &qp);
 	if (r != dfcclSuccess)
 		goto fail;
-
-	cm = calloc(1, sizeof(*cm));
-	if (!cm) {
-		r = errors_set(dfcclSystemError, "out of memory");
-		goto fail;
-	}
-	pthread_mutex_init(&cm->lock, NULL);
-	cm->async.device = (uint32_t)device;
-	cm->p2p_seq = calloc(2 * (size_t)nranks, sizeof(*cm->p2p_seq));
-	if (!cm->p2p_seq) {
-		r = errors_set(dfcclSystemError, "out of memory");
-		goto fail;
-	}
 
 	Dfccl__V1__CommInit init = DFCCL__V1__COMM_INIT__INIT;
 	init.unique_id.data = (uint8_t *)commId.internal;
 	init.unique_id.len = sizeof(commId.internal);
-	init.nranks = (uint32_t)nranks;
-	init.rank = (uint32_t)rank;
-	init.device = (uint32_t)device;
+	init.nranks = (uint32_t)cm->nranks;
+	init.rank = (uint32_t)cm->rank;
+	init.device = (uint32_t)cm->device;
 	init.timeout_ms = (uint32_t)timeout_ms;
 	dfccl_envelope req = DFCCL__V1__ENVELOPE__INIT;
 	req.body_case = DFCCL__V1__ENVELOPE__BODY_COMM_INIT;
@@ -117,9 +93,9 @@ dfcclResult_t dfcclCommInitRankConfig(dfcclComm_t *comm, int nranks, dfcclUnique
 	c = NULL;
 
 	const Dfccl__V1__CommInitReply *cr = rep.env->comm_init_reply;
-	if (cr->nranks != (uint32_t)nranks || cr->rank != (uint32_t)rank || cr->comm_id == 0) {
+	if (cr->nranks != (uint32_t)cm->nranks || cr->rank != (uint32_t)cm->rank || cr->comm_id == 0) {
 		r = errors_set(dfcclInternalError, "dfccld created communicator %llu as rank %u of %u, not rank %d of %d",
-		               (unsigned long long)cr->comm_id, cr->rank, cr->nranks, rank, nranks);
+		               (unsigned long long)cr->comm_id, cr->rank, cr->nranks, cm->rank, cm->nranks);
 		goto fail;
 	}
 	cm->qp = qp;
@@ -127,18 +103,120 @@ dfcclResult_t dfcclCommInitRankConfig(dfcclComm_t *comm, int nranks, dfcclUnique
 	cm->tracking = true;
 	cm->id = cr->comm_id;
 	cm->unique_id = commId;
+fail:
+	client_reply_release(&rep);
+	client_unref(c);
+	return r;
+}
+
+/* A non-blocking init in progress: what its thread needs. */
+struct comm_init_job {
+	struct dfcclComm *cm;
+	dfcclUniqueId id;
+	int timeout_ms;
+};
+
+static dfcclResult_t comm_leave(struct dfcclComm *comm, bool abort);
+
+/* The thread of a non-blocking init: joins, then publishes the outcome, or
+ * cleans up itself when the caller gave the handle up meanwhile. */
+static void *comm_init_thread(void *arg)
+{
+	struct comm_init_job *job = arg;
+	struct dfcclComm *cm = job->cm;
+	dfcclResult_t r = comm_join(cm, job->id, job->timeout_ms);
+	pthread_mutex_lock(&cm->lock);
+	cm->init_result = r;
+	if (r != dfcclSuccess)
+		snprintf(cm->init_error, sizeof(cm->init_error), "%s", dfcclGetLastError(NULL));
+	bool abandoned = cm->init_abandoned;
+	__atomic_store_n(&cm->init_running, false, __ATOMIC_RELEASE);
+	pthread_mutex_unlock(&cm->lock);
+	free(job);
+	if (abandoned) {
+		if (r == dfcclSuccess)
+			comm_leave(cm, true);
+		else
+			comm_free(cm);
+	}
+	return NULL;
+}
+
+dfcclResult_t dfcclCommInitRankConfig(dfcclComm_t *comm, int nranks, dfcclUniqueId commId, int rank,
+                                      const dfcclConfig_t *config)
+{
+	dfcclResult_t r;
+	int device, timeout_ms, blocking;
+
+	if (!comm)
+		return errors_set(dfcclInvalidArgument, "dfcclCommInitRank: comm is NULL");
+	*comm = NULL;
+	if (nranks < 1)
+		return errors_set(dfcclInvalidArgument, "nranks %d: a communicator needs at least one rank", nranks);
+	if (rank < 0 || rank >= nranks)
+		return errors_set(dfcclInvalidArgument, "rank %d is outside 0..%d for a communicator of %d rank(s)",
+		                  rank, nranks - 1, nranks);
+	if (uniqueid_check(&commId) < 0)
+		return errors_set(dfcclInvalidArgument, "not a dfccl unique id (use dfcclGetUniqueId)");
+	r = comm_config(config, &device, &timeout_ms, &blocking);
+	if (r != dfcclSuccess)
+		return r;
+
+	struct dfcclComm *cm = calloc(1, sizeof(*cm));
+	if (!cm)
+		return errors_set(dfcclSystemError, "out of memory");
+	pthread_mutex_init(&cm->lock, NULL);
+	cm->async.device = (uint32_t)device;
 	cm->nranks = nranks;
 	cm->rank = rank;
 	cm->device = device;
-	client_reply_release(&rep);
+	cm->p2p_seq = calloc(2 * (size_t)nranks, sizeof(*cm->p2p_seq));
+	if (!cm->p2p_seq) {
+		comm_free(cm);
+		return errors_set(dfcclSystemError, "out of memory");
+	}
+	if (blocking) {
+		r = comm_join(cm, commId, timeout_ms);
+		if (r != dfcclSuccess) {
+			comm_free(cm);
+			return r;
+		}
+		*comm = cm;
+		return dfcclSuccess;
+	}
+	/* Non-blocking: a thread of its own joins; the handle is valid at once
+	 * and says dfcclInProgress until then (comm_usable). */
+	struct comm_init_job *job = malloc(sizeof(*job));
+	pthread_attr_t attr;
+	pthread_t tid;
+	int rc = job ? pthread_attr_init(&attr) : ENOMEM;
+	if (rc == 0) {
+		job->cm = cm;
+		job->id = commId;
+		job->timeout_ms = timeout_ms;
+		cm->init_running = true;
+		pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+		rc = pthread_create(&tid, &attr, comm_init_thread, job);
+		pthread_attr_destroy(&attr);
+	}
+	if (rc != 0) {
+		free(job);
+		comm_free(cm);
+		return errors_set(dfcclSystemError, "cannot start the non-blocking init: %s", strerror(rc));
+	}
 	*comm = cm;
-	return dfcclSuccess;
+	return errors_set(dfcclInProgress, "communicator rank %d of %d is being initialised (non-blocking): poll "
+	                  "dfcclCommGetAsyncError until it is not dfcclInProgress", rank, nranks);
+}
 
-fail:
-	client_reply_release(&rep);
-	comm_free(cm);
-	client_unref(c);
-	return r;
+dfcclResult_t comm_usable(struct dfcclComm *comm)
+{
+	if (__atomic_load_n(&comm->init_running, __ATOMIC_ACQUIRE))
+		return errors_set(dfcclInProgress, "the communicator is still being initialised (non-blocking init); "
+		                  "poll dfcclCommGetAsyncError until it is not dfcclInProgress");
+	if (comm->init_result != dfcclSuccess)
+		return errors_set(comm->init_result, "the communicator's non-blocking init failed: %s", comm->init_error);
+	return dfcclSuccess;
 }
 
 dfcclResult_t dfcclCommInitRank(dfcclComm_t *comm, int nranks, dfcclUniqueId commId, int rank)
@@ -174,16 +252,34 @@ static dfcclResult_t comm_leave(struct dfcclComm *comm, bool abort)
 	return r;
 }
 
+/* Destroy or abort of a communicator whose non-blocking init has not
+ * finished, or failed: the init thread (if running) finishes the job, so
+ * neither waits. Returns 1 when it took care of comm. */
+static int comm_leave_early(struct dfcclComm *comm)
+{
+	pthread_mutex_lock(&comm->lock);
+	bool running = __atomic_load_n(&comm->init_running, __ATOMIC_ACQUIRE);
+	if (running)
+		comm->init_abandoned = true;
+	pthread_mutex_unlock(&comm->lock);
+	if (running)
+		return 1;
+	if (comm->init_result == dfcclSuccess)
+		return 0;
+	comm_free(comm);
+	return 1;
+}
+
 dfcclResult_t dfcclCommDestroy(dfcclComm_t comm)
 {
-	if (!comm)
+	if (!comm || comm_leave_early(comm))
 		return dfcclSuccess;
 	return comm_leave(comm, false);
 }
 
 dfcclResult_t dfcclCommAbort(dfcclComm_t comm)
 {
-	if (!comm)
+	if (!comm || comm_leave_early(comm))
 		return dfcclSuccess;
 	dfcclResult_t r = comm_leave(comm, true);
 	/* Without a daemon there is nothing left to abort: the other ranks have
@@ -217,6 +313,9 @@ dfcclResult_t dfcclCommDevice(const dfcclComm_t comm, int *device)
 
 dfcclResult_t comm_check(struct dfcclComm *comm)
 {
+	dfcclResult_t u = comm_usable(comm);
+	if (u != dfcclSuccess)
+		return u;
 	char msg[sizeof(comm->async.message)];
 	dfcclResult_t r = client_async_get(comm->client, &comm->async, msg, sizeof(msg));
 	if (r != dfcclSuccess)
@@ -238,6 +337,9 @@ dfcclResult_t dfcclCommSynchronize(dfcclComm_t comm)
 {
 	if (!comm)
 		return errors_set(dfcclInvalidArgument, "dfcclCommSynchronize: comm is NULL");
+	dfcclResult_t u = comm_usable(comm);
+	if (u != dfcclSuccess)
+		return u;
 	return req_tracker_sync(&comm->tracker, true);
 }
 
@@ -245,6 +347,9 @@ dfcclResult_t dfcclCommQuery(dfcclComm_t comm)
 {
 	if (!comm)
 		return errors_set(dfcclInvalidArgument, "dfcclCommQuery: comm is NULL");
+	dfcclResult_t u = comm_usable(comm);
+	if (u != dfcclSuccess)
+		return u;
 	return req_tracker_sync(&comm->tracker, false);
 }
 
@@ -262,6 +367,9 @@ dfcclResult_t dfcclCommRevoke(dfcclComm_t comm)
 {
 	if (!comm)
 		return errors_set(dfcclInvalidArgument, "dfcclCommRevoke: comm is NULL");
+	dfcclResult_t u = comm_usable(comm);
+	if (u != dfcclSuccess)
+		return u;
 	Dfccl__V1__CommRevoke rv = DFCCL__V1__COMM_REVOKE__INIT;
 	rv.comm_id = comm->id;
 	dfccl_envelope req = DFCCL__V1__ENVELOPE__INIT;
@@ -287,7 +395,7 @@ static dfcclResult_t comm_child(struct dfcclComm *comm, struct comm_salt *salt, 
 {
 	dfcclConfig_t cfg = DFCCL_CONFIG_INITIALIZER;
 	if (config) {
-		dfcclResult_t r = comm_config(config, &cfg.device, &cfg.initTimeoutMs);
+		dfcclResult_t r = comm_config(config, &cfg.device, &cfg.initTimeoutMs, &cfg.blocking);
 		if (r != dfcclSuccess)
 			return r;
 		cfg.device = config->device;
@@ -306,6 +414,9 @@ dfcclResult_t dfcclCommShrink(dfcclComm_t comm, int *excludeRanksList, int exclu
 	if (!comm || !newcomm)
 		return errors_set(dfcclInvalidArgument, "dfcclCommShrink: %s is NULL", comm ? "newcomm" : "comm");
 	*newcomm = NULL;
+	dfcclResult_t u = comm_usable(comm);
+	if (u != dfcclSuccess)
+		return u;
 	if (shrinkFlags != DFCCL_SHRINK_DEFAULT && shrinkFlags != DFCCL_SHRINK_ABORT)
 		return errors_set(dfcclInvalidArgument, "dfcclCommShrink: flags %#x: use DFCCL_SHRINK_DEFAULT or "
 		                  "DFCCL_SHRINK_ABORT", (unsigned)shrinkFlags);
@@ -347,6 +458,9 @@ dfcclResult_t dfcclCommSplit(dfcclComm_t comm, int color, int key, dfcclComm_t *
 	if (!comm || !newcomm)
 		return errors_set(dfcclInvalidArgument, "dfcclCommSplit: %s is NULL", comm ? "newcomm" : "comm");
 	*newcomm = NULL;
+	dfcclResult_t u = comm_usable(comm);
+	if (u != dfcclSuccess)
+		return u;
 	if (color < 0 && color != DFCCL_SPLIT_NOCOLOR)
 		return errors_set(dfcclInvalidArgument, "dfcclCommSplit: color %d: use a color >= 0 or "
 		                  "DFCCL_SPLIT_NOCOLOR", color);

@@ -57,7 +57,14 @@ struct dfcclComm {
 	struct req_tracker tracker; /* outstanding entries */
 	bool tracking;           /* tracker initialised */
 
-	pthread_mutex_t lock;    /* handles, colls[].used and .desc */
+	/* Non-blocking init (config.blocking = 0): the thread that joins clears
+	 * init_running once init_result (and init_error) are final. */
+	bool init_running;       /* atomic */
+	bool init_abandoned;     /* lock: destroyed or aborted while running; the thread frees it */
+	dfcclResult_t init_result;
+	char init_error[256];
+
+	pthread_mutex_t lock;    /* handles, colls[].used and .desc, init_abandoned */
 	struct mem_handle *handles; /* dfcclCommRegister registrations (mem.c) */
 	struct comm_coll colls[DFCCL_MAX_COLL_ID];
 };
@@ -68,6 +75,11 @@ struct dfcclComm {
  * the reason as the thread's last error.
  */
 dfcclResult_t comm_check(struct dfcclComm *comm);
+
+/* dfcclSuccess once comm's init completed; dfcclInProgress while a
+ * non-blocking init runs; its error if it failed (the thread's last error
+ * set). Everything that uses the daemon's side of comm checks it first. */
+dfcclResult_t comm_usable(struct dfcclComm *comm);
 
 /* The key (sqe.comm_seq, 1, 2, ...) of the next NCCL-style entry of
  * `opcode`: the collective sequence, or for DFCCL_OP_SEND / DFCCL_OP_RECV

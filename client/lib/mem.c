@@ -491,8 +491,11 @@ dfcclResult_t dfcclCommRegister(const dfcclComm_t comm, void *buff, size_t size,
 	if (!comm || !buff || !handle || size == 0)
 		return errors_set(dfcclInvalidArgument, "dfcclCommRegister: %s",
 		                  !comm ? "comm is NULL" : !buff ? "buff is NULL" : !handle ? "handle is NULL" : "size is 0");
+	dfcclResult_t r = comm_usable(comm);
+	if (r != dfcclSuccess)
+		return r;
 	struct mem_ref ref;
-	dfcclResult_t r = mem_translate(comm->client, buff, size, &ref);
+	r = mem_translate(comm->client, buff, size, &ref);
 	if (r != dfcclSuccess)
 		return r;
 
@@ -520,6 +523,9 @@ dfcclResult_t dfcclCommDeregister(const dfcclComm_t comm, void *handle)
 {
 	if (!comm || !handle)
 		return errors_set(dfcclInvalidArgument, "dfcclCommDeregister: %s is NULL", comm ? "handle" : "comm");
+	dfcclResult_t u = comm_usable(comm);
+	if (u != dfcclSuccess)
+		return u;
 	/* Found by comparing pointers, so a stale or foreign handle is refused
 	 * instead of being dereferenced. */
 	struct mem_handle *found = NULL, *last = NULL;

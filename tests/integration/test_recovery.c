@@ -4,7 +4,9 @@
  * and run checked collectives on the new communicator; dfcclCommRevoke
  * fails a hanging collective on every rank and an idle shrink follows;
  * dfcclCommSplit groups ranks by color and orders them by key, twice on
- * one parent; bad arguments get clear errors. The test process never
+ * one parent; non-blocking init (dfcclInProgress until the last rank
+ * came, a timeout reported through the async error, an abort that does not
+ * wait); bad arguments get clear errors. The test process never
  * initialises libdfccl (unique ids need no daemon), so every forked rank
  * starts clean.
  */
@@ -297,6 +299,98 @@ static void test_split(void **state)
 		assert_int_equal(child_wait(p[r], 30000), 0);
 }
 
+/* ------------------------------------------------------------ non-blocking init */
+
+/* Polls comm's async error while it is dfcclInProgress, up to ms. */
+static dfcclResult_t poll_init(dfcclComm_t comm, int ms)
+{
+	dfcclResult_t ae = dfcclInProgress;
+	for (uint64_t t0 = now_ms(); ae == dfcclInProgress && now_ms() - t0 < (uint64_t)ms; usleep(1000))
+		if (dfcclCommGetAsyncError(comm, &ae) != dfcclSuccess)
+			return dfcclInternalError;
+	return ae;
+}
+
+static int nonblocking_rank(void *arg, int rank)
+{
+	struct job *j = arg;
+	dfcclComm_t comm = NULL;
+	if (dfcclSetDevice(rank % 2) != dfcclSuccess)
+		FAIL("set device: %s", dfcclGetLastError(NULL));
+	if (rank == 1) {
+		usleep(300000); /* rank 0 waits in the meantime */
+		if (dfcclCommInitRank(&comm, 2, j->id, 1) != dfcclSuccess)
+			FAIL("init: %s", dfcclGetLastError(NULL));
+	} else {
+		dfcclConfig_t cfg = DFCCL_CONFIG_INITIALIZER;
+		cfg.blocking = 0;
+		uint64_t t0 = now_ms();
+		if (dfcclCommInitRankConfig(&comm, 2, j->id, 0, &cfg) != dfcclInProgress || !comm)
+			FAIL("non-blocking init: '%s'", dfcclGetLastError(NULL));
+		if (now_ms() - t0 > 200)
+			FAIL("non-blocking init took %llu ms to return", (unsigned long long)(now_ms() - t0));
+		int64_t *buf = NULL;
+		if (dfcclMemAlloc((void **)&buf, 16) != dfcclSuccess)
+			FAIL("alloc: %s", dfcclGetLastError(NULL));
+		if (dfcclAllReduce(buf, buf + 1, 1, dfcclInt64, dfcclSum, comm, NULL) != dfcclInProgress ||
+		    !strstr(dfcclGetLastError(NULL), "still being initialised"))
+			FAIL("a collective during the init: '%s'", dfcclGetLastError(NULL));
+		dfcclMemFree(buf);
+		dfcclResult_t ae = poll_init(comm, 10000);
+		if (ae != dfcclSuccess)
+			FAIL("the non-blocking init ended with %d: %s", ae, dfcclGetLastError(NULL));
+		if (now_ms() - t0 < 250)
+			FAIL("the init was ready after %llu ms, before rank 1 came", (unsigned long long)(now_ms() - t0));
+	}
+	const int olds[] = {0, 1};
+	if (checked_allreduces(comm, olds, 10, rank))
+		return 1;
+	dfcclCommDestroy(comm);
+	return 0;
+}
+
+/* Alone in a communicator of 2: the non-blocking init times out (reported
+ * through the async error), and a second one is aborted while it waits. */
+static int lonely_rank(void *arg, int rank)
+{
+	struct job *j = arg;
+	dfcclComm_t comm = NULL;
+	dfcclConfig_t cfg = DFCCL_CONFIG_INITIALIZER;
+	cfg.blocking = 0;
+	cfg.initTimeoutMs = 500;
+	if (dfcclCommInitRankConfig(&comm, 2, j->id, 0, &cfg) != dfcclInProgress)
+		FAIL("non-blocking init: '%s'", dfcclGetLastError(NULL));
+	dfcclResult_t ae = poll_init(comm, 10000);
+	if (ae != dfcclTimeout || !strstr(dfcclGetLastError(NULL), "missing rank 1"))
+		FAIL("the lonely init ended with %d, '%s': expected a timeout naming rank 1", ae, dfcclGetLastError(NULL));
+	if (dfcclCommDestroy(comm) != dfcclSuccess)
+		FAIL("destroy after a failed init: %s", dfcclGetLastError(NULL));
+
+	cfg.initTimeoutMs = 5000;
+	if (dfcclCommInitRankConfig(&comm, 2, j->id, 0, &cfg) != dfcclInProgress)
+		FAIL("second non-blocking init: '%s'", dfcclGetLastError(NULL));
+	uint64_t t0 = now_ms();
+	if (dfcclCommAbort(comm) != dfcclSuccess)
+		FAIL("abort during the init: %s", dfcclGetLastError(NULL));
+	if (now_ms() - t0 > 100)
+		FAIL("abort during a non-blocking init waited %llu ms", (unsigned long long)(now_ms() - t0));
+	return 0;
+}
+
+static void test_nonblocking_init(void **state)
+{
+	(void)state;
+	struct job j = {.nranks = 2, .ready_fd = -1, .go_fd = -1};
+	assert_int_equal(dfcclGetUniqueId(&j.id), dfcclSuccess);
+	pid_t p[2];
+	for (int r = 0; r < 2; r++)
+		p[r] = child_run(nonblocking_rank, &j, r);
+	for (int r = 0; r < 2; r++)
+		assert_int_equal(child_wait(p[r], 30000), 0);
+	assert_int_equal(dfcclGetUniqueId(&j.id), dfcclSuccess);
+	assert_int_equal(child_wait(child_run(lonely_rank, &j, 0), 30000), 0);
+}
+
 int main(void)
 {
 	signal(SIGPIPE, SIG_IGN);
@@ -304,6 +398,7 @@ int main(void)
 	    cmocka_unit_test_setup_teardown(test_shrink_after_kill, daemon_setup2, daemon_teardown),
 	    cmocka_unit_test_setup_teardown(test_revoke, daemon_setup2, daemon_teardown),
 	    cmocka_unit_test_setup_teardown(test_split, daemon_setup2, daemon_teardown),
+	    cmocka_unit_test_setup_teardown(test_nonblocking_init, daemon_setup2, daemon_teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
