@@ -199,6 +199,19 @@ dfcclResult_t dfcclCommShrink(dfcclComm_t comm, int *excludeRanksList, int exclu
                               dfcclConfig_t *config, int shrinkFlags);
 dfcclResult_t dfcclCommSplit(dfcclComm_t comm, int color, int key, dfcclComm_t *newcomm, dfcclConfig_t *config);
 
+/*
+ * Growing a communicator: new ranks join, the old ranks keep theirs. One
+ * old rank calls dfcclCommGetGrowId for the new size and hands the id to
+ * the new ranks out of band; then every old rank calls dfcclCommGrow(comm,
+ * nranks, NULL, ...) (its rank argument is ignored) and every new rank
+ * dfcclCommGrow(NULL, nranks, &growId, rank, ...) with a rank from the old
+ * size up to nranks - 1. The id names comm's next shrink, split or grow:
+ * take it right before growing.
+ */
+dfcclResult_t dfcclCommGetGrowId(dfcclComm_t comm, int nranks, dfcclUniqueId *growId);
+dfcclResult_t dfcclCommGrow(dfcclComm_t comm, int nranks, const dfcclUniqueId *growId, int rank, dfcclComm_t *newcomm,
+                            dfcclConfig_t *config);
+
 /* ---------------------------------------------------------------- memory */
 
 /* Allocates size bytes the daemon can reach: host shared memory on the host

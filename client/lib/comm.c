@@ -388,6 +388,14 @@ struct comm_salt {
 	uint8_t excluded[64];
 };
 
+/* The id of comm's next child named by salt: generation `next` of its
+ * shrinks, splits and grows. */
+static void comm_child_id(const struct dfcclComm *comm, struct comm_salt *salt, uint64_t next, dfcclUniqueId *id)
+{
+	salt->generation = next;
+	uniqueid_derive(&comm->unique_id, salt, sizeof(*salt), id);
+}
+
 /* Joins the child of comm named by salt as rank `rank` of `nranks`, on
  * comm's device unless config names one. */
 static dfcclResult_t comm_child(struct dfcclComm *comm, struct comm_salt *salt, int nranks, int rank,
@@ -402,10 +410,55 @@ static dfcclResult_t comm_child(struct dfcclComm *comm, struct comm_salt *salt, 
 	}
 	if (cfg.device < 0)
 		cfg.device = comm->device;
-	salt->generation = __atomic_add_fetch(&comm->derived, 1, __ATOMIC_RELAXED);
 	dfcclUniqueId id;
-	uniqueid_derive(&comm->unique_id, salt, sizeof(*salt), &id);
+	comm_child_id(comm, salt, __atomic_add_fetch(&comm->derived, 1, __ATOMIC_RELAXED), &id);
 	return dfcclCommInitRankConfig(newcomm, nranks, id, rank, &cfg);
+}
+
+/* The salt of growing to nranks. */
+static void comm_grow_salt(struct comm_salt *salt, int nranks)
+{
+	memset(salt, 0, sizeof(*salt));
+	memcpy(salt->kind, "grow", 4);
+	salt->color = nranks;
+}
+
+dfcclResult_t dfcclCommGetGrowId(dfcclComm_t comm, int nranks, dfcclUniqueId *growId)
+{
+	if (!comm || !growId)
+		return errors_set(dfcclInvalidArgument, "dfcclCommGetGrowId: %s is NULL", comm ? "growId" : "comm");
+	dfcclResult_t u = comm_usable(comm);
+	if (u != dfcclSuccess)
+		return u;
+	if (nranks <= comm->nranks)
+		return errors_set(dfcclInvalidArgument, "dfcclCommGetGrowId: %d ranks do not grow a communicator of %d",
+		                  nranks, comm->nranks);
+	struct comm_salt salt;
+	comm_grow_salt(&salt, nranks);
+	comm_child_id(comm, &salt, __atomic_load_n(&comm->derived, __ATOMIC_RELAXED) + 1, growId);
+	return dfcclSuccess;
+}
+
+dfcclResult_t dfcclCommGrow(dfcclComm_t comm, int nranks, const dfcclUniqueId *growId, int rank, dfcclComm_t *newcomm,
+                            dfcclConfig_t *config)
+{
+	if (!newcomm)
+		return errors_set(dfcclInvalidArgument, "dfcclCommGrow: newcomm is NULL");
+	*newcomm = NULL;
+	if (!comm == !growId)
+		return errors_set(dfcclInvalidArgument, "dfcclCommGrow: an old rank passes its communicator and no id, a "
+		                  "new rank no communicator and the id from dfcclCommGetGrowId");
+	if (!comm)
+		return dfcclCommInitRankConfig(newcomm, nranks, *growId, rank, config);
+	dfcclResult_t u = comm_usable(comm);
+	if (u != dfcclSuccess)
+		return u;
+	if (nranks <= comm->nranks)
+		return errors_set(dfcclInvalidArgument, "dfcclCommGrow: %d ranks do not grow a communicator of %d", nranks,
+		                  comm->nranks);
+	struct comm_salt salt;
+	comm_grow_salt(&salt, nranks);
+	return comm_child(comm, &salt, nranks, comm->rank, newcomm, config);
 }
 
 dfcclResult_t dfcclCommShrink(dfcclComm_t comm, int *excludeRanksList, int excludeRanksCount, dfcclComm_t *newcomm,

@@ -6,7 +6,8 @@
  * dfcclCommSplit groups ranks by color and orders them by key, twice on
  * one parent; non-blocking init (dfcclInProgress until the last rank
  * came, a timeout reported through the async error, an abort that does not
- * wait); bad arguments get clear errors. The test process never
+ * wait); a communicator grown by a new rank, the old ranks keeping theirs;
+ * bad arguments get clear errors. The test process never
  * initialises libdfccl (unique ids need no daemon), so every forked rank
  * starts clean.
  */
@@ -391,6 +392,71 @@ static void test_nonblocking_init(void **state)
 	assert_int_equal(child_wait(child_run(lonely_rank, &j, 0), 30000), 0);
 }
 
+/* ------------------------------------------------------------ grow */
+
+/* Ranks 0 and 1 make a communicator and grow it to 3; rank 2 joins with
+ * the id rank 0 took (through the pipe). */
+static int grow_rank(void *arg, int rank)
+{
+	struct job *j = arg;
+	dfcclComm_t comm = NULL, big = NULL;
+	if (dfcclSetDevice(rank % 2) != dfcclSuccess)
+		FAIL("set device: %s", dfcclGetLastError(NULL));
+	if (rank == 2) {
+		dfcclUniqueId gid;
+		if (read(j->go_fd, &gid, sizeof(gid)) != (ssize_t)sizeof(gid))
+			FAIL("grow id pipe");
+		if (dfcclCommGrow(NULL, 3, &gid, 2, &big, NULL) != dfcclSuccess)
+			FAIL("grow as a new rank: %s", dfcclGetLastError(NULL));
+	} else {
+		if (dfcclCommInitRank(&comm, 2, j->id, rank) != dfcclSuccess)
+			FAIL("init: %s", dfcclGetLastError(NULL));
+		if (rank == 0) {
+			dfcclUniqueId gid;
+			if (dfcclCommGetGrowId(comm, 2, &gid) != dfcclInvalidArgument)
+				FAIL("a grow id for no more ranks: '%s'", dfcclGetLastError(NULL));
+			if (dfcclCommGetGrowId(comm, 3, &gid) != dfcclSuccess)
+				FAIL("grow id: %s", dfcclGetLastError(NULL));
+			if (write(j->ready_fd, &gid, sizeof(gid)) != (ssize_t)sizeof(gid))
+				FAIL("grow id pipe");
+		}
+		if (dfcclCommGrow(comm, 3, NULL, -1, &big, NULL) != dfcclSuccess)
+			FAIL("grow as an old rank: %s", dfcclGetLastError(NULL));
+	}
+	int me = -1, n = 0;
+	if (dfcclCommUserRank(big, &me) != dfcclSuccess || me != rank || dfcclCommCount(big, &n) != dfcclSuccess || n != 3)
+		FAIL("grown communicator: rank %d of %d", me, n);
+	const int olds[] = {0, 1, 2};
+	if (checked_allreduces(big, olds, 10, rank))
+		return 1;
+	dfcclCommDestroy(big);
+	if (comm) {
+		/* The old communicator still works beside the new one. */
+		if (checked_allreduces(comm, olds, 5, rank))
+			return 1;
+		dfcclCommDestroy(comm);
+	}
+	return 0;
+}
+
+static void test_grow(void **state)
+{
+	(void)state;
+	struct job j = {.nranks = 2};
+	assert_int_equal(dfcclGetUniqueId(&j.id), dfcclSuccess);
+	int pfd[2];
+	assert_int_equal(pipe(pfd), 0);
+	j.go_fd = pfd[0];
+	j.ready_fd = pfd[1];
+	pid_t p[3];
+	for (int r = 0; r < 3; r++)
+		p[r] = child_run(grow_rank, &j, r);
+	for (int r = 0; r < 3; r++)
+		assert_int_equal(child_wait(p[r], 30000), 0);
+	close(pfd[0]);
+	close(pfd[1]);
+}
+
 int main(void)
 {
 	signal(SIGPIPE, SIG_IGN);
@@ -399,6 +465,7 @@ int main(void)
 	    cmocka_unit_test_setup_teardown(test_revoke, daemon_setup2, daemon_teardown),
 	    cmocka_unit_test_setup_teardown(test_split, daemon_setup2, daemon_teardown),
 	    cmocka_unit_test_setup_teardown(test_nonblocking_init, daemon_setup2, daemon_teardown),
+	    cmocka_unit_test_setup_teardown(test_grow, daemon_setup2, daemon_teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
