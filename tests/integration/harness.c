@@ -112,14 +112,16 @@ int daemon_start_with(struct daemon_proc *d, const struct daemon_opts *o, unsign
 
 static int daemon_vstart(struct daemon_proc *d, const struct daemon_opts *o, unsigned ndev, va_list ap)
 {
-	memset(d, 0, sizeof(*d));
-	snprintf(d->dir, sizeof(d->dir), "/tmp/dfccl-test-XXXXXX");
-	if (!mkdtemp(d->dir))
-		return -1;
-	/* Other uids must reach the socket (the uid tests drop privileges). */
-	chmod(d->dir, 0755);
-	snprintf(d->socket, sizeof(d->socket), "%s/dfccld.sock", d->dir);
-	snprintf(d->log, sizeof(d->log), "%s/dfccld.log", d->dir);
+	if (!o->reuse) {
+		memset(d, 0, sizeof(*d));
+		snprintf(d->dir, sizeof(d->dir), "/tmp/dfccl-test-XXXXXX");
+		if (!mkdtemp(d->dir))
+			return -1;
+		/* Other uids must reach the socket (the uid tests drop privileges). */
+		chmod(d->dir, 0755);
+		snprintf(d->socket, sizeof(d->socket), "%s/dfccld.sock", d->dir);
+		snprintf(d->log, sizeof(d->log), "%s/dfccld.log", d->dir);
+	}
 	setenv("DFCCL_SOCKET", d->socket, 1);
 
 	char ndevs[16];
@@ -139,7 +141,7 @@ static int daemon_vstart(struct daemon_proc *d, const struct daemon_opts *o, uns
 		/* A test that fails between start and stop (cmocka jumps out of
 		 * it) or is killed must not leave its daemon behind. */
 		prctl(PR_SET_PDEATHSIG, SIGTERM);
-		int fd = open(d->log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+		int fd = open(d->log, O_WRONLY | O_CREAT | O_CLOEXEC | (o->reuse ? O_APPEND : O_TRUNC), 0644);
 		if (fd >= 0) {
 			dup2(fd, STDERR_FILENO);
 			dup2(fd, STDOUT_FILENO);

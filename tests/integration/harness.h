@@ -24,6 +24,7 @@ struct daemon_opts {
 	int keep_systemd_env; /* pass NOTIFY_SOCKET / WATCHDOG_USEC from the environment */
 	int listen_fd;        /* > 0: hand this listening socket over as systemd would (fd 3) */
 	const char *listen_path; /* where listen_fd is bound: clients connect there */
+	int reuse;            /* start again in d's folder, on its socket, appending to its log (a restart) */
 };
 
 int daemon_start_with(struct daemon_proc *d, const struct daemon_opts *o, unsigned ndev, ...);

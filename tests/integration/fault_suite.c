@@ -1,0 +1,491 @@
+/*
+ * The fault suite: faults injected into running jobs, many times over, on
+ * a real dfccld (host engine, 2 devices), with figures.
+ *
+ * Kill trials: N rank processes join C communicators and run batches of
+ * checked all-reduces, each rank submitting its batch over the
+ * communicators in an order of its own. At a random moment the suite
+ * SIGKILLs a random rank. Every survivor must see an error (the time from
+ * the kill to its first error is recorded), shrink every communicator with
+ * DFCCL_SHRINK_ABORT and run more checked all-reduces on the shrunk ones.
+ * After each trial the daemon must hold no session and no communicator,
+ * and no worker may have died.
+ *
+ * Restart trials: ranks in the middle of their batches when dfccld itself
+ * is SIGKILLed must get an error promptly (dfcclDaemonUnavailable), wait
+ * for the daemon to come back (the suite restarts it on the same socket),
+ * and make new communicators in the same processes that work.
+ *
+ * Any hang (a rank still running 20 s after the fault), wrong result,
+ * missing error, leftover or worker death fails the suite; it prints the
+ * distribution of the error latencies and dfccld's resident memory before
+ * and after. Usage: fault_suite [--trials N] [--restart-trials N]
+ * [--ranks N] [--comms N] [--seed S] [--latency-ms L] (errors later than
+ * L ms after the kill fail the suite; default 1000).
+ */
+#include <getopt.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "dfccl.h"
+#include "harness.h"
+
+#define MAX_RANKS 8
+#define MAX_COMMS 4
+#define MAX_COUNT 4096   /* elements (int64) of one all-reduce, at most */
+#define HANG_MS 20000    /* a rank still running this long after the fault hangs */
+#define RUN_MS 10000     /* a rank gives up (and fails) when no fault came this long */
+
+/* Shared between the suite and its ranks (an anonymous shared mapping). */
+struct shared {
+	dfcclUniqueId ids[MAX_COMMS];   /* the trial's communicators */
+	dfcclUniqueId after[MAX_COMMS]; /* restart trials: the communicators made afterwards */
+	int nranks, ncomms, ndev;
+	uint64_t seed;
+	_Atomic int running;            /* ranks in their batch loop */
+	_Atomic uint64_t fault_ns;      /* when the suite injected the fault (0: not yet) */
+	_Atomic int victim;             /* kill trials: the rank killed */
+	uint64_t err_ns[MAX_RANKS];     /* each rank's first error */
+	int err_code[MAX_RANKS];
+	char msg[MAX_RANKS][240];       /* why a rank failed */
+};
+
+static uint64_t mono_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t mix(uint64_t x)
+{
+	x += 0x9e3779b97f4a7c15ull;
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+	x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+	return x ^ (x >> 31);
+}
+
+/* What old rank q contributes to element i of batch it on communicator k. */
+static int64_t contrib(int q, uint64_t it, int k, size_t i)
+{
+	return (int64_t)(mix(((uint64_t)q << 40) ^ (it << 8) ^ (uint64_t)k ^ ((uint64_t)i << 20)) >> 40);
+}
+
+#define RFAIL(...)                                                               \
+	do {                                                                     \
+		snprintf(sh->msg[rank], sizeof(sh->msg[rank]), __VA_ARGS__);     \
+		return 1;                                                        \
+	} while (0)
+
+/* One rank's communicators and buffers: n ranks, olds[r] the original rank
+ * of rank r (what it contributes), me this process's rank. */
+struct rank_job {
+	dfcclComm_t comm[MAX_COMMS];
+	int64_t *buf[MAX_COMMS]; /* send [MAX_COUNT], then receive [MAX_COUNT] */
+	int olds[MAX_RANKS];
+	int n, me;
+};
+
+static dfcclResult_t job_alloc(struct rank_job *j, int ncomms)
+{
+	for (int k = 0; k < ncomms; k++) {
+		dfcclResult_t r = dfcclMemAlloc((void **)&j->buf[k], 2 * MAX_COUNT * sizeof(int64_t));
+		if (r != dfcclSuccess)
+			return r;
+	}
+	return dfcclSuccess;
+}
+
+/*
+ * Batches of all-reduces until one fails (returns its result) or `batches`
+ * are done (dfcclSuccess; a negative count runs until a failure or
+ * RUN_MS). Wrong results set *bad.
+ */
+static dfcclResult_t run_batches(struct shared *sh, struct rank_job *j, int rank, uint64_t *it, long batches,
+                                 uint64_t rng, int *bad)
+{
+	uint64_t t0 = now_ms();
+	for (long b = 0; batches < 0 ? now_ms() - t0 < RUN_MS : b < batches; b++, (*it)++) {
+		int order[MAX_COMMS];
+		for (int k = 0; k < sh->ncomms; k++)
+			order[k] = k;
+		for (int k = sh->ncomms - 1; k > 0; k--) { /* this rank's own order */
+			rng = mix(rng);
+			int x = (int)(rng % (uint64_t)(k + 1)), t = order[k];
+			order[k] = order[x];
+			order[x] = t;
+		}
+		size_t count[MAX_COMMS];
+		for (int o = 0; o < sh->ncomms; o++) {
+			int k = order[o];
+			count[k] = 1 + mix(sh->seed ^ (*it << 4) ^ (uint64_t)k) % MAX_COUNT;
+			for (size_t i = 0; i < count[k]; i++)
+				j->buf[k][i] = contrib(j->olds[j->me], *it, k, i);
+			dfcclResult_t r = dfcclAllReduce(j->buf[k], j->buf[k] + MAX_COUNT, count[k], dfcclInt64, dfcclSum,
+			                                 j->comm[k], NULL);
+			if (r != dfcclSuccess)
+				return r;
+		}
+		for (int k = 0; k < sh->ncomms; k++) {
+			dfcclResult_t r = dfcclCommSynchronize(j->comm[k]);
+			if (r != dfcclSuccess)
+				return r;
+		}
+		for (int k = 0; k < sh->ncomms; k++)
+			for (size_t i = 0; i < count[k]; i++) {
+				int64_t want = 0;
+				for (int q = 0; q < j->n; q++)
+					want += contrib(j->olds[q], *it, k, i);
+				if (j->buf[k][MAX_COUNT + i] != want && !*bad) {
+					*bad = 1;
+					snprintf(sh->msg[rank], sizeof(sh->msg[rank]),
+					         "batch %llu communicator %d element %zu: %lld, expected %lld",
+					         (unsigned long long)*it, k, i, (long long)j->buf[k][MAX_COUNT + i], (long long)want);
+				}
+			}
+		if (*bad)
+			return dfcclInternalError;
+	}
+	return dfcclSuccess;
+}
+
+/* Joins the ncomms communicators of ids as rank `rank` of n. */
+static dfcclResult_t job_init(struct shared *sh, struct rank_job *j, const dfcclUniqueId *ids, int rank)
+{
+	j->n = sh->nranks;
+	j->me = rank;
+	for (int q = 0; q < j->n; q++)
+		j->olds[q] = q;
+	for (int k = 0; k < sh->ncomms; k++) {
+		dfcclResult_t r = dfcclCommInitRank(&j->comm[k], sh->nranks, ids[k], rank);
+		if (r != dfcclSuccess)
+			return r;
+	}
+	return dfcclSuccess;
+}
+
+static void note_error(struct shared *sh, int rank, dfcclResult_t r)
+{
+	if (!sh->err_ns[rank]) {
+		sh->err_ns[rank] = mono_ns();
+		sh->err_code[rank] = (int)r;
+	}
+}
+
+/* A rank of a kill trial. */
+static int kill_rank(void *arg, int rank)
+{
+	struct shared *sh = arg;
+	struct rank_job j;
+	memset(&j, 0, sizeof(j));
+	if (dfcclSetDevice(rank % sh->ndev) != dfcclSuccess || job_init(sh, &j, sh->ids, rank) != dfcclSuccess ||
+	    job_alloc(&j, sh->ncomms) != dfcclSuccess)
+		RFAIL("set-up: %s", dfcclGetLastError(NULL));
+	atomic_fetch_add(&sh->running, 1);
+	uint64_t it = 0;
+	int bad = 0;
+	dfcclResult_t r = run_batches(sh, &j, rank, &it, -1, mix(sh->seed ^ (uint64_t)rank), &bad);
+	if (bad)
+		return 1;
+	if (r == dfcclSuccess)
+		RFAIL("no error within %d ms of running", RUN_MS);
+	note_error(sh, rank, r);
+	if (!atomic_load(&sh->fault_ns))
+		RFAIL("error %d before any fault: %s", r, dfcclGetLastError(NULL));
+	/* Drop the dead rank from every communicator and go on. */
+	int victim = atomic_load(&sh->victim);
+	struct rank_job small = j;
+	small.n = 0;
+	for (int q = 0; q < j.n; q++)
+		if (q != victim) {
+			if (q == rank)
+				small.me = small.n;
+			small.olds[small.n++] = q;
+		}
+	for (int k = 0; k < sh->ncomms; k++)
+		if (dfcclCommShrink(j.comm[k], &victim, 1, &small.comm[k], NULL, DFCCL_SHRINK_ABORT) != dfcclSuccess)
+			RFAIL("shrink of communicator %d without rank %d: %s", k, victim, dfcclGetLastError(NULL));
+	/* Survivors may have stopped in different batches (one saw its last
+	 * batch complete, another the failure of that batch's last collective
+	 * while it waited for every rank to finish): they agree afresh. */
+	it = 1u << 20;
+	r = run_batches(sh, &small, rank, &it, 20, mix(sh->seed ^ (uint64_t)rank ^ 0x5a5a), &bad);
+	if (r != dfcclSuccess)
+		RFAIL("after the shrink: %d: %s", r, dfcclGetLastError(NULL));
+	for (int k = 0; k < sh->ncomms; k++) {
+		dfcclCommDestroy(small.comm[k]);
+		dfcclCommAbort(j.comm[k]);
+	}
+	return 0;
+}
+
+/* A rank of a restart trial. */
+static int restart_rank(void *arg, int rank)
+{
+	struct shared *sh = arg;
+	struct rank_job j;
+	memset(&j, 0, sizeof(j));
+	if (dfcclSetDevice(rank % sh->ndev) != dfcclSuccess || job_init(sh, &j, sh->ids, rank) != dfcclSuccess ||
+	    job_alloc(&j, sh->ncomms) != dfcclSuccess)
+		RFAIL("set-up: %s", dfcclGetLastError(NULL));
+	atomic_fetch_add(&sh->running, 1);
+	uint64_t it = 0;
+	int bad = 0;
+	dfcclResult_t r = run_batches(sh, &j, rank, &it, -1, mix(sh->seed ^ (uint64_t)rank), &bad);
+	if (bad)
+		return 1;
+	if (r == dfcclSuccess)
+		RFAIL("no error within %d ms of running", RUN_MS);
+	note_error(sh, rank, r);
+	if (!atomic_load(&sh->fault_ns))
+		RFAIL("error %d before the daemon was killed: %s", r, dfcclGetLastError(NULL));
+	if (r != dfcclDaemonUnavailable)
+		RFAIL("the daemon's death gave %d (%s), expected dfcclDaemonUnavailable", r, dfcclGetLastError(NULL));
+	for (int k = 0; k < sh->ncomms; k++)
+		dfcclCommAbort(j.comm[k]);
+	/* The daemon comes back: new communicators in this same process. */
+	uint64_t t0 = now_ms();
+	int ndev = 0;
+	while (dfcclGetDeviceCount(&ndev) != dfcclSuccess)
+		if (now_ms() - t0 > 10000)
+			RFAIL("the daemon did not come back within 10 s: %s", dfcclGetLastError(NULL));
+		else
+			usleep(20000);
+	memset(&j, 0, sizeof(j));
+	if (job_init(sh, &j, sh->after, rank) != dfcclSuccess || job_alloc(&j, sh->ncomms) != dfcclSuccess)
+		RFAIL("set-up after the restart: %s", dfcclGetLastError(NULL));
+	it = 1u << 20; /* as after a shrink: the ranks agree afresh */
+	r = run_batches(sh, &j, rank, &it, 20, mix(sh->seed ^ (uint64_t)rank ^ 0xa5a5), &bad);
+	if (r != dfcclSuccess)
+		RFAIL("after the restart: %d: %s", r, dfcclGetLastError(NULL));
+	for (int k = 0; k < sh->ncomms; k++)
+		dfcclCommDestroy(j.comm[k]);
+	return 0;
+}
+
+/* ------------------------------------------------------------ the suite */
+
+/* Resident memory of pid in KiB (0 if unknown). */
+static long rss_kib(pid_t pid)
+{
+	char path[64], text[4096];
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+	read_text_file(path, text, sizeof(text));
+	const char *p = strstr(text, "VmRSS:");
+	return p ? strtol(p + 6, NULL, 10) : 0;
+}
+
+/* The daemon's sessions (besides the one asking), communicators and
+ * worker restarts; -1 when it does not answer. */
+static int daemon_counts(const struct daemon_proc *d, unsigned *sessions, unsigned *comms, unsigned *restarts)
+{
+	struct raw_client c;
+	if (raw_connect(&c, d->socket, DFCCL_PROTO_MIN_VERSION, DFCCL_PROTO_VERSION, NULL) < 0)
+		return -1;
+	dfccl_envelope *r = raw_query(&c, DFCCL__V1__QUERY_KIND__QUERY_STATUS);
+	raw_close(&c);
+	if (!r || !r->query_reply || !r->query_reply->status) {
+		if (r)
+			frame_envelope_free(r);
+		return -1;
+	}
+	const Dfccl__V1__StatusInfo *st = r->query_reply->status;
+	*sessions = st->nsessions - 1;
+	*comms = st->ncomms + st->npending_comms;
+	*restarts = 0;
+	for (size_t i = 0; i < st->n_devices; i++)
+		*restarts += st->devices[i]->worker_restarts;
+	frame_envelope_free(r);
+	return 0;
+}
+
+/* Waits until the daemon holds nothing of the trial; 0, or -1 naming what
+ * is left. */
+static int wait_clean(const struct daemon_proc *d, unsigned restarts0)
+{
+	unsigned s = 0, c = 0, w = 0;
+	for (uint64_t t0 = now_ms(); now_ms() - t0 < 5000; usleep(10000))
+		if (daemon_counts(d, &s, &c, &w) == 0 && s == 0 && c == 0)
+			break;
+	if (s || c) {
+		fprintf(stderr, "fault_suite: the daemon still holds %u session(s) and %u communicator(s)\n", s, c);
+		return -1;
+	}
+	if (w != restarts0) {
+		fprintf(stderr, "fault_suite: %u worker restart(s) during the trial\n", w - restarts0);
+		return -1;
+	}
+	return 0;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+/* Runs one trial: ranks of fn, the fault `what` (0: kill a rank, 1: kill the
+ * daemon) after a random delay. Appends the survivors' error latencies (us)
+ * to lat. Returns 0 or -1. */
+static int trial(struct daemon_proc *d, struct shared *sh, int (*fn)(void *, int), int what, uint64_t *rng,
+                 uint64_t *lat, size_t *nlat)
+{
+	int n = sh->nranks;
+	for (int k = 0; k < sh->ncomms; k++)
+		if (dfcclGetUniqueId(&sh->ids[k]) != dfcclSuccess || dfcclGetUniqueId(&sh->after[k]) != dfcclSuccess)
+			return -1;
+	atomic_store(&sh->running, 0);
+	atomic_store(&sh->fault_ns, 0);
+	memset(sh->err_ns, 0, sizeof(sh->err_ns));
+	memset(sh->msg, 0, sizeof(sh->msg));
+	*rng = mix(*rng);
+	sh->seed = *rng;
+	pid_t pid[MAX_RANKS];
+	for (int r = 0; r < n; r++)
+		pid[r] = child_run(fn, sh, r);
+	for (uint64_t t0 = now_ms(); atomic_load(&sh->running) < n && now_ms() - t0 < 10000;)
+		usleep(1000);
+	int victim = (int)(*rng % (uint64_t)n);
+	atomic_store(&sh->victim, victim);
+	usleep((useconds_t)(1000 * (5 + (*rng >> 20) % 150)));
+	atomic_store(&sh->fault_ns, mono_ns());
+	if (what == 0) {
+		kill(pid[victim], SIGKILL);
+	} else {
+		kill(d->pid, SIGKILL);
+		child_wait(d->pid, 5000);
+		struct daemon_opts o = {.reuse = 1};
+		if (daemon_start_with(d, &o, (unsigned)sh->ndev, NULL) < 0) {
+			fprintf(stderr, "fault_suite: dfccld did not start again\n");
+			return -1;
+		}
+	}
+	int failed = 0;
+	for (int r = 0; r < n; r++) {
+		int rc = child_wait(pid[r], HANG_MS);
+		if (what == 0 && r == victim)
+			continue;
+		if (rc != 0) {
+			failed = 1;
+			fprintf(stderr, "fault_suite: rank %d %s: %s\n", r, rc < 0 ? "hung" : "failed",
+			        sh->msg[r][0] ? sh->msg[r] : "(no message)");
+			continue;
+		}
+		lat[(*nlat)++] = (sh->err_ns[r] - atomic_load(&sh->fault_ns)) / 1000;
+	}
+	return failed ? -1 : 0;
+}
+
+int main(int argc, char **argv)
+{
+	long trials = 20, restarts = 2, latency_ms = 1000;
+	unsigned long long seed = (unsigned long long)time(NULL);
+	struct shared *sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	if (sh == MAP_FAILED)
+		return 1;
+	memset(sh, 0, sizeof(*sh));
+	sh->nranks = 4;
+	sh->ncomms = 3;
+	sh->ndev = 2;
+	static const struct option opts[] = {
+	    {"trials", required_argument, NULL, 't'},      {"restart-trials", required_argument, NULL, 'r'},
+	    {"ranks", required_argument, NULL, 'n'},       {"comms", required_argument, NULL, 'c'},
+	    {"seed", required_argument, NULL, 's'},        {"latency-ms", required_argument, NULL, 'l'},
+	    {"help", no_argument, NULL, 'h'},              {NULL, 0, NULL, 0},
+	};
+	int opt;
+	while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+		long v = optarg ? strtol(optarg, NULL, 10) : 0;
+		switch (opt) {
+		case 't': trials = v; break;
+		case 'r': restarts = v; break;
+		case 'n': sh->nranks = (int)v; break;
+		case 'c': sh->ncomms = (int)v; break;
+		case 's': seed = strtoull(optarg, NULL, 10); break;
+		case 'l': latency_ms = v; break;
+		case 'h':
+			printf("usage: fault_suite [--trials N] [--restart-trials N] [--ranks 3..%d] [--comms 1..%d] "
+			       "[--seed S] [--latency-ms L]\n", MAX_RANKS, MAX_COMMS);
+			return 0;
+		default: return 2;
+		}
+	}
+	if (trials < 0 || restarts < 0 || sh->nranks < 3 || sh->nranks > MAX_RANKS || sh->ncomms < 1 ||
+	    sh->ncomms > MAX_COMMS || latency_ms < 1) {
+		fprintf(stderr, "fault_suite: bad arguments (see --help)\n");
+		return 2;
+	}
+	signal(SIGPIPE, SIG_IGN);
+	printf("fault_suite: %ld kill trials, %ld restart trials, %d ranks, %d communicators, seed %llu\n", trials,
+	       restarts, sh->nranks, sh->ncomms, seed);
+	fflush(stdout);
+
+	struct daemon_proc d;
+	if (daemon_start(&d, (unsigned)sh->ndev, NULL) < 0)
+		return 1;
+	size_t cap = (size_t)(trials + restarts) * MAX_RANKS, nlat = 0, nlat_kill = 0;
+	uint64_t *lat = calloc(cap + 1, sizeof(*lat));
+	uint64_t rng = seed;
+	long rss0 = 0, rss1 = 0;
+	int failed = 0;
+	for (long t = 0; t < trials && !failed; t++) {
+		unsigned s, c, w0;
+		if (daemon_counts(&d, &s, &c, &w0) < 0 || trial(&d, sh, kill_rank, 0, &rng, lat, &nlat) < 0 ||
+		    wait_clean(&d, w0) < 0) {
+			fprintf(stderr, "fault_suite: kill trial %ld (seed %llu) failed\n", t, seed);
+			failed = 1;
+		}
+		if (t == 0)
+			rss0 = rss_kib(d.pid);
+	}
+	rss1 = rss_kib(d.pid);
+	nlat_kill = nlat;
+	for (long t = 0; t < restarts && !failed; t++) {
+		if (trial(&d, sh, restart_rank, 1, &rng, lat, &nlat) < 0) {
+			fprintf(stderr, "fault_suite: restart trial %ld (seed %llu) failed\n", t, seed);
+			failed = 1;
+		}
+		unsigned s, c, w;
+		if (!failed && (daemon_counts(&d, &s, &c, &w) < 0 || wait_clean(&d, w) < 0))
+			failed = 1;
+	}
+	int late = 0;
+	for (int part = 0; part < 2; part++) {
+		uint64_t *l = lat + (part ? nlat_kill : 0);
+		size_t m = part ? nlat - nlat_kill : nlat_kill;
+		if (!m)
+			continue;
+		qsort(l, m, sizeof(*l), cmp_u64);
+		for (size_t i = 0; i < m; i++)
+			late += l[i] > (uint64_t)latency_ms * 1000;
+		printf("%s: %zu survivor errors after the fault, us: min %llu, median %llu, p99 %llu, max %llu\n",
+		       part ? "daemon killed" : "rank killed", m, (unsigned long long)l[0],
+		       (unsigned long long)l[m / 2], (unsigned long long)l[(m * 99) / 100], (unsigned long long)l[m - 1]);
+	}
+	printf("dfccld resident memory: %ld KiB after the first kill trial, %ld KiB after the last\n", rss0, rss1);
+	if (late) {
+		fprintf(stderr, "fault_suite: %d error(s) came later than %ld ms after the fault\n", late, latency_ms);
+		failed = 1;
+	}
+	/* Flat: a few pages of allocator slack, not growth per trial. */
+	if (trials > 1 && rss1 > rss0 + 2048 + rss0 / 10) {
+		fprintf(stderr, "fault_suite: dfccld grew from %ld to %ld KiB over the kill trials\n", rss0, rss1);
+		failed = 1;
+	}
+	if (failed)
+		daemon_dump_log(&d);
+	free(lat);
+	if (daemon_stop(&d) != 0 && !failed) {
+		fprintf(stderr, "fault_suite: dfccld did not stop cleanly\n");
+		failed = 1;
+	}
+	printf("%s\n", failed ? "FAIL" : "OK: no hang, every survivor got its error and went on, nothing left behind");
+	return failed;
+}
