@@ -93,8 +93,15 @@ static int rank_main(void *arg, int rank)
 			raise(SIGSTOP); /* the test kills it */
 		if (j->go_fd >= 0 && read(j->go_fd, &b, 1) != 1)
 			FAIL("go pipe");
-		if (j->late_submit)
-			return allreduce_checked(comm, buf, j->nranks, rank);
+		if (j->late_submit) {
+			if (allreduce_checked(comm, buf, j->nranks, rank))
+				return 1;
+			/* Destroy, not exit: a rank that vanishes fails its peers'
+			 * collectives still in flight. */
+			if (dfcclCommDestroy(comm) != dfcclSuccess)
+				FAIL("destroy: %s", dfcclGetLastError(NULL));
+			return 0;
+		}
 		/* It never submitted: its communicator failed meanwhile. */
 		dfcclResult_t ae = dfcclSuccess;
 		dfcclCommGetAsyncError(comm, &ae);
@@ -103,8 +110,13 @@ static int rank_main(void *arg, int rank)
 		dfcclCommAbort(comm);
 		return 0;
 	}
-	if (j->expect == dfcclSuccess)
-		return allreduce_checked(comm, buf, j->nranks, rank);
+	if (j->expect == dfcclSuccess) {
+		if (allreduce_checked(comm, buf, j->nranks, rank))
+			return 1;
+		if (dfcclCommDestroy(comm) != dfcclSuccess)
+			FAIL("destroy: %s", dfcclGetLastError(NULL));
+		return 0;
+	}
 	char name[96] = "";
 	pid_t peer;
 	if (j->pid_rd >= 0) {
