@@ -22,6 +22,7 @@
 #include "session.h"
 #include "topo_plan.h"
 #include "user.h"
+#include "watch.h"
 #include "workers.h"
 
 #define EC(x) DFCCL__V1__ERROR_CODE__ERROR_##x
@@ -36,6 +37,7 @@ const char *comm_state_name(enum comm_state st)
 	case COMM_ABORTED: return "aborted";
 	case COMM_PEER_LOST: return "peer-lost";
 	case COMM_DEVICE_LOST: return "device-lost";
+	case COMM_TIMED_OUT: return "timed-out";
 	}
 	return "?";
 }
@@ -75,7 +77,7 @@ static void comm_free(struct comm *c)
 	uv_close((uv_handle_t *)&c->timer, comm_timer_closed);
 }
 
-static struct comm *comm_find_id(struct server *srv, uint64_t id)
+struct comm *comm_find(struct server *srv, uint64_t id)
 {
 	for (struct comm *c = srv->comms; c; c = c->next)
 		if (c->id == id)
@@ -132,6 +134,27 @@ static void comm_break(struct comm *c, enum comm_state st, uint32_t status)
 	for (uint32_t d = 0; d < 64; d++)
 		if (c->acks & (1ull << d))
 			workers_comm_abort(c->srv->workers, d, c->id, status);
+}
+
+void comm_fail(struct comm *c, enum comm_state st, uint32_t status, int code, const char *msg)
+{
+	if (c->state != COMM_READY)
+		return;
+	log_notice("comm", "%s", msg);
+	comm_notify(c, -1, code, msg);
+	comm_break(c, st, status);
+}
+
+uint64_t comm_coll_timeout_ms(const struct comm *c)
+{
+	uint64_t best = 0;
+	for (uint32_t r = 0; r < c->nranks; r++) {
+		int64_t t = c->members[r].coll_timeout_ms;
+		uint64_t ms = t == 0 ? (uint64_t)c->srv->cfg.coll_timeout_ms : t > 0 ? (uint64_t)t : 0;
+		if (ms && (!best || ms < best))
+			best = ms;
+	}
+	return best;
 }
 
 static void comm_init_timeout(uv_timer_t *t)
@@ -224,6 +247,7 @@ static void comm_finish_init(struct comm *c)
 	}
 	log_info("comm", "communicator %llu ready: %u ranks (uid %u)", (unsigned long long)c->id, c->nranks,
 	         (unsigned)c->uid);
+	watch_comm_ready(c->srv->watch);
 	for (uint32_t r = 0; r < c->nranks; r++) {
 		struct comm_member *m = &c->members[r];
 		Dfccl__V1__CommInitReply rep = DFCCL__V1__COMM_INIT_REPLY__INIT;
@@ -363,7 +387,7 @@ static void comm_activate(struct comm *c)
 
 void comm_worker_acked(struct server *srv, uint64_t comm_id, uint32_t device, int code, const char *message)
 {
-	struct comm *c = comm_find_id(srv, comm_id);
+	struct comm *c = comm_find(srv, comm_id);
 	if (!c || c->state != COMM_ACTIVATING || device >= 64)
 		return;
 	if (code) {
@@ -379,7 +403,8 @@ void comm_worker_acked(struct server *srv, uint64_t comm_id, uint32_t device, in
 }
 
 int comm_join(struct server *srv, struct session *s, uint64_t request_id, const uint8_t *unique_id, size_t idlen,
-              uint32_t nranks, uint32_t rank, uint32_t device, uint32_t timeout_ms, char *err, size_t errlen)
+              uint32_t nranks, uint32_t rank, uint32_t device, uint32_t timeout_ms, int64_t coll_timeout_ms,
+              char *err, size_t errlen)
 {
 	if (idlen != COMM_ID_BYTES) {
 		snprintf(err, errlen, "the unique id has %zu bytes, expected %u (use dfcclGetUniqueId)", idlen,
@@ -392,6 +417,11 @@ int comm_join(struct server *srv, struct session *s, uint64_t request_id, const 
 	}
 	if (rank >= nranks) {
 		snprintf(err, errlen, "rank %u is outside 0..%u", rank, nranks - 1);
+		return EC(INVALID_ARGUMENT);
+	}
+	if (coll_timeout_ms < -1) {
+		snprintf(err, errlen, "collective timeout %lld ms: use milliseconds, 0 for the daemon's default or -1 for "
+		         "none", (long long)coll_timeout_ms);
 		return EC(INVALID_ARGUMENT);
 	}
 
@@ -464,6 +494,7 @@ int comm_join(struct server *srv, struct session *s, uint64_t request_id, const 
 	m->request_id = request_id;
 	m->device = device;
 	m->pid = s->pid;
+	m->coll_timeout_ms = coll_timeout_ms;
 	c->joined++;
 	if (c->joined == c->nranks)
 		comm_try_activate(c);
@@ -485,7 +516,7 @@ void comm_worker_up(struct server *srv, uint32_t device)
 static struct comm *comm_of_member(struct server *srv, struct session *s, uint64_t comm_id, int *r, char *err,
                                    size_t errlen)
 {
-	struct comm *c = comm_find_id(srv, comm_id);
+	struct comm *c = comm_find(srv, comm_id);
 	*r = c ? comm_rank_of(c, s) : -1;
 	if (*r < 0 || c->members[*r].state != MEMBER_ACTIVE) {
 		snprintf(err, errlen, "communicator %llu does not exist or this session is not a member of it",

@@ -17,7 +17,7 @@
  * by telling the workers, which fail later entries at once.
  *
  * States: initializing -> activating -> ready -> (aborted | peer-lost |
- * device-lost), and
+ * device-lost | timed-out), and
  * the communicator is freed when its last member has left (destroy, abort or
  * disconnect). Once it left `ready`, the surviving members have been told
  * with a Notice and their collectives fail.
@@ -42,6 +42,7 @@ enum comm_state {
 	COMM_ABORTED,
 	COMM_PEER_LOST,
 	COMM_DEVICE_LOST,
+	COMM_TIMED_OUT,    /* a collective waited longer than the timeout (daemon/watch.h) */
 };
 
 enum comm_member_state { MEMBER_EMPTY = 0, MEMBER_JOINING, MEMBER_ACTIVE, MEMBER_LEFT };
@@ -53,6 +54,7 @@ struct comm_member {
 	uint64_t request_id; /* the CommInit to answer */
 	uint32_t device;
 	int32_t pid;
+	int64_t coll_timeout_ms; /* what the rank asked for: 0 the daemon's setting, -1 none */
 };
 
 #define COMM_ID_BYTES 128
@@ -83,7 +85,25 @@ struct comm {
  * DFCCL__V1__ERROR_CODE__* with a sentence in err for the caller to send.
  */
 int comm_join(struct server *srv, struct session *s, uint64_t request_id, const uint8_t *unique_id, size_t idlen,
-              uint32_t nranks, uint32_t rank, uint32_t device, uint32_t timeout_ms, char *err, size_t errlen);
+              uint32_t nranks, uint32_t rank, uint32_t device, uint32_t timeout_ms, int64_t coll_timeout_ms,
+              char *err, size_t errlen);
+
+/* The communicator with this id, or NULL. */
+struct comm *comm_find(struct server *srv, uint64_t comm_id);
+
+/* The collective timeout of c in milliseconds (0: none): the shortest one
+ * its ranks asked for, a rank that asked for nothing counting as the
+ * daemon's setting coll-timeout-ms; none when every rank turned it off. */
+uint64_t comm_coll_timeout_ms(const struct comm *c);
+
+/*
+ * The ready communicator c failed (state st, queue status `status`, a
+ * DFCCL_CQ_*): every member is told with a Notice of `code` and `msg` first,
+ * then the status is stored into the region and sent to the workers, so a
+ * client that sees its collective fail finds the sentence already on its
+ * socket. No-op unless c is ready.
+ */
+void comm_fail(struct comm *c, enum comm_state st, uint32_t status, int code, const char *msg);
 
 /* dfcclCommDestroy (abort = 0) or dfcclCommAbort (abort = 1) from session s.
  * Returns 0 or a positive error code with a sentence in err. */

@@ -89,6 +89,21 @@ static const struct setting settings[] = {
     {"kernel-idle-us", T_INT, F(kernel_idle_us), 0, 60000000, "200", NULL,
      "cuda engine: microseconds a daemon kernel with nothing to do stays resident before it quits; without MPS "
      "keep it short, since a resident kernel makes the trainers' kernels wait for time slices"},
+    {"coll-timeout-ms", T_INT, F(coll_timeout_ms), 0, 86400000, "600000", NULL,
+     "a collective some ranks submitted and others did not, or that made no progress, for this long fails "
+     "with a timeout on every rank (0: never); a client's DFCCL_TIMEOUT_MS or config overrides it"},
+    {"watch-interval-ms", T_INT, F(watch_interval_ms), 10, 10000, "100", NULL,
+     "how often the supervisor samples queues and communicator regions for timeouts, dfcclctl stuck and the "
+     "flight recorder (the precision of their times)"},
+    {"heartbeat-stale-ms", T_INT, F(heartbeat_stale_ms), 100, 3600000, "2000", NULL,
+     "a client whose library has not stored a heartbeat for this long is reported as stopped"},
+    {"flight-recorder-entries", T_INT, F(flight_recorder_entries), 0, 65536, "128", NULL,
+     "collectives the flight recorder keeps per rank of each communicator (0: no recorder)"},
+    {"flight-recorder-keep", T_INT, F(flight_recorder_keep), 0, 4096, "16", NULL,
+     "flight recorders kept for `dfcclctl dump` after their communicator is gone"},
+    {"flight-recorder-dir", T_STRING, F(flight_recorder_dir), 0, 0, "", NULL,
+     "folder where the flight recorder of a communicator that timed out is written as JSON "
+     "(comm-ID-TIME.json; empty: not written)"},
 };
 #define NSETTINGS (sizeof(settings) / sizeof(settings[0]))
 

@@ -41,6 +41,12 @@ struct dfccld_config {
 	int64_t spin_max;      /* scheduler: the largest threshold */
 	int64_t channels;      /* cuda engine: blocks of the daemon kernel */
 	int64_t kernel_idle_us; /* cuda engine: idle time before the daemon kernel quits */
+	int64_t coll_timeout_ms;    /* default collective timeout of a communicator (0: none) */
+	int64_t watch_interval_ms;  /* the watcher's sampling tick (daemon/watch.h) */
+	int64_t heartbeat_stale_ms; /* a client heartbeat older than this reads as stopped */
+	int64_t flight_recorder_entries; /* collectives kept per rank (0: no recorder) */
+	int64_t flight_recorder_keep;    /* recorders kept after their communicator is gone */
+	char flight_recorder_dir[256];   /* where a timed-out communicator's recorder is written ("": nowhere) */
 };
 
 /* Fills cfg with every default. */

@@ -27,6 +27,7 @@
 #include "log.h"
 #include "notify.h"
 #include "session.h"
+#include "watch.h"
 #include "dfccl_queue.h"
 #include "topo_json.h"
 #include "topo_select.h"
@@ -374,6 +375,8 @@ static void server_finish(struct server *srv)
 	}
 	close_handle((uv_handle_t *)&srv->stop_timer);
 	comm_free_all(srv);
+	watch_close(srv->watch);
+	srv->watch = NULL;
 	log_info("server", "stopped");
 }
 
@@ -431,6 +434,11 @@ static void server_base_init(struct server *srv, uv_loop_t *loop, const struct d
 	srv->engine = cfg->engine == DFCCLD_ENGINE_CUDA ? DFCCLD_ENGINE_CUDA : DFCCLD_ENGINE_HOST;
 	uv_timer_init(loop, &srv->stop_timer);
 	srv->stop_timer.data = srv;
+	/* Without a watcher the daemon still serves; only timeouts, dfcclctl
+	 * stuck and the flight recorder are missing, which the log says. */
+	if (watch_new(srv, &srv->watch) < 0)
+		log_err("server", "out of memory creating the collective watcher: no timeouts, stuck reports or flight "
+		        "recorders");
 }
 
 int server_run(const struct dfccld_config *cfg, const char *exe_path)
@@ -500,6 +508,8 @@ void server_fini_detached(struct server *srv)
 	while (srv->sessions)
 		session_end(srv->sessions);
 	comm_free_all(srv);
+	watch_close(srv->watch);
+	srv->watch = NULL;
 	close_handle((uv_handle_t *)&srv->stop_timer);
 	uv_run(srv->loop, UV_RUN_NOWAIT);
 	user_table_free(&srv->users);

@@ -25,6 +25,7 @@
 struct session;
 struct comm;
 struct workers;
+struct watch;
 struct topo_model;
 
 enum server_state { SERVER_STARTING, SERVER_SERVING, SERVER_STOPPING, SERVER_STOPPED };
@@ -55,6 +56,7 @@ struct server {
 
 	struct user_table users;
 	struct workers *workers;
+	struct watch *watch;        /* timeouts, dfcclctl stuck, flight recorders (watch.h) */
 
 	struct topo_model *topo;    /* the node's model: loaded, detected by the probe, or the host engine's */
 	struct topo_select_params select_params; /* the cost model's, with the forced algorithm */

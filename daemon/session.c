@@ -25,8 +25,10 @@
 #include "comm.h"
 #include "dfccl_queue.h"
 #include "log.h"
+#include "recorder.h"
 #include "server.h"
 #include "user.h"
+#include "watch.h"
 #include "workers.h"
 
 #ifndef DFCCL_VERSION_STRING
@@ -199,7 +201,7 @@ static void handle_comm_init(struct session *s, uint64_t req, const Dfccl__V1__C
 	}
 	char err[512];
 	int code = comm_join(s->srv, s, req, ci->unique_id.data, ci->unique_id.len, ci->nranks, ci->rank, ci->device,
-	                     ci->timeout_ms, err, sizeof(err));
+	                     ci->timeout_ms, ci->coll_timeout_ms, err, sizeof(err));
 	if (code)
 		reply_error_msg(s, req, code, err);
 }
@@ -413,6 +415,9 @@ static int fill_sessions(struct server *srv, Dfccl__V1__QueryReply *r)
 		si->nregs = s->nregs;
 		si->registered_bytes = s->registered_bytes;
 		si->age_ms = now - s->created_ms;
+		int stopped = 0;
+		si->heartbeat_age_ms = srv->watch ? watch_heartbeat_age_ms(srv->watch, s, &stopped) : -1;
+		si->stopped = stopped;
 		si->devices = calloc(SESSION_MAX_DEVICES, sizeof(uint32_t));
 		if (!si->devices)
 			return -ENOMEM;
@@ -461,6 +466,10 @@ static void handle_query(struct session *s, uint64_t req, const Dfccl__V1__Query
 	case DFCCL__V1__QUERY_KIND__QUERY_COMMS: rc = comm_query(srv, &r); break;
 	case DFCCL__V1__QUERY_KIND__QUERY_QUEUES: rc = workers_fill_queues(srv->workers, &r); break;
 	case DFCCL__V1__QUERY_KIND__QUERY_STATS: rc = workers_fill_stats(srv->workers, &r); break;
+	case DFCCL__V1__QUERY_KIND__QUERY_STUCK:
+		/* Another user's jobs stay invisible; root sees every one. */
+		rc = srv->watch ? watch_fill_stuck(srv->watch, s->uid, &r) : 0;
+		break;
 	case DFCCL__V1__QUERY_KIND__QUERY_TOPOLOGY:
 		/* Computed once at start; a detached server (tests) has none. */
 		r.topology_json = srv->topo_doc ? srv->topo_doc : (char *)"";
@@ -479,7 +488,34 @@ static void handle_query(struct session *s, uint64_t req, const Dfccl__V1__Query
 	}
 	free_sessions(&r);
 	comm_query_free(&r);
+	watch_stuck_free(&r);
 	workers_query_free(&r, &st);
+}
+
+/* dfcclctl dump COMM: the flight recorder, for its communicator's uid and
+ * root, live or kept after the communicator is gone. */
+static void handle_flight_dump(struct session *s, uint64_t req, const Dfccl__V1__FlightDump *fd)
+{
+	struct server *srv = s->srv;
+	struct recorder *rec = srv->watch ? watch_recorder(srv->watch, fd->comm_id) : NULL;
+	if (!rec || (s->uid != 0 && rec->uid != s->uid)) {
+		session_reply_error(s, req, EC(NOT_FOUND),
+		                    "no flight recorder for communicator %llu: it does not exist, belongs to another user, "
+		                    "or is gone and no longer kept (dfcclctl comms lists the communicators; setting "
+		                    "flight-recorder-keep says how many gone ones are kept)",
+		                    (unsigned long long)fd->comm_id);
+		return;
+	}
+	Dfccl__V1__FlightDumpReply d;
+	if (recorder_dump(rec, watch_interval_ms(srv->watch), server_now_ms(), &d) < 0) {
+		session_reply_error(s, req, EC(RESOURCE), "out of memory answering the flight-recorder dump");
+	} else {
+		Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
+		env.body_case = DFCCL__V1__ENVELOPE__BODY_FLIGHT_DUMP_REPLY;
+		env.flight_dump_reply = &d;
+		session_reply(s, req, &env, NULL, 0);
+	}
+	recorder_dump_free(&d);
 }
 
 /* Descriptors each request may carry. */
@@ -533,6 +569,7 @@ static void session_on_frame(struct conn *c, dfccl_envelope *env, int *fds, unsi
 	case DFCCL__V1__ENVELOPE__BODY_REGISTER_MEM: handle_register(s, req, env->register_mem, fds, nfds); break;
 	case DFCCL__V1__ENVELOPE__BODY_DEREGISTER_MEM: handle_deregister(s, req, env->deregister_mem->reg_id); break;
 	case DFCCL__V1__ENVELOPE__BODY_QUERY: handle_query(s, req, env->query); break;
+	case DFCCL__V1__ENVELOPE__BODY_FLIGHT_DUMP: handle_flight_dump(s, req, env->flight_dump); break;
 	case DFCCL__V1__ENVELOPE__BODY__NOT_SET:
 		session_reply_error(s, req, EC(INVALID_ARGUMENT), "empty request, or a request this daemon does not know");
 		break;

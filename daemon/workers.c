@@ -655,6 +655,17 @@ int workers_qp_fds(struct workers *w, uint32_t device, uint32_t qp_id, int *memf
 	return 0;
 }
 
+int workers_qp_view(struct workers *w, uint32_t device, uint32_t qp_id, struct dfccl_qp_header **hdr,
+                    uint32_t *entries)
+{
+	struct qp_rec *q = w && device < w->n ? qp_find(&w->w[device], qp_id) : NULL;
+	if (!q)
+		return -ENOENT;
+	*hdr = q->hdr;
+	*entries = q->sq_entries;
+	return 0;
+}
+
 void workers_detach_qp(struct workers *w, uint32_t device, uint32_t qp_id)
 {
 	if (!w)
@@ -815,6 +826,13 @@ void workers_comm_del(struct workers *w, uint32_t device, uint64_t comm_id)
 static uint64_t load64(const uint64_t *p)
 {
 	return atomic_load_explicit((_Atomic uint64_t *)p, memory_order_relaxed);
+}
+
+uint64_t workers_preemptions(struct workers *w, uint32_t device)
+{
+	if (!w || device >= w->n || !w->w[device].stats)
+		return 0;
+	return load64(&w->w[device].stats->preemptions);
 }
 
 int workers_fill_status(struct workers *w, Dfccl__V1__StatusInfo *st)

@@ -89,6 +89,20 @@ int workers_fill_stats(struct workers *w, Dfccl__V1__QueryReply *r);
 int workers_fill_queues(struct workers *w, Dfccl__V1__QueryReply *r);
 void workers_query_free(Dfccl__V1__QueryReply *r, Dfccl__V1__StatusInfo *st);
 
+struct dfccl_qp_header;
+
+/*
+ * The supervisor's own mapping of a queue pair, for the watcher
+ * (daemon/watch.h): the whole region from its header, and the entry count
+ * the supervisor created it with (the header's copy is client-writable).
+ * Valid until the queue pair is detached. Returns 0 or -ENOENT.
+ */
+int workers_qp_view(struct workers *w, uint32_t device, uint32_t qp_id, struct dfccl_qp_header **hdr,
+                    uint32_t *entries);
+
+/* Preemptions the engine of `device` counted so far (0 when unknown). */
+uint64_t workers_preemptions(struct workers *w, uint32_t device);
+
 /* Workers currently up (ready). */
 unsigned workers_ready_count(const struct workers *w);
 

@@ -152,3 +152,32 @@ const char *queue_status_string(uint32_t status)
 		return "unknown completion status";
 	return s[status];
 }
+
+const char *queue_op_name(uint32_t opcode)
+{
+	static const char *const names[DFCCL_OP_COUNT_] = {
+	    [DFCCL_OP_NOP] = "NOP",
+	    [DFCCL_OP_ALLREDUCE] = "AllReduce",
+	    [DFCCL_OP_ALLGATHER] = "AllGather",
+	    [DFCCL_OP_REDUCESCATTER] = "ReduceScatter",
+	    [DFCCL_OP_BROADCAST] = "Broadcast",
+	    [DFCCL_OP_REDUCE] = "Reduce",
+	    [DFCCL_OP_SEND] = "Send",
+	    [DFCCL_OP_RECV] = "Recv",
+	};
+	return opcode < DFCCL_OP_COUNT_ ? names[opcode] : "unknown operation";
+}
+
+const char *queue_dtype_name(uint32_t dtype)
+{
+	/* Indexed by dfcclDataType_t (client/include/dfccl.h). */
+	static const char *const names[] = {"int8",    "uint8",   "int32",   "uint32",  "int64",
+	                                    "uint64",  "float16", "float32", "float64", "bfloat16"};
+	return dtype < sizeof(names) / sizeof(names[0]) ? names[dtype] : "unknown type";
+}
+
+const char *queue_algo_name(uint32_t algo)
+{
+	static const char *const names[DFCCL_ALGO_COUNT_] = DFCCL_ALGO_NAMES;
+	return algo < DFCCL_ALGO_COUNT_ ? names[algo] : "unknown algorithm";
+}

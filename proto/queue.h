@@ -49,4 +49,10 @@ const char *queue_engine_state_name(uint32_t state);
 /* Human sentence for a completion status (DFCCL_CQ_*). */
 const char *queue_status_string(uint32_t status);
 
+/* Names of an opcode ("AllReduce"), a data type ("float32") and an
+ * algorithm ("ring"), for messages and dfcclctl. */
+const char *queue_op_name(uint32_t opcode);
+const char *queue_dtype_name(uint32_t dtype);
+const char *queue_algo_name(uint32_t algo);
+
 #endif

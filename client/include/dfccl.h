@@ -29,6 +29,9 @@
  *                                   communicator must ask for the same: a collective
  *                                   whose ranks disagree fails with dfcclInvalidUsage
  *                                   and aborts the communicator
+ *   DFCCL_TIMEOUT_MS=N              collective timeout of this process's communicators
+ *                                   (dfcclConfig_t.timeoutMs overrides it; default: the
+ *                                   daemon's setting coll-timeout-ms); 0 turns it off
  *   DFCCL_PROTO_VERSION_OVERRIDE=N  diagnostic knob: claim to speak exactly control
  *                                   protocol version N, to test the daemon's version
  *                                   negotiation; never needed in normal use
@@ -119,11 +122,19 @@ typedef struct {
 	                       * dfcclInProgress at once, and dfcclCommGetAsyncError says
 	                       * dfcclInProgress until the init ended (then dfcclSuccess or its
 	                       * error); destroy or abort may be called meanwhile */
+	/* Collective timeout: a collective that some ranks submitted and others
+	 * did not, or that made no progress, for this long fails on every rank
+	 * with dfcclTimeout, and the communicator with it; dfcclGetLastError and
+	 * the async error name the collective and the ranks that never submitted
+	 * it (and whether their processes are stopped). -1: DFCCL_TIMEOUT_MS,
+	 * else the daemon's setting coll-timeout-ms; 0: none. The communicator
+	 * uses the shortest timeout any of its ranks asks for. */
+	int timeoutMs;
 } dfcclConfig_t;
 
 #define DFCCL_CONFIG_MAGIC 0xdfcc1cf9u
 #define DFCCL_CONFIG_INITIALIZER \
-	{sizeof(dfcclConfig_t), DFCCL_CONFIG_MAGIC, DFCCL_VERSION_CODE, -1, 0, 1}
+	{sizeof(dfcclConfig_t), DFCCL_CONFIG_MAGIC, DFCCL_VERSION_CODE, -1, 0, 1, -1}
 
 /* ---------------------------------------------------------------- basics */
 

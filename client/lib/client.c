@@ -12,6 +12,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -24,6 +25,7 @@
 
 #include "dfccl_internal.h"
 #include "errors.h"
+#include "qp.h"
 #include "req.h"
 
 #define STRINGIFY_(x) #x
@@ -213,7 +215,7 @@ static void client_notice(struct client *c, const Dfccl__V1__Notice *n)
 	dfcclResult_t r = errors_from_code(n->code);
 	if (r == dfcclSuccess)
 		return;
-	char msg[256];
+	char msg[1024];
 	if (n->message[0])
 		snprintf(msg, sizeof(msg), "%s", n->message);
 	else
@@ -299,6 +301,23 @@ static void client_mark_lost(struct client *c, int rc)
 	pthread_mutex_unlock(&c->lock);
 }
 
+/*
+ * The heartbeat the daemon reads to tell a stopped process from a slow one:
+ * stored into every queue pair each CLIENT_HEARTBEAT_MS while the process
+ * runs, whatever its other threads do, so only a process that does not run
+ * at all (SIGSTOP, a debugger, a machine-wide stall) lets it age.
+ */
+#define CLIENT_HEARTBEAT_MS 250
+
+static void client_heartbeat(struct client *c)
+{
+	for (uint32_t d = 0; d < c->info.ndevices; d++) {
+		struct qp *q = __atomic_load_n(&c->qps[d], __ATOMIC_ACQUIRE);
+		if (q)
+			qp_heartbeat(q);
+	}
+}
+
 static void *client_poll(void *arg)
 {
 	struct client *c = arg;
@@ -309,10 +328,23 @@ static void *client_poll(void *arg)
 		unsigned nfds = 0;
 		/* Any failure, an undecodable frame included, ends the session: the
 		 * frame may have been the reply some caller waits for. */
-		rc = frame_recv(&c->reader, c->fd, &env, fds, &nfds);
+		rc = frame_reader_next(&c->reader, &env, fds, &nfds);
+		if (rc < 0)
+			break;
+		if (rc == 1) {
+			client_dispatch(c, env, fds, nfds);
+			continue;
+		}
+		struct pollfd p = {.fd = c->fd, .events = POLLIN};
+		int n = poll(&p, 1, CLIENT_HEARTBEAT_MS);
+		client_heartbeat(c);
+		if (n == 0 || (n < 0 && errno == EINTR))
+			continue;
+		rc = frame_reader_fill(&c->reader, c->fd);
+		if (rc == -EINTR || rc == -EAGAIN)
+			continue;
 		if (rc <= 0)
 			break;
-		client_dispatch(c, env, fds, nfds);
 	}
 	client_mark_lost(c, rc);
 	return NULL;
@@ -682,10 +714,14 @@ dfcclResult_t client_attach(struct client *c, uint32_t device, struct qp **out)
 		r = errors_set(dfcclInternalError, "dfccld attached device %u with %u descriptor(s) when device %u with 2 "
 		               "was asked for", a->device, rep.nfds, device);
 	} else {
-		r = qp_map(rep.fds[0], rep.fds[1], a->region_size, device, &c->lost, &c->qps[device]);
+		struct qp *q = NULL;
+		r = qp_map(rep.fds[0], rep.fds[1], a->region_size, device, &c->lost, &q);
 		rep.nfds = 0; /* qp_map took both descriptors */
-		if (r == dfcclSuccess)
-			*out = c->qps[device];
+		if (r == dfcclSuccess) {
+			/* Published whole: the reader thread heartbeats through it. */
+			__atomic_store_n(&c->qps[device], q, __ATOMIC_RELEASE);
+			*out = q;
+		}
 	}
 	client_reply_release(&rep);
 out:

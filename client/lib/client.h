@@ -70,7 +70,7 @@ struct client_async {
 	uint64_t comm_id;
 	uint32_t device;
 	dfcclResult_t error; /* first error wins */
-	char message[256];
+	char message[1024];
 };
 
 /* $DFCCL_SOCKET, or DFCCL_DEFAULT_SOCKET. */

@@ -11,10 +11,12 @@
 #include "comm.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "errors.h"
 #include "mem.h"
@@ -36,14 +38,50 @@ static void comm_free(struct dfcclComm *comm)
 	free(comm);
 }
 
-static dfcclResult_t comm_config(const dfcclConfig_t *config, int *device, int *timeout_ms, int *blocking)
+/* DFCCL_TIMEOUT_MS as a CommInit coll_timeout_ms: 0 when unset (the
+ * daemon's setting), -1 for "0" (none), else the milliseconds. */
+static dfcclResult_t comm_env_timeout(int64_t *out)
+{
+	const char *v = getenv("DFCCL_TIMEOUT_MS");
+	*out = 0;
+	if (!v || !*v)
+		return dfcclSuccess;
+	char *end;
+	errno = 0;
+	long long ms = strtoll(v, &end, 10);
+	if (errno || *end || ms < 0 || ms > INT32_MAX)
+		return errors_set(dfcclInvalidArgument, "DFCCL_TIMEOUT_MS=%s: give milliseconds from 0 (no timeout) to %d",
+		                  v, INT32_MAX);
+	*out = ms ? ms : -1;
+	return dfcclSuccess;
+}
+
+/* The config's collective timeout as a CommInit coll_timeout_ms, read only
+ * from a config large enough to hold it, so a program built against an
+ * older dfccl.h keeps working. */
+static dfcclResult_t comm_config_timeout(const dfcclConfig_t *config, int64_t *coll_timeout_ms)
+{
+	int t = -1;
+	if (config && config->size >= offsetof(dfcclConfig_t, timeoutMs) + sizeof(int))
+		t = config->timeoutMs;
+	if (t < -1)
+		return errors_set(dfcclInvalidArgument, "config timeoutMs %d: use milliseconds, 0 for none or -1 for the "
+		                  "default", t);
+	if (t == -1)
+		return comm_env_timeout(coll_timeout_ms);
+	*coll_timeout_ms = t ? t : -1;
+	return dfcclSuccess;
+}
+
+static dfcclResult_t comm_config(const dfcclConfig_t *config, int *device, int *timeout_ms, int *blocking,
+                                 int64_t *coll_timeout_ms)
 {
 	*device = client_current_device();
 	*timeout_ms = 0;
 	*blocking = 1;
 	if (!config)
-		return dfcclSuccess;
-	if (config->magic != DFCCL_CONFIG_MAGIC || config->size < sizeof(dfcclConfig_t))
+		return comm_config_timeout(NULL, coll_timeout_ms);
+	if (config->magic != DFCCL_CONFIG_MAGIC || config->size < offsetof(dfcclConfig_t, blocking) + sizeof(int))
 		return errors_set(dfcclInvalidArgument, "config was not initialised with DFCCL_CONFIG_INITIALIZER");
 	if (config->device < -1)
 		return errors_set(dfcclInvalidArgument, "config device %d: use a device index, or -1 for the calling "
@@ -54,6 +92,9 @@ static dfcclResult_t comm_config(const dfcclConfig_t *config, int *device, int *
 	if (config->blocking != 0 && config->blocking != 1)
 		return errors_set(dfcclInvalidArgument, "config blocking %d: use 1 (the call returns once the "
 		                  "communicator is ready) or 0 (non-blocking)", config->blocking);
+	dfcclResult_t r = comm_config_timeout(config, coll_timeout_ms);
+	if (r != dfcclSuccess)
+		return r;
 	if (config->device >= 0)
 		*device = config->device;
 	*timeout_ms = config->initTimeoutMs;
@@ -82,6 +123,7 @@ static dfcclResult_t comm_join(struct dfcclComm *cm, dfcclUniqueId commId, int t
 	init.rank = (uint32_t)cm->rank;
 	init.device = (uint32_t)cm->device;
 	init.timeout_ms = (uint32_t)timeout_ms;
+	init.coll_timeout_ms = cm->coll_timeout_ms;
 	dfccl_envelope req = DFCCL__V1__ENVELOPE__INIT;
 	req.body_case = DFCCL__V1__ENVELOPE__BODY_COMM_INIT;
 	req.comm_init = &init;
@@ -147,6 +189,7 @@ dfcclResult_t dfcclCommInitRankConfig(dfcclComm_t *comm, int nranks, dfcclUnique
 {
 	dfcclResult_t r;
 	int device, timeout_ms, blocking;
+	int64_t coll_timeout_ms;
 
 	if (!comm)
 		return errors_set(dfcclInvalidArgument, "dfcclCommInitRank: comm is NULL");
@@ -158,7 +201,7 @@ dfcclResult_t dfcclCommInitRankConfig(dfcclComm_t *comm, int nranks, dfcclUnique
 		                  rank, nranks - 1, nranks);
 	if (uniqueid_check(&commId) < 0)
 		return errors_set(dfcclInvalidArgument, "not a dfccl unique id (use dfcclGetUniqueId)");
-	r = comm_config(config, &device, &timeout_ms, &blocking);
+	r = comm_config(config, &device, &timeout_ms, &blocking, &coll_timeout_ms);
 	if (r != dfcclSuccess)
 		return r;
 
@@ -170,6 +213,7 @@ dfcclResult_t dfcclCommInitRankConfig(dfcclComm_t *comm, int nranks, dfcclUnique
 	cm->nranks = nranks;
 	cm->rank = rank;
 	cm->device = device;
+	cm->coll_timeout_ms = coll_timeout_ms;
 	cm->p2p_seq = calloc(2 * (size_t)nranks, sizeof(*cm->p2p_seq));
 	if (!cm->p2p_seq) {
 		comm_free(cm);
@@ -333,6 +377,30 @@ uint64_t comm_next_seq(struct dfcclComm *comm, unsigned opcode, int peer)
 	return __atomic_add_fetch(counter, 1, __ATOMIC_RELAXED);
 }
 
+#define COMM_EXPLAIN_WAIT_MS 200
+
+/*
+ * A collective that failed because its communicator did (a timeout, a lost
+ * peer, an abort, a lost device) gets the daemon's sentence about the
+ * communicator appended: which collective, which ranks never submitted it.
+ * The daemon sends that notice before it fails the collectives, so it is on
+ * the socket already; this waits only the moment the reader thread takes to
+ * file it, and only on this failure path.
+ */
+static dfcclResult_t comm_explain(struct dfcclComm *comm, dfcclResult_t r)
+{
+	if (r != dfcclTimeout && r != dfcclRemoteError && r != dfcclAborted && r != dfcclDeviceLost)
+		return r;
+	char first[512], msg[sizeof(comm->async.message)];
+	snprintf(first, sizeof(first), "%s", errors_last());
+	for (int i = 0; i < COMM_EXPLAIN_WAIT_MS; i++) {
+		if (client_async_get(comm->client, &comm->async, msg, sizeof(msg)) != dfcclSuccess)
+			return errors_set(r, "%s: %s", first, msg);
+		usleep(1000);
+	}
+	return r;
+}
+
 dfcclResult_t dfcclCommSynchronize(dfcclComm_t comm)
 {
 	if (!comm)
@@ -340,7 +408,7 @@ dfcclResult_t dfcclCommSynchronize(dfcclComm_t comm)
 	dfcclResult_t u = comm_usable(comm);
 	if (u != dfcclSuccess)
 		return u;
-	return req_tracker_sync(&comm->tracker, true);
+	return comm_explain(comm, req_tracker_sync(&comm->tracker, true));
 }
 
 dfcclResult_t dfcclCommQuery(dfcclComm_t comm)
@@ -350,7 +418,7 @@ dfcclResult_t dfcclCommQuery(dfcclComm_t comm)
 	dfcclResult_t u = comm_usable(comm);
 	if (u != dfcclSuccess)
 		return u;
-	return req_tracker_sync(&comm->tracker, false);
+	return comm_explain(comm, req_tracker_sync(&comm->tracker, false));
 }
 
 dfcclResult_t dfcclCommGetAsyncError(dfcclComm_t comm, dfcclResult_t *asyncError)
@@ -403,9 +471,12 @@ static dfcclResult_t comm_child(struct dfcclComm *comm, struct comm_salt *salt, 
 {
 	dfcclConfig_t cfg = DFCCL_CONFIG_INITIALIZER;
 	if (config) {
-		dfcclResult_t r = comm_config(config, &cfg.device, &cfg.initTimeoutMs, &cfg.blocking);
+		int64_t ct;
+		dfcclResult_t r = comm_config(config, &cfg.device, &cfg.initTimeoutMs, &cfg.blocking, &ct);
 		if (r != dfcclSuccess)
 			return r;
+		/* Back from CommInit's encoding to the config's. */
+		cfg.timeoutMs = ct == 0 ? -1 : ct < 0 ? 0 : (int)ct;
 		cfg.device = config->device;
 	}
 	if (cfg.device < 0)

@@ -52,6 +52,7 @@ struct dfcclComm {
 	int nranks;
 	int rank;
 	int device;
+	int64_t coll_timeout_ms; /* CommInit coll_timeout_ms: 0 the daemon's, -1 none, else ms */
 	uint64_t coll_seq;       /* atomic: NCCL-style collectives submitted */
 	uint64_t *p2p_seq;       /* atomic, [2 * nranks]: sends to, then receives from, each peer */
 	struct req_tracker tracker; /* outstanding entries */

@@ -56,17 +56,7 @@ void qp_heartbeat(struct qp *q)
 
 const char *qp_op_name(unsigned opcode)
 {
-	static const char *const names[DFCCL_OP_COUNT_] = {
-	    [DFCCL_OP_NOP] = "NOP",
-	    [DFCCL_OP_ALLREDUCE] = "AllReduce",
-	    [DFCCL_OP_ALLGATHER] = "AllGather",
-	    [DFCCL_OP_REDUCESCATTER] = "ReduceScatter",
-	    [DFCCL_OP_BROADCAST] = "Broadcast",
-	    [DFCCL_OP_REDUCE] = "Reduce",
-	    [DFCCL_OP_SEND] = "Send",
-	    [DFCCL_OP_RECV] = "Recv",
-	};
-	return opcode < DFCCL_OP_COUNT_ ? names[opcode] : "unknown operation";
+	return queue_op_name(opcode);
 }
 
 dfcclResult_t qp_map(int memfd, int doorbell, uint64_t region_size, uint32_t device, const int *lost,

@@ -26,6 +26,7 @@
 
 #include "client.h"
 #include "errors.h"
+#include "pb_json.h"
 #include "tool.h"
 #include "topo_json.h"
 #include "tune.h"
@@ -40,6 +41,14 @@ static const char usage[] =
     "  comms        communicators: ranks, members, state, the ring of their plan (--json: trees too)\n"
     "  queues       queue pairs: submitted, consumed, completed entries\n"
     "  stats        per-device engine counters\n"
+    "  stuck        per communicator, the oldest collective that waited at least one watch tick:\n"
+    "               how long, which ranks submitted it and which did not (pid, device, heartbeat),\n"
+    "               preemptions meanwhile; prints nothing when nothing is stuck\n"
+    "  dump COMM    the flight recorder of communicator COMM: each rank's last collectives with\n"
+    "               their submit, start and end times (ms since the communicator was created,\n"
+    "               sampled every watch-interval-ms, -1 when not seen) and status; --json prints\n"
+    "               the FlightDumpReply message of proto/dfccl.proto, the schema of the files\n"
+    "               dfccld writes into flight-recorder-dir on a timeout\n"
     "  topo         link matrix, the rings and trees in use, the algorithm selection table\n"
     "               --dump       print only the model, as `dfccld --topology FILE` loads it\n"
     "  ping         round trip of NOP entries through a device's queue pair\n"
@@ -187,99 +196,6 @@ static const char *engine_name(uint32_t engine)
 
 /* ---------------------------------------------------------------- JSON */
 
-static json_t *pb_json(const ProtobufCMessage *m);
-
-/* Enum values as the lower-case part of their name after the first '_'
- * (ENGINE_HOST -> "host"), which is how people name them. */
-static json_t *pb_enum_json(const ProtobufCEnumDescriptor *ed, int value)
-{
-	const ProtobufCEnumValue *v = protobuf_c_enum_descriptor_get_value(ed, value);
-	if (!v)
-		return json_integer(value);
-	const char *name = strchr(v->name, '_');
-	name = name ? name + 1 : v->name;
-	char buf[64];
-	size_t i;
-	for (i = 0; name[i] && i + 1 < sizeof(buf); i++)
-		buf[i] = (char)(name[i] >= 'A' && name[i] <= 'Z' ? name[i] - 'A' + 'a' : name[i]);
-	buf[i] = 0;
-	return json_string(buf);
-}
-
-static size_t pb_type_size(ProtobufCType type)
-{
-	switch (type) {
-	case PROTOBUF_C_TYPE_INT64:
-	case PROTOBUF_C_TYPE_SINT64:
-	case PROTOBUF_C_TYPE_SFIXED64:
-	case PROTOBUF_C_TYPE_UINT64:
-	case PROTOBUF_C_TYPE_FIXED64: return 8;
-	case PROTOBUF_C_TYPE_DOUBLE: return sizeof(double);
-	case PROTOBUF_C_TYPE_BOOL: return sizeof(protobuf_c_boolean);
-	case PROTOBUF_C_TYPE_STRING:
-	case PROTOBUF_C_TYPE_MESSAGE: return sizeof(void *);
-	case PROTOBUF_C_TYPE_BYTES: return sizeof(ProtobufCBinaryData);
-	default: return 4; /* the 32-bit integers, float, enum */
-	}
-}
-
-static json_t *pb_value_json(const ProtobufCFieldDescriptor *f, const void *p)
-{
-	switch (f->type) {
-	case PROTOBUF_C_TYPE_INT32:
-	case PROTOBUF_C_TYPE_SINT32:
-	case PROTOBUF_C_TYPE_SFIXED32: return json_integer(*(const int32_t *)p);
-	case PROTOBUF_C_TYPE_UINT32:
-	case PROTOBUF_C_TYPE_FIXED32: return json_integer(*(const uint32_t *)p);
-	case PROTOBUF_C_TYPE_INT64:
-	case PROTOBUF_C_TYPE_SINT64:
-	case PROTOBUF_C_TYPE_SFIXED64: return json_integer(*(const int64_t *)p);
-	case PROTOBUF_C_TYPE_UINT64:
-	case PROTOBUF_C_TYPE_FIXED64: return json_integer((json_int_t) * (const uint64_t *)p);
-	case PROTOBUF_C_TYPE_FLOAT: return json_real(*(const float *)p);
-	case PROTOBUF_C_TYPE_DOUBLE: return json_real(*(const double *)p);
-	case PROTOBUF_C_TYPE_BOOL: return json_boolean(*(const protobuf_c_boolean *)p);
-	case PROTOBUF_C_TYPE_ENUM: return pb_enum_json(f->descriptor, *(const int *)p);
-	case PROTOBUF_C_TYPE_STRING: {
-		const char *s = *(char *const *)p;
-		return json_string(s ? s : "");
-	}
-	case PROTOBUF_C_TYPE_BYTES: {
-		const ProtobufCBinaryData *b = p;
-		return json_integer((json_int_t)b->len); /* no query carries bytes; say how many */
-	}
-	case PROTOBUF_C_TYPE_MESSAGE: {
-		const ProtobufCMessage *m = *(const ProtobufCMessage *const *)p;
-		return m ? pb_json(m) : json_null();
-	}
-	}
-	return json_null();
-}
-
-/* One field of m: a value, or an array for a repeated field. */
-static json_t *pb_field_json(const ProtobufCMessage *m, const ProtobufCFieldDescriptor *f)
-{
-	const char *field = (const char *)m + f->offset;
-	if (f->label != PROTOBUF_C_LABEL_REPEATED)
-		return pb_value_json(f, field);
-	size_t n = *(const size_t *)((const char *)m + f->quantifier_offset);
-	const char *elems = *(char *const *)field;
-	json_t *a = json_array();
-	for (size_t k = 0; k < n; k++)
-		json_array_append_new(a, pb_value_json(f, elems + k * pb_type_size(f->type)));
-	return a;
-}
-
-/* A message as a JSON object keyed by its proto field names. */
-static json_t *pb_json(const ProtobufCMessage *m)
-{
-	const ProtobufCMessageDescriptor *d = m->descriptor;
-	json_t *o = json_object();
-	for (unsigned i = 0; i < d->n_fields; i++)
-		json_object_set_new(o, d->fields[i].name, pb_field_json(m, &d->fields[i]));
-	return o;
-}
-
 static void json_print_free(json_t *j)
 {
 	json_dumpf(j, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
@@ -330,7 +246,9 @@ static void print_sessions(const Dfccl__V1__QueryReply *q, const char *socket_pa
 {
 	struct table t;
 	char age[64], bytes[64], devices[256];
-	table_start(&t, 9, "SESSION", "UID", "PID", "NAME", "COMMS", "REGS", "REGISTERED", "DEVICES", "AGE");
+	char hb[64];
+	table_start(&t, 10, "SESSION", "UID", "PID", "NAME", "COMMS", "REGS", "REGISTERED", "DEVICES", "AGE",
+	            "HEARTBEAT");
 	for (size_t i = 0; i < q->n_sessions; i++) {
 		const Dfccl__V1__SessionInfo *s = q->sessions[i];
 		size_t off = 0;
@@ -348,6 +266,11 @@ static void print_sessions(const Dfccl__V1__QueryReply *q, const char *socket_pa
 		table_cell(&t, "%s", bytes);
 		table_cell(&t, "%s", devices[0] ? devices : "-");
 		table_cell(&t, "%s", age);
+		format_duration(hb, sizeof(hb), s->heartbeat_age_ms < 0 ? 0 : (uint64_t)s->heartbeat_age_ms);
+		if (s->heartbeat_age_ms < 0)
+			table_cell(&t, "-");
+		else
+			table_cell(&t, "%s ago%s", hb, s->stopped ? " (stopped?)" : "");
 	}
 	table_print_free(&t);
 }
@@ -420,6 +343,41 @@ static void print_stats(const Dfccl__V1__QueryReply *q, const char *socket_path)
 	table_print_free(&t);
 }
 
+/* One line per stuck communicator, then one per rank; nothing at all when
+ * nothing is stuck, so scripts can test for empty output. */
+static void print_stuck(const Dfccl__V1__QueryReply *q, const char *socket_path)
+{
+	for (size_t i = 0; i < q->n_stuck; i++) {
+		const Dfccl__V1__StuckInfo *si = q->stuck[i];
+		char waited[64], idle[64], to[64];
+		format_duration(waited, sizeof(waited), si->waited_ms);
+		format_duration(idle, sizeof(idle), si->idle_ms);
+		format_duration(to, sizeof(to), si->timeout_ms > 0 ? (uint64_t)si->timeout_ms : 0);
+		printf("%scommunicator %llu (uid %u): %s #%llu, %llu elements of %s, waiting %s (no progress for %s; "
+		       "timeout %s), %llu preemptions meanwhile\n",
+		       i ? "\n" : "", (unsigned long long)si->comm_id, si->uid, si->op, (unsigned long long)si->seq,
+		       (unsigned long long)si->count, si->dtype, waited, idle, si->timeout_ms > 0 ? to : "none",
+		       (unsigned long long)si->preemptions);
+		struct table t;
+		table_start(&t, 6, "RANK", "STATE", "PID", "DEVICE", "SESSION", "HEARTBEAT");
+		for (size_t k = 0; k < si->n_ranks; k++) {
+			const Dfccl__V1__StuckRank *r = si->ranks[k];
+			char hb[64];
+			format_duration(hb, sizeof(hb), r->heartbeat_age_ms < 0 ? 0 : (uint64_t)r->heartbeat_age_ms);
+			table_cell(&t, "%u", r->rank);
+			table_cell(&t, "%s", r->state);
+			table_cell(&t, "%d", r->pid);
+			table_cell(&t, "%u", r->device);
+			table_cell(&t, "%llu", (unsigned long long)r->session_id);
+			if (r->heartbeat_age_ms < 0)
+				table_cell(&t, "-");
+			else
+				table_cell(&t, "%s ago%s", hb, r->stopped ? " (stopped?)" : "");
+		}
+		table_print_free(&t);
+	}
+}
+
 static void print_status_reply(const Dfccl__V1__QueryReply *q, const char *socket_path)
 {
 	print_status(q->status, socket_path);
@@ -444,6 +402,7 @@ static const struct query_cmd query_cmds[] = {
     {"comms", DFCCL__V1__QUERY_KIND__QUERY_COMMS, "comms", "comms", print_comms},
     {"queues", DFCCL__V1__QUERY_KIND__QUERY_QUEUES, "queues", "queues", print_queues},
     {"stats", DFCCL__V1__QUERY_KIND__QUERY_STATS, "stats", "devices", print_stats},
+    {"stuck", DFCCL__V1__QUERY_KIND__QUERY_STUCK, "stuck", "stuck", print_stuck},
 };
 
 /* Sends one query; the caller releases *rep. */
@@ -477,6 +436,61 @@ static dfcclResult_t run_query(struct client *c, const struct query_cmd *cmd, bo
 	}
 	client_reply_release(&rep);
 	return r;
+}
+
+/* ---------------------------------------------------------------- dump */
+
+static void print_dump(const Dfccl__V1__FlightDumpReply *d)
+{
+	char age[64];
+	format_duration(age, sizeof(age), d->age_ms);
+	printf("communicator %llu (uid %u, %u ranks, %s, created %s ago); times in ms since its creation, sampled "
+	       "every %u ms (-1: not seen)\n",
+	       (unsigned long long)d->comm_id, d->uid, d->nranks, d->state, age, d->interval_ms);
+	if (d->failure[0])
+		printf("failure: %s\n", d->failure);
+	if (d->missed)
+		printf("%llu collectives came and went between two samples and are not recorded\n",
+		       (unsigned long long)d->missed);
+	struct table t;
+	table_start(&t, 12, "RANK", "PID", "DEVICE", "OP", "SEQ", "COUNT", "TYPE", "ALGO", "SUBMIT", "START", "END",
+	            "STATUS");
+	for (size_t i = 0; i < d->n_records; i++) {
+		const Dfccl__V1__FlightRecord *f = d->records[i];
+		const Dfccl__V1__CommRank *m = f->rank < d->n_ranks ? d->ranks[f->rank] : NULL;
+		table_cell(&t, "%u", f->rank);
+		table_cell(&t, "%d", m ? m->pid : 0);
+		table_cell(&t, "%u", m ? m->device : 0);
+		table_cell(&t, "%s", f->op);
+		table_cell(&t, "%llu", (unsigned long long)f->seq);
+		table_cell(&t, "%llu", (unsigned long long)f->count);
+		table_cell(&t, "%s", f->dtype);
+		table_cell(&t, "%s", f->algo);
+		table_cell(&t, "%lld", (long long)f->submit_ms);
+		table_cell(&t, "%lld", (long long)f->start_ms);
+		table_cell(&t, "%lld", (long long)f->end_ms);
+		table_cell(&t, "%s", f->status);
+	}
+	table_print_free(&t);
+}
+
+static dfcclResult_t run_dump(struct client *c, uint64_t comm_id, bool json)
+{
+	Dfccl__V1__FlightDump fd = DFCCL__V1__FLIGHT_DUMP__INIT;
+	fd.comm_id = comm_id;
+	dfccl_envelope req = DFCCL__V1__ENVELOPE__INIT;
+	req.body_case = DFCCL__V1__ENVELOPE__BODY_FLIGHT_DUMP;
+	req.flight_dump = &fd;
+	struct client_reply rep;
+	dfcclResult_t r = client_request(c, &req, NULL, 0, DFCCL__V1__ENVELOPE__BODY_FLIGHT_DUMP_REPLY, &rep);
+	if (r != dfcclSuccess)
+		return r;
+	if (json)
+		json_print_free(pb_json(&rep.env->flight_dump_reply->base));
+	else
+		print_dump(rep.env->flight_dump_reply);
+	client_reply_release(&rep);
+	return dfcclSuccess;
 }
 
 /* ---------------------------------------------------------------- topo */
@@ -749,16 +763,29 @@ int main(int argc, char **argv)
 	}
 	if (optind >= argc)
 		return usage_error("no command given");
+	const char *name = argv[optind];
+	bool dump_cmd = !strcmp(name, "dump");
+	unsigned long long comm_id = 0;
+	if (dump_cmd) {
+		char *end;
+		const char *arg = optind + 1 < argc ? argv[optind + 1] : NULL;
+		if (!arg)
+			return usage_error("dump takes the communicator's id (dfcclctl comms lists them)");
+		errno = 0;
+		comm_id = strtoull(arg, &end, 10);
+		if (errno || !*arg || *end || arg[0] == '-' || comm_id == 0)
+			return usage_error("dump takes a communicator id (a number from dfcclctl comms), not '%s'", arg);
+		optind++;
+	}
 	if (optind + 1 < argc)
 		return usage_error("unexpected argument '%s'", argv[optind + 1]);
-	const char *name = argv[optind];
 
 	const struct query_cmd *cmd = NULL;
 	for (size_t i = 0; i < sizeof(query_cmds) / sizeof(query_cmds[0]); i++)
 		if (!strcmp(name, query_cmds[i].name))
 			cmd = &query_cmds[i];
 	bool ping = !strcmp(name, "ping"), topo = !strcmp(name, "topo"), tune = !strcmp(name, "tune");
-	if (!cmd && !ping && !topo && !tune)
+	if (!cmd && !ping && !topo && !tune && !dump_cmd)
 		return usage_error("unknown command '%s'", name);
 	if (ping_opts && !ping)
 		return usage_error("--device and --count go with ping");
@@ -776,8 +803,9 @@ int main(int argc, char **argv)
 	struct client *c;
 	dfcclResult_t r = client_open(socket_path, "dfcclctl", &c);
 	if (r == dfcclSuccess) {
-		r = ping ? run_ping(c, (int)device, count, json)
-		    : topo ? run_topo(c, json, dump)
+		r = ping       ? run_ping(c, (int)device, count, json)
+		    : dump_cmd ? run_dump(c, comm_id, json)
+		    : topo     ? run_topo(c, json, dump)
 		           : run_query(c, cmd, json, socket_path);
 		client_unref(c);
 	}

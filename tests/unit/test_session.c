@@ -545,7 +545,7 @@ static int join(struct fixture *fx, struct peer *p, uint64_t req, const uint8_t 
                 uint32_t rank, uint32_t timeout_ms, char *err)
 {
 	err[0] = '\0';
-	return comm_join(&fx->srv, p->s, req, id, idlen, nranks, rank, 0, timeout_ms, err, 512);
+	return comm_join(&fx->srv, p->s, req, id, idlen, nranks, rank, 0, timeout_ms, 0, err, 512);
 }
 
 static void test_comm_join_arguments(void **state)

@@ -1,0 +1,67 @@
+/*
+ * The watcher: timeouts, `dfcclctl stuck` and the flight recorder, from the
+ * supervisor alone.
+ *
+ * On a tick of watch-interval-ms (running only while a communicator exists)
+ * the supervisor reads what it already maps: the header, submission entries
+ * and completion words of every queue pair, and the posts of every ready
+ * communicator's region (proto/dfccl_comm.h). Engines and clients do no
+ * work per collective for it, so it sees either engine's communicators the
+ * same way.
+ *
+ * Per communicator it follows the oldest NCCL-style collective instance
+ * that some rank submitted and not every rank finished. When nothing about
+ * that instance changed -- no rank submitted it, posted it, progressed in
+ * it or finished it -- for the communicator's timeout (comm.h,
+ * comm_coll_timeout_ms), the communicator fails with DFCCL_CQ_TIMEOUT
+ * through comm_fail, with a sentence naming the communicator, the
+ * collective and the ranks that never submitted it, each told apart as
+ * stopped (its library's heartbeat in the queue header is older than
+ * heartbeat-stale-ms) or running. Detection happens on the first tick
+ * after the timeout: within timeout + watch-interval-ms.
+ *
+ * Not covered yet: send/receive and registered collectives are recorded but
+ * not timed.
+ */
+#ifndef DFCCLD_WATCH_H
+#define DFCCLD_WATCH_H
+
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "dfccl.pb-c.h"
+
+struct server;
+struct session;
+struct watch;
+struct recorder;
+
+/* Creates the watcher of srv (its timer starts with watch_comm_ready).
+ * Returns 0 or -ENOMEM. */
+int watch_new(struct server *srv, struct watch **out);
+
+/* A communicator became ready: make sure the tick runs. */
+void watch_comm_ready(struct watch *w);
+
+/* One tick, now (also what the timer runs). */
+void watch_tick(struct watch *w);
+
+/* Stops the timer and frees the watcher once the handle is closed. */
+void watch_close(struct watch *w);
+
+/* The age of session s's newest heartbeat in ms (-1: none yet) and whether
+ * it reads as stopped. */
+int64_t watch_heartbeat_age_ms(struct watch *w, const struct session *s, int *stopped);
+
+/* Fills reply->stuck with the communicators of `uid` (every one for uid 0)
+ * whose oldest unfinished collective waited at least one tick. */
+int watch_fill_stuck(struct watch *w, uid_t uid, Dfccl__V1__QueryReply *reply);
+void watch_stuck_free(Dfccl__V1__QueryReply *reply);
+
+/* The flight recorder of comm_id, live or gone, or NULL. */
+struct recorder *watch_recorder(struct watch *w, uint64_t comm_id);
+
+/* The tick, in ms: the precision of every time the watcher reports. */
+uint32_t watch_interval_ms(const struct watch *w);
+
+#endif

@@ -1,0 +1,487 @@
+/*
+ * Detection and visibility of stuck collectives, against the real daemon
+ * with one client process per rank: the collective timeout names a rank
+ * that was SIGSTOPped (as stopped) and one that never submitted (as
+ * running), `dfcclctl stuck` shows a stuck instance and nothing once it
+ * completed, the flight recorder keeps a killed client's last collectives,
+ * and the new requests refuse bad input with a sentence.
+ */
+#include <errno.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "dfccl.h"
+#include "harness.h"
+
+#define COUNT 1024
+#define TIMEOUT_MS 1000
+
+struct job {
+	dfcclUniqueId id;
+	int nranks;
+	int timeout_ms;      /* dfcclConfig_t.timeoutMs */
+	int warmup;          /* all-reduces every rank completes first */
+	int pid_fd;          /* rank 1 writes its pid here */
+	int pid_rd;          /* ... and rank 0 reads it here (-1: it does not) */
+	const char *peer_state; /* how rank 0's error must describe rank 1 ("stopped", "running") */
+	int ready_fd;        /* each rank writes one byte after the warm-up */
+	int go_fd;           /* rank 1 reads one byte before its next step */
+	int stop_self;       /* rank 1 stops itself (SIGSTOP) after the warm-up */
+	int late_submit;     /* rank 1 submits the next all-reduce after go */
+	int expect;          /* rank 0's result of the next all-reduce */
+	const char *expect_msg[3];
+};
+
+#define FAIL(...)                                      \
+	do {                                           \
+		fprintf(stderr, "rank %d: ", rank);    \
+		fprintf(stderr, __VA_ARGS__);          \
+		fprintf(stderr, "\n");                 \
+		return 1;                              \
+	} while (0)
+
+/* One all-reduce of ranks' (rank + 1) * (i + 1), checked against the sum. */
+static int allreduce_checked(dfcclComm_t comm, float *buf, int nranks, int rank)
+{
+	for (int i = 0; i < COUNT; i++)
+		buf[i] = (float)((rank + 1) * (i % 7 + 1));
+	if (dfcclAllReduce(buf, buf, COUNT, dfcclFloat, dfcclSum, comm, NULL) != dfcclSuccess ||
+	    dfcclCommSynchronize(comm) != dfcclSuccess)
+		FAIL("all-reduce: %s", dfcclGetLastError(NULL));
+	float ranks_sum = (float)(nranks * (nranks + 1) / 2);
+	for (int i = 0; i < COUNT; i++)
+		if (buf[i] != ranks_sum * (float)(i % 7 + 1))
+			FAIL("element %d is %g, expected %g", i, buf[i], ranks_sum * (float)(i % 7 + 1));
+	return 0;
+}
+
+static int rank_main(void *arg, int rank)
+{
+	struct job *j = arg;
+	dfcclConfig_t cfg = DFCCL_CONFIG_INITIALIZER;
+	cfg.device = rank % 2;
+	cfg.timeoutMs = j->timeout_ms;
+	dfcclComm_t comm = NULL;
+	float *buf = NULL;
+	if (dfcclSetDevice(rank % 2) != dfcclSuccess)
+		FAIL("set device: %s", dfcclGetLastError(NULL));
+	if (dfcclCommInitRankConfig(&comm, j->nranks, j->id, rank, &cfg) != dfcclSuccess)
+		FAIL("init: %s", dfcclGetLastError(NULL));
+	if (dfcclMemAlloc((void **)&buf, COUNT * sizeof(float)) != dfcclSuccess)
+		FAIL("alloc: %s", dfcclGetLastError(NULL));
+	for (int k = 0; k < j->warmup; k++)
+		if (allreduce_checked(comm, buf, j->nranks, rank))
+			return 1;
+	char b = 'r';
+	if (j->ready_fd >= 0 && write(j->ready_fd, &b, 1) != 1)
+		FAIL("ready pipe");
+	if (rank == 1) {
+		pid_t me = getpid();
+		if (j->pid_fd >= 0 && write(j->pid_fd, &me, sizeof(me)) != sizeof(me))
+			FAIL("pid pipe");
+		if (j->stop_self)
+			raise(SIGSTOP); /* the test kills it */
+		if (j->go_fd >= 0 && read(j->go_fd, &b, 1) != 1)
+			FAIL("go pipe");
+		if (j->late_submit) {
+			if (allreduce_checked(comm, buf, j->nranks, rank))
+				return 1;
+			/* Destroy, not exit: a rank that vanishes fails its peers'
+			 * collectives still in flight. */
+			if (dfcclCommDestroy(comm) != dfcclSuccess)
+				FAIL("destroy: %s", dfcclGetLastError(NULL));
+			return 0;
+		}
+		/* It never submitted: its communicator failed meanwhile. */
+		dfcclResult_t ae = dfcclSuccess;
+		dfcclCommGetAsyncError(comm, &ae);
+		if ((int)ae != j->expect)
+			FAIL("async error %d (%s), expected %d", ae, dfcclGetErrorString(ae), j->expect);
+		dfcclCommAbort(comm);
+		return 0;
+	}
+	if (j->expect == dfcclSuccess) {
+		if (allreduce_checked(comm, buf, j->nranks, rank))
+			return 1;
+		if (dfcclCommDestroy(comm) != dfcclSuccess)
+			FAIL("destroy: %s", dfcclGetLastError(NULL));
+		return 0;
+	}
+	char name[96] = "";
+	pid_t peer;
+	if (j->pid_rd >= 0) {
+		if (read(j->pid_rd, &peer, sizeof(peer)) != sizeof(peer))
+			FAIL("pid pipe");
+		snprintf(name, sizeof(name), "1 (pid %d, device 1, %s", (int)peer, j->peer_state);
+	}
+	uint64_t t0 = now_ms();
+	dfcclResult_t r = dfcclAllReduce(buf, buf, COUNT, dfcclFloat, dfcclSum, comm, NULL);
+	if (r == dfcclSuccess)
+		r = dfcclCommSynchronize(comm);
+	uint64_t took = now_ms() - t0;
+	const char *msg = dfcclGetLastError(NULL);
+	if ((int)r != j->expect)
+		FAIL("all-reduce returned %d (%s: %s), expected %d", r, dfcclGetErrorString(r), msg, j->expect);
+	/* Named within timeout + 1 s of the submission. */
+	if (took < (uint64_t)j->timeout_ms || took > (uint64_t)j->timeout_ms + 1000)
+		FAIL("the timeout came after %llu ms, expected %d..%d", (unsigned long long)took, j->timeout_ms,
+		     j->timeout_ms + 1000);
+	for (int k = 0; k < 3 && j->expect_msg[k]; k++)
+		if (!strstr(msg, j->expect_msg[k]))
+			FAIL("error '%s' lacks '%s'", msg, j->expect_msg[k]);
+	if (name[0] && !strstr(msg, name))
+		FAIL("error '%s' lacks '%s'", msg, name);
+	dfcclCommAbort(comm);
+	return 0;
+}
+
+static void job_init(struct job *j)
+{
+	memset(j, 0, sizeof(*j));
+	assert_int_equal(dfcclGetUniqueId(&j->id), dfcclSuccess);
+	j->nranks = 2;
+	j->pid_fd = j->pid_rd = j->ready_fd = j->go_fd = -1;
+	j->warmup = 2;
+	j->expect = dfcclSuccess;
+}
+
+/* Where the daemon writes the recorders of timed-out communicators. */
+static char fr_dir[64];
+
+static int daemon_setup_faults(void **state)
+{
+	/* daemon_teardown frees it. */
+	struct daemon_proc *d = calloc(1, sizeof(*d));
+	snprintf(fr_dir, sizeof(fr_dir), "/tmp/dfccl-fr-XXXXXX");
+	if (!d || !mkdtemp(fr_dir))
+		return -1;
+	*state = d;
+	return daemon_start(d, 2, "--heartbeat-stale-ms", "500", "--watch-interval-ms", "50", "--flight-recorder-dir",
+	                    fr_dir, NULL) == 0 ? 0 : -1;
+}
+
+static dfccl_envelope *request(struct daemon_proc *d, dfccl_envelope *env)
+{
+	struct raw_client c;
+	assert_int_equal(raw_connect(&c, d->socket, DFCCL_PROTO_MIN_VERSION, DFCCL_PROTO_VERSION, NULL), 0);
+	dfccl_envelope *r = raw_request(&c, env, NULL, 0, NULL, NULL);
+	raw_close(&c);
+	assert_non_null(r);
+	return r;
+}
+
+static dfccl_envelope *query_kind(struct daemon_proc *d, int kind)
+{
+	Dfccl__V1__Query q = DFCCL__V1__QUERY__INIT;
+	q.kind = kind;
+	dfccl_envelope env = DFCCL__V1__ENVELOPE__INIT;
+	env.body_case = DFCCL__V1__ENVELOPE__BODY_QUERY;
+	env.query = &q;
+	dfccl_envelope *r = request(d, &env);
+	assert_int_equal(r->body_case, DFCCL__V1__ENVELOPE__BODY_QUERY_REPLY);
+	return r;
+}
+
+static uint64_t the_comm_id(struct daemon_proc *d)
+{
+	dfccl_envelope *r = query_kind(d, DFCCL__V1__QUERY_KIND__QUERY_COMMS);
+	assert_int_equal(r->query_reply->n_comms, 1);
+	uint64_t id = r->query_reply->comms[0]->comm_id;
+	frame_envelope_free(r);
+	return id;
+}
+
+static dfccl_envelope *flight_dump(struct daemon_proc *d, uint64_t comm_id)
+{
+	Dfccl__V1__FlightDump fd = DFCCL__V1__FLIGHT_DUMP__INIT;
+	fd.comm_id = comm_id;
+	dfccl_envelope env = DFCCL__V1__ENVELOPE__INIT;
+	env.body_case = DFCCL__V1__ENVELOPE__BODY_FLIGHT_DUMP;
+	env.flight_dump = &fd;
+	return request(d, &env);
+}
+
+/* Runs dfcclctl with args into out (its stdout); returns its exit code. */
+static int ctl(struct daemon_proc *d, const char *const *args, char *out, size_t len)
+{
+	const char *argv[8] = {DFCCLCTL_PATH, "--socket", d->socket};
+	int n = 3;
+	for (int i = 0; args[i] && n < 7; i++)
+		argv[n++] = args[i];
+	argv[n] = NULL;
+	char path[128];
+	snprintf(path, sizeof(path), "%s/ctl.out", d->dir);
+	pid_t p = child_exec(DFCCLCTL_PATH, argv, path, "/dev/null");
+	assert_true(p > 0);
+	int rc = child_wait(p, 10000);
+	read_text_file(path, out, len);
+	return rc;
+}
+
+/* ------------------------------------------------------------ tests */
+
+static void test_sigstopped_rank_named(void **state)
+{
+	(void)state;
+	struct job j;
+	job_init(&j);
+	int pids[2];
+	assert_int_equal(pipe(pids), 0);
+	j.pid_fd = pids[1];
+	j.timeout_ms = TIMEOUT_MS;
+	j.stop_self = 1;
+	j.expect = dfcclTimeout;
+	j.pid_rd = pids[0];
+	j.peer_state = "stopped";
+	j.expect_msg[0] = "AllReduce #3 (1024 elements of float32)";
+	j.expect_msg[1] = "never submitted it";
+	pid_t victim = child_run(rank_main, &j, 1);
+	pid_t r0 = child_run(rank_main, &j, 0);
+	assert_int_equal(child_wait(r0, 20000), 0);
+	kill(victim, SIGKILL);
+	assert_int_equal(child_wait(victim, 5000), 128 + SIGKILL);
+	/* The recorder of the timed-out communicator went into the folder. */
+	char cmd[160], out[256] = "";
+	snprintf(cmd, sizeof(cmd), "grep -l '\"timed-out\"' %s/comm-*.json 2>/dev/null | head -n 1", fr_dir);
+	FILE *p = popen(cmd, "r");
+	assert_non_null(p);
+	assert_non_null(fgets(out, sizeof(out), p));
+	pclose(p);
+	close(pids[0]);
+	close(pids[1]);
+}
+
+static void test_missing_rank_named(void **state)
+{
+	(void)state;
+	struct job j;
+	job_init(&j);
+	int pids[2], go[2];
+	assert_int_equal(pipe(pids), 0);
+	assert_int_equal(pipe(go), 0);
+	j.pid_fd = pids[1];
+	j.go_fd = go[0];
+	j.timeout_ms = TIMEOUT_MS;
+	j.expect = dfcclTimeout;
+	j.pid_rd = pids[0];
+	j.peer_state = "running";
+	j.expect_msg[0] = "AllReduce #3";
+	pid_t r1 = child_run(rank_main, &j, 1);
+	pid_t r0 = child_run(rank_main, &j, 0);
+	assert_int_equal(child_wait(r0, 20000), 0);
+	assert_int_equal(write(go[1], "g", 1), 1);
+	assert_int_equal(child_wait(r1, 10000), 0);
+	close(pids[0]);
+	close(pids[1]);
+	close(go[0]);
+	close(go[1]);
+}
+
+static void test_stuck_shows_missing_rank(void **state)
+{
+	struct daemon_proc *d = *state;
+	struct job j;
+	job_init(&j);
+	int pids[2], go[2];
+	assert_int_equal(pipe(pids), 0);
+	assert_int_equal(pipe(go), 0);
+	j.pid_fd = pids[1];
+	j.go_fd = go[0];
+	j.late_submit = 1;
+	j.timeout_ms = 0; /* no timeout: it stays stuck until rank 1 comes */
+	char out[8192];
+	const char *stuck[] = {"stuck", NULL};
+	assert_int_equal(ctl(d, stuck, out, sizeof(out)), 0);
+	assert_string_equal(out, "");
+	pid_t r1 = child_run(rank_main, &j, 1);
+	pid_t r0 = child_run(rank_main, &j, 0);
+	pid_t pid1;
+	assert_int_equal(read(pids[0], &pid1, sizeof(pid1)), sizeof(pid1));
+	uint64_t comm_id = 0;
+	int found = 0;
+	for (uint64_t deadline = now_ms() + 10000; now_ms() < deadline && !found; usleep(50000)) {
+		dfccl_envelope *r = query_kind(d, DFCCL__V1__QUERY_KIND__QUERY_STUCK);
+		const Dfccl__V1__QueryReply *q = r->query_reply;
+		if (q->n_stuck == 1 && q->stuck[0]->seq == 3) {
+			const Dfccl__V1__StuckInfo *si = q->stuck[0];
+			found = 1;
+			comm_id = si->comm_id;
+			assert_string_equal(si->op, "AllReduce");
+			assert_int_equal(si->count, COUNT);
+			assert_int_equal(si->n_missing, 1);
+			assert_int_equal(si->missing[0], 1);
+			assert_int_equal(si->n_ranks, 2);
+			assert_int_equal(si->ranks[1]->pid, pid1);
+			assert_string_equal(si->ranks[1]->state, "missing");
+			assert_string_not_equal(si->ranks[0]->state, "missing");
+			assert_int_equal(si->timeout_ms, 0);
+		}
+		frame_envelope_free(r);
+	}
+	assert_true(found);
+	assert_int_equal(ctl(d, stuck, out, sizeof(out)), 0);
+	char want[64];
+	snprintf(want, sizeof(want), "communicator %llu", (unsigned long long)comm_id);
+	assert_non_null(strstr(out, want));
+	assert_non_null(strstr(out, "missing"));
+	/* Rank 1 comes: both complete with correct sums, nothing is stuck. */
+	assert_int_equal(write(go[1], "g", 1), 1);
+	assert_int_equal(child_wait(r1, 10000), 0);
+	assert_int_equal(child_wait(r0, 10000), 0);
+	usleep(200000);
+	dfccl_envelope *r = query_kind(d, DFCCL__V1__QUERY_KIND__QUERY_STUCK);
+	assert_int_equal(r->query_reply->n_stuck, 0);
+	frame_envelope_free(r);
+	assert_int_equal(ctl(d, stuck, out, sizeof(out)), 0);
+	assert_string_equal(out, "");
+	close(pids[0]);
+	close(pids[1]);
+	close(go[0]);
+	close(go[1]);
+}
+
+static void test_recorder_keeps_killed_client(void **state)
+{
+	struct daemon_proc *d = *state;
+	struct job j;
+	job_init(&j);
+	int ready[2], go[2];
+	assert_int_equal(pipe(ready), 0);
+	assert_int_equal(pipe(go), 0);
+	j.ready_fd = ready[1];
+	j.go_fd = go[0];
+	j.warmup = 5;
+	j.late_submit = 1;
+	pid_t r1 = child_run(rank_main, &j, 1);
+	struct job j0 = j;
+	j0.go_fd = -1;
+	j0.expect = dfcclRemoteError;
+	pid_t r0 = child_run(rank_main, &j0, 0);
+	for (int i = 0; i < 2; i++) {
+		char b;
+		assert_int_equal(read(ready[0], &b, 1), 1);
+	}
+	uint64_t comm_id = the_comm_id(d);
+	usleep(300000); /* a few watch ticks */
+	kill(r1, SIGKILL);
+	assert_int_equal(child_wait(r1, 5000), 128 + SIGKILL);
+	child_wait(r0, 10000); /* rank 0's own check of its failure is not this test's subject */
+	usleep(200000);
+	dfccl_envelope *r = flight_dump(d, comm_id);
+	assert_int_equal(r->body_case, DFCCL__V1__ENVELOPE__BODY_FLIGHT_DUMP_REPLY);
+	const Dfccl__V1__FlightDumpReply *f = r->flight_dump_reply;
+	assert_int_equal(f->comm_id, comm_id);
+	assert_int_equal(f->nranks, 2);
+	assert_int_equal(f->ranks[1]->pid, r1);
+	uint64_t seen = 0;
+	for (size_t i = 0; i < f->n_records; i++) {
+		const Dfccl__V1__FlightRecord *x = f->records[i];
+		if (x->rank != 1)
+			continue;
+		assert_string_equal(x->op, "AllReduce");
+		assert_int_equal(x->count, COUNT);
+		assert_string_equal(x->dtype, "float32");
+		assert_string_equal(x->status, "ok");
+		assert_true(x->submit_ms >= 0 && x->end_ms >= x->submit_ms);
+		seen |= 1ull << x->seq;
+	}
+	/* Every one of the killed rank's five all-reduces, 1..5. */
+	assert_int_equal(seen, 0x3eull);
+	frame_envelope_free(r);
+	char out[16384], id[32];
+	snprintf(id, sizeof(id), "%llu", (unsigned long long)comm_id);
+	const char *dump[] = {"--json", "dump", id, NULL};
+	assert_int_equal(ctl(d, dump, out, sizeof(out)), 0);
+	assert_non_null(strstr(out, "\"records\""));
+	assert_non_null(strstr(out, "\"AllReduce\""));
+	close(ready[0]);
+	close(ready[1]);
+	close(go[0]);
+	close(go[1]);
+}
+
+static void test_bad_input(void **state)
+{
+	struct daemon_proc *d = *state;
+	dfccl_envelope *r = flight_dump(d, 987654321);
+	assert_int_equal(r->body_case, DFCCL__V1__ENVELOPE__BODY_ERROR);
+	assert_int_equal(r->error->code, DFCCL__V1__ERROR_CODE__ERROR_NOT_FOUND);
+	assert_non_null(strstr(r->error->message, "no flight recorder for communicator 987654321"));
+	frame_envelope_free(r);
+	char out[1024];
+	const char *no_id[] = {"dump", NULL}, *bad_id[] = {"dump", "abc", NULL}, *unknown[] = {"dump", "424242", NULL};
+	assert_int_equal(ctl(d, no_id, out, sizeof(out)), 2);
+	assert_int_equal(ctl(d, bad_id, out, sizeof(out)), 2);
+	assert_int_equal(ctl(d, unknown, out, sizeof(out)), 1);
+	/* A collective timeout below -1 is refused by the daemon. */
+	struct raw_client c;
+	assert_int_equal(raw_connect(&c, d->socket, DFCCL_PROTO_MIN_VERSION, DFCCL_PROTO_VERSION, NULL), 0);
+	Dfccl__V1__AttachDevice a = DFCCL__V1__ATTACH_DEVICE__INIT;
+	dfccl_envelope env = DFCCL__V1__ENVELOPE__INIT;
+	env.body_case = DFCCL__V1__ENVELOPE__BODY_ATTACH;
+	env.attach = &a;
+	int fds[8];
+	unsigned nfds = 0;
+	r = raw_request(&c, &env, NULL, 0, fds, &nfds);
+	assert_non_null(r);
+	for (unsigned i = 0; i < nfds; i++)
+		close(fds[i]);
+	frame_envelope_free(r);
+	uint8_t uid[128] = {1, 2, 3};
+	Dfccl__V1__CommInit ci = DFCCL__V1__COMM_INIT__INIT;
+	ci.unique_id.data = uid;
+	ci.unique_id.len = sizeof(uid);
+	ci.nranks = 2;
+	ci.coll_timeout_ms = -5;
+	env.body_case = DFCCL__V1__ENVELOPE__BODY_COMM_INIT;
+	env.comm_init = &ci;
+	r = raw_request(&c, &env, NULL, 0, NULL, NULL);
+	assert_non_null(r);
+	assert_int_equal(r->body_case, DFCCL__V1__ENVELOPE__BODY_ERROR);
+	assert_int_equal(r->error->code, DFCCL__V1__ERROR_CODE__ERROR_INVALID_ARGUMENT);
+	assert_non_null(strstr(r->error->message, "collective timeout -5 ms"));
+	frame_envelope_free(r);
+	raw_close(&c);
+	/* A bad DFCCL_TIMEOUT_MS fails the init with a sentence naming it. */
+	setenv("DFCCL_TIMEOUT_MS", "soon", 1);
+	dfcclUniqueId id;
+	assert_int_equal(dfcclGetUniqueId(&id), dfcclSuccess);
+	dfcclComm_t comm;
+	assert_int_equal(dfcclCommInitRank(&comm, 1, id, 0), dfcclInvalidArgument);
+	assert_non_null(strstr(dfcclGetLastError(NULL), "DFCCL_TIMEOUT_MS=soon"));
+	unsetenv("DFCCL_TIMEOUT_MS");
+}
+
+static int daemon_teardown_faults(void **state)
+{
+	char cmd[128];
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", fr_dir);
+	int rc = daemon_teardown(state);
+	if (system(cmd) != 0)
+		return -1;
+	return rc;
+}
+
+int main(void)
+{
+	signal(SIGPIPE, SIG_IGN);
+	const struct CMUnitTest tests[] = {
+	    cmocka_unit_test_setup_teardown(test_sigstopped_rank_named, daemon_setup_faults, daemon_teardown_faults),
+	    cmocka_unit_test_setup_teardown(test_missing_rank_named, daemon_setup_faults, daemon_teardown_faults),
+	    cmocka_unit_test_setup_teardown(test_stuck_shows_missing_rank, daemon_setup_faults, daemon_teardown_faults),
+	    cmocka_unit_test_setup_teardown(test_recorder_keeps_killed_client, daemon_setup_faults,
+	                                    daemon_teardown_faults),
+	    cmocka_unit_test_setup_teardown(test_bad_input, daemon_setup_faults, daemon_teardown_faults),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
