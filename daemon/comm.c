@@ -526,16 +526,21 @@ static struct comm *comm_of_member(struct server *srv, struct session *s, uint64
 	return c;
 }
 
-/* Rank r (session s) stops c: every rank's pending and later collectives
- * fail with DFCCL_CQ_ABORTED, and the others are told why (`verb`: what
- * the rank did). */
+/* Session s stops c: every rank's pending and later collectives fail with
+ * DFCCL_CQ_ABORTED, and the members (all but rank r, when s is one) are
+ * told who did it and what (`verb`). */
 static void comm_abort_by(struct comm *c, int r, const struct session *s, const char *verb)
 {
 	if (c->state == COMM_READY)
 		comm_break(c, COMM_ABORTED, DFCCL_CQ_ABORTED);
 	char msg[256];
-	snprintf(msg, sizeof(msg), "rank %d (pid %d) %s communicator %llu", r, (int)s->pid, verb,
-	         (unsigned long long)c->id);
+	if (r >= 0)
+		snprintf(msg, sizeof(msg), "rank %d (pid %d) %s communicator %llu", r, (int)s->pid, verb,
+		         (unsigned long long)c->id);
+	else
+		snprintf(msg, sizeof(msg), "%s (pid %d, uid %u) %s communicator %llu from outside",
+		         s->client_name[0] ? s->client_name : "a client", (int)s->pid, (unsigned)s->uid, verb,
+		         (unsigned long long)c->id);
 	log_info("comm", "%s", msg);
 	comm_notify(c, r, EC(ABORTED), msg);
 }
@@ -554,16 +559,21 @@ int comm_leave(struct server *srv, struct session *s, uint64_t comm_id, int abor
 
 int comm_revoke(struct server *srv, struct session *s, uint64_t comm_id, char *err, size_t errlen)
 {
-	int r;
-	struct comm *c = comm_of_member(srv, s, comm_id, &r, err, errlen);
-	if (!c)
+	struct comm *c = comm_find(srv, comm_id);
+	int r = c ? comm_rank_of(c, s) : -1;
+	/* A member revokes; its owner's uid or root may do it from outside
+	 * (dfcclctl abort). */
+	if (!c || (r >= 0 && c->members[r].state != MEMBER_ACTIVE) || (r < 0 && s->uid != 0 && s->uid != c->uid)) {
+		snprintf(err, errlen, "communicator %llu does not exist, or is another user's (only members, its owner and "
+		         "root may stop it)", (unsigned long long)comm_id);
 		return EC(NOT_FOUND);
-	if (c->state != COMM_READY && c->state != COMM_ABORTED && c->state != COMM_PEER_LOST) {
-		snprintf(err, errlen, "communicator %llu is %s: only a ready communicator can be revoked",
+	}
+	if (c->state == COMM_INITIALIZING || c->state == COMM_ACTIVATING) {
+		snprintf(err, errlen, "communicator %llu is %s: only a ready communicator can be stopped",
 		         (unsigned long long)comm_id, comm_state_name(c->state));
 		return EC(INVALID_ARGUMENT);
 	}
-	comm_abort_by(c, r, s, "revoked");
+	comm_abort_by(c, r, s, r >= 0 ? "revoked" : "aborted");
 	return 0;
 }
 

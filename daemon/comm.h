@@ -109,9 +109,10 @@ void comm_fail(struct comm *c, enum comm_state st, uint32_t status, int code, co
  * Returns 0 or a positive error code with a sentence in err. */
 int comm_leave(struct server *srv, struct session *s, uint64_t comm_id, int abort, char *err, size_t errlen);
 
-/* dfcclCommRevoke from session s: c fails every pending and later
- * collective with DFCCL_CQ_ABORTED on every rank; the members stay. Returns
- * 0 or a positive error code with a sentence in err. */
+/* dfcclCommRevoke from session s (a member), or `dfcclctl abort` (the
+ * owner's uid or root): c fails every pending and later collective with
+ * DFCCL_CQ_ABORTED on every rank; the members stay. Returns 0 or a
+ * positive error code with a sentence in err. */
 int comm_revoke(struct server *srv, struct session *s, uint64_t comm_id, char *err, size_t errlen);
 
 /* Session s is gone: leave everything it joined; other ranks are told. */

@@ -44,6 +44,9 @@ static const char usage[] =
     "  stuck        per communicator, the oldest collective that waited at least one watch tick:\n"
     "               how long, which ranks submitted it and which did not (pid, device, heartbeat),\n"
     "               preemptions meanwhile; prints nothing when nothing is stuck\n"
+    "  abort COMM   fail every pending and later collective of communicator COMM on every rank\n"
+    "               (dfcclAborted, naming who did it); its ranks can then shrink or destroy it.\n"
+    "               For the communicator's owner and root\n"
     "  dump COMM    the flight recorder of communicator COMM: each rank's last collectives with\n"
     "               their submit, start and end times (ms since the communicator was created,\n"
     "               sampled every watch-interval-ms, -1 when not seen) and status; --json prints\n"
@@ -493,6 +496,22 @@ static dfcclResult_t run_dump(struct client *c, uint64_t comm_id, bool json)
 	return dfcclSuccess;
 }
 
+/* ---------------------------------------------------------------- abort */
+
+static dfcclResult_t run_abort(struct client *c, uint64_t comm_id)
+{
+	Dfccl__V1__CommRevoke rv = DFCCL__V1__COMM_REVOKE__INIT;
+	rv.comm_id = comm_id;
+	dfccl_envelope req = DFCCL__V1__ENVELOPE__INIT;
+	req.body_case = DFCCL__V1__ENVELOPE__BODY_COMM_REVOKE;
+	req.comm_revoke = &rv;
+	dfcclResult_t r = client_request_ok(c, &req);
+	if (r == dfcclSuccess)
+		printf("communicator %llu aborted: its ranks' collectives fail with dfcclAborted\n",
+		       (unsigned long long)comm_id);
+	return r;
+}
+
 /* ---------------------------------------------------------------- topo */
 
 /* The link matrix, like nvidia-smi topo -m, with each device's NUMA node
@@ -764,17 +783,17 @@ int main(int argc, char **argv)
 	if (optind >= argc)
 		return usage_error("no command given");
 	const char *name = argv[optind];
-	bool dump_cmd = !strcmp(name, "dump");
+	bool dump_cmd = !strcmp(name, "dump"), abort_cmd = !strcmp(name, "abort");
 	unsigned long long comm_id = 0;
-	if (dump_cmd) {
+	if (dump_cmd || abort_cmd) {
 		char *end;
 		const char *arg = optind + 1 < argc ? argv[optind + 1] : NULL;
 		if (!arg)
-			return usage_error("dump takes the communicator's id (dfcclctl comms lists them)");
+			return usage_error("%s takes the communicator's id (dfcclctl comms lists them)", name);
 		errno = 0;
 		comm_id = strtoull(arg, &end, 10);
 		if (errno || !*arg || *end || arg[0] == '-' || comm_id == 0)
-			return usage_error("dump takes a communicator id (a number from dfcclctl comms), not '%s'", arg);
+			return usage_error("%s takes a communicator id (a number from dfcclctl comms), not '%s'", name, arg);
 		optind++;
 	}
 	if (optind + 1 < argc)
@@ -785,7 +804,7 @@ int main(int argc, char **argv)
 		if (!strcmp(name, query_cmds[i].name))
 			cmd = &query_cmds[i];
 	bool ping = !strcmp(name, "ping"), topo = !strcmp(name, "topo"), tune = !strcmp(name, "tune");
-	if (!cmd && !ping && !topo && !tune && !dump_cmd)
+	if (!cmd && !ping && !topo && !tune && !dump_cmd && !abort_cmd)
 		return usage_error("unknown command '%s'", name);
 	if (ping_opts && !ping)
 		return usage_error("--device and --count go with ping");
@@ -805,6 +824,7 @@ int main(int argc, char **argv)
 	if (r == dfcclSuccess) {
 		r = ping       ? run_ping(c, (int)device, count, json)
 		    : dump_cmd ? run_dump(c, comm_id, json)
+		    : abort_cmd ? run_abort(c, comm_id)
 		    : topo     ? run_topo(c, json, dump)
 		           : run_query(c, cmd, json, socket_path);
 		client_unref(c);

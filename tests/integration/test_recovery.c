@@ -7,10 +7,14 @@
  * one parent; non-blocking init (dfcclInProgress until the last rank
  * came, a timeout reported through the async error, an abort that does not
  * wait); a communicator grown by a new rank, the old ranks keeping theirs;
+ * `dfcclctl abort` by the owner (and refused to another uid), after which
+ * the ranks renew the communicator;
  * bad arguments get clear errors. The test process never
  * initialises libdfccl (unique ids need no daemon), so every forked rank
  * starts clean.
  */
+#include <fcntl.h>
+#include <grp.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -19,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -457,6 +462,100 @@ static void test_grow(void **state)
 	close(pfd[1]);
 }
 
+/* ------------------------------------------------------------ dfcclctl abort */
+
+/* Both ranks wait for the operator's abort, then renew the communicator. */
+static int operator_rank(void *arg, int rank)
+{
+	struct job *j = arg;
+	dfcclComm_t comm = NULL, again = NULL;
+	if (init(j, rank, &comm) != dfcclSuccess)
+		FAIL("init: %s", dfcclGetLastError(NULL));
+	char b = 'r';
+	if (write(j->ready_fd, &b, 1) != 1)
+		FAIL("ready pipe");
+	dfcclResult_t ae = dfcclSuccess;
+	for (uint64_t t0 = now_ms(); ae == dfcclSuccess && now_ms() - t0 < 10000; usleep(2000))
+		if (dfcclCommGetAsyncError(comm, &ae) != dfcclSuccess)
+			FAIL("dfcclCommGetAsyncError: %s", dfcclGetLastError(NULL));
+	dfcclCommGetAsyncError(comm, &ae);
+	if (ae != dfcclAborted || !strstr(dfcclGetLastError(NULL), "dfcclctl (pid") ||
+	    !strstr(dfcclGetLastError(NULL), "from outside"))
+		FAIL("after dfcclctl abort: %d, '%s'", ae, dfcclGetLastError(NULL));
+	if (dfcclCommShrink(comm, NULL, 0, &again, NULL, DFCCL_SHRINK_DEFAULT) != dfcclSuccess)
+		FAIL("shrink after the abort: %s", dfcclGetLastError(NULL));
+	const int olds[] = {0, 1};
+	if (checked_allreduces(again, olds, 5, rank))
+		return 1;
+	dfcclCommDestroy(again);
+	dfcclCommDestroy(comm);
+	return 0;
+}
+
+/* dfcclctl abort ID (as uid `uid`, or as this process when uid < 0): its
+ * exit status, its output in out. */
+static int ctl_abort(struct daemon_proc *d, uint64_t id, int uid, char *out, size_t len)
+{
+	char ids[32], path[200];
+	snprintf(ids, sizeof(ids), "%llu", (unsigned long long)id);
+	snprintf(path, sizeof(path), "%s/ctl.out", d->dir);
+	/* Writable for the other uid too. */
+	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+	if (fd < 0 || fchmod(fd, 0666) < 0)
+		return -1;
+	close(fd);
+	const char *argv[] = {DFCCLCTL_PATH, "--socket", d->socket, "abort", ids, NULL};
+	pid_t p = fork();
+	if (p == 0) {
+		if (uid >= 0 && (setgroups(0, NULL) < 0 || setgid((gid_t)uid) < 0 || setuid((uid_t)uid) < 0))
+			_exit(125);
+		_exit(child_wait(child_exec(DFCCLCTL_PATH, argv, path, NULL), 10000));
+	}
+	int rc = child_wait(p, 15000);
+	read_text_file(path, out, len);
+	return rc;
+}
+
+static void test_operator_abort(void **state)
+{
+	struct daemon_proc *d = *state;
+	struct job j = {.nranks = 2, .go_fd = -1};
+	assert_int_equal(dfcclGetUniqueId(&j.id), dfcclSuccess);
+	int pfd[2];
+	assert_int_equal(pipe(pfd), 0);
+	j.ready_fd = pfd[1];
+	pid_t p[2];
+	for (int r = 0; r < 2; r++)
+		p[r] = child_run(operator_rank, &j, r);
+	for (int r = 0; r < 2; r++) {
+		char b;
+		assert_int_equal(read(pfd[0], &b, 1), 1);
+	}
+	struct raw_client c;
+	assert_int_equal(raw_connect(&c, d->socket, DFCCL_PROTO_MIN_VERSION, DFCCL_PROTO_VERSION, NULL), 0);
+	dfccl_envelope *q = raw_query(&c, DFCCL__V1__QUERY_KIND__QUERY_COMMS);
+	raw_close(&c);
+	assert_non_null(q);
+	assert_int_equal(q->query_reply->n_comms, 1);
+	uint64_t id = q->query_reply->comms[0]->comm_id;
+	frame_envelope_free(q);
+
+	char out[1024];
+	assert_int_equal(ctl_abort(d, id + 1000, -1, out, sizeof(out)), 1);
+	assert_non_null(strstr(out, "does not exist"));
+	if (geteuid() == 0) {
+		/* Another user may not stop it (and learns nothing about it). */
+		assert_int_equal(ctl_abort(d, id, 65534, out, sizeof(out)), 1);
+		assert_non_null(strstr(out, "another user's"));
+	}
+	assert_int_equal(ctl_abort(d, id, -1, out, sizeof(out)), 0);
+	assert_non_null(strstr(out, "aborted"));
+	for (int r = 0; r < 2; r++)
+		assert_int_equal(child_wait(p[r], 30000), 0);
+	close(pfd[0]);
+	close(pfd[1]);
+}
+
 int main(void)
 {
 	signal(SIGPIPE, SIG_IGN);
@@ -466,6 +565,7 @@ int main(void)
 	    cmocka_unit_test_setup_teardown(test_split, daemon_setup2, daemon_teardown),
 	    cmocka_unit_test_setup_teardown(test_nonblocking_init, daemon_setup2, daemon_teardown),
 	    cmocka_unit_test_setup_teardown(test_grow, daemon_setup2, daemon_teardown),
+	    cmocka_unit_test_setup_teardown(test_operator_abort, daemon_setup2, daemon_teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
