@@ -25,6 +25,13 @@ unsigned bench_sizes(const struct bench_spec *s, struct bench_size *out)
 	return n;
 }
 
+/* A failure outside libdfccl (GPU memory): the reason goes to b->err. */
+static dfcclResult_t bench_mem_failed(struct bench_rank *b, const char *what)
+{
+	snprintf(b->err, sizeof(b->err), "%s: %s", what, membuf_error());
+	return dfcclUnhandledCudaError;
+}
+
 dfcclResult_t bench_join(struct bench_rank *b, const struct bench_spec *s, int rank)
 {
 	size_t elem = tool_dtype_size(s->dtype);
@@ -35,20 +42,25 @@ dfcclResult_t bench_join(struct bench_rank *b, const struct bench_spec *s, int r
 	if (s->algo)
 		setenv("DFCCL_ALGO", s->algo, 1);
 	dfcclResult_t r = dfcclGetDeviceCount(&ndev);
-	if (r == dfcclSuccess)
-		r = dfcclSetDevice(rank % ndev);
+	if (r != dfcclSuccess)
+		return r;
+	b->device = tool_rank_device(&s->devices, rank, ndev);
+	if (membuf_use_device(s->mem, b->device) < 0)
+		return bench_mem_failed(b, "selecting the GPU");
+	r = dfcclSetDevice(b->device);
 	if (r == dfcclSuccess)
 		r = dfcclCommInitRank(&b->comm, s->nranks, s->id, rank);
-	if (r == dfcclSuccess)
-		r = dfcclMemAlloc(&b->sbuf, cap);
-	if (r == dfcclSuccess)
-		r = dfcclMemAlloc(&b->rbuf, cap);
+	if (r == dfcclSuccess && membuf_pair_open(&b->bufs, s->mem, cap) < 0)
+		return bench_mem_failed(b, "allocating the buffers");
 	if (r == dfcclSuccess)
 		r = dfcclMemAlloc((void **)&b->cell, sizeof(*b->cell));
 	if (r != dfcclSuccess)
 		return r;
-	memset(b->sbuf, 0, cap);
-	memset(b->rbuf, 0, cap);
+	memset(b->bufs.send.img, 0, cap);
+	memset(b->bufs.recv.img, 0, cap);
+	if (membuf_upload(&b->bufs.send, b->bufs.send.ptr, cap) < 0 ||
+	    membuf_upload(&b->bufs.recv, b->bufs.recv.ptr, cap) < 0)
+		return bench_mem_failed(b, "clearing the buffers");
 	return dfcclSuccess;
 }
 
@@ -77,12 +89,12 @@ dfcclResult_t bench_allsum(struct bench_rank *b, int64_t v, int64_t *sum)
 dfcclResult_t bench_measure(struct bench_rank *b, const struct bench_size *z, bool inplace, struct bench_result *m)
 {
 	const struct bench_spec *s = b->spec;
-	const void *send = b->sbuf;
-	void *recv = b->rbuf;
+	const void *send = b->bufs.send.ptr;
+	void *recv = b->bufs.recv.ptr;
 	int64_t sum;
 	dfcclResult_t r = dfcclSuccess;
 	*m = (struct bench_result){0};
-	if (inplace && !tool_inplace(s->coll, b->rbuf, z->count, s->dtype, b->rank, &send, &recv))
+	if (inplace && !tool_inplace(s->coll, b->bufs.recv.ptr, z->count, s->dtype, b->rank, &send, &recv))
 		return dfcclSuccess;
 	for (long i = 0; i < s->warmup && r == dfcclSuccess; i++)
 		r = bench_batch(b, send, recv, z->count);
@@ -101,18 +113,19 @@ dfcclResult_t bench_measure(struct bench_rank *b, const struct bench_size *z, bo
 	/* The timed iterations ran on whatever the buffers held; the check
 	 * runs once more on reference data, over a poisoned receive buffer so
 	 * that an element the collective never wrote counts as wrong. */
-	size_t first;
+	size_t first, wrong;
 	double got, want;
 	uint64_t key = tool_hash(z->count, inplace, 0xbe7c, 0);
-	tool_poison(b->rbuf, tool_recv_elems(s->coll, z->count, s->nranks), s->dtype);
-	tool_fill(s->coll, (void *)send, z->count, s->dtype, s->op, b->rank, s->nranks, key);
+	if (membuf_pair_stage(&b->bufs, s->coll, send, recv, z->count, s->dtype, s->op, b->rank, s->nranks, key) < 0)
+		return bench_mem_failed(b, "writing the reference data");
 	r = tool_issue(s->coll, send, recv, z->count, s->dtype, s->op, s->root, b->comm);
 	if (r == dfcclSuccess)
 		r = dfcclCommSynchronize(b->comm);
 	if (r != dfcclSuccess)
 		return r;
-	size_t wrong = tool_check(s->coll, recv, z->count, s->dtype, s->op, s->root, b->rank, s->nranks, key, &first,
-	                          &got, &want);
+	if (membuf_pair_check(&b->bufs, s->coll, recv, z->count, s->dtype, s->op, s->root, b->rank, s->nranks, key,
+	                      &wrong, &first, &got, &want) < 0)
+		return bench_mem_failed(b, "reading the result");
 	r = bench_allsum(b, (int64_t)wrong, &sum);
 	m->wrong = (uint64_t)sum;
 	return r;
@@ -122,13 +135,12 @@ dfcclResult_t bench_leave(struct bench_rank *b, dfcclResult_t r)
 {
 	if (r != dfcclSuccess)
 		fprintf(stderr, "%s: rank %d: %s: %s\n", b->spec ? b->spec->name : "dfccl", b->rank, dfcclGetErrorString(r),
-		        dfcclGetLastError(NULL));
+		        b->err[0] ? b->err : dfcclGetLastError(NULL));
 	if (b->comm && r != dfcclSuccess)
 		dfcclCommAbort(b->comm);
 	else if (b->comm)
 		dfcclCommDestroy(b->comm);
-	dfcclMemFree(b->sbuf);
-	dfcclMemFree(b->rbuf);
+	membuf_pair_close(&b->bufs);
 	dfcclMemFree(b->cell);
 	*b = (struct bench_rank){.spec = b->spec, .rank = b->rank};
 	return r;

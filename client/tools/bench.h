@@ -3,8 +3,11 @@
  * tune` both do it.
  *
  * Each rank is a process of its own (tool_run_ranks): it joins one
- * communicator on device rank % devices and allocates its buffers once, for
- * the largest size of the sweep (bench_join). Per size and form (out of
+ * communicator on its device (tool_rank_device: by default rank % the
+ * daemon's devices) and allocates its buffers once, for the largest size of
+ * the sweep (bench_join): host memory from dfcclMemAlloc, or GPU memory from
+ * cudaMalloc on that device (membuf.h), where reference data is copied in
+ * and results are copied out for the check. Per size and form (out of
  * place or in place), bench_measure runs WARMUP untimed iterations, a
  * barrier (an all-reduce of one element, waited for), then ITERS timed
  * iterations, each a batch of B collectives issued back to back inside one
@@ -27,6 +30,8 @@
 #include <stdint.h>
 
 #include "dfccl.h"
+#include "membuf.h"
+#include "tool.h"
 
 /* More than a sweep can hold: 4 GiB is at most 33 doublings from 1 byte. */
 #define BENCH_MAX_SIZES 64
@@ -40,6 +45,8 @@ struct bench_spec {
 	long iters, warmup;
 	bool check;
 	const char *algo;  /* DFCCL_ALGO of the rank processes; NULL: as inherited */
+	int mem;           /* enum membuf_kind of the send and receive buffers */
+	struct tool_devices devices; /* the ranks' devices (n == 0: rank % the daemon's) */
 	dfcclUniqueId id;
 };
 
@@ -60,9 +67,11 @@ struct bench_result {
 struct bench_rank {
 	const struct bench_spec *spec;
 	int rank;
+	int device;
 	dfcclComm_t comm;
-	void *sbuf, *rbuf;
-	int64_t *cell; /* the barrier's element */
+	struct membuf_pair bufs;
+	int64_t *cell; /* the barrier's element (host memory) */
+	char err[320]; /* what failed outside libdfccl, for bench_leave */
 };
 
 #define BENCH_RANK_INIT {0}
@@ -75,7 +84,9 @@ struct bench_rank {
 unsigned bench_sizes(const struct bench_spec *s, struct bench_size *out);
 
 /*
- * Joins rank `rank` of s's communicator and allocates its buffers. Sets
+ * Joins rank `rank` of s's communicator and allocates its buffers. A
+ * failure to set up GPU memory returns dfcclUnhandledCudaError (the reason
+ * in b->err). Sets
  * DFCCL_ALGO first when s->algo says so: libdfccl reads it once, at the
  * process's first collective, and a rank process is new. On failure the
  * caller still calls bench_leave.

@@ -12,10 +12,16 @@
  * (tool.h), submits its K collectives without waiting, then waits for all of
  * them and checks every result against the reference it computes itself.
  *
- * --sync stands for a device-wide synchronization (cudaDeviceSynchronize)
- * between submissions, which must not deadlock collectives either. On the
- * host engine there is no device to synchronize: the point is counted and
- * reported, and nothing else happens.
+ * Buffers are host memory from dfcclMemAlloc, or with --mem device GPU
+ * memory from cudaMalloc on the rank's device (a build with a CUDA toolkit):
+ * the reference data is copied in before each submission and the results
+ * are copied out after the waits (membuf.h); the collectives are the same
+ * NULL-stream calls (registered runs: callbacks).
+ *
+ * --sync makes a device-wide synchronization between submissions, which
+ * must not deadlock collectives either: cudaDeviceSynchronize with GPU
+ * buffers. With host buffers there is no device of this process to
+ * synchronize: the point is counted and reported, and nothing else happens.
  *
  * The parent process only draws the unique ids, forks the ranks, and reads
  * the daemon's preemption counters (the stats query of dfcclctl, through
@@ -33,6 +39,7 @@
 
 #include "client.h"
 #include "errors.h"
+#include "membuf.h"
 #include "tool.h"
 
 static const char usage[] =
@@ -48,7 +55,13 @@ static const char usage[] =
     "      --max-bytes SIZE largest collective (default 1M)\n"
     "      --seed S         seed of the choices and orders (default: time; printed)\n"
     "      --sync           a device-wide synchronization between submissions\n"
-    "                       (counted, and a no-op on the host engine)\n"
+    "                       (cudaDeviceSynchronize with --mem device; counted, and a\n"
+    "                       no-op, with host buffers)\n"
+    "      --mem KIND       where the buffers are: host (dfcclMemAlloc, default) or device\n"
+    "                       (cudaMalloc on the rank's GPU: the CUDA engine, and a build\n"
+    "                       with a CUDA toolkit)\n"
+    "      --devices LIST   comma-separated devices of the ranks: rank r on the (r mod\n"
+    "                       length)-th (default: rank r on device r mod the daemon's count)\n"
     "      --registered     K registered (DFCCL-style) collectives on one communicator\n"
     "      --socket PATH    the daemon's socket (default $DFCCL_SOCKET)\n"
     "  -h, --help           this text\n"
@@ -77,6 +90,8 @@ struct chaos {
 	int nranks, comms, iters;
 	uint64_t min_bytes, max_bytes, seed;
 	bool sync, registered;
+	int mem; /* enum membuf_kind */
+	struct tool_devices devices;
 	dfcclUniqueId *ids;
 	struct rank_result *res; /* shared with the ranks */
 	size_t capacity;         /* bytes of each buffer */
@@ -138,16 +153,12 @@ static void on_complete(dfcclResult_t result, void *arg)
 	__atomic_add_fetch((uint64_t *)arg, 1, __ATOMIC_RELAXED);
 }
 
-/* The buffers of collective k: where its data goes in and comes out. */
-struct bufs {
-	void *send, *recv;
-};
-
-static void plan_buffers(const struct plan *p, const struct bufs *b, int rank, const void **send, void **recv)
+/* The pointers collective p gets in the buffers of its slot. */
+static void plan_buffers(const struct plan *p, const struct membuf_pair *b, int rank, const void **send, void **recv)
 {
-	if (!p->inplace || !tool_inplace(p->coll, b->recv, p->count, p->dtype, rank, send, recv)) {
-		*send = b->send;
-		*recv = b->recv;
+	if (!p->inplace || !tool_inplace(p->coll, b->recv.ptr, p->count, p->dtype, rank, send, recv)) {
+		*send = b->send.ptr;
+		*recv = b->recv.ptr;
 	}
 }
 
@@ -165,7 +176,7 @@ static int chaos_rank(int rank, void *arg)
 	struct rank_result *res = &c->res[rank];
 	int ncomms = c->registered ? 1 : c->comms, K = c->comms, rc = 1, ndev = 1;
 	dfcclComm_t *comms = calloc((size_t)ncomms, sizeof(*comms));
-	struct bufs *b = calloc((size_t)K, sizeof(*b));
+	struct membuf_pair *b = calloc((size_t)K, sizeof(*b));
 	struct plan *plans = calloc((size_t)K, sizeof(*plans));
 	dfcclRequest_t *reqs = calloc((size_t)K, sizeof(*reqs));
 	int *perm = calloc((size_t)K, sizeof(*perm));
@@ -176,15 +187,18 @@ static int chaos_rank(int rank, void *arg)
 		RANK_FAIL("out of memory");
 	if ((r = dfcclGetDeviceCount(&ndev)) != dfcclSuccess)
 		RANK_FAIL("%s", dfcclGetLastError(NULL));
-	dfcclSetDevice(rank % ndev);
+	int dev = tool_rank_device(&c->devices, rank, ndev);
+	if (membuf_use_device(c->mem, dev) < 0)
+		RANK_FAIL("GPU %d: %s", dev, membuf_error());
+	if ((r = dfcclSetDevice(dev)) != dfcclSuccess)
+		RANK_FAIL("%s", dfcclGetLastError(NULL));
 	/* Every rank joins in the same order: init blocks until all joined. */
 	for (int k = 0; k < ncomms; k++)
 		if ((r = dfcclCommInitRank(&comms[k], c->nranks, c->ids[k], rank)) != dfcclSuccess)
 			RANK_FAIL("joining communicator %d: %s", k, dfcclGetLastError(NULL));
 	for (int k = 0; k < K; k++)
-		if (dfcclMemAlloc(&b[k].send, c->capacity) != dfcclSuccess ||
-		    dfcclMemAlloc(&b[k].recv, c->capacity) != dfcclSuccess)
-			RANK_FAIL("%s", dfcclGetLastError(NULL));
+		if (membuf_pair_open(&b[k], c->mem, c->capacity) < 0)
+			RANK_FAIL("%s buffers: %s", membuf_kind_name(c->mem), membuf_error());
 
 	double t0 = tool_now();
 	for (int it = 0; it < c->iters; it++) {
@@ -209,8 +223,9 @@ static int chaos_rank(int rank, void *arg)
 			const void *send;
 			void *recv;
 			plan_buffers(p, &b[k], rank, &send, &recv);
-			tool_poison(b[k].recv, tool_recv_elems(p->coll, p->count, c->nranks), p->dtype);
-			tool_fill(p->coll, (void *)send, p->count, p->dtype, p->op, rank, c->nranks, p->key);
+			if (membuf_pair_stage(&b[k], p->coll, send, recv, p->count, p->dtype, p->op, rank, c->nranks,
+			                      p->key) < 0)
+				RANK_FAIL("iteration %d, communicator %d: %s", it, k, membuf_error());
 			if (c->registered)
 				r = dfcclRunCollective(comms[0], k, send, recv, on_complete, &res->callbacks, &reqs[k]);
 			else
@@ -220,8 +235,9 @@ static int chaos_rank(int rank, void *arg)
 				RANK_FAIL("iteration %d, communicator %d, %s: submission failed: %s", it, k, what,
 				          dfcclGetLastError(NULL));
 			}
-			if (c->sync)
-				res->syncs++; /* a device-wide synchronization: nothing to do on the host engine */
+			if (c->sync && membuf_sync(c->mem) < 0)
+				RANK_FAIL("iteration %d, after communicator %d: %s", it, k, membuf_error());
+			res->syncs += c->sync;
 			res->bytes += p->bytes;
 		}
 		for (int k = 0; k < K; k++) {
@@ -236,11 +252,12 @@ static int chaos_rank(int rank, void *arg)
 			const struct plan *p = &plans[k];
 			const void *send;
 			void *recv;
-			size_t first = 0;
+			size_t first = 0, wrong = 0;
 			double got = 0, want = 0;
 			plan_buffers(p, &b[k], rank, &send, &recv);
-			size_t wrong = tool_check(p->coll, recv, p->count, p->dtype, p->op, p->root, rank, c->nranks, p->key,
-			                          &first, &got, &want);
+			if (membuf_pair_check(&b[k], p->coll, recv, p->count, p->dtype, p->op, p->root, rank, c->nranks,
+			                      p->key, &wrong, &first, &got, &want) < 0)
+				RANK_FAIL("iteration %d, communicator %d: %s", it, k, membuf_error());
 			if (wrong) {
 				plan_describe(p, what, sizeof(what));
 				RANK_FAIL("iteration %d, communicator %d, %s: %zu wrong element(s), the first at index %zu: "
@@ -266,10 +283,8 @@ out:
 			dfcclCommAbort(comms[k]);
 		else if (comms[k])
 			dfcclCommDestroy(comms[k]);
-	for (int k = 0; k < K && b; k++) {
-		dfcclMemFree(b[k].send);
-		dfcclMemFree(b[k].recv);
-	}
+	for (int k = 0; k < K && b; k++)
+		membuf_pair_close(&b[k]);
 	free(comms);
 	free(b);
 	free(plans);
@@ -323,7 +338,8 @@ int main(int argc, char **argv)
 	    {"max-bytes", required_argument, NULL, 'b'}, {"seed", required_argument, NULL, 's'},
 	    {"sync", no_argument, NULL, 'y'},            {"registered", no_argument, NULL, 'r'},
 	    {"socket", required_argument, NULL, 'S'},    {"help", no_argument, NULL, 'h'},
-	    {"version", no_argument, NULL, 'V'},         {NULL, 0, NULL, 0},
+	    {"version", no_argument, NULL, 'V'},         {"mem", required_argument, NULL, 'M'},
+	    {"devices", required_argument, NULL, 'D'},   {NULL, 0, NULL, 0},
 	};
 	struct chaos c = {.nranks = 4, .comms = 4, .iters = 100, .min_bytes = 8, .max_bytes = 1 << 20,
 	                  .seed = (uint64_t)time(NULL)};
@@ -362,6 +378,18 @@ int main(int argc, char **argv)
 		case 'y': c.sync = true; break;
 		case 'r': c.registered = true; break;
 		case 'S': setenv("DFCCL_SOCKET", optarg, 1); break;
+		case 'M':
+			if ((c.mem = membuf_kind_parse(optarg)) < 0)
+				return usage_error("--mem takes host or device, not", optarg);
+			if (membuf_require(c.mem) < 0) {
+				fprintf(stderr, "dfccl-chaos: --mem %s: %s\n", optarg, membuf_error());
+				return TOOL_EXIT_USAGE;
+			}
+			break;
+		case 'D':
+			if (!tool_parse_devices(optarg, &c.devices))
+				return usage_error("--devices takes comma-separated device indices, not", optarg);
+			break;
 		default: return usage_error("unknown option", argv[optind - 1]);
 		}
 	}
@@ -389,9 +417,9 @@ int main(int argc, char **argv)
 	char lo[32], hi[32];
 	format_size(lo, sizeof(lo), c.min_bytes);
 	format_size(hi, sizeof(hi), c.max_bytes);
-	printf("dfccl-chaos: %d ranks, %d %s, %d iterations, %s to %s, seed %" PRIu64 "%s\n", c.nranks, c.comms,
-	       c.registered ? "registered collectives on one communicator" : "communicators", c.iters, lo, hi, c.seed,
-	       c.sync ? ", --sync" : "");
+	printf("dfccl-chaos: %d ranks, %d %s, %d iterations, %s to %s, %s buffers, seed %" PRIu64 "%s\n", c.nranks,
+	       c.comms, c.registered ? "registered collectives on one communicator" : "communicators", c.iters, lo, hi,
+	       membuf_kind_name(c.mem), c.seed, c.sync ? ", --sync" : "");
 	uint64_t pre0 = 0, done0 = 0, pre1 = 0, done1 = 0;
 	bool counters = daemon_counters(&pre0, &done0) == 0;
 	if (!counters)
@@ -423,7 +451,8 @@ int main(int argc, char **argv)
 	else
 		printf("preemptions:   unknown (the daemon's counters could not be read)\n");
 	if (c.sync)
-		printf("device synchronizations: %" PRIu64 " (no-ops on the host engine)\n", syncs);
+		printf("device synchronizations: %" PRIu64 "%s\n", syncs,
+		       c.mem == MEMBUF_DEVICE ? " (cudaDeviceSynchronize)" : " (no-ops with host buffers)");
 	free(c.ids);
 	munmap(c.res, (size_t)c.nranks * sizeof(*c.res));
 	if (failed) {

@@ -11,6 +11,11 @@
  * 2(n-1)/n, all-gather, reduce-scatter and all-to-all (n-1)/n, the others
  * 1. Sizes follow nccl-tests too: the larger buffer of the call (see
  * tool_count_for).
+ *
+ * --mem device puts the send and receive buffers in GPU memory (cudaMalloc
+ * on each rank's device; a build with a CUDA toolkit): the timed
+ * collectives are the same NULL-stream calls, and the check copies the
+ * reference data in and the result out (membuf.h).
  */
 #include <getopt.h>
 #include <inttypes.h>
@@ -22,6 +27,7 @@
 #include "bench.h"
 #include "dfccl.h"
 #include "dfccl_queue.h"
+#include "membuf.h"
 #include "tool.h"
 
 static const char usage[] =
@@ -39,6 +45,11 @@ static const char usage[] =
     "  -w, --warmup_iters N   untimed iterations per size (default 5)\n"
     "  -c, --check 0|1        check the results (default 1)\n"
     "      --nranks N         rank processes (default 2), spread over the daemon's devices\n"
+    "      --devices LIST     comma-separated devices of the ranks: rank r on the (r mod\n"
+    "                         length)-th (default: rank r on device r mod the daemon's count)\n"
+    "      --mem KIND         where the buffers are: host (dfcclMemAlloc, default) or device\n"
+    "                         (cudaMalloc on the rank's GPU: the CUDA engine, and a build\n"
+    "                         with a CUDA toolkit)\n"
     "      --dtype TYPE       int8 uint8 int32 uint32 int64 uint64 half float double bfloat16\n"
     "                         (default float)\n"
     "      --op OP            reduction: sum prod max min avg (default sum)\n"
@@ -61,8 +72,9 @@ struct perf {
 
 static void print_header(const struct bench_spec *s)
 {
-	printf("# dfccl-perf %s: %d ranks, %s, batch %d, %ld warmup and %ld timed iterations per size\n",
-	       tool_coll_name(s->coll), s->nranks, tool_dtype_name(s->dtype), s->batch, s->warmup, s->iters);
+	printf("# dfccl-perf %s: %d ranks, %s, %s buffers, batch %d, %ld warmup and %ld timed iterations per size\n",
+	       tool_coll_name(s->coll), s->nranks, tool_dtype_name(s->dtype), membuf_kind_name(s->mem), s->batch,
+	       s->warmup, s->iters);
 	printf("#%58s %-31s %-31s\n", "", "out-of-place", "in-place");
 	printf("#%11s %13s %9s %7s %6s %8s %7s %7s %6s %8s %7s %7s %6s\n", "size", "count", "type", "redop", "root",
 	       "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong");
@@ -130,9 +142,10 @@ static int perf_rank(int rank, void *arg)
 		bool reduces = tool_coll_reduces(s->coll);
 		int root = tool_coll_rooted(s->coll) ? s->root : -1;
 		if (p->json) {
-			printf("{\"collective\": \"%s\", \"nranks\": %d, \"batch\": %d, \"size\": %zu, \"count\": %zu, "
-			       "\"type\": \"%s\", \"redop\": \"%s\", \"root\": %d",
-			       tool_coll_name(s->coll), s->nranks, s->batch, size, count, tool_dtype_name(s->dtype),
+			printf("{\"collective\": \"%s\", \"nranks\": %d, \"mem\": \"%s\", \"batch\": %d, \"size\": %zu, "
+			       "\"count\": %zu, \"type\": \"%s\", \"redop\": \"%s\", \"root\": %d",
+			       tool_coll_name(s->coll), s->nranks, membuf_kind_name(s->mem), s->batch, size, count,
+			       tool_dtype_name(s->dtype),
 			       reduces ? tool_op_name(s->op) : "none", root);
 			json_measure(s, "out_of_place", size, &m[0]);
 			json_measure(s, "in_place", size, &m[1]);
@@ -171,7 +184,8 @@ int main(int argc, char **argv)
 	    {"op", required_argument, NULL, 'o'},     {"batch", required_argument, NULL, 'B'},
 	    {"json", no_argument, NULL, 'j'},         {"socket", required_argument, NULL, 'S'},
 	    {"help", no_argument, NULL, 'h'},         {"version", no_argument, NULL, 'V'},
-	    {"algo", required_argument, NULL, 'A'},
+	    {"algo", required_argument, NULL, 'A'},    {"mem", required_argument, NULL, 'M'},
+	    {"devices", required_argument, NULL, 'D'},
 	    {NULL, 0, NULL, 0},
 	};
 	struct perf p = {.spec = {.name = "dfccl-perf", .dtype = dfcclFloat32, .op = dfcclSum, .nranks = 2, .batch = 1,
@@ -232,6 +246,18 @@ int main(int argc, char **argv)
 			if (dfccl_algo_parse(optarg) < 0)
 				return usage_error("--algo takes auto, direct, ring, tree or multitree, not", optarg);
 			s->algo = optarg;
+			break;
+		case 'M':
+			if ((s->mem = membuf_kind_parse(optarg)) < 0)
+				return usage_error("--mem takes host or device, not", optarg);
+			if (membuf_require(s->mem) < 0) {
+				fprintf(stderr, "dfccl-perf: --mem %s: %s\n", optarg, membuf_error());
+				return TOOL_EXIT_USAGE;
+			}
+			break;
+		case 'D':
+			if (!tool_parse_devices(optarg, &s->devices))
+				return usage_error("--devices takes comma-separated device indices, not", optarg);
 			break;
 		default: return usage_error("unknown option", argv[optind - 1]);
 		}

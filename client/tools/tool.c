@@ -120,6 +120,30 @@ bool tool_parse_long(const char *s, long lo, long hi, long *out)
 	return true;
 }
 
+bool tool_parse_devices(const char *s, struct tool_devices *d)
+{
+	char *end;
+	d->n = 0;
+	do {
+		if (*s < '0' || *s > '9')
+			return false;
+		errno = 0;
+		long v = strtol(s, &end, 10);
+		if (errno || v > 1023 || d->n == TOOL_MAX_DEVICES)
+			return false;
+		d->dev[d->n++] = (int)v;
+		s = end + 1;
+	} while (*end == ',');
+	return *end == '\0';
+}
+
+int tool_rank_device(const struct tool_devices *d, int rank, int ndev)
+{
+	if (d->n > 0)
+		return d->dev[rank % d->n];
+	return ndev > 0 ? rank % ndev : 0;
+}
+
 bool tool_parse_size(const char *s, uint64_t *out)
 {
 	char *end;

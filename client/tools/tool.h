@@ -68,6 +68,21 @@ bool tool_parse_size(const char *s, uint64_t *out);
 /* A decimal in [lo, hi]. */
 bool tool_parse_long(const char *s, long lo, long hi, long *out);
 
+/* The devices of the ranks: rank r runs on dev[r % n], or with n == 0 on
+ * device r % (the daemon's device count). */
+#define TOOL_MAX_DEVICES 64
+struct tool_devices {
+	int n;
+	int dev[TOOL_MAX_DEVICES];
+};
+
+/* A comma-separated list of device indices ("1", "0,1", "0,0,1"); false if
+ * s is not one. */
+bool tool_parse_devices(const char *s, struct tool_devices *d);
+
+/* Rank's device by d, ndev being the daemon's device count. */
+int tool_rank_device(const struct tool_devices *d, int rank, int ndev);
+
 /*
  * nccl-tests' layout of a size: the element count of the call's `count`
  * argument for a buffer of `bytes` (the larger of the two buffers: the

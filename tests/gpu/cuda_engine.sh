@@ -10,8 +10,12 @@
 #   - the DFCCL deadlock programs A (8 communicators) and B (8 registered
 #     collectives with host synchronizations between them), which must
 #     complete with correct results and make the daemon preempt;
-#   - dfccl-chaos (it has no option for GPU buffers: it runs on host
-#     buffers through the CUDA engine's workers);
+#   - dfccl-chaos on GPU buffers (--mem device): every collective in
+#     conflicting orders on several communicators, 2 ranks per GPU, and
+#     registered collectives with device synchronizations between them;
+#     once more on host buffers through the CUDA engine's workers;
+#   - dfccl-perf on GPU buffers, a small all-reduce and all-gather sweep
+#     with every size checked (time, algorithm and bus bandwidth per size);
 #   - test_cuda_hostile: raw hostile submission entries, each rejected with
 #     its status, canaries around a registered device buffer intact;
 # then prints the daemon's counters. After the daemon stops, nccl_deadlock
@@ -22,83 +26,25 @@
 # skipped).
 #
 # Usage: cuda_engine.sh BINDIR   (the folder holding dfccld, dfcclctl,
-#        dfccl-chaos and the test programs)
+#        dfccl-chaos, dfccl-perf and the test programs)
 # Environment: DFCCL_GPU_QUICK=1 trims every sweep; DFCCL_TEST_SEED=S
 #        repeats a run's data and orders (the seed is printed).
 set -euo pipefail
 bin=${1:?usage: cuda_engine.sh BINDIR}
-# NVLink multicast must stay off on shared GPU machines, in everything started here.
-export NCCL_NVLS_ENABLE=0
-
-if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
-	echo "SKIPPED: no NVIDIA GPU on this machine (cuda_engine runs on GPU machines)"
-	exit 77
-fi
-for p in dfccld dfcclctl dfccl-chaos test_cuda_coll test_cuda_hostile nccl_deadlock; do
-	[ -x "$bin/$p" ] || { echo "FAIL: $bin/$p is missing (built without a CUDA toolkit?)"; exit 1; }
-done
-
-ngpu=$(nvidia-smi -L | wc -l)
-tmp=$(mktemp -d /tmp/dfccl-cuda-XXXXXX)
-sock=$tmp/dfccld.sock
 seed=${DFCCL_TEST_SEED:-$(date +%s)}
-daemon_pid=
-mps_dir=
-cleanup() {
-	[ -n "$daemon_pid" ] && kill -TERM "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null || true
-	if [ -n "$mps_dir" ]; then
-		echo quit | CUDA_MPS_PIPE_DIRECTORY=$mps_dir timeout 30 nvidia-cuda-mps-control 2>/dev/null || true
-	fi
-	rm -rf "$tmp"
-}
-trap cleanup EXIT
-fail() {
-	echo "FAIL: $* (seed $seed)"
-	[ -f "$tmp/dfccld.log" ] && { echo "---- dfccld log ----"; cat "$tmp/dfccld.log"; }
-	exit 1
-}
-ctl() { timeout 30 "$bin/dfcclctl" --socket "$sock" "$@"; }
-json() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
+# shellcheck source-path=SCRIPTDIR
+# shellcheck source=gpu_lib.sh
+. "$(dirname "$0")/gpu_lib.sh"
 
-# step NAME LIMIT COMMAND...: runs COMMAND for at most LIMIT seconds; any
-# other outcome than success fails the test.
-step() {
-	local name=$1 limit=$2 rc=0
-	shift 2
-	echo "== $name"
-	timeout -k 10 "$limit" "$@" || rc=$?
-	[ "$rc" = 124 ] || [ "$rc" = 137 ] && fail "$name: still running after $limit s"
-	[ "$rc" = 0 ] || fail "$name: exit status $rc"
-}
+gpu_need_gpu cuda_engine
+gpu_need_bins dfccld dfcclctl dfccl-chaos dfccl-perf test_cuda_coll test_cuda_hostile nccl_deadlock
+gpu_setup dfccl-cuda
 
-start_daemon() {
-	# The daemon kernel's polls of peers' words cross PCIe (about 1 us each)
-	# while its synchronisation words live in host memory: a head threshold
-	# of 2000 polls keeps a stuck collective from holding a channel for tens
-	# of milliseconds before it is preempted.
-	"$bin/dfccld" --socket "$sock" --engine cuda --config /dev/null --log-target stderr --log-level info \
-		--spin-head 2000 \
-		2>>"$tmp/dfccld.log" &
-	daemon_pid=$!
-	for _ in $(seq 1 300); do
-		if ctl --json status >"$tmp/status.json" 2>/dev/null &&
-			[ "$(json "sum(1 for x in d['devices'] if x['worker_up'])" <"$tmp/status.json")" = "$ngpu" ]; then
-			return 0
-		fi
-		kill -0 "$daemon_pid" 2>/dev/null || fail "dfccld --engine cuda exited at start"
-		sleep 0.1
-	done
-	fail "dfccld did not bring up $ngpu GPU workers in 30 s"
-}
-
-stop_daemon() {
-	local rc=0
-	kill -TERM "$daemon_pid"
-	timeout 60 tail --pid="$daemon_pid" -f /dev/null || fail "dfccld did not stop within 60 s of SIGTERM"
-	wait "$daemon_pid" || rc=$?
-	daemon_pid=
-	[ "$rc" = 0 ] || fail "dfccld exited with $rc on SIGTERM"
-}
+# The daemon kernel's polls of peers' words cross PCIe (about 1 us each)
+# while its synchronisation words live in host memory: a head threshold of
+# 2000 polls keeps a stuck collective from holding a channel for tens of
+# milliseconds before it is preempted.
+daemon_args=(--spin-head 2000)
 
 # Collectives started over algorithm $1 (a DFCCL_ALGO name), over every device.
 started() {
@@ -151,11 +97,23 @@ run_suite() {
 	echo "preemptions during the deadlock programs: $((after - before))"
 	[ $((after - before)) -gt 0 ] || fail "the deadlock programs completed without a single preemption"
 
-	# dfccl-chaos takes no GPU buffers (it has no option for them): it runs
-	# on dfcclMemAlloc host buffers through the CUDA engine's workers.
-	step "dfccl-chaos on host buffers (it has no option for GPU buffers), 2 ranks per GPU" 300 \
-		"$bin/dfccl-chaos" --socket "$sock" --nranks $((2 * ngpu)) --comms 4 --iters 20 --min-bytes 64 \
-		--max-bytes 256K --seed "$seed"
+	step "dfccl-chaos on GPU buffers, 2 ranks per GPU" 300 \
+		"$bin/dfccl-chaos" --socket "$sock" --mem device --nranks $((2 * ngpu)) --comms 4 --iters 20 \
+		--min-bytes 64 --max-bytes 256K --seed "$seed"
+	step "dfccl-chaos on GPU buffers: registered collectives, a device synchronization between them, GPUs $pair" \
+		300 "$bin/dfccl-chaos" --socket "$sock" --mem device --devices "$pair" --nranks 2 --registered --sync \
+		--comms 4 --iters 20 --min-bytes 64 --max-bytes 256K --seed "$seed"
+	step "dfccl-chaos on host buffers through the CUDA engine's workers, 2 ranks per GPU" 300 \
+		"$bin/dfccl-chaos" --socket "$sock" --mem host --nranks $((2 * ngpu)) --comms 4 --iters 10 \
+		--min-bytes 64 --max-bytes 256K --seed "$seed"
+	# A small sweep: the columns are the point here (the checks run
+	# anyway); tests/perf holds the real measurements.
+	step "dfccl-perf on GPU buffers: all-reduce, 2 ranks on GPUs $pair" 300 \
+		"$bin/dfccl-perf" allreduce --socket "$sock" --mem device --devices "$pair" --nranks 2 \
+		-b 8 -e 16M -f 8 -n 10 -w 3 -c 1
+	step "dfccl-perf on GPU buffers: all-gather, 2 ranks on GPUs $pair" 300 \
+		"$bin/dfccl-perf" allgather --socket "$sock" --mem device --devices "$pair" --nranks 2 \
+		-b 1K -e 4M -f 64 -n 10 -w 3 -c 1
 	step "hostile submission entries against GPU 0" 120 "$bin/test_cuda_hostile" --socket "$sock" --gpu 0
 
 	echo "== dfcclctl stats"
@@ -165,7 +123,7 @@ run_suite() {
 }
 
 echo "== $ngpu GPU(s); seed $seed"
-start_daemon
+start_daemon "${daemon_args[@]}"
 ctl status
 [ "$(json "d['engine']" <"$tmp/status.json")" = "cuda" ] || fail "dfccld --engine cuda reports another engine"
 run_suite "" 200
@@ -188,19 +146,14 @@ else
 	echo "== NCCL comparison skipped (NCCL needs 2 GPUs)"
 fi
 
-if command -v nvidia-cuda-mps-control >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+if mps_usable; then
 	echo "== under MPS"
-	mps_dir=$tmp/mps
-	mkdir -p "$mps_dir" "$tmp/mps-log"
-	export CUDA_MPS_PIPE_DIRECTORY=$mps_dir CUDA_MPS_LOG_DIRECTORY=$tmp/mps-log
-	timeout 30 nvidia-cuda-mps-control -d || fail "cannot start the MPS control daemon"
-	start_daemon
+	mps_start
+	start_daemon "${daemon_args[@]}"
 	[ "$(json "d['mps_active']" <"$tmp/status.json")" = "True" ] || fail "MPS is running but dfccld does not see it"
 	run_suite --quick 50
 	stop_daemon
-	echo quit | timeout 30 nvidia-cuda-mps-control || fail "the MPS control daemon did not quit"
-	mps_dir=
-	unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+	mps_stop
 else
 	echo "== MPS part skipped (needs nvidia-cuda-mps-control and root)"
 fi

@@ -49,7 +49,6 @@
  * usable GPU).
  */
 #include <cuda_runtime_api.h>
-#include <errno.h>
 #include <execinfo.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -60,15 +59,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "dfccl.h"
+#include "gputest.h"
+#include "membuf.h"
 #include "tool.h"
 
 #define PROG "test_cuda_coll"
-#define EXIT_SKIP 77
 #define MAX_RANKS 64
 #define MAX_COMMS 64
 
@@ -118,8 +117,7 @@ static const char usage[] =
 /* What every rank runs: set up by the parent, inherited through fork. */
 struct config {
 	int nranks;
-	int ngpus;
-	int gpus[MAX_RANKS];
+	struct tool_devices gpus; /* rank r on gpus.dev[r % gpus.n] */
 	uint64_t seed;
 	bool quick, host_buffers, print_pattern;
 	int avg_ulps;
@@ -129,34 +127,6 @@ struct config {
 	uint64_t min_bytes, max_bytes;
 	dfcclUniqueId ids[MAX_COMMS];
 };
-
-/* This process's rank, for messages; -1 in the parent. */
-static int self_rank = -1;
-
-static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void say(const char *fmt, ...)
-{
-	/* One write per line, so that the ranks' lines do not interleave. */
-	char line[1024];
-	int n = self_rank >= 0 ? snprintf(line, sizeof(line), PROG ": rank %d: ", self_rank)
-	                       : snprintf(line, sizeof(line), PROG ": ");
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(line + n, sizeof(line) - (size_t)n - 1, fmt, ap);
-	va_end(ap);
-	strcat(line, "\n");
-	fputs(line, stderr);
-}
-
-/* The check of every CUDA runtime call: says which call failed where. */
-#define CUDA_OK(call) cuda_ok((call), #call, __LINE__)
-static bool cuda_ok(cudaError_t e, const char *what, int line)
-{
-	if (e == cudaSuccess)
-		return true;
-	say("line %d: %s: %s", line, what, cudaGetErrorString(e));
-	return false;
-}
 
 /*
  * The watchdog: a rank that waits too long for a collective says which one
@@ -180,7 +150,7 @@ static void watchdog_arm(unsigned seconds, const char *what)
 	if (!seconds)
 		return;
 	int n = snprintf(watchdog_line, sizeof(watchdog_line), PROG ": rank %d: FAIL %s: no completion within %u s\n",
-	                 self_rank, what, seconds);
+	                 gputest_rank(), what, seconds);
 	watchdog_len = n < 0 ? 0 : (size_t)n < sizeof(watchdog_line) ? (size_t)n : sizeof(watchdog_line) - 1;
 	signal(SIGALRM, watchdog_fire);
 	alarm(seconds);
@@ -189,16 +159,6 @@ static void watchdog_arm(unsigned seconds, const char *what)
 static void watchdog_disarm(void)
 {
 	alarm(0);
-}
-
-/* The check of every libdfccl call that must succeed. */
-#define DFCCL_OK(call) dfccl_ok((call), #call, __LINE__)
-static bool dfccl_ok(dfcclResult_t r, const char *what, int line)
-{
-	if (r == dfcclSuccess)
-		return true;
-	say("line %d: %s: %s: %s", line, what, dfcclGetErrorString(r), dfcclGetLastError(NULL));
-	return false;
 }
 
 /* ---------------------------------------------------------------- element types */
@@ -509,58 +469,6 @@ static bool elem_matches(const struct ccase *c, uint64_t want, uint64_t got, int
 
 /* ---------------------------------------------------------------- buffers */
 
-/* How buffers of one kind are allocated, filled and read. */
-struct mem_kind {
-	const char *name;
-	int (*alloc)(void **p, size_t n);
-	void (*release)(void *p);
-	int (*put)(void *dst, const void *src, size_t n); /* from host memory */
-	int (*get)(void *dst, const void *src, size_t n); /* into host memory */
-};
-
-static int device_alloc(void **p, size_t n)
-{
-	return CUDA_OK(cudaMalloc(p, n)) ? 0 : -1;
-}
-
-static void device_release(void *p)
-{
-	CUDA_OK(cudaFree(p));
-}
-
-/* A copy from pageable memory may return before its DMA has landed; the
- * daemon reads the buffer from another process with no stream order to
- * this one, so the data must be in place before the collective is issued
- * (as a trainer synchronizes before a callback-form call). */
-static int device_put(void *dst, const void *src, size_t n)
-{
-	return CUDA_OK(cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice)) && CUDA_OK(cudaDeviceSynchronize()) ? 0 : -1;
-}
-
-static int device_get(void *dst, const void *src, size_t n)
-{
-	return CUDA_OK(cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost)) ? 0 : -1;
-}
-
-static int host_alloc(void **p, size_t n)
-{
-	return DFCCL_OK(dfcclMemAlloc(p, n)) ? 0 : -1;
-}
-
-static void host_release(void *p)
-{
-	DFCCL_OK(dfcclMemFree(p));
-}
-
-static int host_copy(void *dst, const void *src, size_t n)
-{
-	memcpy(dst, src, n);
-	return 0;
-}
-
-static const struct mem_kind device_mem = {"device", device_alloc, device_release, device_put, device_get};
-static const struct mem_kind host_mem = {"host", host_alloc, host_release, host_copy, host_copy};
-
 /*
  * An arena: one allocation that holds `slots` pairs of areas, a send area
  * and an output area each; a case's buffers sit in one pair at an offset of
@@ -577,7 +485,7 @@ enum arena_id {
 static const char *const arena_names[ARENA_COUNT] = {"arena", "dfcclMemAlloc buffer", "dfcclCommRegister'd buffer"};
 
 struct arena {
-	const struct mem_kind *kind;
+	int kind;                   /* enum membuf_kind */
 	char *base;
 	size_t send_area, out_area; /* bytes of one area of each sort */
 	int slots;
@@ -589,7 +497,7 @@ static size_t round_up(size_t n, size_t to)
 	return (n + to - 1) / to * to;
 }
 
-static int arena_open(struct arena *a, const struct mem_kind *kind, size_t max_send, size_t max_out, int slots,
+static int arena_open(struct arena *a, int kind, size_t max_send, size_t max_out, int slots,
                       dfcclComm_t register_with)
 {
 	memset(a, 0, sizeof(*a));
@@ -598,13 +506,13 @@ static int arena_open(struct arena *a, const struct mem_kind *kind, size_t max_s
 	a->send_area = round_up(MAX_MISALIGN + max_send, 4096);
 	a->out_area = round_up(CANARY_BYTES + MAX_MISALIGN + max_out + CANARY_BYTES, 4096);
 	size_t size = (a->send_area + a->out_area) * (size_t)slots;
-	if (kind->alloc((void **)&a->base, size) < 0) {
-		say("cannot allocate a %s arena of %zu bytes", kind->name, size);
+	if (membuf_alloc(kind, (void **)&a->base, size) < 0) {
+		gputest_say("cannot allocate a %s arena of %zu bytes: %s", membuf_kind_name(kind), size, membuf_error());
 		a->base = NULL;
 		return -1;
 	}
 	if (register_with && !DFCCL_OK(dfcclCommRegister(register_with, a->base, size, &a->handle))) {
-		kind->release(a->base);
+		membuf_free(kind, a->base);
 		a->base = NULL;
 		return -1;
 	}
@@ -616,7 +524,7 @@ static void arena_close(struct arena *a, dfcclComm_t registered_with)
 	if (a->handle)
 		DFCCL_OK(dfcclCommDeregister(registered_with, a->handle));
 	if (a->base)
-		a->kind->release(a->base);
+		membuf_free(a->kind, a->base);
 	memset(a, 0, sizeof(*a));
 }
 
@@ -644,7 +552,7 @@ static size_t place_offset(int place, size_t esize)
 
 /* A case's buffers: the call's pointers and the watched output window. */
 struct placement {
-	const struct mem_kind *kind;
+	int kind;            /* enum membuf_kind */
 	char *send, *recv;   /* what the call gets */
 	char *out;           /* the output region: recv (out of place) or the in-place buffer */
 	size_t front, back;  /* canary bytes watched before out and after out + out_bytes */
@@ -690,8 +598,8 @@ static int place_case(const struct ccase *c, int nranks, int rank, const struct 
 	if (c->place == PLACE_OWN) {
 		/* The output first in its allocation: only the canary behind it
 		 * lies inside memory this rank owns. */
-		if (a->kind->alloc(&p->own_out, z.out_bytes + CANARY_BYTES) < 0 ||
-		    (!c->inplace && a->kind->alloc(&p->own_send, z.send_bytes) < 0))
+		if (!MEM_OK(membuf_alloc(a->kind, &p->own_out, z.out_bytes + CANARY_BYTES)) ||
+		    (!c->inplace && !MEM_OK(membuf_alloc(a->kind, &p->own_send, z.send_bytes))))
 			return -1;
 		p->out = p->own_out;
 		p->send = p->own_send;
@@ -709,10 +617,8 @@ static int place_case(const struct ccase *c, int nranks, int rank, const struct 
 
 static void placement_release(struct placement *p)
 {
-	if (p->own_send)
-		p->kind->release(p->own_send);
-	if (p->own_out)
-		p->kind->release(p->own_out);
+	membuf_free(p->kind, p->own_send);
+	membuf_free(p->kind, p->own_out);
 	p->own_send = p->own_out = NULL;
 }
 
@@ -731,7 +637,7 @@ static int staging_open(struct staging *s, size_t max_send, size_t max_out)
 	s->send_after = malloc(max_send);
 	if (s->before && s->after && s->send && s->send_after)
 		return 0;
-	say("out of memory for %zu-byte host images", win);
+	gputest_say("out of memory for %zu-byte host images", win);
 	return -1;
 }
 
@@ -759,7 +665,7 @@ static void case_describe(const struct rank_ctx *x, const struct ccase *c, char 
 	bool own = c->place == PLACE_OWN;
 	snprintf(buf, len, "%s %s%s%s, count %zu, %s, root %d, %s %s%s%s", tool_coll_name(c->coll),
 	         tool_dtype_name(c->dtype), case_reduces(c) ? " " : "", case_reduces(c) ? tool_op_name(c->op) : "",
-	         c->count, c->inplace ? "in place" : "out of place", c->root, x->arenas[c->arena].kind->name,
+	         c->count, c->inplace ? "in place" : "out of place", c->root, membuf_kind_name(x->arenas[c->arena].kind),
 	         own ? place_names[PLACE_OWN] : arena_names[c->arena], own ? "" : ", ", own ? "" : place_names[c->place]);
 }
 
@@ -773,7 +679,7 @@ static void case_fail(const struct rank_ctx *x, const struct ccase *c, const cha
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
 	case_describe(x, c, what, sizeof(what));
-	say("FAIL %s: %s", what, msg);
+	gputest_say("FAIL %s: %s", what, msg);
 }
 
 /* Writes rank's send data and the output window's initial bytes: canaries,
@@ -790,9 +696,9 @@ static int case_upload(const struct rank_ctx *x, const struct ccase *c, const st
 		send = s->before + p->front + (size_t)(p->send - p->out);
 	for (size_t i = 0; i < z.send_elems; i++)
 		elem_store(send, c->dtype, i, send_bits(c, n, x->rank, i));
-	if (!c->inplace && p->kind->put(p->send, s->send, z.send_bytes) < 0)
+	if (!c->inplace && !MEM_OK(membuf_put(p->kind, p->send, s->send, z.send_bytes)))
 		return -1;
-	return p->kind->put(p->out - p->front, s->before, win);
+	return MEM_OK(membuf_put(p->kind, p->out - p->front, s->before, win)) ? 0 : -1;
 }
 
 /* The first byte of [a, a + n) that differs from b, or n. */
@@ -851,8 +757,8 @@ static int case_verify(struct rank_ctx *x, const struct ccase *c, const struct p
 	struct case_sizes z = sizes_of(c, x->cfg->nranks);
 	size_t win = p->front + z.out_bytes + p->back;
 	size_t recv_at = p->front + (size_t)(p->recv - p->out);
-	if (p->kind->get(s->after, p->out - p->front, win) < 0 ||
-	    (!c->inplace && p->kind->get(s->send_after, p->send, z.send_bytes) < 0))
+	if (!MEM_OK(membuf_get(p->kind, s->after, p->out - p->front, win)) ||
+	    (!c->inplace && !MEM_OK(membuf_get(p->kind, s->send_after, p->send, z.send_bytes))))
 		return -1;
 	bool ok = true;
 	x->checks++;
@@ -994,7 +900,7 @@ static int sweep_run_case(struct rank_ctx *x, const struct ccase *planned, struc
 		r = dfcclCommSynchronize(x->comms[0]);
 	watchdog_disarm();
 	if (r != dfcclSuccess) {
-		say("FAIL %s: the collective failed: %s: %s", what, dfcclGetErrorString(r), dfcclGetLastError(NULL));
+		gputest_say("FAIL %s: the collective failed: %s: %s", what, dfcclGetErrorString(r), dfcclGetLastError(NULL));
 		x->checks++;
 		x->failures++;
 		goto out;
@@ -1013,19 +919,19 @@ static int sweep_rank(struct rank_ctx *x)
 	int rc = -1;
 	size_t ms, mo, all_send = 0, all_out = 0;
 	if (sweep_cases(cfg, &l) < 0) {
-		say("out of memory");
+		gputest_say("out of memory");
 		goto out;
 	}
 	for (int a = 0; a < ARENA_COUNT; a++) {
-		static const struct mem_kind *const kinds[ARENA_COUNT] = {&device_mem, &host_mem, &device_mem};
-		const struct mem_kind *kind = cfg->host_buffers ? &host_mem : kinds[a];
+		static const int kinds[ARENA_COUNT] = {MEMBUF_DEVICE, MEMBUF_HOST, MEMBUF_DEVICE};
+		int kind = cfg->host_buffers ? MEMBUF_HOST : kinds[a];
 		arena_needs(&l, cfg->nranks, a, &ms, &mo);
 		if (arena_open(&x->arenas[a], kind, ms, mo, 1, a == ARENA_REGISTERED ? x->comms[0] : NULL) < 0) {
 			/* Without the main arena nothing can run; without another
 			 * one, only its cases are left out. */
 			if (a == ARENA_MAIN)
 				goto out;
-			say("FAIL: no %s %s: its cases run in the main arena", kind->name, arena_names[a]);
+			gputest_say("FAIL: no %s %s: its cases run in the main arena", membuf_kind_name(kind), arena_names[a]);
 			x->failures++;
 		}
 		all_send = ms > all_send ? ms : all_send;
@@ -1110,7 +1016,7 @@ static int print_pattern(const struct config *cfg)
 	printf("# the deadlock pattern of " PROG ", seed %" PRIu64 "\n", cfg->seed);
 	printf("pattern %d %d %d\n", cfg->nranks, cfg->comms, cfg->iters);
 	for (int r = 0; r < cfg->nranks; r++)
-		gpus[r] = cfg->gpus[r % cfg->ngpus];
+		gpus[r] = tool_rank_device(&cfg->gpus, r, 0);
 	print_ints(stdout, "gpus", gpus, cfg->nranks);
 	for (int it = 0; it < cfg->iters; it++) {
 		for (int k = 0; k < cfg->comms; k++)
@@ -1199,7 +1105,7 @@ static int deadlock_iteration(struct rank_ctx *x, int it, int *orders, struct st
 			return -1;
 	}
 	if (r != dfcclSuccess) {
-		say("iteration %d: submitting collective %d failed: %s: %s", it, orders[x->rank * K + issued - 1],
+		gputest_say("iteration %d: submitting collective %d failed: %s: %s", it, orders[x->rank * K + issued - 1],
 		    dfcclGetErrorString(r), dfcclGetLastError(NULL));
 		return -1;
 	}
@@ -1207,7 +1113,7 @@ static int deadlock_iteration(struct rank_ctx *x, int it, int *orders, struct st
 	for (int k = 0; k < K; k++) {
 		r = cfg->deadlock == 'A' ? dfcclCommSynchronize(x->comms[k]) : dfcclWait(req[k]);
 		if (r != dfcclSuccess) {
-			say("iteration %d: collective %d (%zu floats) failed: %s: %s", it, k, c[k].count,
+			gputest_say("iteration %d: collective %d (%zu floats) failed: %s: %s", it, k, c[k].count,
 			    dfcclGetErrorString(r), dfcclGetLastError(NULL));
 			return -1;
 		}
@@ -1225,7 +1131,7 @@ static int deadlock_rank(struct rank_ctx *x)
 	int K = cfg->comms, rc = -1, it = 0;
 	struct staging st[MAX_COMMS] = {{0}};
 	int *orders = malloc((size_t)cfg->nranks * (size_t)K * sizeof(int));
-	if (!orders || arena_open(&x->arenas[ARENA_MAIN], cfg->host_buffers ? &host_mem : &device_mem,
+	if (!orders || arena_open(&x->arenas[ARENA_MAIN], cfg->host_buffers ? MEMBUF_HOST : MEMBUF_DEVICE,
 	                          cfg->max_bytes, cfg->max_bytes, K, NULL) < 0)
 		goto out;
 	for (int k = 0; k < K; k++)
@@ -1252,12 +1158,12 @@ out:
 static int rank_main(int rank, void *arg)
 {
 	const struct config *cfg = arg;
-	struct rank_ctx x = {.cfg = cfg, .rank = rank, .gpu = cfg->gpus[rank % cfg->ngpus]};
+	struct rank_ctx x = {.cfg = cfg, .rank = rank, .gpu = tool_rank_device(&cfg->gpus, rank, 0)};
 	int rc = -1;
-	self_rank = rank;
+	gputest_set_rank(rank);
 	/* Program B runs registered collectives of one communicator. */
 	x.ncomms = cfg->deadlock == 'A' ? cfg->comms : 1;
-	if (!cfg->host_buffers && (!CUDA_OK(cudaSetDevice(x.gpu)) || !CUDA_OK(cudaFree(NULL))))
+	if (!cfg->host_buffers && !MEM_OK(membuf_use_device(MEMBUF_DEVICE, x.gpu)))
 		return TOOL_EXIT_FAIL;
 	if (!DFCCL_OK(dfcclSetDevice(x.gpu)))
 		return TOOL_EXIT_FAIL;
@@ -1276,44 +1182,7 @@ out:
 	return rc || x.failures ? TOOL_EXIT_FAIL : 0;
 }
 
-/* How many GPUs CUDA sees, asked in a child so that this process stays
- * free of CUDA for the ranks it forks; -1 if CUDA cannot be used. */
-static int gpu_count(void)
-{
-	fflush(NULL);
-	pid_t pid = fork();
-	if (pid == 0) {
-		int n = 0;
-		_exit(cudaGetDeviceCount(&n) == cudaSuccess && n < 255 ? n : 255);
-	}
-	int st;
-	if (pid < 0 || waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st) == 255)
-		return -1;
-	return WEXITSTATUS(st);
-}
-
 /* ---------------------------------------------------------------- options */
-
-static int usage_error(const char *what, const char *arg)
-{
-	fprintf(stderr, PROG ": %s '%s' (see " PROG " --help)\n", what, arg);
-	return TOOL_EXIT_USAGE;
-}
-
-static bool parse_gpus(const char *s, struct config *cfg)
-{
-	char *end;
-	cfg->ngpus = 0;
-	do {
-		errno = 0;
-		long g = strtol(s, &end, 10);
-		if (errno || end == s || g < 0 || g > 1023 || cfg->ngpus == MAX_RANKS)
-			return false;
-		cfg->gpus[cfg->ngpus++] = (int)g;
-		s = end + 1;
-	} while (*end == ',');
-	return *end == '\0';
-}
 
 /* Parses argv into cfg; returns -1 to go on, else the exit status. */
 static int parse_options(int argc, char **argv, struct config *cfg)
@@ -1336,60 +1205,60 @@ static int parse_options(int argc, char **argv, struct config *cfg)
 		case 'S': setenv("DFCCL_SOCKET", optarg, 1); break;
 		case 'n':
 			if (!tool_parse_long(optarg, 1, MAX_RANKS, &v))
-				return usage_error("--nranks takes 1 to 64, not", optarg);
+				return gputest_usage_error("--nranks takes 1 to 64, not", optarg);
 			cfg->nranks = (int)v;
 			break;
 		case 'g':
-			if (!parse_gpus(optarg, cfg))
-				return usage_error("--gpus takes comma-separated GPU indices, not", optarg);
+			if (!tool_parse_devices(optarg, &cfg->gpus))
+				return gputest_usage_error("--gpus takes comma-separated GPU indices, not", optarg);
 			break;
 		case 's':
 			if (!tool_parse_size(optarg, &cfg->seed))
-				return usage_error("--seed takes a number, not", optarg);
+				return gputest_usage_error("--seed takes a number, not", optarg);
 			break;
 		case 'q': cfg->quick = true; break;
 		case 'u':
 			if (!tool_parse_long(optarg, 0, 1000000, &v))
-				return usage_error("--avg-ulps takes a count, not", optarg);
+				return gputest_usage_error("--avg-ulps takes a count, not", optarg);
 			cfg->avg_ulps = (int)v;
 			break;
 		case 'H': cfg->host_buffers = true; break;
 		case 't':
 			if (!tool_parse_long(optarg, 0, 86400, &v))
-				return usage_error("--timeout takes seconds, not", optarg);
+				return gputest_usage_error("--timeout takes seconds, not", optarg);
 			cfg->timeout_s = (unsigned)v;
 			break;
 		case 'd':
 			if (strcmp(optarg, "A") && strcmp(optarg, "B"))
-				return usage_error("--deadlock takes A or B, not", optarg);
+				return gputest_usage_error("--deadlock takes A or B, not", optarg);
 			cfg->deadlock = optarg[0];
 			break;
 		case 'k':
 			if (!tool_parse_long(optarg, 1, MAX_COMMS, &v))
-				return usage_error("--comms takes 1 to 64, not", optarg);
+				return gputest_usage_error("--comms takes 1 to 64, not", optarg);
 			cfg->comms = (int)v;
 			break;
 		case 'i':
 			if (!tool_parse_long(optarg, 1, 100000000, &v))
-				return usage_error("--iters takes a positive number, not", optarg);
+				return gputest_usage_error("--iters takes a positive number, not", optarg);
 			cfg->iters = (int)v;
 			break;
 		case 'a':
 		case 'b':
 			if (!tool_parse_size(optarg, opt == 'a' ? &cfg->min_bytes : &cfg->max_bytes))
-				return usage_error("not a size:", optarg);
+				return gputest_usage_error("not a size:", optarg);
 			break;
 		case 'p': cfg->print_pattern = true; break;
 		case 'h': fputs(usage, stdout); return 0;
-		default: return usage_error("unknown option", argv[optind - 1]);
+		default: return gputest_usage_error("unknown option", argv[optind - 1]);
 		}
 	}
 	if (optind < argc)
-		return usage_error("unexpected argument", argv[optind]);
+		return gputest_usage_error("unexpected argument", argv[optind]);
 	if (cfg->min_bytes == 0 || cfg->min_bytes > cfg->max_bytes || cfg->max_bytes > (1u << 30))
-		return usage_error("need 0 < --min-bytes <= --max-bytes <= 1G; got --max-bytes", "");
+		return gputest_usage_error("need 0 < --min-bytes <= --max-bytes <= 1G; got --max-bytes", "");
 	if (cfg->print_pattern && !cfg->deadlock)
-		return usage_error("--print-pattern needs", "--deadlock");
+		return gputest_usage_error("--print-pattern needs", "--deadlock");
 	return -1;
 }
 
@@ -1408,9 +1277,10 @@ static void on_crash(int sig)
 
 int main(int argc, char **argv)
 {
+	gputest_init(PROG);
 	signal(SIGSEGV, on_crash);
 	signal(SIGBUS, on_crash);
-	static struct config cfg = {.nranks = 2, .ngpus = 1, .timeout_s = 120, .comms = 8, .iters = 200,
+	static struct config cfg = {.nranks = 2, .gpus = {1, {0}}, .timeout_s = 120, .comms = 8, .iters = 200,
 	                            .min_bytes = 256, .max_bytes = 1 << 20};
 	cfg.seed = (uint64_t)time(NULL);
 	int rc = parse_options(argc, argv, &cfg);
@@ -1419,19 +1289,8 @@ int main(int argc, char **argv)
 	if (cfg.print_pattern)
 		return print_pattern(&cfg);
 
-	if (!cfg.host_buffers) {
-		int n = gpu_count(), need = 0;
-		for (int i = 0; i < cfg.ngpus; i++)
-			need = cfg.gpus[i] + 1 > need ? cfg.gpus[i] + 1 : need;
-		if (n <= 0) {
-			printf("SKIPPED: no usable GPU (" PROG " runs on GPU machines)\n");
-			return EXIT_SKIP;
-		}
-		if (n < need) {
-			printf("SKIPPED: --gpus names GPU %d, this machine has %d\n", need - 1, n);
-			return EXIT_SKIP;
-		}
-	}
+	if (!cfg.host_buffers && (rc = gputest_need_gpus(&cfg.gpus)) != 0)
+		return rc;
 	int nids = cfg.deadlock == 'A' ? cfg.comms : 1;
 	for (int k = 0; k < nids; k++)
 		if (!DFCCL_OK(dfcclGetUniqueId(&cfg.ids[k])))
@@ -1439,7 +1298,7 @@ int main(int argc, char **argv)
 
 	printf(PROG ": %d ranks on GPU(s)", cfg.nranks);
 	for (int r = 0; r < cfg.nranks; r++)
-		printf("%s%d", r ? "," : " ", cfg.gpus[r % cfg.ngpus]);
+		printf("%s%d", r ? "," : " ", tool_rank_device(&cfg.gpus, r, 0));
 	if (cfg.deadlock) {
 		int first[2 * MAX_COMMS];
 		printf(", deadlock program %c: %d %s, %d iterations, %" PRIu64 " to %" PRIu64 " bytes, seed %" PRIu64 "\n",

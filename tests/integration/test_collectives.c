@@ -16,6 +16,8 @@
  *   - a Megatron-style 3D grouping: 8 ranks in tensor-, pipeline- and
  *     data-parallel groups of 2, each rank in three communicators, random
  *     orders;
+ *   - the tools' --mem and --devices: host buffers on chosen devices, and
+ *     GPU buffers refused with a reason where they cannot be had;
  *   - a rank SIGKILLed in the middle of a chaos run: the other ranks end
  *     with errors instead of hanging, and the daemon serves a new run.
  * The daemon runs with --host-devices 2, so ranks share devices as they do
@@ -40,8 +42,8 @@
 #include "harness.h"
 #include "tool.h"
 
-#ifndef DFCCL_CHAOS_PATH
-#error "DFCCL_CHAOS_PATH must name the dfccl-chaos binary"
+#if !defined(DFCCL_CHAOS_PATH) || !defined(DFCCL_PERF_PATH)
+#error "DFCCL_CHAOS_PATH and DFCCL_PERF_PATH must name the dfccl-chaos and dfccl-perf binaries"
 #endif
 
 #define FAIL(...)                                          \
@@ -239,15 +241,17 @@ static pid_t worker_pid_of(const struct daemon_proc *d, unsigned dev, int *up)
 	return pid;
 }
 
-/* Runs dfccl-chaos with args (NULL-terminated) and its output in *out
- * (caller frees); returns its exit status, or -1 on timeout. With a victim,
- * that process is SIGKILLed kill_after_ms after the start. */
-static int run_chaos(const struct daemon_proc *d, int timeout_ms, enum chaos_victim victim_kind, int kill_after_ms,
-                     char **out, ...)
+/* Runs the tool at path (dfccl-chaos or dfccl-perf) with args
+ * (NULL-terminated) and its output in *out (caller frees); returns its exit
+ * status, or -1 on timeout. With a victim, that process is SIGKILLed
+ * kill_after_ms after the start. */
+static int run_tool(const struct daemon_proc *d, const char *path, int timeout_ms, enum chaos_victim victim_kind,
+                    int kill_after_ms, char **out, ...)
 {
 	char log[160];
-	snprintf(log, sizeof(log), "%s/chaos.out", d->dir);
-	const char *argv[32] = {"dfccl-chaos", "--socket", d->socket};
+	snprintf(log, sizeof(log), "%s/tool.out", d->dir);
+	const char *name = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+	const char *argv[32] = {name, "--socket", d->socket};
 	int argc = 3;
 	va_list ap;
 	va_start(ap, out);
@@ -256,7 +260,7 @@ static int run_chaos(const struct daemon_proc *d, int timeout_ms, enum chaos_vic
 	va_end(ap);
 	argv[argc] = NULL;
 
-	pid_t pid = child_exec(DFCCL_CHAOS_PATH, argv, log, NULL);
+	pid_t pid = child_exec(path, argv, log, NULL);
 	assert_true(pid > 0);
 	if (victim_kind == VICTIM_WORKER0) {
 		usleep((useconds_t)kill_after_ms * 1000);
@@ -264,9 +268,9 @@ static int run_chaos(const struct daemon_proc *d, int timeout_ms, enum chaos_vic
 	} else if (victim_kind == VICTIM_RANK) {
 		usleep((useconds_t)kill_after_ms * 1000);
 		/* A rank is a child of dfccl-chaos. */
-		char path[64], buf[256] = "";
-		snprintf(path, sizeof(path), "/proc/%d/task/%d/children", (int)pid, (int)pid);
-		FILE *f = fopen(path, "r");
+		char children[64], buf[256] = "";
+		snprintf(children, sizeof(children), "/proc/%d/task/%d/children", (int)pid, (int)pid);
+		FILE *f = fopen(children, "r");
 		assert_non_null(f);
 		assert_non_null(fgets(buf, sizeof(buf), f));
 		fclose(f);
@@ -279,21 +283,24 @@ static int run_chaos(const struct daemon_proc *d, int timeout_ms, enum chaos_vic
 	assert_non_null(*out);
 	read_text_file(log, *out, 1 << 16);
 	if (rc != 0 && victim_kind == VICTIM_NONE)
-		fprintf(stderr, "dfccl-chaos exited with %d:\n%s\n", rc, *out);
+		fprintf(stderr, "%s exited with %d:\n%s\n", name, rc, *out);
 	return rc;
 }
+
+#define run_chaos(d, ...) run_tool(d, DFCCL_CHAOS_PATH, __VA_ARGS__)
 
 static void chaos_expect_ok(void **state, ...)
 {
 	struct daemon_proc *d = *state;
-	const char *a[12] = {0};
+	const char *a[16] = {0};
 	va_list ap;
 	va_start(ap, state);
-	for (int i = 0; i < 11 && (a[i] = va_arg(ap, const char *)); i++)
+	for (int i = 0; i < 15 && (a[i] = va_arg(ap, const char *)); i++)
 		;
 	va_end(ap);
 	char *out;
-	int rc = run_chaos(d, 120000, VICTIM_NONE, 0, &out, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], NULL);
+	int rc = run_chaos(d, 120000, VICTIM_NONE, 0, &out, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9],
+	                   a[10], a[11], a[12], a[13], a[14], NULL);
 	int ok = strstr(out, "OK: every collective completed with a correct result") != NULL;
 	free(out);
 	assert_int_equal(rc, 0);
@@ -366,6 +373,48 @@ static void test_daemon_algo_setting(void **state)
 		                "--max-bytes", "32K", NULL);
 		assert_true(daemon_log_contains(&d, "--algo") == 0); /* it was taken, not refused */
 		assert_int_equal(daemon_stop(&d), 0);
+	}
+}
+
+/*
+ * The tools' choice of buffers and devices. Host buffers (--mem host) on
+ * the devices --devices names work in both tools. GPU buffers (--mem
+ * device) need a build with a CUDA toolkit: without one both tools refuse
+ * them as a usage error that says so; with one, against the host engine,
+ * every rank fails with its reason (no GPU here, or an engine that takes no
+ * GPU buffers) and the tool says so instead of hanging.
+ */
+static void test_tools_memory(void **state)
+{
+	struct daemon_proc *d = *state;
+	char *out;
+	chaos_expect_ok(state, "--nranks", "3", "--comms", "2", "--iters", "5", "--max-bytes", "16K", "--mem", "host",
+	                "--devices", "1,0", NULL);
+	int rc = run_tool(d, DFCCL_PERF_PATH, 60000, VICTIM_NONE, 0, &out, "allreduce", "--mem", "host", "--devices",
+	                  "1", "-b", "1K", "-e", "4K", "-n", "2", "-w", "1", "--json", NULL);
+	int host_json = strstr(out, "\"mem\": \"host\"") != NULL && strstr(out, "\"wrong\": 0}") != NULL;
+	free(out);
+	assert_int_equal(rc, 0);
+	assert_true(host_json);
+
+	static const char *const tools[] = {DFCCL_CHAOS_PATH, DFCCL_PERF_PATH};
+	for (int t = 0; t < 2; t++) {
+		if (t == 0)
+			rc = run_tool(d, tools[t], 60000, VICTIM_NONE, 0, &out, "--nranks", "2", "--iters", "1", "--mem",
+			              "device", NULL);
+		else
+			rc = run_tool(d, tools[t], 60000, VICTIM_NONE, 0, &out, "allreduce", "-b", "8", "-e", "8", "--mem",
+			              "device", NULL);
+#ifdef DFCCL_TOOLS_HAVE_CUDA
+		int said = strstr(out, "rank 0") != NULL;
+		int want_rc = TOOL_EXIT_FAIL;
+#else
+		int said = strstr(out, "built without CUDA") != NULL;
+		int want_rc = TOOL_EXIT_USAGE;
+#endif
+		free(out);
+		assert_int_equal(rc, want_rc);
+		assert_true(said);
 	}
 }
 
@@ -520,6 +569,7 @@ int main(void)
 	    cmocka_unit_test_setup_teardown(test_deadlock_algos, daemon_setup2, daemon_teardown),
 	    cmocka_unit_test_setup_teardown(test_megatron_3d, daemon_setup2, daemon_teardown),
 	    cmocka_unit_test(test_daemon_algo_setting),
+	    cmocka_unit_test_setup_teardown(test_tools_memory, daemon_setup2, daemon_teardown),
 	    cmocka_unit_test_setup_teardown(test_rank_killed, daemon_setup2, daemon_teardown),
 	    cmocka_unit_test_setup_teardown(test_worker_killed, daemon_setup2, daemon_teardown),
 	};
