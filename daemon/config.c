@@ -104,6 +104,20 @@ static const struct setting settings[] = {
     {"flight-recorder-dir", T_STRING, F(flight_recorder_dir), 0, 0, "", NULL,
      "folder where the flight recorder of a communicator that timed out is written as JSON "
      "(comm-ID-TIME.json; empty: not written)"},
+    {"hello-timeout-ms", T_INT, F(hello_timeout_ms), 10, 3600000, "10000", NULL,
+     "a connection that has not said Hello after this long is closed"},
+    {"max-inflight-per-session", T_INT, F(max_inflight_per_session), 1, 512, "256", NULL,
+     "collectives one client may have in a device's engine at once; more are refused with a limit error"},
+    {"max-regs-per-session", T_INT, F(max_regs_per_session), 1, 1 << 20, "4096", NULL,
+     "memory registrations one client connection may hold at once"},
+    {"max-regs-per-uid", T_INT, F(max_regs_per_uid), 1, 1 << 24, "16384", NULL,
+     "memory registrations one user may hold at once, over all its connections"},
+    {"max-comms-per-session", T_INT, F(max_comms_per_session), 1, 1 << 20, "1024", NULL,
+     "communicator memberships one client connection may hold at once"},
+    {"max-qps-per-uid", T_INT, F(max_qps_per_uid), 1, 1 << 20, "1024", NULL,
+     "queue pairs (one per connection and device) one user may hold at once"},
+    {"fd-reserve", T_INT, F(fd_reserve), 16, 1 << 20, "256", NULL,
+     "descriptors that registrations and queue pairs may not use, kept for new connections such as dfcclctl"},
 };
 #define NSETTINGS (sizeof(settings) / sizeof(settings[0]))
 

@@ -47,6 +47,13 @@ struct dfccld_config {
 	int64_t flight_recorder_entries; /* collectives kept per rank (0: no recorder) */
 	int64_t flight_recorder_keep;    /* recorders kept after their communicator is gone */
 	char flight_recorder_dir[256];   /* where a timed-out communicator's recorder is written ("": nowhere) */
+	int64_t hello_timeout_ms;          /* a connection that never says Hello is closed after this */
+	int64_t max_inflight_per_session;  /* collectives one queue pair may have in a device's engine */
+	int64_t max_regs_per_session;
+	int64_t max_regs_per_uid;
+	int64_t max_comms_per_session;
+	int64_t max_qps_per_uid;
+	int64_t fd_reserve;                /* descriptors kept for new connections (dfcclctl included) */
 };
 
 /* Fills cfg with every default. */

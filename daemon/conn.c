@@ -32,12 +32,14 @@ static void outbuf_free(struct conn_outbuf *o)
 }
 
 static void conn_update_poll(struct conn *c);
+static void conn_fail(struct conn *c, int err);
 
 static void conn_end(struct conn *c, int err)
 {
 	if (c->closing)
 		return;
 	uv_poll_stop(&c->poll);
+	uv_timer_stop(&c->timer);
 	c->poll_events = 0;
 	c->on_end(c, err);
 }
@@ -159,6 +161,9 @@ int conn_init(struct conn *c, uv_loop_t *loop, int fd, void *owner, conn_frame_c
 	if (rc < 0)
 		return rc;
 	c->poll.data = c;
+	uv_timer_init(loop, &c->timer); /* cannot fail */
+	c->timer.data = c;
+	c->handles_open = 2;
 	conn_update_poll(c);
 	return 0;
 }
@@ -167,16 +172,25 @@ int conn_send(struct conn *c, const dfccl_envelope *env, const int *fds, unsigne
 {
 	if (c->closing)
 		return -EPIPE;
-	if (nfds > DFCCL_FRAME_MAX_FDS)
+	if (c->failed)
+		return c->failed; /* the stream is ending: a later frame must not overtake a lost one */
+	if (nfds > DFCCL_FRAME_MAX_FDS) {
+		conn_fail(c, -E2BIG);
 		return -E2BIG;
-	if (c->out_bytes > CONN_MAX_QUEUED)
+	}
+	if (c->out_bytes > CONN_MAX_QUEUED) {
+		conn_fail(c, -ENOBUFS);
 		return -ENOBUFS;
+	}
 	struct conn_outbuf *o = calloc(1, sizeof(*o));
-	if (!o)
+	if (!o) {
+		conn_fail(c, -ENOMEM);
 		return -ENOMEM;
+	}
 	int rc = frame_encode(env, &o->buf, &o->len);
 	if (rc < 0) {
 		free(o);
+		conn_fail(c, rc);
 		return rc;
 	}
 	for (unsigned i = 0; i < nfds; i++) {
@@ -185,6 +199,7 @@ int conn_send(struct conn *c, const dfccl_envelope *env, const int *fds, unsigne
 			rc = -errno;
 			o->nfds = i;
 			outbuf_free(o);
+			conn_fail(c, rc);
 			return rc;
 		}
 	}
@@ -223,8 +238,36 @@ void conn_end_after_flush(struct conn *c)
 static void conn_closed(uv_handle_t *h)
 {
 	struct conn *c = h->data;
-	if (c->on_closed)
+	if (--c->handles_open == 0 && c->on_closed)
 		c->on_closed(c);
+}
+
+static void conn_timer_cb(uv_timer_t *t)
+{
+	struct conn *c = t->data;
+	conn_end(c, c->failed ? c->failed : -ETIMEDOUT);
+}
+
+/* A frame was lost: the peer would wait for it forever, so the stream ends,
+ * from the loop (the owner may be in the middle of walking its lists). */
+static void conn_fail(struct conn *c, int err)
+{
+	if (c->closing || c->failed)
+		return;
+	c->failed = err;
+	uv_timer_start(&c->timer, conn_timer_cb, 0, 0);
+}
+
+void conn_set_deadline(struct conn *c, uint64_t ms)
+{
+	if (!c->closing && !c->failed)
+		uv_timer_start(&c->timer, conn_timer_cb, ms, 0);
+}
+
+void conn_clear_deadline(struct conn *c)
+{
+	if (!c->closing && !c->failed)
+		uv_timer_stop(&c->timer);
 }
 
 void conn_close(struct conn *c, conn_closed_cb on_closed)
@@ -243,6 +286,7 @@ void conn_close(struct conn *c, conn_closed_cb on_closed)
 	frame_reader_free(&c->rd);
 	uv_poll_stop(&c->poll);
 	uv_close((uv_handle_t *)&c->poll, conn_closed);
+	uv_close((uv_handle_t *)&c->timer, conn_closed);
 	close(c->fd);
 	c->fd = -1;
 }

@@ -45,6 +45,9 @@ struct conn {
 	conn_end_cb on_end;
 	conn_closed_cb on_closed;
 	int end_when_flushed;
+	uv_timer_t timer;           /* a deadline, or a failure reported from the loop */
+	int failed;                 /* negative errno: a frame was lost, end with it */
+	unsigned handles_open;      /* poll and timer: on_closed runs when both are closed */
 	uint64_t frames_in, frames_out, bad_frames;
 };
 
@@ -53,14 +56,20 @@ int conn_init(struct conn *c, uv_loop_t *loop, int fd, void *owner, conn_frame_c
 
 /*
  * Queues one frame. fds are duplicated, the caller keeps its own. Returns 0,
- * or -ENOBUFS when the peer has stopped reading (the connection is then
- * ended with on_end(-ENOBUFS) from the loop), or another negative errno.
+ * or a negative errno when the frame was not queued: -ENOBUFS when the peer
+ * has stopped reading, -ENOMEM, -EMFILE... In every such case but -EPIPE
+ * (already closing) the connection is ended with on_end(err) from the loop.
  */
 int conn_send(struct conn *c, const dfccl_envelope *env, const int *fds, unsigned nfds);
 
 /* Ends the stream (on_end(c, 0)) once everything queued has been written:
  * used to deliver a final error reply before hanging up. */
 void conn_end_after_flush(struct conn *c);
+
+/* Ends the stream with on_end(-ETIMEDOUT) after ms milliseconds unless
+ * conn_clear_deadline is called first. */
+void conn_set_deadline(struct conn *c, uint64_t ms);
+void conn_clear_deadline(struct conn *c);
 
 /* Stops callbacks and closes the descriptor; on_closed runs from the loop
  * once libuv has released the handle. Calling it twice is harmless. */

@@ -431,6 +431,11 @@ static void server_base_init(struct server *srv, uv_loop_t *loop, const struct d
 	srv->users.limits.max_sessions = cfg->max_sessions_per_uid;
 	srv->users.limits.max_registered_bytes = cfg->max_registered_bytes_per_uid;
 	srv->users.limits.max_comms = cfg->max_comms_per_uid;
+	srv->users.limits.max_regs = cfg->max_regs_per_uid;
+	srv->users.limits.max_qps = cfg->max_qps_per_uid;
+	/* Each worker keeps its channel, its stats page and its process's
+	 * descriptors in the supervisor. */
+	fd_budget_init(&srv->fds, cfg->fd_reserve, 4 * (cfg->host_devices > 8 ? cfg->host_devices : 8));
 	srv->engine = cfg->engine == DFCCLD_ENGINE_CUDA ? DFCCLD_ENGINE_CUDA : DFCCLD_ENGINE_HOST;
 	uv_timer_init(loop, &srv->stop_timer);
 	srv->stop_timer.data = srv;

@@ -19,6 +19,7 @@
 #include <uv.h>
 
 #include "config.h"
+#include "fd_budget.h"
 #include "topo_select.h"
 #include "user.h"
 
@@ -55,6 +56,7 @@ struct server {
 	uint32_t next_reg_id;
 
 	struct user_table users;
+	struct fd_budget fds;       /* descriptors for sessions, queue pairs, registrations (fd_budget.h) */
 	struct workers *workers;
 	struct watch *watch;        /* timeouts, dfcclctl stuck, flight recorders (watch.h) */
 

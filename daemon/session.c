@@ -123,6 +123,7 @@ static void handle_hello(struct session *s, uint64_t req, const Dfccl__V1__Hello
 		conn_end_after_flush(&s->conn);
 		return;
 	}
+	conn_clear_deadline(&s->conn);
 	s->version = hi;
 	snprintf(s->client_name, sizeof(s->client_name), "%s", h->client_name ? h->client_name : "");
 	s->state = SESSION_READY;
@@ -152,6 +153,37 @@ static int check_device(struct session *s, uint64_t req, uint32_t device)
 	return 0;
 }
 
+/* A queue pair keeps a memfd and an eventfd in the supervisor. */
+#define QP_FDS 2
+
+/* Charges a new queue pair to the uid and the descriptor budget; replies
+ * with the limit reached and returns -1 when one is. */
+static int qp_charge(struct session *s, uint64_t req)
+{
+	struct server *srv = s->srv;
+	if (user_charge_qp(&srv->users, s->user) < 0) {
+		session_reply_error(s, req, EC(RESOURCE),
+		                    "uid %u already holds %lld queue pairs, its limit (setting max-qps-per-uid)",
+		                    (unsigned)s->uid, (long long)srv->users.limits.max_qps);
+		return -1;
+	}
+	if (fd_budget_charge(&srv->fds, QP_FDS, FD_FOR_RESOURCE) < 0) {
+		user_uncharge_qp(s->user);
+		session_reply_error(s, req, EC(RESOURCE),
+		                    "dfccld is out of descriptors for queue pairs (%lld in use of the %lld its descriptor "
+		                    "limit leaves after setting fd-reserve): raise the daemon's LimitNOFILE",
+		                    (long long)srv->fds.used, (long long)fd_budget_resource_cap(&srv->fds));
+		return -1;
+	}
+	return 0;
+}
+
+static void qp_uncharge(struct session *s)
+{
+	user_uncharge_qp(s->user);
+	fd_budget_uncharge(&s->srv->fds, QP_FDS);
+}
+
 static void handle_attach(struct session *s, uint64_t req, const Dfccl__V1__AttachDevice *a)
 {
 	if (check_device(s, req, a->device) < 0)
@@ -166,10 +198,15 @@ static void handle_attach(struct session *s, uint64_t req, const Dfccl__V1__Atta
 	int memfd, efd, rc;
 	size_t size;
 	uint32_t qp_id = s->qp_ids[a->device];
-	if (qp_id)
+	if (qp_id) {
 		rc = workers_qp_fds(s->srv->workers, a->device, qp_id, &memfd, &efd, &size);
-	else
+	} else {
+		if (qp_charge(s, req) < 0)
+			return;
 		rc = workers_attach_qp(s->srv->workers, a->device, s->id, n, &qp_id, &memfd, &efd, &size);
+		if (rc < 0)
+			qp_uncharge(s);
+	}
 	if (rc < 0) {
 		log_err("session", "session %llu: cannot create a queue pair on device %u: %s",
 		        (unsigned long long)s->id, a->device, strerror(-rc));
@@ -197,6 +234,14 @@ static void handle_comm_init(struct session *s, uint64_t req, const Dfccl__V1__C
 	if (!s->qp_ids[ci->device]) {
 		session_reply_error(s, req, EC(INVALID_USAGE),
 		                    "attach to device %u before joining a communicator on it", ci->device);
+		return;
+	}
+	unsigned held = comm_session_count(s->srv, s);
+	if (held >= (uint64_t)s->srv->cfg.max_comms_per_session) {
+		session_reply_error(s, req, EC(RESOURCE),
+		                    "this connection already holds %u communicator memberships, its limit (setting "
+		                    "max-comms-per-session): destroy communicators it no longer uses",
+		                    held);
 		return;
 	}
 	char err[512];
@@ -234,6 +279,8 @@ static struct session_reg *reg_find(struct session *s, uint32_t reg_id, struct s
 static void reg_forget(struct session *s, struct session_reg *r)
 {
 	user_uncharge_bytes(s->user, (int64_t)r->size);
+	user_uncharge_reg(s->user);
+	fd_budget_uncharge(&s->srv->fds, r->nfds);
 	s->nregs--;
 	s->registered_bytes -= r->size;
 	free(r);
@@ -253,6 +300,63 @@ static void reply_registered(struct session *s, uint64_t req, uint32_t reg_id)
 	env.body_case = DFCCL__V1__ENVELOPE__BODY_REGISTER_REPLY;
 	env.register_reply = &rep;
 	session_reply(s, req, &env, NULL, 0);
+}
+
+/*
+ * Charges a new registration of `size` bytes that keeps `nfds` descriptors in
+ * the supervisor: the session's and the uid's counts, the uid's bytes and the
+ * descriptor budget. Returns the record, or NULL after replying with the
+ * limit that was reached and the setting that sets it.
+ */
+static struct session_reg *reg_charge(struct session *s, uint64_t req, uint64_t size, unsigned nfds)
+{
+	struct server *srv = s->srv;
+	const struct dfccld_config *cfg = &srv->cfg;
+	struct session_reg *r = NULL;
+	if (s->nregs >= (uint64_t)cfg->max_regs_per_session) {
+		session_reply_error(s, req, EC(RESOURCE),
+		                    "this connection already holds %u registrations, its limit (setting "
+		                    "max-regs-per-session): deregister buffers it no longer uses",
+		                    s->nregs);
+		return NULL;
+	}
+	if (user_charge_reg(&srv->users, s->user) < 0) {
+		session_reply_error(s, req, EC(RESOURCE),
+		                    "uid %u already holds %lld registrations, its limit (setting max-regs-per-uid)",
+		                    (unsigned)s->uid, (long long)srv->users.limits.max_regs);
+		return NULL;
+	}
+	if (user_charge_bytes(&srv->users, s->user, (int64_t)size) < 0) {
+		session_reply_error(s, req, EC(RESOURCE),
+		                    "uid %u would exceed its registered-memory quota of %lld bytes (holds %lld; setting "
+		                    "max-registered-bytes-per-uid)",
+		                    (unsigned)s->uid, (long long)srv->users.limits.max_registered_bytes,
+		                    (long long)s->user->registered_bytes);
+		goto no_bytes;
+	}
+	if (fd_budget_charge(&srv->fds, nfds, FD_FOR_RESOURCE) < 0) {
+		session_reply_error(s, req, EC(RESOURCE),
+		                    "dfccld is out of descriptors for registrations (%lld in use of the %lld its "
+		                    "descriptor limit leaves after setting fd-reserve): deregister buffers, or raise "
+		                    "the daemon's LimitNOFILE",
+		                    (long long)srv->fds.used, (long long)fd_budget_resource_cap(&srv->fds));
+		goto no_fds;
+	}
+	r = calloc(1, sizeof(*r));
+	if (r) {
+		r->size = size;
+		r->nfds = nfds;
+		s->nregs++;
+		s->registered_bytes += size;
+		return r;
+	}
+	session_reply_error(s, req, EC(RESOURCE), "out of memory");
+	fd_budget_uncharge(&srv->fds, nfds);
+no_fds:
+	user_uncharge_bytes(s->user, (int64_t)size);
+no_bytes:
+	user_uncharge_reg(s->user);
+	return NULL;
 }
 
 static void handle_register(struct session *s, uint64_t req, const Dfccl__V1__RegisterMem *m, int *fds,
@@ -326,35 +430,20 @@ static void handle_register(struct session *s, uint64_t req, const Dfccl__V1__Re
 		session_reply_error(s, req, EC(INVALID_ARGUMENT), "unknown memory kind %d", (int)m->kind);
 		return;
 	}
-	if (user_charge_bytes(&srv->users, s->user, (int64_t)m->size) < 0) {
-		session_reply_error(s, req, EC(RESOURCE),
-		                    "uid %u would exceed its registered-memory quota of %lld bytes (holds %lld; setting "
-		                    "max-registered-bytes-per-uid)",
-		                    (unsigned)s->uid, (long long)srv->users.limits.max_registered_bytes,
-		                    (long long)s->user->registered_bytes);
+	struct session_reg *r = reg_charge(s, req, m->size, fd >= 0 ? workers_ndevices(srv->workers) : 0);
+	if (!r)
 		return;
-	}
-	struct session_reg *r = calloc(1, sizeof(*r));
-	if (!r) {
-		user_uncharge_bytes(s->user, (int64_t)m->size);
-		session_reply_error(s, req, EC(RESOURCE), "out of memory");
-		return;
-	}
 	r->reg_id = ++srv->next_reg_id;
 	r->device = m->device;
-	r->size = m->size;
 	int rc = workers_add_reg(srv->workers, r->reg_id, s->id, m->kind, m->size, m->offset, m->ipc_handle.data,
 	                         m->ipc_handle.len, fd, req);
 	if (rc < 0) {
-		user_uncharge_bytes(s->user, (int64_t)m->size);
-		free(r);
+		reg_forget(s, r); /* never recorded: only the charges go */
 		session_reply_error(s, req, EC(RESOURCE), "cannot record the registration: %s", strerror(-rc));
 		return;
 	}
 	r->next = s->regs;
 	s->regs = r;
-	s->nregs++;
-	s->registered_bytes += m->size;
 	if (rc == 1)
 		reply_registered(s, req, r->reg_id);
 	/* else: answered by session_reg_done once the worker mapped it */
@@ -586,13 +675,34 @@ out:
 static void session_on_end(struct conn *c, int err)
 {
 	struct session *s = c->owner;
-	if (err && err != -ECONNRESET)
+	if (err == -ETIMEDOUT && s->state == SESSION_HELLO)
+		log_notice("session", "session %llu (pid %d): closed, no Hello within %lld ms (setting hello-timeout-ms)",
+		           (unsigned long long)s->id, (int)s->pid, (long long)s->srv->cfg.hello_timeout_ms);
+	else if (err == -ENOBUFS)
+		log_notice("session", "session %llu (pid %d): closed, it stopped reading its replies (more than %u bytes "
+		           "queued)", (unsigned long long)s->id, (int)s->pid, CONN_MAX_QUEUED);
+	else if (err && err != -ECONNRESET)
 		log_notice("session", "session %llu (pid %d): connection ended: %s", (unsigned long long)s->id, (int)s->pid,
 		           strerror(-err));
 	session_end(s);
 }
 
 /* ------------------------------------------------------------ lifecycle */
+
+/* Says why before hanging up: a blocking write of one small frame to a
+ * fresh socket cannot stall. Closes fd. */
+static void refuse_connection(int fd, pid_t pid, const char *msg)
+{
+	Dfccl__V1__ErrorReply er = DFCCL__V1__ERROR_REPLY__INIT;
+	er.code = EC(RESOURCE);
+	er.message = (char *)msg;
+	Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
+	env.body_case = DFCCL__V1__ENVELOPE__BODY_ERROR;
+	env.error = &er;
+	frame_send(fd, &env, NULL, 0);
+	log_notice("session", "refused a connection from pid %d: %s", (int)pid, msg);
+	close(fd);
+}
 
 int session_new(struct server *srv, int fd, struct session **out)
 {
@@ -608,26 +718,25 @@ int session_new(struct server *srv, int fd, struct session **out)
 		close(fd);
 		return -ENOMEM;
 	}
+	char msg[256];
 	if (user_charge_session(&srv->users, u) < 0) {
-		/* Say why before hanging up: a blocking write of one small
-		 * frame to a fresh socket cannot stall. */
-		Dfccl__V1__ErrorReply er = DFCCL__V1__ERROR_REPLY__INIT;
-		char msg[256];
 		snprintf(msg, sizeof(msg), "uid %u already holds %lld sessions (setting max-sessions-per-uid)",
 		         (unsigned)cred.uid, (long long)srv->users.limits.max_sessions);
-		er.code = EC(RESOURCE);
-		er.message = msg;
-		Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
-		env.body_case = DFCCL__V1__ENVELOPE__BODY_ERROR;
-		env.error = &er;
-		frame_send(fd, &env, NULL, 0);
-		log_notice("session", "refused a connection from pid %d: %s", (int)cred.pid, msg);
-		close(fd);
+		refuse_connection(fd, cred.pid, msg);
 		user_unref(&srv->users, u);
 		return -EDQUOT;
 	}
+	if (fd_budget_charge(&srv->fds, 1, FD_FOR_SESSION) < 0) {
+		snprintf(msg, sizeof(msg), "dfccld has no descriptor left for another connection (limit %lld); try "
+		         "again when clients have left, or raise the daemon's LimitNOFILE", (long long)srv->fds.limit);
+		refuse_connection(fd, cred.pid, msg);
+		user_uncharge_session(u);
+		user_unref(&srv->users, u);
+		return -EMFILE;
+	}
 	struct session *s = calloc(1, sizeof(*s));
 	if (!s) {
+		fd_budget_uncharge(&srv->fds, 1);
 		user_uncharge_session(u);
 		user_unref(&srv->users, u);
 		close(fd);
@@ -643,6 +752,7 @@ int session_new(struct server *srv, int fd, struct session **out)
 	s->created_ms = server_now_ms();
 	int rc = conn_init(&s->conn, srv->loop, fd, s, session_on_frame, session_on_end);
 	if (rc < 0) {
+		fd_budget_uncharge(&srv->fds, 1);
 		user_uncharge_session(u);
 		user_unref(&srv->users, u);
 		close(fd);
@@ -654,6 +764,7 @@ int session_new(struct server *srv, int fd, struct session **out)
 		srv->sessions->prev = s;
 	srv->sessions = s;
 	srv->nsessions++;
+	conn_set_deadline(&s->conn, (uint64_t)srv->cfg.hello_timeout_ms);
 	log_debug("session", "session %llu: accepted pid %d uid %u", (unsigned long long)s->id, (int)s->pid,
 	          (unsigned)s->uid);
 	*out = s;
@@ -675,6 +786,7 @@ static void session_release(struct session *s)
 		if (s->qp_ids[d]) {
 			workers_detach_qp(srv->workers, d, s->qp_ids[d]);
 			s->qp_ids[d] = 0;
+			qp_uncharge(s);
 		}
 	}
 }
@@ -693,6 +805,7 @@ void session_end(struct session *s)
 	if (s->next)
 		s->next->prev = s->prev;
 	srv->nsessions--;
+	fd_budget_uncharge(&srv->fds, 1);
 	user_uncharge_session(s->user);
 	user_unref(&srv->users, s->user);
 	s->user = NULL;

@@ -30,6 +30,7 @@ struct session_reg {
 	uint32_t reg_id;
 	uint32_t device;
 	uint64_t size;
+	unsigned nfds;           /* descriptors the supervisor keeps for it (fd budget) */
 };
 
 struct session {

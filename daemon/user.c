@@ -35,12 +35,18 @@ void user_unref(struct user_table *t, struct user *u)
 	free(u);
 }
 
+/* One more of a counted resource, if the quota allows it. */
+static int charge_one(int64_t *count, int64_t max)
+{
+	if (*count + 1 > max)
+		return -EDQUOT;
+	(*count)++;
+	return 0;
+}
+
 int user_charge_session(struct user_table *t, struct user *u)
 {
-	if (u->nsessions + 1 > t->limits.max_sessions)
-		return -EDQUOT;
-	u->nsessions++;
-	return 0;
+	return charge_one(&u->nsessions, t->limits.max_sessions);
 }
 
 void user_uncharge_session(struct user *u)
@@ -63,15 +69,32 @@ void user_uncharge_bytes(struct user *u, int64_t bytes)
 
 int user_charge_comm(struct user_table *t, struct user *u)
 {
-	if (u->ncomms + 1 > t->limits.max_comms)
-		return -EDQUOT;
-	u->ncomms++;
-	return 0;
+	return charge_one(&u->ncomms, t->limits.max_comms);
 }
 
 void user_uncharge_comm(struct user *u)
 {
 	u->ncomms--;
+}
+
+int user_charge_reg(struct user_table *t, struct user *u)
+{
+	return charge_one(&u->nregs, t->limits.max_regs);
+}
+
+void user_uncharge_reg(struct user *u)
+{
+	u->nregs--;
+}
+
+int user_charge_qp(struct user_table *t, struct user *u)
+{
+	return charge_one(&u->nqps, t->limits.max_qps);
+}
+
+void user_uncharge_qp(struct user *u)
+{
+	u->nqps--;
 }
 
 void user_table_free(struct user_table *t)

@@ -18,12 +18,16 @@ struct user {
 	int64_t nsessions;
 	int64_t registered_bytes;
 	int64_t ncomms;
+	int64_t nregs;
+	int64_t nqps;
 };
 
 struct user_limits {
 	int64_t max_sessions;
 	int64_t max_registered_bytes;
 	int64_t max_comms;
+	int64_t max_regs;
+	int64_t max_qps;
 };
 
 struct user_table {
@@ -43,6 +47,11 @@ int user_charge_bytes(struct user_table *t, struct user *u, int64_t bytes);
 void user_uncharge_bytes(struct user *u, int64_t bytes);
 int user_charge_comm(struct user_table *t, struct user *u);
 void user_uncharge_comm(struct user *u);
+
+int user_charge_reg(struct user_table *t, struct user *u);
+void user_uncharge_reg(struct user *u);
+int user_charge_qp(struct user_table *t, struct user *u);
+void user_uncharge_qp(struct user *u);
 
 void user_table_free(struct user_table *t);
 

@@ -151,7 +151,7 @@ static void worker_send_qp(struct worker *wk, struct qp_rec *q)
 		         strerror(-rc));
 }
 
-static void worker_send_reg(struct worker *wk, struct reg_rec *r)
+static int worker_send_reg(struct worker *wk, struct reg_rec *r)
 {
 	Dfccl__V1__WorkerAddReg a = DFCCL__V1__WORKER_ADD_REG__INIT;
 	a.reg_id = r->reg_id;
@@ -168,6 +168,7 @@ static void worker_send_reg(struct worker *wk, struct reg_rec *r)
 	if (rc < 0)
 		log_warn("worker", "device %u: cannot send registration %u to the worker: %s", wk->device, r->reg_id,
 		         strerror(-rc));
+	return rc;
 }
 
 /* ------------------------------------------------------------ death and restart */
@@ -693,14 +694,23 @@ void workers_detach_qp(struct workers *w, uint32_t device, uint32_t qp_id)
 
 /* Records registration r on one worker and sends it if that worker is up.
  * Returns 1 when an acknowledgement will come. */
+/* Returns 1 when the worker was sent r (its answer completes the
+ * registration), 0 when it is not running (it gets r when it is ready), or
+ * a negative errno when r could not be sent (r is then not kept: the
+ * channel ends and the worker is restarted, but the client must hear of it
+ * now). */
 static int worker_add_reg_rec(struct worker *wk, struct reg_rec *r)
 {
+	if (wk->state == W_READY) {
+		int rc = worker_send_reg(wk, r);
+		if (rc < 0) {
+			reg_rec_free(r);
+			return rc;
+		}
+	}
 	r->next = wk->regs;
 	wk->regs = r;
-	if (wk->state != W_READY)
-		return 0;
-	worker_send_reg(wk, r);
-	return 1;
+	return wk->state == W_READY;
 }
 
 int workers_add_reg(struct workers *w, uint32_t reg_id, uint64_t session_id, int kind, uint64_t size,
@@ -740,7 +750,14 @@ int workers_add_reg(struct workers *w, uint32_t reg_id, uint64_t session_id, int
 		if (ipc_len)
 			memcpy(r->ipc, ipc_handle, ipc_len);
 		r->ipc_len = ipc_len;
-		if (worker_add_reg_rec(&w->w[d], r))
+		int sent = worker_add_reg_rec(&w->w[d], r);
+		if (sent < 0) {
+			for (unsigned u = 0; u < d; u++)
+				workers_del_reg(w, u, reg_id);
+			free(rw);
+			return sent;
+		}
+		if (sent)
 			rw->pending |= 1ull << d;
 	}
 	if (!rw->pending) {

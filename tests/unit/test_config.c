@@ -90,7 +90,7 @@ static void test_defaults(void **state)
 		n++;
 	}
 	fclose(dump);
-	assert_int_equal(n, 29);
+	assert_int_equal(n, 36);
 	assert_memory_equal(&c, &d, sizeof(c));
 }
 

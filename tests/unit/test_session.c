@@ -10,7 +10,9 @@
  * need a device fail with NOT_FOUND and a sentence; descriptors a request did
  * not ask for are refused and closed; malformed frames get an ErrorReply with
  * request id 0 and, after 16 of them, the connection is closed; a bad length
- * prefix ends the session; the per-uid session quota.
+ * prefix ends the session; the per-uid session quota; a connection that never
+ * says Hello is closed after hello-timeout-ms; a client that stops reading
+ * its replies is disconnected, another served throughout.
  *
  * Communicators: CommInit on the wire needs an attached device, which needs a
  * worker, so on a detached server it stops at the device check. The
@@ -20,6 +22,7 @@
  * wire with real workers is the integration tests' job.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -536,6 +539,69 @@ static void test_session_quota(void **state)
 	assert_int_equal(fx->srv.users.head->nsessions, 2);
 }
 
+/* A connection that never says Hello is closed after hello-timeout-ms; one
+ * that did is not. */
+static void test_hello_timeout(void **state)
+{
+	struct fixture *fx = *state;
+	fx->srv.cfg.hello_timeout_ms = 50;
+	struct peer *silent = peer_open(fx), *talker = peer_open(fx);
+	hello(fx, talker);
+	uint64_t t0 = server_now_ms();
+	expect_closed(fx, silent);
+	uint64_t waited = server_now_ms() - t0;
+	assert_true(waited >= 40 && waited < 1500);
+	assert_int_equal(fx->srv.nsessions, 1);
+	/* Well past its own deadline, the talker is still served. */
+	for (int i = 0; i < 20; i++) {
+		uv_run(&fx->loop, UV_RUN_NOWAIT);
+		usleep(5000);
+	}
+	dfccl_envelope *env;
+	query(fx, talker, 2, DFCCL__V1__QUERY_KIND__QUERY_STATUS, &env);
+	frame_envelope_free(env);
+	assert_int_equal(fx->srv.nsessions, 1);
+}
+
+/*
+ * A client that sends requests but never reads the replies: once more than
+ * CONN_MAX_QUEUED bytes wait for it, the session is closed as if it had hung
+ * up (its resources released); another session is served throughout.
+ */
+static void test_reader_stops(void **state)
+{
+	struct fixture *fx = *state;
+	struct peer *flood = peer_open(fx), *other = peer_open(fx);
+	hello(fx, flood);
+	hello(fx, other);
+	struct tu_msg m;
+	tu_msg_query(&m, 9, DFCCL__V1__QUERY_KIND__QUERY_SESSIONS);
+	uint8_t *buf;
+	size_t len;
+	assert_int_equal(frame_encode(&m.env, &buf, &len), 0);
+	assert_int_equal(fcntl(flood->fd, F_SETFL, O_NONBLOCK), 0);
+	uint64_t sent = 0;
+	size_t off = 0;
+	/* Each reply is larger than its request, so the daemon's queue for
+	 * this client grows by more than CONN_MAX_QUEUED well before 4x that
+	 * many request bytes were written. */
+	while (fx->srv.nsessions == 2 && sent < 4ull * CONN_MAX_QUEUED) {
+		ssize_t n = write(flood->fd, buf + off, len - off);
+		if (n > 0) {
+			sent += (uint64_t)n;
+			off = (off + (size_t)n) % len;
+		}
+		uv_run(&fx->loop, UV_RUN_NOWAIT);
+	}
+	free(buf);
+	assert_int_equal(fx->srv.nsessions, 1);
+	assert_ptr_equal(fx->srv.sessions, other->s);
+	dfccl_envelope *env;
+	query(fx, other, 3, DFCCL__V1__QUERY_KIND__QUERY_STATUS, &env);
+	assert_int_equal(env->query_reply->status->nsessions, 1);
+	frame_envelope_free(env);
+}
+
 /* ------------------------------------------------------------ communicators */
 
 static const uint8_t uid_a[128] = {1, 2, 3, 4};
@@ -744,6 +810,8 @@ int main(void)
 	    T(test_feed),
 	    T(test_client_hangs_up),
 	    T(test_session_quota),
+    T(test_hello_timeout),
+    T(test_reader_stops),
 	    T(test_comm_join_arguments),
 	    T(test_comm_two_sessions),
 	    T(test_comm_other_uid),

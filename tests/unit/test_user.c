@@ -1,9 +1,10 @@
 /*
  * Tests of per-uid accounting (daemon/user.c): a user object per uid shared
  * by every reference and freed with the last one; each quota (sessions,
- * registered bytes, communicator memberships) refuses the charge that would
- * pass the limit, charges nothing when it refuses, and makes room again when
- * a charge is returned.
+ * registered bytes, communicator memberships, registrations, queue pairs)
+ * refuses the charge that would pass the limit, charges nothing when it
+ * refuses, and makes room again when a charge is returned. Also the
+ * supervisor's descriptor budget (daemon/fd_budget.c) and its reserve.
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -13,6 +14,7 @@
 
 #include <cmocka.h>
 
+#include "fd_budget.h"
 #include "user.h"
 
 static struct user_table table(int64_t sessions, int64_t bytes, int64_t comms)
@@ -133,12 +135,58 @@ static void test_comm_quota(void **state)
 	user_table_free(&t);
 }
 
+/* Registrations and queue pairs are counted per uid; two uids never share
+ * a count. */
+static void test_reg_qp_quota(void **state)
+{
+	struct user_table t = table(4, 100, 3);
+	t.limits.max_regs = 2;
+	t.limits.max_qps = 1;
+	struct user *u = user_ref(&t, 1), *v = user_ref(&t, 2);
+	assert_int_equal(user_charge_reg(&t, u), 0);
+	assert_int_equal(user_charge_reg(&t, u), 0);
+	assert_int_equal(user_charge_reg(&t, u), -EDQUOT);
+	assert_int_equal(user_charge_reg(&t, v), 0);
+	assert_int_equal(u->nregs, 2);
+	user_uncharge_reg(u);
+	assert_int_equal(user_charge_reg(&t, u), 0);
+	assert_int_equal(user_charge_qp(&t, u), 0);
+	assert_int_equal(user_charge_qp(&t, u), -EDQUOT);
+	assert_int_equal(user_charge_qp(&t, v), 0);
+	user_uncharge_qp(u);
+	assert_int_equal(u->nqps, 0);
+	user_table_free(&t);
+}
+
+/* Resources stop at the limit less the reserve; sessions may use the
+ * reserve but not the slack; an uncharge gives room back. */
+static void test_fd_budget(void **state)
+{
+	struct fd_budget b;
+	fd_budget_init(&b, 100, 0);
+	assert_true(b.limit >= 1024);
+	assert_true(b.base > 2 && b.base < b.limit);
+	b.limit = b.base + 100 + 50; /* 50 for resources, 118 for sessions */
+	assert_int_equal(fd_budget_resource_cap(&b), 50);
+	assert_int_equal(fd_budget_charge(&b, 40, FD_FOR_RESOURCE), 0);
+	assert_int_equal(fd_budget_charge(&b, 11, FD_FOR_RESOURCE), -EMFILE);
+	assert_int_equal(b.used, 40);
+	assert_int_equal(fd_budget_charge(&b, 10, FD_FOR_RESOURCE), 0);
+	for (int i = 0; i < 150 - FD_BUDGET_SLACK - 50; i++)
+		assert_int_equal(fd_budget_charge(&b, 1, FD_FOR_SESSION), 0);
+	assert_int_equal(fd_budget_charge(&b, 1, FD_FOR_SESSION), -EMFILE);
+	assert_int_equal(fd_budget_charge(&b, 1, FD_FOR_RESOURCE), -EMFILE);
+	fd_budget_uncharge(&b, 1);
+	assert_int_equal(fd_budget_charge(&b, 1, FD_FOR_SESSION), 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_refcount),      cmocka_unit_test(test_unlink_middle),
 	    cmocka_unit_test(test_session_quota), cmocka_unit_test(test_bytes_quota),
-	    cmocka_unit_test(test_comm_quota),
+	    cmocka_unit_test(test_comm_quota),    cmocka_unit_test(test_reg_qp_quota),
+	    cmocka_unit_test(test_fd_budget),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
