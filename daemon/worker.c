@@ -505,6 +505,7 @@ int worker_main(unsigned device, const struct dfccld_config *cfg)
 	    .algo = (uint32_t)cfg->algo,
 	    .channels = (uint32_t)cfg->channels,
 	    .kernel_idle_ns = (uint64_t)cfg->kernel_idle_us * 1000u,
+	    .max_inflight = (uint32_t)cfg->max_inflight_per_session,
 	};
 	if (engine_new(engine == DFCCLD_ENGINE_CUDA ? ENGINE_CUDA : ENGINE_HOST, &ec, &w.eng, err, sizeof(err)) < 0) {
 		log_err("worker", "device %u: cannot create the engine: %s", device, err);

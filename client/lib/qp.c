@@ -390,6 +390,9 @@ dfcclResult_t qp_status_result(uint32_t status, unsigned opcode)
 	case DFCCL_CQ_MISMATCH:
 		r = dfcclInvalidUsage;
 		break;
+	case DFCCL_CQ_LIMIT:
+		r = dfcclSystemError; /* as the supervisor's resource limits */
+		break;
 	default:
 		/* The engine refused the entry: something in it was wrong. */
 		r = dfcclInvalidArgument;

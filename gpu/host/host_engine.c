@@ -4,10 +4,12 @@
  * tasks. What a task does is in host_coll.c.
  *
  * Task life: FREE -> QUEUED (in the task queue) -> FREE, through completion,
- * an abort, the communicator's removal or its queue going away. When the
- * task queue is full (SCHED_MAX_TASKS) new tasks wait in a FIFO backlog
- * (BACKLOG) and enter the queue as places free up, so a burst of entries is
- * never refused. Tasks are referred to by index, because the storage grows.
+ * an abort, the communicator's removal or its queue going away. Entries of
+ * served queue pairs are admitted fairly (host_engine.h), so they never
+ * find the task queue full; an entry given directly to host_engine_submit
+ * when it is full waits in a FIFO backlog (BACKLOG) and enters the queue as
+ * places free up. Tasks are referred to by index, because the storage grows;
+ * it is given back whenever the engine empties.
  *
  * Ordering: FIFO by arrival, as configured; the first entry that carries a
  * priority switches the queue to priority order (a FIFO queue of tasks that
@@ -35,6 +37,11 @@
 
 enum task_where { TASK_FREE = 0, TASK_QUEUED = 1, TASK_BACKLOG = 2 };
 
+struct host_qp {
+	struct sq_queue *q;
+	uint32_t inflight; /* its tasks in the engine */
+};
+
 struct host_engine {
 	struct sched_params params; /* the configured policy, order possibly raised */
 	uint32_t configured_order;
@@ -51,8 +58,11 @@ struct host_engine {
 	struct sched_queue queue;
 	uint32_t backlog_head, backlog_tail, nbacklog;
 
-	struct sq_queue **qps; /* the queue pairs served by host_engine_ops_new's poll */
+	struct host_qp *qps; /* the queue pairs served by host_engine_ops_new's poll */
 	uint32_t nqps, qps_cap;
+	uint32_t max_inflight;
+	uint32_t reserve_used; /* sum over qps of min(inflight, HOST_QP_GUARANTEE) */
+	uint32_t shared_used;  /* sum over qps of the rest of inflight */
 
 	uint32_t algo; /* enum dfccl_algo: the configured algorithm (auto: the plan decides) */
 	uint64_t arrivals;
@@ -88,6 +98,8 @@ int host_engine_new(const struct host_engine_config *cfg, struct host_engine **o
 	e->env.device = cfg->device;
 	e->env.visit_bytes = HOST_VISIT_BYTES;
 	e->algo = cfg->algo;
+	e->max_inflight = cfg->max_inflight && cfg->max_inflight < HOST_MAX_INFLIGHT ? cfg->max_inflight
+	                                                                               : HOST_MAX_INFLIGHT;
 	e->backlog_head = e->backlog_tail = NO_TASK;
 	*out = e;
 	return 0;
@@ -210,8 +222,53 @@ static void backlog_admit(struct host_engine *e)
 	}
 }
 
+static struct host_qp *qp_find(struct host_engine *e, const struct sq_queue *q)
+{
+	for (uint32_t k = 0; k < e->nqps; k++)
+		if (e->qps[k].q == q)
+			return &e->qps[k];
+	return NULL; /* a queue given to host_engine_submit directly */
+}
+
+/* A task of hq entered the engine: from the reserve while hq holds fewer
+ * than its guarantee, else from the shared part. */
+static void qp_charge(struct host_engine *e, struct host_qp *hq)
+{
+	if (!hq)
+		return;
+	if (hq->inflight++ < HOST_QP_GUARANTEE)
+		e->reserve_used++;
+	else
+		e->shared_used++;
+}
+
+static void qp_uncharge(struct host_engine *e, struct host_qp *hq)
+{
+	if (!hq)
+		return;
+	if (--hq->inflight < HOST_QP_GUARANTEE)
+		e->reserve_used--;
+	else
+		e->shared_used--;
+}
+
+/* How many more of hq's entries may enter the engine now. */
+static uint32_t qp_room(const struct host_engine *e, const struct host_qp *hq)
+{
+	if (hq->inflight >= e->max_inflight)
+		return 0;
+	uint32_t room = hq->inflight < HOST_QP_GUARANTEE ? HOST_QP_GUARANTEE - hq->inflight : 0;
+	if (room)
+		room = room < HOST_RESERVE - e->reserve_used ? room : HOST_RESERVE - e->reserve_used;
+	else
+		room = HOST_SHARED - e->shared_used;
+	uint32_t own = e->max_inflight - hq->inflight;
+	return room < own ? room : own;
+}
+
 static void task_release(struct host_engine *e, uint32_t idx)
 {
+	qp_uncharge(e, qp_find(e, e->tasks[idx].q));
 	e->tasks[idx].where = TASK_FREE;
 	e->free_list[e->nfree++] = idx;
 	if (e->queue.n == 0 && e->nbacklog == 0)
@@ -245,6 +302,7 @@ void host_engine_submit(struct host_engine *e, struct sq_queue *q, const struct 
 	uint32_t idx = e->free_list[--e->nfree];
 	struct host_task *t = &e->tasks[idx];
 	host_coll_init(t, c, q, sqe, e->algo);
+	qp_charge(e, qp_find(e, q));
 	stat_add(&e->env.stats->by_algo[t->algo], 1);
 	int prioritized = (sqe->flags & DFCCL_SQE_F_PRIORITY) != 0;
 	e->states[idx] = (struct sched_state){
@@ -257,6 +315,21 @@ void host_engine_submit(struct host_engine *e, struct sq_queue *q, const struct 
 	t->where = TASK_QUEUED;
 	if (e->nbacklog || sched_insert(&e->params, &e->queue, e->states, idx) < 0)
 		backlog_push(e, idx);
+}
+
+/* Gives the task storage back once the engine is empty, so a burst (or a
+ * client that flooded and left) does not keep its memory. */
+static void task_trim(struct host_engine *e)
+{
+	if (e->queue.n || e->nbacklog || e->cap <= HOST_TASKS_INITIAL)
+		return;
+	free(e->tasks);
+	free(e->states);
+	free(e->free_list);
+	e->tasks = NULL;
+	e->states = NULL;
+	e->free_list = NULL;
+	e->cap = e->nfree = 0;
 }
 
 unsigned host_engine_run(struct host_engine *e)
@@ -286,12 +359,18 @@ unsigned host_engine_run(struct host_engine *e)
 		pos++;
 	}
 	backlog_admit(e);
+	task_trim(e);
 	return progressed;
 }
 
 unsigned host_engine_pending(const struct host_engine *e)
 {
 	return e->queue.n + e->nbacklog;
+}
+
+unsigned host_engine_capacity(const struct host_engine *e)
+{
+	return e->cap;
 }
 
 static int task_selected(const struct host_task *t, const struct host_comm *c, const struct sq_queue *q)
@@ -347,6 +426,7 @@ static void engine_drop(struct host_engine *e, const struct host_comm *c, const 
 	 * gone; the queue may have emptied before the backlog did. */
 	if (e->queue.n == 0 && e->nbacklog == 0)
 		e->params.order = e->configured_order;
+	task_trim(e);
 }
 
 void host_engine_comm_abort(struct host_engine *e, uint64_t comm_id, uint32_t status)
@@ -394,13 +474,13 @@ static int ops_qp_add(void *impl, struct sq_queue *q, char *err, size_t errlen)
 	(void)err, (void)errlen;
 	if (e->nqps == e->qps_cap) {
 		uint32_t cap = e->qps_cap ? 2 * e->qps_cap : 8;
-		struct sq_queue **p = realloc(e->qps, cap * sizeof(*p));
+		struct host_qp *p = realloc(e->qps, cap * sizeof(*p));
 		if (!p)
 			return -ENOMEM;
 		e->qps = p;
 		e->qps_cap = cap;
 	}
-	e->qps[e->nqps++] = q;
+	e->qps[e->nqps++] = (struct host_qp){.q = q};
 	sq_set_engine_state(q, DFCCL_ENGINE_POLLING);
 	return 0;
 }
@@ -410,7 +490,7 @@ static void ops_qp_del(void *impl, struct sq_queue *q)
 	struct host_engine *e = impl;
 	host_engine_queue_gone(e, q);
 	for (uint32_t i = 0; i < e->nqps; i++)
-		if (e->qps[i] == q) {
+		if (e->qps[i].q == q) {
 			e->qps[i] = e->qps[--e->nqps];
 			break;
 		}
@@ -451,32 +531,53 @@ static void ops_comm_del(void *impl, uint64_t comm_id)
 	host_engine_comm_del(impl, comm_id);
 }
 
-/* Takes whatever is armed in every queue pair and submits it; returns how
- * many entries. */
+/* Checks and submits (or refuses with `limit` when not OK) one taken entry. */
+static void serve_entry(struct host_engine *e, struct sq_queue *q, const struct dfccl_sqe *sqe, uint32_t limit)
+{
+	uint32_t st = sq_check(q, sqe, e->env.reg_lookup, e->env.reg_ctx);
+	if (sqe->opcode == DFCCL_OP_NOP && st == DFCCL_CQ_OK)
+		engine_complete(e, q, sqe->arm, st);
+	else if (st == DFCCL_CQ_OK && limit == DFCCL_CQ_OK)
+		host_engine_submit(e, q, sqe);
+	else
+		/* Refused: the communicator fails too, so its peers do not
+		 * wait for a rank that never posts. */
+		host_engine_refuse(e, q, sqe, st != DFCCL_CQ_OK ? st : limit);
+}
+
+/*
+ * Takes what is armed in one queue pair, as far as admission allows
+ * (host_engine.h): entries beyond the pair's room wait in its queue, and
+ * while it holds max_inflight tasks its entries are refused. Returns how
+ * many entries it took.
+ */
+static unsigned serve_queue(struct host_engine *e, uint32_t k)
+{
+	struct dfccl_sqe batch[TAKE_BATCH];
+	unsigned total = 0;
+	for (;;) {
+		struct host_qp *hq = &e->qps[k];
+		struct sq_queue *q = hq->q;
+		int full = hq->inflight >= e->max_inflight;
+		uint32_t room = full ? TAKE_BATCH : qp_room(e, hq);
+		if (room == 0)
+			return total;
+		unsigned got = sq_take(q, batch, room < TAKE_BATCH ? room : TAKE_BATCH);
+		if (got == 0)
+			return total;
+		for (unsigned i = 0; i < got; i++)
+			serve_entry(e, q, &batch[i], full ? DFCCL_CQ_LIMIT : DFCCL_CQ_OK);
+		total += got;
+	}
+}
+
+/* Serves every active queue pair; returns how many entries were taken. */
 static unsigned serve_queues(struct host_engine *e)
 {
 	unsigned total = 0;
-	struct dfccl_sqe batch[TAKE_BATCH];
-	for (uint32_t k = 0; k < e->nqps; k++) {
-		struct sq_queue *q = e->qps[k];
-		if (sq_qp_state(q) != DFCCL_QP_ACTIVE)
-			continue;
-		unsigned got;
-		while ((got = sq_take(q, batch, TAKE_BATCH)) > 0) {
-			for (unsigned i = 0; i < got; i++) {
-				uint32_t st = sq_check(q, &batch[i], e->env.reg_lookup, e->env.reg_ctx);
-				if (batch[i].opcode == DFCCL_OP_NOP && st == DFCCL_CQ_OK)
-					engine_complete(e, q, batch[i].arm, st);
-				else if (st == DFCCL_CQ_OK)
-					host_engine_submit(e, q, &batch[i]);
-				else
-					/* Refused: the communicator fails too, so its
-					 * peers do not wait for a rank that never posts. */
-					host_engine_refuse(e, q, &batch[i], st);
-			}
-			total += got;
-		}
-	}
+	for (uint32_t k = 0; k < e->nqps; k++)
+		if (sq_qp_state(e->qps[k].q) == DFCCL_QP_ACTIVE)
+			total += serve_queue(e, k);
 	return total;
 }
 
@@ -496,7 +597,7 @@ static int ops_busy(void *impl, uint64_t *pause_ns)
 static void set_states(struct host_engine *e, uint32_t st)
 {
 	for (uint32_t k = 0; k < e->nqps; k++)
-		sq_set_engine_state(e->qps[k], st);
+		sq_set_engine_state(e->qps[k].q, st);
 }
 
 static int ops_sleep(void *impl)
@@ -548,6 +649,7 @@ int host_engine_ops_new(const struct engine_config *cfg, const struct engine_ops
 	    .reg_lookup = cfg->reg_lookup,
 	    .reg_ctx = cfg->reg_ctx,
 	    .algo = cfg->algo,
+	    .max_inflight = cfg->max_inflight,
 	};
 	struct host_engine *e;
 	int rc = host_engine_new(&hc, &e);

@@ -473,6 +473,7 @@ static void test_qp_status_mapping(void **state)
 	    {DFCCL_CQ_TIMEOUT, dfcclTimeout},
 	    {DFCCL_CQ_NOT_SUPPORTED, dfcclNotSupported},
 	    {DFCCL_CQ_MISMATCH, dfcclInvalidUsage},
+	    {DFCCL_CQ_LIMIT, dfcclSystemError},
 	    {DFCCL_CQ_BAD_REG, dfcclInvalidArgument},
 	    {DFCCL_CQ_OUT_OF_RANGE, dfcclInvalidArgument},
 	    {DFCCL_CQ_BAD_ENTRY, dfcclInvalidArgument},

@@ -26,7 +26,10 @@
  * choice by size and a damaged plan, mismatched entries, and the deadlock
  * pattern with each algorithm forced;
  * registered collectives in different orders per rank;
- * priority order; more tasks than the task queue holds; abort,
+ * priority order; more tasks than the task queue holds; fair admission
+ * through the engine interface (a flooder refused past max-inflight, and
+ * flooders within it that leave a victim its place, with memory given back
+ * when they drain); abort,
  * inconsistent posts, a lost queue, a removed communicator, and every
  * submit-time check.
  */
@@ -124,6 +127,7 @@ struct sim {
 	void *regions[MAX_REGIONS];
 	size_t region_size[MAX_REGIONS];
 	unsigned nregions;
+	const struct engine_ops *ops; /* engines behind the worker's interface: they take their own entries */
 };
 
 /* Engines whose all-reduce setting is algo (enum dfccl_algo). */
@@ -160,6 +164,8 @@ static unsigned sim_queue(struct sim *s, unsigned eng, uint64_t session)
 	char err[128];
 	assert_int_equal(sq_queue_open(&t->q, t->map, size, s->nq + 1, session, err, sizeof(err)), 0);
 	t->eng = eng;
+	if (s->ops)
+		assert_int_equal(s->ops->qp_add(s->eng[eng], &t->q, err, sizeof(err)), 0);
 	return s->nq++;
 }
 
@@ -211,10 +217,16 @@ static uint64_t sim_submit(struct sim *s, unsigned qi, const struct dfccl_sqe *t
 	return seq;
 }
 
-/* The worker's side: take, check, submit. */
+/* The worker's side: take, check, submit (engines behind the interface
+ * take their entries themselves, as fair admission allows). */
 static void sim_pump(struct sim *s)
 {
 	struct dfccl_sqe batch[32];
+	if (s->ops) {
+		for (unsigned e = 0; e < s->neng; e++)
+			s->ops->poll(s->eng[e]);
+		return;
+	}
 	for (unsigned i = 0; i < s->nq; i++) {
 		struct tq *t = &s->qs[i];
 		if (t->gone)
@@ -1151,6 +1163,21 @@ static void test_backlog(void **state)
 	sim_free(&s);
 }
 
+/* Engines behind the worker's interface (host_engine_ops_new), with a
+ * per-queue-pair limit of max_inflight. */
+static void sim_init_served(struct sim *s, unsigned neng, uint32_t max_inflight)
+{
+	memset(s, 0, sizeof(*s));
+	s->neng = neng;
+	for (unsigned i = 0; i < neng; i++) {
+		struct engine_config cfg = {.device = i, .sched = small_spins, .stats = &s->stats[i],
+		                            .reg_lookup = reg_lookup, .max_inflight = max_inflight};
+		void *impl;
+		assert_int_equal(host_engine_ops_new(&cfg, &s->ops, &impl), 0);
+		s->eng[i] = impl;
+	}
+}
+
 /* An all-reduce of 4 int32 by rank r on comm_id, from fresh buffers. */
 static uint64_t submit_simple(struct sim *s, unsigned qi, uint64_t comm_id, uint64_t comm_seq, uint32_t rank,
                               uint64_t count)
@@ -1160,6 +1187,94 @@ static uint64_t submit_simple(struct sim *s, unsigned qi, uint64_t comm_id, uint
 	                      .send_reg = reg_new(session, count * 4), .recv_reg = reg_new(session, count * 4),
 	                      .opcode = DFCCL_OP_ALLREDUCE, .dtype = 2, .redop = 0, .rank = rank};
 	return sim_submit(s, qi, &e);
+}
+
+/*
+ * A flooder whose peer never joins cannot hold more than max-inflight tasks:
+ * the entry past the limit is refused with DFCCL_CQ_LIMIT (and its
+ * communicator fails, so the rest follow), while another session's
+ * collectives on the same engine complete with the right data.
+ */
+static void test_inflight_limit(void **state)
+{
+	(void)state;
+	enum { LIMIT = 64, FLOOD = 100 };
+	struct sim s;
+	sim_init_served(&s, 2, LIMIT);
+	unsigned victim[2] = {sim_queue(&s, 0, 1), sim_queue(&s, 1, 2)};
+	unsigned flood[2] = {sim_queue(&s, 0, 10), sim_queue(&s, 1, 11)};
+	sim_comm(&s, 77, 2, victim);
+	sim_comm(&s, 101, 2, flood);
+	uint64_t seq[FLOOD];
+	for (unsigned k = 0; k < FLOOD; k++)
+		seq[k] = submit_simple(&s, flood[0], 101, k + 1, 0, 4);
+	for (unsigned round = 0; round < 50; round++) {
+		sim_spin(&s, 1);
+		assert_true(host_engine_pending(s.eng[0]) <= LIMIT);
+	}
+	assert_true(sim_completed(&s, flood[0], seq[LIMIT]));
+	assert_int_equal(sim_status(&s, flood[0], seq[LIMIT]), DFCCL_CQ_LIMIT);
+	struct coll c = {.id = 1, .op = DFCCL_OP_ALLREDUCE, .dt = 2, .n = 2, .count = 1000};
+	memcpy(c.q, victim, sizeof(victim));
+	coll_prepare(&s, &c);
+	coll_submit_rank(&s, &c, 0, 77, 1, 0, 0);
+	coll_submit_rank(&s, &c, 1, 77, 1, 0, 0);
+	sim_drive(&s);
+	coll_check(&s, &c);
+	/* The flooder's tasks all ended with its communicator. */
+	for (unsigned k = 0; k < FLOOD; k++)
+		assert_int_not_equal(sim_status(&s, flood[0], seq[k]), DFCCL_CQ_OK);
+	sim_free(&s);
+}
+
+/*
+ * Flooders that stay within their limit but whose peers never join: each
+ * holds what admission gives it and the rest waits in its own submission
+ * queue, the engine never holds more than its task queue, and a victim
+ * session's collectives still find a place and complete, one after another.
+ * Once the flooders' communicators are aborted everything drains and the
+ * engine gives its task storage back.
+ */
+static void test_fair_admission(void **state)
+{
+	(void)state;
+	enum { NFLOOD = 3, FLOOD = 400, VICTIM = 10 };
+	struct sim s;
+	sim_init_served(&s, 2, HOST_MAX_INFLIGHT);
+	unsigned victim[2] = {sim_queue(&s, 0, 1), sim_queue(&s, 1, 2)};
+	unsigned peer = sim_queue(&s, 1, 20);
+	unsigned fq[NFLOOD];
+	for (unsigned f = 0; f < NFLOOD; f++) {
+		fq[f] = sim_queue(&s, 0, 10 + f);
+		unsigned ranks[2] = {fq[f], peer};
+		sim_comm(&s, 101 + f, 2, ranks);
+	}
+	sim_comm(&s, 77, 2, victim);
+	for (unsigned f = 0; f < NFLOOD; f++)
+		for (unsigned k = 0; k < FLOOD; k++)
+			submit_simple(&s, fq[f], 101 + f, k + 1, 0, 4);
+	sim_spin(&s, 40);
+	/* Each flooder's guarantee from the reserve, and the shared part. */
+	assert_int_equal(host_engine_pending(s.eng[0]), NFLOOD * HOST_QP_GUARANTEE + HOST_SHARED);
+	assert_true(host_engine_capacity(s.eng[0]) <= SCHED_MAX_TASKS);
+	for (unsigned f = 0; f < NFLOOD; f++)
+		assert_int_equal(q_completed(&s.qs[fq[f]]), 0); /* waiting, not refused */
+	for (unsigned k = 0; k < VICTIM; k++) {
+		struct coll c = {.id = 10 + k, .op = DFCCL_OP_ALLREDUCE, .dt = 2, .n = 2, .count = 256};
+		memcpy(c.q, victim, sizeof(victim));
+		coll_prepare(&s, &c);
+		coll_submit_rank(&s, &c, 0, 77, k + 1, 0, 0);
+		coll_submit_rank(&s, &c, 1, 77, k + 1, 0, 0);
+		for (unsigned round = 0; round < ROUND_CAP && !sim_completed(&s, victim[0], k + 1); round++)
+			sim_spin(&s, 1);
+		coll_check(&s, &c);
+	}
+	for (unsigned f = 0; f < NFLOOD; f++)
+		for (unsigned e = 0; e < 2; e++)
+			host_engine_comm_abort(s.eng[e], 101 + f, DFCCL_CQ_ABORTED);
+	sim_drive(&s);
+	assert_true(host_engine_capacity(s.eng[0]) <= 64);
+	sim_free(&s);
 }
 
 /* Aborting a communicator completes its tasks with the status, now and
@@ -1489,6 +1604,8 @@ int main(void)
 	    cmocka_unit_test(test_registered_any_order),
 	    cmocka_unit_test(test_priority_order),
 	    cmocka_unit_test(test_backlog),
+	    cmocka_unit_test(test_inflight_limit),
+	    cmocka_unit_test(test_fair_admission),
 	    cmocka_unit_test(test_abort),
 	    cmocka_unit_test(test_inconsistent_posts),
 	    cmocka_unit_test(test_mismatch),
