@@ -114,8 +114,9 @@ static const struct setting settings[] = {
      "memory registrations one user may hold at once, over all its connections"},
     {"max-comms-per-session", T_INT, F(max_comms_per_session), 1, 1 << 20, "1024", NULL,
      "communicator memberships one client connection may hold at once"},
-    {"max-qps-per-uid", T_INT, F(max_qps_per_uid), 1, 1 << 20, "1024", NULL,
-     "queue pairs (one per connection and device) one user may hold at once"},
+    {"max-qps-per-uid", T_INT, F(max_qps_per_uid), 1, 1 << 20, "64", NULL,
+     "queue pairs (one per connection and device) one user may hold at once; at most 127 keeps every other "
+     "user's place in a host engine's task queue"},
     {"fd-reserve", T_INT, F(fd_reserve), 16, 1 << 20, "256", NULL,
      "descriptors that registrations and queue pairs may not use, kept for new connections such as dfcclctl"},
 };

@@ -484,13 +484,59 @@ static void handle_deregister(struct session *s, uint64_t req, uint32_t reg_id)
 	reply_ok(s, req);
 }
 
-static int fill_sessions(struct server *srv, Dfccl__V1__QueryReply *r)
+/* Whether viewer may see what uid owns. */
+static int visible_to(const struct session *viewer, uid_t uid)
+{
+	return viewer->sees_all || viewer->uid == uid;
+}
+
+static uid_t session_owner(const struct server *srv, uint64_t session_id)
+{
+	for (const struct session *s = srv->sessions; s; s = s->next)
+		if (s->id == session_id)
+			return s->uid;
+	return (uid_t)-1; /* gone: only those who see all see it */
+}
+
+/*
+ * Moves the items viewer may not see to the end of the array and returns
+ * how many come before them: the reply is sent with that many, and freed
+ * with all of them.
+ */
+static size_t partition_visible(void **items, size_t n, const struct session *viewer,
+                                uid_t (*owner)(const struct session *viewer, const void *item))
+{
+	size_t kept = 0;
+	for (size_t i = 0; i < n; i++) {
+		if (!visible_to(viewer, owner(viewer, items[i])))
+			continue;
+		void *t = items[kept];
+		items[kept++] = items[i];
+		items[i] = t;
+	}
+	return kept;
+}
+
+static uid_t comm_owner(const struct session *viewer, const void *item)
+{
+	(void)viewer;
+	return (uid_t)((const Dfccl__V1__CommInfo *)item)->uid;
+}
+
+static uid_t queue_owner(const struct session *viewer, const void *item)
+{
+	return session_owner(viewer->srv, ((const Dfccl__V1__QueueInfo *)item)->session_id);
+}
+
+static int fill_sessions(struct server *srv, const struct session *viewer, Dfccl__V1__QueryReply *r)
 {
 	r->sessions = calloc(srv->nsessions ? srv->nsessions : 1, sizeof(*r->sessions));
 	if (!r->sessions)
 		return -ENOMEM;
 	uint64_t now = server_now_ms();
 	for (struct session *s = srv->sessions; s; s = s->next) {
+		if (!visible_to(viewer, s->uid))
+			continue;
 		Dfccl__V1__SessionInfo *si = calloc(1, sizeof(*si));
 		if (!si)
 			return -ENOMEM;
@@ -551,13 +597,13 @@ static void handle_query(struct session *s, uint64_t req, const Dfccl__V1__Query
 		r.status = &st;
 		break;
 	}
-	case DFCCL__V1__QUERY_KIND__QUERY_SESSIONS: rc = fill_sessions(srv, &r); break;
+	case DFCCL__V1__QUERY_KIND__QUERY_SESSIONS: rc = fill_sessions(srv, s, &r); break;
 	case DFCCL__V1__QUERY_KIND__QUERY_COMMS: rc = comm_query(srv, &r); break;
 	case DFCCL__V1__QUERY_KIND__QUERY_QUEUES: rc = workers_fill_queues(srv->workers, &r); break;
 	case DFCCL__V1__QUERY_KIND__QUERY_STATS: rc = workers_fill_stats(srv->workers, &r); break;
 	case DFCCL__V1__QUERY_KIND__QUERY_STUCK:
-		/* Another user's jobs stay invisible; root sees every one. */
-		rc = srv->watch ? watch_fill_stuck(srv->watch, s->uid, &r) : 0;
+		/* Another user's jobs stay invisible; root and admins see every one. */
+		rc = srv->watch ? watch_fill_stuck(srv->watch, s->sees_all ? 0 : s->uid, &r) : 0;
 		break;
 	case DFCCL__V1__QUERY_KIND__QUERY_TOPOLOGY:
 		/* Computed once at start; a detached server (tests) has none. */
@@ -567,14 +613,21 @@ static void handle_query(struct session *s, uint64_t req, const Dfccl__V1__Query
 		session_reply_error(s, req, EC(INVALID_ARGUMENT), "unknown query kind %d", (int)q->kind);
 		return;
 	}
+	/* Other users' communicators and queues are theirs to see: only the
+	 * counts in status and the devices' stats are shared. */
+	size_t ncomms = r.n_comms, nqueues = r.n_queues;
 	if (rc < 0) {
 		session_reply_error(s, req, EC(RESOURCE), "out of memory answering the query");
 	} else {
+		r.n_comms = partition_visible((void **)r.comms, ncomms, s, comm_owner);
+		r.n_queues = partition_visible((void **)r.queues, nqueues, s, queue_owner);
 		Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
 		env.body_case = DFCCL__V1__ENVELOPE__BODY_QUERY_REPLY;
 		env.query_reply = &r;
 		session_reply(s, req, &env, NULL, 0);
 	}
+	r.n_comms = ncomms;
+	r.n_queues = nqueues;
 	free_sessions(&r);
 	comm_query_free(&r);
 	watch_stuck_free(&r);
@@ -748,6 +801,7 @@ int session_new(struct server *srv, int fd, struct session **out)
 	s->gid = cred.gid;
 	s->pid = cred.pid;
 	s->user = u;
+	s->sees_all = user_sees_all(cred.uid, cred.gid);
 	s->state = SESSION_HELLO;
 	s->created_ms = server_now_ms();
 	int rc = conn_init(&s->conn, srv->loop, fd, s, session_on_frame, session_on_end);

@@ -43,6 +43,7 @@ struct session {
 	gid_t gid;
 	pid_t pid;
 	struct user *user;
+	int sees_all;            /* root or an admin: queries show every user's objects */
 	uint32_t version;
 	char client_name[64];
 	uint64_t created_ms;

@@ -53,6 +53,13 @@ void user_uncharge_reg(struct user *u);
 int user_charge_qp(struct user_table *t, struct user *u);
 void user_uncharge_qp(struct user *u);
 
+/* The group whose members, like root, see every user's sessions,
+ * communicators and queues in dfcclctl (others see only their own). */
+#define USER_ADMIN_GROUP "dfccl-admin"
+
+/* Whether uid (primary group gid) is root or a member of USER_ADMIN_GROUP. */
+int user_sees_all(uid_t uid, gid_t gid);
+
 void user_table_free(struct user_table *t);
 
 #endif

@@ -41,6 +41,7 @@
 #include "server.h"
 #include "session.h"
 #include "testutil.h"
+#include "user.h"
 
 #define EC(x) DFCCL__V1__ERROR_CODE__ERROR_##x
 
@@ -321,6 +322,46 @@ static void test_queries(void **state)
 	request_fails(fx, p, &m, EC(INVALID_ARGUMENT), "99");
 	tu_msg_query(&m, 16, DFCCL__V1__QUERY_KIND__QUERY_UNSPECIFIED);
 	request_fails(fx, p, &m, EC(INVALID_ARGUMENT), "query kind");
+}
+
+/* A session sees only its own user's sessions and communicators, unless it
+ * sees all (root, dfccl-admin); the counts in status stay whole. */
+static void test_query_visibility(void **state)
+{
+	struct fixture *fx = *state;
+	struct peer *p = peer_open(fx), *q = peer_open(fx);
+	hello(fx, p);
+	hello(fx, q);
+	p->s->sees_all = 0;
+	q->s->uid = getuid() + 4242; /* another user, as far as display goes */
+	static const uint8_t id[128] = {7, 7, 7};
+	char err[512];
+	assert_int_equal(comm_join(&fx->srv, q->s, 5, id, sizeof(id), 2, 0, 0, 0, 0, err, sizeof(err)), 0);
+	dfccl_envelope *env;
+	Dfccl__V1__QueryReply *r = query(fx, p, 20, DFCCL__V1__QUERY_KIND__QUERY_SESSIONS, &env);
+	assert_int_equal(r->n_sessions, 1);
+	assert_int_equal(r->sessions[0]->session_id, p->s->id);
+	frame_envelope_free(env);
+	r = query(fx, p, 21, DFCCL__V1__QUERY_KIND__QUERY_COMMS, &env);
+	assert_int_equal(r->n_comms, 0);
+	frame_envelope_free(env);
+	r = query(fx, p, 22, DFCCL__V1__QUERY_KIND__QUERY_STATUS, &env);
+	assert_int_equal(r->status->nsessions, 2);
+	assert_int_equal(r->status->npending_comms, 1);
+	frame_envelope_free(env);
+	/* The owner sees its communicator; one who sees all sees everything. */
+	r = query(fx, q, 23, DFCCL__V1__QUERY_KIND__QUERY_COMMS, &env);
+	assert_int_equal(r->n_comms, 1);
+	assert_int_equal(r->comms[0]->uid, q->s->uid);
+	frame_envelope_free(env);
+	p->s->sees_all = 1;
+	r = query(fx, p, 24, DFCCL__V1__QUERY_KIND__QUERY_SESSIONS, &env);
+	assert_int_equal(r->n_sessions, 2);
+	frame_envelope_free(env);
+	r = query(fx, p, 25, DFCCL__V1__QUERY_KIND__QUERY_COMMS, &env);
+	assert_int_equal(r->n_comms, 1);
+	frame_envelope_free(env);
+	assert_int_equal(user_sees_all(0, 0), 1);
 }
 
 static void test_no_devices(void **state)
@@ -801,6 +842,7 @@ int main(void)
 	    T(test_version_mismatch),
 	    T(test_hello),
 	    T(test_queries),
+    T(test_query_visibility),
 	    T(test_no_devices),
 	    T(test_descriptor_counts),
 	    T(test_not_a_request),
