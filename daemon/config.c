@@ -118,7 +118,7 @@ static const struct setting settings[] = {
      "queue pairs (one per connection and device) one user may hold at once; at most 127 keeps every other "
      "user's place in a host engine's task queue"},
     {"fd-reserve", T_INT, F(fd_reserve), 16, 1 << 20, "256", NULL,
-     "descriptors that registrations and queue pairs may not use, kept for new connections such as dfcclctl"},
+     "descriptors that registrations may not use, kept for new connections (dfcclctl too) and their queue pairs"},
 };
 #define NSETTINGS (sizeof(settings) / sizeof(settings[0]))
 

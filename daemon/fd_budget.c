@@ -36,20 +36,20 @@ void fd_budget_init(struct fd_budget *b, int64_t reserve, int64_t base_extra)
 	b->base = count_open_fds() + base_extra;
 	b->used = 0;
 	b->reserve = reserve;
-	if (fd_budget_resource_cap(b) <= 0)
-		log_warn("fd_budget", "the descriptor limit (%lld) leaves nothing for registrations and queue pairs after "
+	if (fd_budget_registration_cap(b) <= 0)
+		log_warn("fd_budget", "the descriptor limit (%lld) leaves nothing for registrations after "
 		                   "fd-reserve (%lld): raise LimitNOFILE or lower fd-reserve",
 		         (long long)b->limit, (long long)reserve);
 }
 
-int64_t fd_budget_resource_cap(const struct fd_budget *b)
+int64_t fd_budget_registration_cap(const struct fd_budget *b)
 {
 	return b->limit - b->base - b->reserve;
 }
 
 int fd_budget_charge(struct fd_budget *b, int64_t n, enum fd_use use)
 {
-	int64_t cap = use == FD_FOR_SESSION ? b->limit - b->base - FD_BUDGET_SLACK : fd_budget_resource_cap(b);
+	int64_t cap = use == FD_FOR_CONNECTION ? b->limit - b->base - FD_BUDGET_SLACK : fd_budget_registration_cap(b);
 	if (n < 0 || b->used + n > cap)
 		return -EMFILE;
 	b->used += n;

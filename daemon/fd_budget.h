@@ -8,12 +8,12 @@
  * registrations use up RLIMIT_NOFILE and every other client's attach, and
  * the daemon's own work, fails with EMFILE.
  *
- * So each of those is charged here before it is made. Queue pairs and
- * registrations may use the limit less `fd-reserve` descriptors; a new
- * session may use the reserve too (less a small slack for the descriptors
- * the daemon opens for a moment, such as a worker restart's), so that
- * dfcclctl and new jobs can still connect and be told why their request
- * failed when the rest is taken.
+ * So each of those is charged here before it is made. Registrations may use
+ * the limit less `fd-reserve` descriptors; a new session and its queue
+ * pairs may use the reserve too (less a small slack for the descriptors the
+ * daemon opens for a moment, such as a worker restart's), so that dfcclctl
+ * and new jobs can still connect and attach when registrations have taken
+ * the rest. Queue pairs are few (max-qps-per-uid), registrations are not.
  */
 #ifndef DFCCLD_FD_BUDGET_H
 #define DFCCLD_FD_BUDGET_H
@@ -30,7 +30,7 @@ struct fd_budget {
 	int64_t reserve; /* setting fd-reserve */
 };
 
-enum fd_use { FD_FOR_RESOURCE = 0, FD_FOR_SESSION = 1 };
+enum fd_use { FD_FOR_REGISTRATION = 0, FD_FOR_CONNECTION = 1 /* sessions and queue pairs */ };
 
 /* Raises the soft descriptor limit to the hard one and records what is
  * open now. base_extra counts descriptors opened later for the daemon's own
@@ -42,7 +42,7 @@ void fd_budget_init(struct fd_budget *b, int64_t reserve, int64_t base_extra);
 int fd_budget_charge(struct fd_budget *b, int64_t n, enum fd_use use);
 void fd_budget_uncharge(struct fd_budget *b, int64_t n);
 
-/* What resources (not sessions) may use in all. */
-int64_t fd_budget_resource_cap(const struct fd_budget *b);
+/* What registrations may use in all. */
+int64_t fd_budget_registration_cap(const struct fd_budget *b);
 
 #endif

@@ -167,12 +167,12 @@ static int qp_charge(struct session *s, uint64_t req)
 		                    (unsigned)s->uid, (long long)srv->users.limits.max_qps);
 		return -1;
 	}
-	if (fd_budget_charge(&srv->fds, QP_FDS, FD_FOR_RESOURCE) < 0) {
+	if (fd_budget_charge(&srv->fds, QP_FDS, FD_FOR_CONNECTION) < 0) {
 		user_uncharge_qp(s->user);
 		session_reply_error(s, req, EC(RESOURCE),
-		                    "dfccld is out of descriptors for queue pairs (%lld in use of the %lld its descriptor "
-		                    "limit leaves after setting fd-reserve): raise the daemon's LimitNOFILE",
-		                    (long long)srv->fds.used, (long long)fd_budget_resource_cap(&srv->fds));
+		                    "dfccld is out of descriptors for queue pairs (%lld in use, limit %lld): raise the "
+		                    "daemon's LimitNOFILE",
+		                    (long long)srv->fds.used, (long long)srv->fds.limit);
 		return -1;
 	}
 	return 0;
@@ -334,12 +334,12 @@ static struct session_reg *reg_charge(struct session *s, uint64_t req, uint64_t 
 		                    (long long)s->user->registered_bytes);
 		goto no_bytes;
 	}
-	if (fd_budget_charge(&srv->fds, nfds, FD_FOR_RESOURCE) < 0) {
+	if (fd_budget_charge(&srv->fds, nfds, FD_FOR_REGISTRATION) < 0) {
 		session_reply_error(s, req, EC(RESOURCE),
 		                    "dfccld is out of descriptors for registrations (%lld in use of the %lld its "
 		                    "descriptor limit leaves after setting fd-reserve): deregister buffers, or raise "
 		                    "the daemon's LimitNOFILE",
-		                    (long long)srv->fds.used, (long long)fd_budget_resource_cap(&srv->fds));
+		                    (long long)srv->fds.used, (long long)fd_budget_registration_cap(&srv->fds));
 		goto no_fds;
 	}
 	r = calloc(1, sizeof(*r));
@@ -779,7 +779,7 @@ int session_new(struct server *srv, int fd, struct session **out)
 		user_unref(&srv->users, u);
 		return -EDQUOT;
 	}
-	if (fd_budget_charge(&srv->fds, 1, FD_FOR_SESSION) < 0) {
+	if (fd_budget_charge(&srv->fds, 1, FD_FOR_CONNECTION) < 0) {
 		snprintf(msg, sizeof(msg), "dfccld has no descriptor left for another connection (limit %lld); try "
 		         "again when clients have left, or raise the daemon's LimitNOFILE", (long long)srv->fds.limit);
 		refuse_connection(fd, cred.pid, msg);

@@ -258,6 +258,8 @@ static int coll_wait(const struct host_coll_env *env, struct host_task *t, uint3
 	struct coll_cond w = coll_cond_of(t);
 	int drain = t->step == STEP_FINISH || t->step == STEP_BOX_ACK;
 	uint32_t threshold = drain ? sched_threshold_drain(env->params) : sched_threshold(env->params, position, s);
+	if (t->idle > HOST_IDLE_GRACE)
+		threshold = 1;
 	uint64_t spins = 0;
 	int rc;
 	for (;;) {

@@ -109,7 +109,18 @@ struct host_task {
 	/* engine bookkeeping */
 	uint8_t where;
 	uint32_t next;
+	uint32_t idle;      /* visits in a row that found it blocked (set by the engine) */
 };
+
+/*
+ * A task found blocked more than HOST_IDLE_GRACE visits in a row waits for
+ * peers that are not coming soon (a rank that never joins, a job stopped in
+ * a debugger): its waits look once instead of spinning, so that one
+ * session's stuck collectives cost the others a load each per round rather
+ * than a spin (the head's is long, and yields the core now and then). It is
+ * still looked at on every round, so it moves as soon as its peers do.
+ */
+#define HOST_IDLE_GRACE 8u
 
 enum host_step {
 	HOST_STEP_BLOCKED = 0,  /* preempted without progress */

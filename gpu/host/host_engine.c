@@ -35,6 +35,7 @@
 #define HOST_TASKS_INITIAL 64u
 #define NO_TASK UINT32_MAX
 
+
 enum task_where { TASK_FREE = 0, TASK_QUEUED = 1, TASK_BACKLOG = 2 };
 
 struct host_qp {
@@ -347,6 +348,7 @@ unsigned host_engine_run(struct host_engine *e)
 			e->last_arrival = s->arrival;
 		}
 		enum host_step r = host_coll_step(&e->env, t, pos, s);
+		t->idle = r == HOST_STEP_BLOCKED ? t->idle + 1 : 0;
 		if (r == HOST_STEP_DONE) {
 			engine_complete(e, t->q, t->seq, t->status);
 			sched_remove_at(&e->queue, pos);

@@ -158,8 +158,8 @@ static void test_reg_qp_quota(void **state)
 	user_table_free(&t);
 }
 
-/* Resources stop at the limit less the reserve; sessions may use the
- * reserve but not the slack; an uncharge gives room back. */
+/* Registrations stop at the limit less the reserve; connections may use
+ * the reserve but not the slack; an uncharge gives room back. */
 static void test_fd_budget(void **state)
 {
 	struct fd_budget b;
@@ -167,17 +167,17 @@ static void test_fd_budget(void **state)
 	assert_true(b.limit >= 1024);
 	assert_true(b.base > 2 && b.base < b.limit);
 	b.limit = b.base + 100 + 50; /* 50 for resources, 118 for sessions */
-	assert_int_equal(fd_budget_resource_cap(&b), 50);
-	assert_int_equal(fd_budget_charge(&b, 40, FD_FOR_RESOURCE), 0);
-	assert_int_equal(fd_budget_charge(&b, 11, FD_FOR_RESOURCE), -EMFILE);
+	assert_int_equal(fd_budget_registration_cap(&b), 50);
+	assert_int_equal(fd_budget_charge(&b, 40, FD_FOR_REGISTRATION), 0);
+	assert_int_equal(fd_budget_charge(&b, 11, FD_FOR_REGISTRATION), -EMFILE);
 	assert_int_equal(b.used, 40);
-	assert_int_equal(fd_budget_charge(&b, 10, FD_FOR_RESOURCE), 0);
+	assert_int_equal(fd_budget_charge(&b, 10, FD_FOR_REGISTRATION), 0);
 	for (int i = 0; i < 150 - FD_BUDGET_SLACK - 50; i++)
-		assert_int_equal(fd_budget_charge(&b, 1, FD_FOR_SESSION), 0);
-	assert_int_equal(fd_budget_charge(&b, 1, FD_FOR_SESSION), -EMFILE);
-	assert_int_equal(fd_budget_charge(&b, 1, FD_FOR_RESOURCE), -EMFILE);
+		assert_int_equal(fd_budget_charge(&b, 1, FD_FOR_CONNECTION), 0);
+	assert_int_equal(fd_budget_charge(&b, 1, FD_FOR_CONNECTION), -EMFILE);
+	assert_int_equal(fd_budget_charge(&b, 1, FD_FOR_REGISTRATION), -EMFILE);
 	fd_budget_uncharge(&b, 1);
-	assert_int_equal(fd_budget_charge(&b, 1, FD_FOR_SESSION), 0);
+	assert_int_equal(fd_budget_charge(&b, 1, FD_FOR_CONNECTION), 0);
 }
 
 int main(void)
