@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -403,4 +404,40 @@ int raw_wait_status(struct raw_client *c, int (*cond)(const Dfccl__V1__StatusInf
 		usleep(20000);
 	} while (now_ms() < deadline);
 	return 0;
+}
+
+int sealed_memfd(off_t size)
+{
+	int fd = memfd_create("dfccl-test", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (fd < 0)
+		return -1;
+	if (ftruncate(fd, size) < 0 || fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) < 0) {
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+dfccl_envelope *raw_register_memfd(struct raw_client *c, uint32_t device, uint64_t offset, uint64_t size, int fd)
+{
+	Dfccl__V1__RegisterMem rm = DFCCL__V1__REGISTER_MEM__INIT;
+	rm.kind = DFCCL__V1__MEM_KIND__MEM_HOST_MEMFD;
+	rm.device = device;
+	rm.offset = offset;
+	rm.size = size;
+	Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
+	env.body_case = DFCCL__V1__ENVELOPE__BODY_REGISTER_MEM;
+	env.register_mem = &rm;
+	return raw_request(c, &env, fd >= 0 ? &fd : NULL, fd >= 0 ? 1 : 0, NULL, NULL);
+}
+
+dfccl_envelope *raw_attach(struct raw_client *c, uint32_t device, uint32_t sq_entries, int *fds, unsigned *nfds)
+{
+	Dfccl__V1__AttachDevice a = DFCCL__V1__ATTACH_DEVICE__INIT;
+	a.device = device;
+	a.sq_entries = sq_entries;
+	Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
+	env.body_case = DFCCL__V1__ENVELOPE__BODY_ATTACH;
+	env.attach = &a;
+	return raw_request(c, &env, NULL, 0, fds, nfds);
 }

@@ -8,6 +8,7 @@
 #define DFCCL_TEST_HARNESS_H
 
 #include <stdint.h>
+#include <stdio.h>
 #include <sys/types.h>
 
 #include "frame.h"
@@ -71,6 +72,16 @@ dfccl_envelope *raw_request(struct raw_client *c, dfccl_envelope *env, const int
 /* Waits up to timeout_ms for the next frame of any kind. */
 dfccl_envelope *raw_next(struct raw_client *c, int timeout_ms, int *rfds, unsigned *nrfds);
 
+/* RegisterMem of host memory: [offset, offset + size) of memfd fd on
+ * device (fd < 0: the request carries no descriptor). Returns the reply, or
+ * NULL on timeout/EOF. */
+dfccl_envelope *raw_register_memfd(struct raw_client *c, uint32_t device, uint64_t offset, uint64_t size, int fd);
+
+/* AttachDevice (sq_entries 0: the daemon's default). The queue pair's
+ * descriptors (memfd, eventfd) come back in fds (8 places). Returns the
+ * reply, or NULL on timeout/EOF. */
+dfccl_envelope *raw_attach(struct raw_client *c, uint32_t device, uint32_t sq_entries, int *fds, unsigned *nfds);
+
 /* A status/stats/... query; NULL on failure. */
 dfccl_envelope *raw_query(struct raw_client *c, int kind);
 
@@ -101,5 +112,19 @@ pid_t child_exec(const char *path, const char *const *argv, const char *out_path
 void read_text_file(const char *path, char *buf, size_t len);
 
 uint64_t now_ms(void);
+
+/* A memfd of `size` bytes sealed against shrinking, as the daemon requires
+ * of host memory it registers; -1 on failure. */
+int sealed_memfd(off_t size);
+
+/* In a child's rank function (child_run): says what failed, with the
+ * rank, and returns 1 (the child's exit code). */
+#define RANK_FAIL(...)                                 \
+	do {                                           \
+		fprintf(stderr, "rank %d: ", rank);    \
+		fprintf(stderr, __VA_ARGS__);          \
+		fprintf(stderr, "\n");                 \
+		return 1;                              \
+	} while (0)
 
 #endif

@@ -41,19 +41,11 @@ struct job {
 	int drop_to_nobody;
 };
 
-#define FAIL(...)                                      \
-	do {                                           \
-		fprintf(stderr, "rank %d: ", rank);    \
-		fprintf(stderr, __VA_ARGS__);          \
-		fprintf(stderr, "\n");                 \
-		return 1;                              \
-	} while (0)
-
 static int rank_main(void *arg, int rank)
 {
 	struct job *j = arg;
 	if (j->drop_to_nobody && (setgroups(0, NULL) < 0 || setgid(NOBODY) < 0 || setuid(NOBODY) < 0))
-		FAIL("cannot drop privileges: %s", strerror(errno));
+		RANK_FAIL("cannot drop privileges: %s", strerror(errno));
 	int dev = j->device >= 0 ? j->device : rank % 2;
 	dfcclConfig_t cfg = DFCCL_CONFIG_INITIALIZER;
 	cfg.device = dev;
@@ -61,43 +53,43 @@ static int rank_main(void *arg, int rank)
 	dfcclComm_t comm = NULL;
 	dfcclResult_t r = dfcclCommInitRankConfig(&comm, j->nranks, j->id, rank, &cfg);
 	if ((int)r != j->expect)
-		FAIL("init returned %d (%s: %s), expected %d", r, dfcclGetErrorString(r), dfcclGetLastError(NULL),
+		RANK_FAIL("init returned %d (%s: %s), expected %d", r, dfcclGetErrorString(r), dfcclGetLastError(NULL),
 		     j->expect);
 	if (j->expect_msg && !strstr(dfcclGetLastError(NULL), j->expect_msg))
-		FAIL("error message '%s' lacks '%s'", dfcclGetLastError(NULL), j->expect_msg);
+		RANK_FAIL("error message '%s' lacks '%s'", dfcclGetLastError(NULL), j->expect_msg);
 	if (r != dfcclSuccess)
 		return 0;
 	int n = -1, me = -1, d = -1;
 	if (dfcclCommCount(comm, &n) != dfcclSuccess || n != j->nranks)
-		FAIL("count %d", n);
+		RANK_FAIL("count %d", n);
 	if (dfcclCommUserRank(comm, &me) != dfcclSuccess || me != rank)
-		FAIL("rank %d", me);
+		RANK_FAIL("rank %d", me);
 	if (dfcclCommDevice(comm, &d) != dfcclSuccess || d != dev)
-		FAIL("device %d, expected %d", d, dev);
+		RANK_FAIL("device %d, expected %d", d, dev);
 	char b = 'r';
 	if (j->ready_fd >= 0 && write(j->ready_fd, &b, 1) != 1)
-		FAIL("ready pipe");
+		RANK_FAIL("ready pipe");
 	if (j->go_fd >= 0 && read(j->go_fd, &b, 1) != 1)
-		FAIL("go pipe");
+		RANK_FAIL("go pipe");
 	if (j->wait_async) {
 		dfcclResult_t ae = dfcclSuccess;
 		uint64_t deadline = now_ms() + (uint64_t)j->wait_async;
 		while (now_ms() < deadline) {
 			if (dfcclCommGetAsyncError(comm, &ae) != dfcclSuccess)
-				FAIL("dfcclCommGetAsyncError failed");
+				RANK_FAIL("dfcclCommGetAsyncError failed");
 			if (ae != dfcclSuccess)
 				break;
 			usleep(2000);
 		}
 		if ((int)ae != j->expect_async)
-			FAIL("async error %d (%s), expected %d", ae, dfcclGetErrorString(ae), j->expect_async);
+			RANK_FAIL("async error %d (%s), expected %d", ae, dfcclGetErrorString(ae), j->expect_async);
 		if (ae != dfcclSuccess) {
 			dfcclCommAbort(comm);
 			return 0;
 		}
 	}
 	if (dfcclCommDestroy(comm) != dfcclSuccess)
-		FAIL("destroy: %s", dfcclGetLastError(NULL));
+		RANK_FAIL("destroy: %s", dfcclGetLastError(NULL));
 	return 0;
 }
 

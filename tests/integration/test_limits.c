@@ -48,7 +48,7 @@
 #define FLOOD_ENTRIES 30000     /* the attack grew a worker by ~0.9 KB per entry */
 #define FLOOD_HELD 200          /* stuck collectives the flooder keeps, within its limit */
 #define FLOOD_RSS_BOUND (16 << 20)
-#define VICTIM_ITERS 300
+#define VICTIM_ITERS 600
 #define VICTIM_COUNT 4096
 
 static int need_root(void)
@@ -64,14 +64,6 @@ static int become(uid_t uid)
 {
 	return setgroups(0, NULL) == 0 && setgid(uid) == 0 && setuid(uid) == 0 ? 0 : -1;
 }
-
-#define FAIL(...)                                   \
-	do {                                        \
-		fprintf(stderr, "rank %d: ", rank); \
-		fprintf(stderr, __VA_ARGS__);       \
-		fprintf(stderr, "\n");              \
-		return 1;                           \
-	} while (0)
 
 static dfcclResult_t init_rank(dfcclComm_t *comm, const dfcclUniqueId *id, int rank)
 {
@@ -94,30 +86,30 @@ static int victim_main(void *arg, int rank)
 {
 	struct victim *v = arg;
 	if (become(VICTIM_UID) < 0)
-		FAIL("cannot become uid %d: %s", VICTIM_UID, strerror(errno));
+		RANK_FAIL("cannot become uid %d: %s", VICTIM_UID, strerror(errno));
 	dfcclComm_t comm;
 	if (init_rank(&comm, &v->id, rank) != dfcclSuccess)
-		FAIL("init: %s", dfcclGetLastError(NULL));
+		RANK_FAIL("init: %s", dfcclGetLastError(NULL));
 	float *send, *recv;
 	if (dfcclMemAlloc((void **)&send, VICTIM_COUNT * sizeof(float)) != dfcclSuccess ||
 	    dfcclMemAlloc((void **)&recv, VICTIM_COUNT * sizeof(float)) != dfcclSuccess)
-		FAIL("alloc: %s", dfcclGetLastError(NULL));
+		RANK_FAIL("alloc: %s", dfcclGetLastError(NULL));
 	uint64_t t0 = now_ms();
 	for (int i = 0; i < VICTIM_ITERS; i++) {
 		for (int k = 0; k < VICTIM_COUNT; k++)
 			send[k] = (float)((rank + 1) * (i + k % 7));
 		if (dfcclAllReduce(send, recv, VICTIM_COUNT, dfcclFloat, dfcclSum, comm, NULL) != dfcclSuccess ||
 		    dfcclCommSynchronize(comm) != dfcclSuccess)
-			FAIL("all-reduce %d: %s", i, dfcclGetLastError(comm));
+			RANK_FAIL("all-reduce %d: %s", i, dfcclGetLastError(comm));
 		for (int k = 0; k < VICTIM_COUNT; k++)
 			if (recv[k] != (float)(3 * (i + k % 7)))
-				FAIL("all-reduce %d: element %d is %g, expected %d", i, k, recv[k], 3 * (i + k % 7));
+				RANK_FAIL("all-reduce %d: element %d is %g, expected %d", i, k, recv[k], 3 * (i + k % 7));
 	}
 	uint64_t ms = now_ms() - t0;
 	if (rank == 0 && write(v->time_fd, &ms, sizeof(ms)) != sizeof(ms))
-		FAIL("time pipe");
+		RANK_FAIL("time pipe");
 	if (dfcclCommDestroy(comm) != dfcclSuccess)
-		FAIL("destroy: %s", dfcclGetLastError(NULL));
+		RANK_FAIL("destroy: %s", dfcclGetLastError(NULL));
 	return 0;
 }
 
@@ -157,31 +149,31 @@ static int flooder_main(void *arg, int rank)
 {
 	struct flooder *f = arg;
 	if (become(FLOODER_UID) < 0)
-		FAIL("cannot become uid %d: %s", FLOODER_UID, strerror(errno));
+		RANK_FAIL("cannot become uid %d: %s", FLOODER_UID, strerror(errno));
 	dfcclComm_t a, b;
 	if (init_rank(&a, &f->a, rank) != dfcclSuccess || init_rank(&b, &f->b, rank) != dfcclSuccess)
-		FAIL("init: %s", dfcclGetLastError(NULL));
+		RANK_FAIL("init: %s", dfcclGetLastError(NULL));
 	float *buf;
 	if (dfcclMemAlloc((void **)&buf, 64 * sizeof(float)) != dfcclSuccess)
-		FAIL("alloc: %s", dfcclGetLastError(NULL));
+		RANK_FAIL("alloc: %s", dfcclGetLastError(NULL));
 	char byte = 'x';
 	if (rank == 0) {
 		for (int i = 0; i < FLOOD_ENTRIES; i++) {
 			dfcclResult_t r = dfcclAllReduce(buf, buf, 64, dfcclFloat, dfcclSum, a, NULL);
 			if (r != dfcclSuccess && r != dfcclSystemError)
-				FAIL("submission %d: %s", i, dfcclGetLastError(a));
+				RANK_FAIL("submission %d: %s", i, dfcclGetLastError(a));
 		}
 		dfcclResult_t r = dfcclCommSynchronize(a);
 		if (r != dfcclSystemError || !strstr(dfcclGetLastError(a), "max-inflight-per-session"))
-			FAIL("the flood ended with %d (%s), not the limit error", r, dfcclGetLastError(a));
+			RANK_FAIL("the flood ended with %d (%s), not the limit error", r, dfcclGetLastError(a));
 		for (int i = 0; i < FLOOD_HELD; i++)
 			if (dfcclAllReduce(buf, buf, 64, dfcclFloat, dfcclSum, b, NULL) != dfcclSuccess)
-				FAIL("held submission %d: %s", i, dfcclGetLastError(b));
+				RANK_FAIL("held submission %d: %s", i, dfcclGetLastError(b));
 		if (write(f->ready_fd, &byte, 1) != 1)
-			FAIL("ready pipe");
+			RANK_FAIL("ready pipe");
 	}
 	if (read(f->go_fd, &byte, 1) != 1)
-		FAIL("go pipe");
+		RANK_FAIL("go pipe");
 	dfcclCommAbort(b);
 	dfcclCommAbort(a);
 	return 0;
@@ -228,6 +220,8 @@ static void test_collective_flood(void **state)
 	struct daemon_proc *d = *state;
 	if (!need_root())
 		skip();
+	/* Each side is the faster of two runs: the machine running the test
+	 * is shared, and a slow run of either would be noise, not a finding. */
 	uint64_t alone = victim_run();
 	uint64_t rss_before = workers_rss(d);
 
@@ -243,7 +237,8 @@ static void test_collective_flood(void **state)
 	char byte;
 	assert_int_equal(read(ready[0], &byte, 1), 1);
 
-	uint64_t flooded = victim_run();
+	uint64_t flooded = victim_run(), again = victim_run();
+	flooded = again < flooded ? again : flooded;
 	uint64_t rss_during = workers_rss(d);
 	assert_int_equal(write(go[1], "gg", 2), 2);
 	assert_int_equal(child_wait(f0, 60000), 0);
@@ -252,38 +247,23 @@ static void test_collective_flood(void **state)
 		close(ready[i]);
 		close(go[i]);
 	}
+	/* The daemon serves on after the flooder left. */
+	again = victim_run();
+	alone = again < alone ? again : alone;
 	double ratio = (double)flooded / (double)alone;
 	fprintf(stderr, "victim: %llu ms alone, %llu ms beside the flooder (ratio %.2f); workers' RSS %llu -> %llu KiB\n",
 	        (unsigned long long)alone, (unsigned long long)flooded, ratio, (unsigned long long)rss_before >> 10,
 	        (unsigned long long)rss_during >> 10);
 	assert_true(ratio <= 2.0);
 	assert_true(rss_during < rss_before + FLOOD_RSS_BOUND);
-	/* The daemon serves on after the flooder left. */
-	victim_run();
-}
-
-/* A sealed memfd of one page. */
-static int small_memfd(void)
-{
-	int fd = memfd_create("flood", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-	assert_true(fd >= 0);
-	assert_int_equal(ftruncate(fd, 4096), 0);
-	assert_int_equal(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK), 0);
-	return fd;
 }
 
 /* Registers one byte of a fresh memfd on device 0; returns the reply. */
 static dfccl_envelope *register_one(struct raw_client *c)
 {
-	Dfccl__V1__RegisterMem m = DFCCL__V1__REGISTER_MEM__INIT;
-	m.kind = DFCCL__V1__MEM_KIND__MEM_HOST_MEMFD;
-	m.device = 0;
-	m.size = 1;
-	Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
-	env.body_case = DFCCL__V1__ENVELOPE__BODY_REGISTER_MEM;
-	env.register_mem = &m;
-	int fd = small_memfd();
-	dfccl_envelope *r = raw_request(c, &env, &fd, 1, NULL, NULL);
+	int fd = sealed_memfd(4096);
+	assert_true(fd >= 0);
+	dfccl_envelope *r = raw_register_memfd(c, 0, 0, 1, fd);
 	close(fd);
 	assert_non_null(r);
 	return r;
@@ -313,14 +293,9 @@ static unsigned register_until_refused(struct raw_client *c, unsigned cap, const
 /* Attaches device dev: returns 0, closing the descriptors it came with. */
 static int attach(struct raw_client *c, uint32_t dev)
 {
-	Dfccl__V1__AttachDevice a = DFCCL__V1__ATTACH_DEVICE__INIT;
-	a.device = dev;
-	Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
-	env.body_case = DFCCL__V1__ENVELOPE__BODY_ATTACH;
-	env.attach = &a;
 	int fds[8];
 	unsigned nfds = 0;
-	dfccl_envelope *r = raw_request(c, &env, NULL, 0, fds, &nfds);
+	dfccl_envelope *r = raw_attach(c, dev, 0, fds, &nfds);
 	for (unsigned i = 0; i < nfds; i++)
 		close(fds[i]);
 	int ok = r && r->body_case == DFCCL__V1__ENVELOPE__BODY_ATTACH_REPLY;
@@ -341,20 +316,20 @@ static int other_main(void *arg, int rank)
 {
 	struct other *o = arg;
 	if (geteuid() == 0 && become(VICTIM_UID) < 0)
-		FAIL("cannot become uid %d", VICTIM_UID);
+		RANK_FAIL("cannot become uid %d", VICTIM_UID);
 	struct raw_client c;
 	if (raw_connect(&c, o->socket, DFCCL_PROTO_MIN_VERSION, DFCCL_PROTO_VERSION, NULL) < 0)
-		FAIL("connect");
+		RANK_FAIL("connect");
 	if (attach(&c, 0) < 0 || attach(&c, 1) < 0)
-		FAIL("attach");
+		RANK_FAIL("attach");
 	dfccl_envelope *r = raw_query(&c, DFCCL__V1__QUERY_KIND__QUERY_STATUS);
 	if (!r)
-		FAIL("query");
+		RANK_FAIL("query");
 	frame_envelope_free(r);
 	if (o->reg) {
 		r = register_one(&c);
 		if (r->body_case != DFCCL__V1__ENVELOPE__BODY_REGISTER_REPLY)
-			FAIL("register: %s", r->body_case == DFCCL__V1__ENVELOPE__BODY_ERROR ? r->error->message : "?");
+			RANK_FAIL("register: %s", r->body_case == DFCCL__V1__ENVELOPE__BODY_ERROR ? r->error->message : "?");
 		frame_envelope_free(r);
 	}
 	raw_close(&c);

@@ -219,15 +219,9 @@ struct qp_map {
 
 static struct qp_map attach(struct raw_client *c, uint32_t device)
 {
-	Dfccl__V1__AttachDevice a = DFCCL__V1__ATTACH_DEVICE__INIT;
-	a.device = device;
-	a.sq_entries = 16;
-	Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
-	env.body_case = DFCCL__V1__ENVELOPE__BODY_ATTACH;
-	env.attach = &a;
 	int fds[8];
 	unsigned nfds = 0;
-	dfccl_envelope *r = raw_request(c, &env, NULL, 0, fds, &nfds);
+	dfccl_envelope *r = raw_attach(c, device, 16, fds, &nfds);
 	assert_non_null(r);
 	assert_int_equal(r->body_case, DFCCL__V1__ENVELOPE__BODY_ATTACH_REPLY);
 	assert_int_equal(nfds, 2);
@@ -398,45 +392,25 @@ static void test_unarmed_does_not_block(void **state)
 	raw_close(&c);
 }
 
-/* A memfd of `size` bytes sealed against shrinking, as the daemon requires
- * of host memory it registers. */
-static int sealed_memfd(off_t size)
-{
-	int fd = memfd_create("t", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-	assert_true(fd >= 0);
-	assert_int_equal(ftruncate(fd, size), 0);
-	assert_int_equal(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK), 0);
-	return fd;
-}
-
 static void test_register_checks(void **state)
 {
 	struct daemon_proc *d = *state;
 	struct raw_client c = connect_ok(d);
-	Dfccl__V1__RegisterMem rm = DFCCL__V1__REGISTER_MEM__INIT;
-	rm.kind = DFCCL__V1__MEM_KIND__MEM_HOST_MEMFD;
-	rm.device = 0;
-	rm.size = 4096;
-	Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
-	env.body_case = DFCCL__V1__ENVELOPE__BODY_REGISTER_MEM;
-	env.register_mem = &rm;
 
 	/* Unsealed memfd: refused (it could shrink under the engine). */
 	int fd = memfd_create("t", MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	assert_int_equal(ftruncate(fd, 8192), 0);
-	dfccl_envelope *r = raw_request(&c, &env, &fd, 1, NULL, NULL);
+	dfccl_envelope *r = raw_register_memfd(&c, 0, 0, 4096, fd);
 	assert_int_equal(error_code(r), EC(INVALID_ARGUMENT));
 	assert_non_null(strstr(r->error->message, "F_SEAL_SHRINK"));
 	frame_envelope_free(r);
 
 	/* Sealed: accepted; a range beyond the file is refused. */
 	assert_int_equal(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK), 0);
-	rm.offset = 8000;
-	r = raw_request(&c, &env, &fd, 1, NULL, NULL);
+	r = raw_register_memfd(&c, 0, 8000, 4096, fd);
 	assert_int_equal(error_code(r), EC(INVALID_ARGUMENT));
 	frame_envelope_free(r);
-	rm.offset = 4096;
-	r = raw_request(&c, &env, &fd, 1, NULL, NULL);
+	r = raw_register_memfd(&c, 0, 4096, 4096, fd);
 	assert_non_null(r);
 	assert_int_equal(r->body_case, DFCCL__V1__ENVELOPE__BODY_REGISTER_REPLY);
 	uint32_t reg_id = r->register_reply->reg_id;
@@ -444,11 +418,10 @@ static void test_register_checks(void **state)
 	frame_envelope_free(r);
 
 	/* No descriptor at all; an unknown device. */
-	r = raw_request(&c, &env, NULL, 0, NULL, NULL);
+	r = raw_register_memfd(&c, 0, 4096, 4096, -1);
 	assert_int_equal(error_code(r), EC(INVALID_ARGUMENT));
 	frame_envelope_free(r);
-	rm.device = 9;
-	r = raw_request(&c, &env, &fd, 1, NULL, NULL);
+	r = raw_register_memfd(&c, 9, 4096, 4096, fd);
 	assert_int_equal(error_code(r), EC(NOT_FOUND));
 	assert_non_null(strstr(r->error->message, "device 9 does not exist"));
 	frame_envelope_free(r);
@@ -460,7 +433,7 @@ static void test_register_checks(void **state)
 
 	Dfccl__V1__DeregisterMem dm = DFCCL__V1__DEREGISTER_MEM__INIT;
 	dm.reg_id = reg_id + 1000;
-	env = (Dfccl__V1__Envelope)DFCCL__V1__ENVELOPE__INIT;
+	Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
 	env.body_case = DFCCL__V1__ENVELOPE__BODY_DEREGISTER_MEM;
 	env.deregister_mem = &dm;
 	r = raw_request(&c, &env, NULL, 0, NULL, NULL);
