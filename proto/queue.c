@@ -147,8 +147,8 @@ const char *queue_status_string(uint32_t status)
 	    [DFCCL_CQ_TIMEOUT] = "the collective timed out",
 	    [DFCCL_CQ_NOT_SUPPORTED] = "operation not supported by the daemon's engine",
 	    [DFCCL_CQ_MISMATCH] = "the ranks disagree on this collective (count, type, operation, root or algorithm)",
-	    [DFCCL_CQ_LIMIT] = "this client already has as many collectives in the device's engine as dfccld allows "
-	                       "(setting max-inflight-per-session); wait for some to complete before submitting more",
+	    [DFCCL_CQ_LIMIT] = ("this client already has as many collectives in the device's engine as dfccld allows "
+	                        "(setting max-inflight-per-session); wait for some to complete before submitting more"),
 	};
 	if (status >= DFCCL_CQ_STATUS_COUNT_)
 		return "unknown completion status";
