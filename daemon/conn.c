@@ -48,7 +48,7 @@ static void conn_end(struct conn *c, int err)
  * errno after which the stream must end. */
 static int conn_dispatch(struct conn *c)
 {
-	while (!c->closing) {
+	while (!c->closing && !c->failed) {
 		dfccl_envelope *env;
 		int fds[DFCCL_FRAME_MAX_FDS];
 		unsigned nfds = 0;
@@ -138,7 +138,7 @@ static void conn_poll_cb(uv_poll_t *h, int status, int events)
 
 static void conn_update_poll(struct conn *c)
 {
-	if (c->end_when_flushed)
+	if (c->end_when_flushed || c->failed)
 		return;
 	int want = UV_READABLE | UV_DISCONNECT | (c->out_head ? UV_WRITABLE : 0);
 	if (want != c->poll_events) {
@@ -255,6 +255,10 @@ static void conn_fail(struct conn *c, int err)
 	if (c->closing || c->failed)
 		return;
 	c->failed = err;
+	/* Nothing more is read: requests would only get replies that cannot
+	 * be sent either. */
+	uv_poll_stop(&c->poll);
+	c->poll_events = 0;
 	uv_timer_start(&c->timer, conn_timer_cb, 0, 0);
 }
 

@@ -3,7 +3,10 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "log.h"
 
@@ -36,6 +39,7 @@ void fd_budget_init(struct fd_budget *b, int64_t reserve, int64_t base_extra)
 	b->base = count_open_fds() + base_extra;
 	b->used = 0;
 	b->reserve = reserve;
+	b->spare = -1;
 	if (fd_budget_registration_cap(b) <= 0)
 		log_warn("fd_budget", "the descriptor limit (%lld) leaves nothing for registrations after "
 		                   "fd-reserve (%lld): raise LimitNOFILE or lower fd-reserve",
@@ -59,4 +63,27 @@ int fd_budget_charge(struct fd_budget *b, int64_t n, enum fd_use use)
 void fd_budget_uncharge(struct fd_budget *b, int64_t n)
 {
 	b->used -= n;
+}
+
+void fd_budget_keep_spare(struct fd_budget *b)
+{
+	if (b->spare < 0)
+		b->spare = open("/dev/null", O_RDONLY | O_CLOEXEC);
+}
+
+int fd_budget_shed(struct fd_budget *b, int listen_fd)
+{
+	if (b->spare < 0)
+		return -EMFILE;
+	close(b->spare);
+	b->spare = -1;
+	int fd = accept4(listen_fd, NULL, NULL, SOCK_CLOEXEC);
+	int rc = fd < 0 ? -errno : 0;
+	if (fd >= 0)
+		close(fd);
+	fd_budget_keep_spare(b);
+	if (rc == 0)
+		log_warn("fd_budget", "out of descriptors: refused a connection (descriptor limit %lld; raise the "
+		                      "daemon's LimitNOFILE)", (long long)b->limit);
+	return rc;
 }

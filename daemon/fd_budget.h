@@ -28,6 +28,7 @@ struct fd_budget {
 	int64_t base;    /* open before clients came: listener, logs, workers' channels */
 	int64_t used;    /* charged for sessions, queue pairs and registrations */
 	int64_t reserve; /* setting fd-reserve */
+	int spare;       /* /dev/null, given up to accept and refuse a connection at EMFILE (-1: none) */
 };
 
 enum fd_use { FD_FOR_REGISTRATION = 0, FD_FOR_CONNECTION = 1 /* sessions and queue pairs */ };
@@ -41,6 +42,19 @@ void fd_budget_init(struct fd_budget *b, int64_t reserve, int64_t base_extra);
  * reach into what is kept back (nothing charged). */
 int fd_budget_charge(struct fd_budget *b, int64_t n, enum fd_use use);
 void fd_budget_uncharge(struct fd_budget *b, int64_t n);
+
+/*
+ * Keeps a spare descriptor for fd_budget_shed. Without it a listening
+ * socket whose accept() fails with EMFILE stays readable, and the event loop
+ * spins on it at full speed while the connection waits unanswered.
+ */
+void fd_budget_keep_spare(struct fd_budget *b);
+
+/* After accept() failed with EMFILE or ENFILE: gives up the spare, accepts
+ * one connection and closes it (the client sees the daemon hang up rather
+ * than wait forever), and takes the spare back. Returns 0 if a connection
+ * was shed, else a negative errno. */
+int fd_budget_shed(struct fd_budget *b, int listen_fd);
 
 /* What registrations may use in all. */
 int64_t fd_budget_registration_cap(const struct fd_budget *b);

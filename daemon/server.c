@@ -266,6 +266,11 @@ static void on_accept(uv_poll_t *h, int status, int events)
 		if (fd < 0) {
 			if (errno == EINTR)
 				continue;
+			if (errno == EMFILE || errno == ENFILE) {
+				if (fd_budget_shed(&srv->fds, srv->listen_fd) == 0)
+					continue;
+				return;
+			}
 			if (errno != EAGAIN && errno != EWOULDBLOCK)
 				log_warn("server", "accept: %s", strerror(errno));
 			return;
@@ -337,6 +342,7 @@ static int server_listen(struct server *srv)
 	int fl = fcntl(fd, F_GETFL);
 	fcntl(fd, F_SETFL, fl | O_NONBLOCK);
 	srv->listen_fd = fd;
+	fd_budget_keep_spare(&srv->fds);
 	uv_poll_init(srv->loop, &srv->listen_poll, fd);
 	srv->listen_poll.data = srv;
 	uv_poll_start(&srv->listen_poll, UV_READABLE, on_accept);

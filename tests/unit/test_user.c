@@ -11,6 +11,11 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -180,13 +185,40 @@ static void test_fd_budget(void **state)
 	assert_int_equal(fd_budget_charge(&b, 1, FD_FOR_CONNECTION), 0);
 }
 
+/* At EMFILE the spare descriptor lets one waiting connection be accepted
+ * and hung up on, so the listener stops being readable. */
+static void test_fd_shed(void **state)
+{
+	struct fd_budget b;
+	fd_budget_init(&b, 100, 0);
+	assert_int_equal(fd_budget_shed(&b, -1), -EMFILE); /* no spare yet */
+	fd_budget_keep_spare(&b);
+	assert_true(b.spare >= 0);
+	int l = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	snprintf(sa.sun_path + 1, sizeof(sa.sun_path) - 1, "dfccl-test-shed-%d", (int)getpid());
+	socklen_t len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + strlen(sa.sun_path + 1));
+	assert_int_equal(bind(l, (struct sockaddr *)&sa, len), 0);
+	assert_int_equal(listen(l, 4), 0);
+	int c = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	assert_int_equal(connect(c, (struct sockaddr *)&sa, len), 0);
+	assert_int_equal(fd_budget_shed(&b, l), 0);
+	char byte;
+	assert_int_equal(read(c, &byte, 1), 0); /* hung up on */
+	assert_true(b.spare >= 0);
+	assert_int_equal(fd_budget_shed(&b, l), -EAGAIN); /* nobody else waits */
+	close(c);
+	close(l);
+	close(b.spare);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_refcount),      cmocka_unit_test(test_unlink_middle),
 	    cmocka_unit_test(test_session_quota), cmocka_unit_test(test_bytes_quota),
 	    cmocka_unit_test(test_comm_quota),    cmocka_unit_test(test_reg_qp_quota),
-	    cmocka_unit_test(test_fd_budget),
+	    cmocka_unit_test(test_fd_budget),     cmocka_unit_test(test_fd_shed),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
