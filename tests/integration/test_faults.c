@@ -42,14 +42,6 @@ struct job {
 	const char *expect_msg[3];
 };
 
-#define FAIL(...)                                      \
-	do {                                           \
-		fprintf(stderr, "rank %d: ", rank);    \
-		fprintf(stderr, __VA_ARGS__);          \
-		fprintf(stderr, "\n");                 \
-		return 1;                              \
-	} while (0)
-
 /* One all-reduce of ranks' (rank + 1) * (i + 1), checked against the sum. */
 static int allreduce_checked(dfcclComm_t comm, float *buf, int nranks, int rank)
 {
@@ -57,11 +49,11 @@ static int allreduce_checked(dfcclComm_t comm, float *buf, int nranks, int rank)
 		buf[i] = (float)((rank + 1) * (i % 7 + 1));
 	if (dfcclAllReduce(buf, buf, COUNT, dfcclFloat, dfcclSum, comm, NULL) != dfcclSuccess ||
 	    dfcclCommSynchronize(comm) != dfcclSuccess)
-		FAIL("all-reduce: %s", dfcclGetLastError(NULL));
+		RANK_FAIL("all-reduce: %s", dfcclGetLastError(NULL));
 	float ranks_sum = (float)(nranks * (nranks + 1) / 2);
 	for (int i = 0; i < COUNT; i++)
 		if (buf[i] != ranks_sum * (float)(i % 7 + 1))
-			FAIL("element %d is %g, expected %g", i, buf[i], ranks_sum * (float)(i % 7 + 1));
+			RANK_FAIL("element %d is %g, expected %g", i, buf[i], ranks_sum * (float)(i % 7 + 1));
 	return 0;
 }
 
@@ -74,39 +66,39 @@ static int rank_main(void *arg, int rank)
 	dfcclComm_t comm = NULL;
 	float *buf = NULL;
 	if (dfcclSetDevice(rank % 2) != dfcclSuccess)
-		FAIL("set device: %s", dfcclGetLastError(NULL));
+		RANK_FAIL("set device: %s", dfcclGetLastError(NULL));
 	if (dfcclCommInitRankConfig(&comm, j->nranks, j->id, rank, &cfg) != dfcclSuccess)
-		FAIL("init: %s", dfcclGetLastError(NULL));
+		RANK_FAIL("init: %s", dfcclGetLastError(NULL));
 	if (dfcclMemAlloc((void **)&buf, COUNT * sizeof(float)) != dfcclSuccess)
-		FAIL("alloc: %s", dfcclGetLastError(NULL));
+		RANK_FAIL("alloc: %s", dfcclGetLastError(NULL));
 	for (int k = 0; k < j->warmup; k++)
 		if (allreduce_checked(comm, buf, j->nranks, rank))
 			return 1;
 	char b = 'r';
 	if (j->ready_fd >= 0 && write(j->ready_fd, &b, 1) != 1)
-		FAIL("ready pipe");
+		RANK_FAIL("ready pipe");
 	if (rank == 1) {
 		pid_t me = getpid();
 		if (j->pid_fd >= 0 && write(j->pid_fd, &me, sizeof(me)) != sizeof(me))
-			FAIL("pid pipe");
+			RANK_FAIL("pid pipe");
 		if (j->stop_self)
 			raise(SIGSTOP); /* the test kills it */
 		if (j->go_fd >= 0 && read(j->go_fd, &b, 1) != 1)
-			FAIL("go pipe");
+			RANK_FAIL("go pipe");
 		if (j->late_submit) {
 			if (allreduce_checked(comm, buf, j->nranks, rank))
 				return 1;
 			/* Destroy, not exit: a rank that vanishes fails its peers'
 			 * collectives still in flight. */
 			if (dfcclCommDestroy(comm) != dfcclSuccess)
-				FAIL("destroy: %s", dfcclGetLastError(NULL));
+				RANK_FAIL("destroy: %s", dfcclGetLastError(NULL));
 			return 0;
 		}
 		/* It never submitted: its communicator failed meanwhile. */
 		dfcclResult_t ae = dfcclSuccess;
 		dfcclCommGetAsyncError(comm, &ae);
 		if ((int)ae != j->expect)
-			FAIL("async error %d (%s), expected %d", ae, dfcclGetErrorString(ae), j->expect);
+			RANK_FAIL("async error %d (%s), expected %d", ae, dfcclGetErrorString(ae), j->expect);
 		dfcclCommAbort(comm);
 		return 0;
 	}
@@ -114,14 +106,14 @@ static int rank_main(void *arg, int rank)
 		if (allreduce_checked(comm, buf, j->nranks, rank))
 			return 1;
 		if (dfcclCommDestroy(comm) != dfcclSuccess)
-			FAIL("destroy: %s", dfcclGetLastError(NULL));
+			RANK_FAIL("destroy: %s", dfcclGetLastError(NULL));
 		return 0;
 	}
 	char name[96] = "";
 	pid_t peer;
 	if (j->pid_rd >= 0) {
 		if (read(j->pid_rd, &peer, sizeof(peer)) != sizeof(peer))
-			FAIL("pid pipe");
+			RANK_FAIL("pid pipe");
 		snprintf(name, sizeof(name), "1 (pid %d, device 1, %s", (int)peer, j->peer_state);
 	}
 	uint64_t t0 = now_ms();
@@ -131,16 +123,16 @@ static int rank_main(void *arg, int rank)
 	uint64_t took = now_ms() - t0;
 	const char *msg = dfcclGetLastError(NULL);
 	if ((int)r != j->expect)
-		FAIL("all-reduce returned %d (%s: %s), expected %d", r, dfcclGetErrorString(r), msg, j->expect);
+		RANK_FAIL("all-reduce returned %d (%s: %s), expected %d", r, dfcclGetErrorString(r), msg, j->expect);
 	/* Named within timeout + 1 s of the submission. */
 	if (took < (uint64_t)j->timeout_ms || took > (uint64_t)j->timeout_ms + 1000)
-		FAIL("the timeout came after %llu ms, expected %d..%d", (unsigned long long)took, j->timeout_ms,
+		RANK_FAIL("the timeout came after %llu ms, expected %d..%d", (unsigned long long)took, j->timeout_ms,
 		     j->timeout_ms + 1000);
 	for (int k = 0; k < 3 && j->expect_msg[k]; k++)
 		if (!strstr(msg, j->expect_msg[k]))
-			FAIL("error '%s' lacks '%s'", msg, j->expect_msg[k]);
+			RANK_FAIL("error '%s' lacks '%s'", msg, j->expect_msg[k]);
 	if (name[0] && !strstr(msg, name))
-		FAIL("error '%s' lacks '%s'", msg, name);
+		RANK_FAIL("error '%s' lacks '%s'", msg, name);
 	dfcclCommAbort(comm);
 	return 0;
 }

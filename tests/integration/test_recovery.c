@@ -31,14 +31,6 @@
 #include "dfccl.h"
 #include "harness.h"
 
-#define FAIL(...)                                   \
-	do {                                        \
-		fprintf(stderr, "rank %d: ", rank); \
-		fprintf(stderr, __VA_ARGS__);       \
-		fprintf(stderr, "\n");              \
-		return 1;                           \
-	} while (0)
-
 struct job {
 	dfcclUniqueId id;
 	int nranks;
@@ -60,23 +52,23 @@ static int checked_allreduces(dfcclComm_t comm, const int *olds, int iters, int 
 {
 	int n = 0, me = 0;
 	if (dfcclCommCount(comm, &n) != dfcclSuccess || dfcclCommUserRank(comm, &me) != dfcclSuccess)
-		FAIL("count/rank: %s", dfcclGetLastError(NULL));
+		RANK_FAIL("count/rank: %s", dfcclGetLastError(NULL));
 	const size_t count = 1000;
 	int64_t *buf = NULL;
 	if (dfcclMemAlloc((void **)&buf, 2 * count * sizeof(*buf)) != dfcclSuccess)
-		FAIL("alloc: %s", dfcclGetLastError(NULL));
+		RANK_FAIL("alloc: %s", dfcclGetLastError(NULL));
 	for (int it = 0; it < iters; it++) {
 		for (size_t i = 0; i < count; i++)
 			buf[i] = (int64_t)olds[me] * 1000003 + (int64_t)i * (it + 1);
 		if (dfcclAllReduce(buf, buf + count, count, dfcclInt64, dfcclSum, comm, NULL) != dfcclSuccess ||
 		    dfcclCommSynchronize(comm) != dfcclSuccess)
-			FAIL("all-reduce %d: %s", it, dfcclGetLastError(NULL));
+			RANK_FAIL("all-reduce %d: %s", it, dfcclGetLastError(NULL));
 		for (size_t i = 0; i < count; i++) {
 			int64_t want = 0;
 			for (int q = 0; q < n; q++)
 				want += (int64_t)olds[q] * 1000003 + (int64_t)i * (it + 1);
 			if (buf[count + i] != want)
-				FAIL("all-reduce %d element %zu: %lld, expected %lld", it, i, (long long)buf[count + i],
+				RANK_FAIL("all-reduce %d element %zu: %lld, expected %lld", it, i, (long long)buf[count + i],
 				     (long long)want);
 		}
 	}
@@ -91,10 +83,10 @@ static int shrink_rank(void *arg, int rank)
 	struct job *j = arg;
 	dfcclComm_t comm = NULL, small = NULL;
 	if (init(j, rank, &comm) != dfcclSuccess)
-		FAIL("init: %s", dfcclGetLastError(NULL));
+		RANK_FAIL("init: %s", dfcclGetLastError(NULL));
 	char b = 'r';
 	if (write(j->ready_fd, &b, 1) != 1)
-		FAIL("ready pipe");
+		RANK_FAIL("ready pipe");
 	if (rank == 2) {
 		pause(); /* the test kills it */
 		return 1;
@@ -102,29 +94,29 @@ static int shrink_rank(void *arg, int rank)
 	/* A collective rank 2 never joins: it fails once rank 2 is gone. */
 	int64_t *buf = NULL;
 	if (dfcclMemAlloc((void **)&buf, 16) != dfcclSuccess)
-		FAIL("alloc: %s", dfcclGetLastError(NULL));
+		RANK_FAIL("alloc: %s", dfcclGetLastError(NULL));
 	if (dfcclAllReduce(buf, buf + 1, 1, dfcclInt64, dfcclSum, comm, NULL) != dfcclSuccess)
-		FAIL("submit: %s", dfcclGetLastError(NULL));
+		RANK_FAIL("submit: %s", dfcclGetLastError(NULL));
 	uint64_t t0 = now_ms();
 	dfcclResult_t r = dfcclCommSynchronize(comm);
 	if (r == dfcclSuccess)
-		FAIL("the all-reduce with a dead rank completed");
+		RANK_FAIL("the all-reduce with a dead rank completed");
 	if (now_ms() - t0 > 5000)
-		FAIL("the dead rank's error took %llu ms", (unsigned long long)(now_ms() - t0));
+		RANK_FAIL("the dead rank's error took %llu ms", (unsigned long long)(now_ms() - t0));
 	dfcclMemFree(buf);
 
 	int excl[] = {2};
 	if (dfcclCommShrink(comm, excl, 1, &small, NULL, DFCCL_SHRINK_ABORT) != dfcclSuccess)
-		FAIL("shrink: %s", dfcclGetLastError(NULL));
+		RANK_FAIL("shrink: %s", dfcclGetLastError(NULL));
 	int n = 0, me = -1, dev = -1;
 	if (dfcclCommCount(small, &n) != dfcclSuccess || n != 2 || dfcclCommUserRank(small, &me) != dfcclSuccess ||
 	    me != rank || dfcclCommDevice(small, &dev) != dfcclSuccess || dev != rank % 2)
-		FAIL("shrunk communicator: %d ranks, rank %d, device %d", n, me, dev);
+		RANK_FAIL("shrunk communicator: %d ranks, rank %d, device %d", n, me, dev);
 	const int olds[] = {0, 1};
 	if (checked_allreduces(small, olds, 100, rank))
 		return 1;
 	if (dfcclCommDestroy(small) != dfcclSuccess)
-		FAIL("destroy the shrunk communicator: %s", dfcclGetLastError(NULL));
+		RANK_FAIL("destroy the shrunk communicator: %s", dfcclGetLastError(NULL));
 	dfcclCommAbort(comm);
 	return 0;
 }
@@ -160,49 +152,49 @@ static int revoke_rank(void *arg, int rank)
 	struct job *j = arg;
 	dfcclComm_t comm = NULL, again = NULL;
 	if (init(j, rank, &comm) != dfcclSuccess)
-		FAIL("init: %s", dfcclGetLastError(NULL));
+		RANK_FAIL("init: %s", dfcclGetLastError(NULL));
 	int64_t *buf = NULL;
 	if (dfcclMemAlloc((void **)&buf, 16) != dfcclSuccess)
-		FAIL("alloc: %s", dfcclGetLastError(NULL));
+		RANK_FAIL("alloc: %s", dfcclGetLastError(NULL));
 	char b = 'r';
 	if (rank == 0) {
 		/* A collective its peer never joins, then a shrink while it hangs. */
 		if (dfcclAllReduce(buf, buf + 1, 1, dfcclInt64, dfcclSum, comm, NULL) != dfcclSuccess)
-			FAIL("submit: %s", dfcclGetLastError(NULL));
+			RANK_FAIL("submit: %s", dfcclGetLastError(NULL));
 		if (dfcclCommShrink(comm, NULL, 0, &again, NULL, DFCCL_SHRINK_DEFAULT) != dfcclInvalidUsage ||
 		    !strstr(dfcclGetLastError(NULL), "outstanding"))
-			FAIL("a default shrink with a collective outstanding: '%s'", dfcclGetLastError(NULL));
+			RANK_FAIL("a default shrink with a collective outstanding: '%s'", dfcclGetLastError(NULL));
 		if (write(j->ready_fd, &b, 1) != 1)
-			FAIL("ready pipe");
+			RANK_FAIL("ready pipe");
 		uint64_t t0 = now_ms();
 		dfcclResult_t r = dfcclCommSynchronize(comm);
 		if (r != dfcclAborted)
-			FAIL("the hanging all-reduce ended with %d (%s), expected dfcclAborted", r, dfcclGetLastError(NULL));
+			RANK_FAIL("the hanging all-reduce ended with %d (%s), expected dfcclAborted", r, dfcclGetLastError(NULL));
 		/* The daemon's notice may come after the engine failed the entry. */
 		dfcclResult_t ae = dfcclSuccess;
 		for (uint64_t t1 = now_ms(); ae == dfcclSuccess && now_ms() - t1 < 2000; usleep(2000))
 			if (dfcclCommGetAsyncError(comm, &ae) != dfcclSuccess)
-				FAIL("dfcclCommGetAsyncError: %s", dfcclGetLastError(NULL));
+				RANK_FAIL("dfcclCommGetAsyncError: %s", dfcclGetLastError(NULL));
 		if (dfcclCommGetAsyncError(comm, &ae) != dfcclSuccess || ae != dfcclAborted ||
 		    !strstr(dfcclGetLastError(NULL), "rank 1 (pid"))
-			FAIL("the communicator's error is %d, '%s': expected dfcclAborted naming rank 1's revoke", ae,
+			RANK_FAIL("the communicator's error is %d, '%s': expected dfcclAborted naming rank 1's revoke", ae,
 			     dfcclGetLastError(NULL));
 		if (now_ms() - t0 > 5000)
-			FAIL("the revoke took %llu ms to reach rank 0", (unsigned long long)(now_ms() - t0));
+			RANK_FAIL("the revoke took %llu ms to reach rank 0", (unsigned long long)(now_ms() - t0));
 		if (dfcclAllReduce(buf, buf + 1, 1, dfcclInt64, dfcclSum, comm, NULL) == dfcclSuccess &&
 		    dfcclCommSynchronize(comm) == dfcclSuccess)
-			FAIL("a collective on the revoked communicator succeeded");
+			RANK_FAIL("a collective on the revoked communicator succeeded");
 	} else {
 		char go;
 		if (read(j->go_fd, &go, 1) != 1)
-			FAIL("go pipe");
+			RANK_FAIL("go pipe");
 		if (dfcclCommRevoke(comm) != dfcclSuccess)
-			FAIL("revoke: %s", dfcclGetLastError(NULL));
+			RANK_FAIL("revoke: %s", dfcclGetLastError(NULL));
 	}
 	dfcclMemFree(buf);
 	/* Both idle now: a shrink that excludes nobody renews the communicator. */
 	if (dfcclCommShrink(comm, NULL, 0, &again, NULL, DFCCL_SHRINK_DEFAULT) != dfcclSuccess)
-		FAIL("shrink after the revoke: %s", dfcclGetLastError(NULL));
+		RANK_FAIL("shrink after the revoke: %s", dfcclGetLastError(NULL));
 	const int olds[] = {0, 1};
 	if (checked_allreduces(again, olds, 20, rank))
 		return 1;
@@ -238,31 +230,31 @@ static int split_rank(void *arg, int rank)
 	struct job *j = arg;
 	dfcclComm_t comm = NULL, sub = NULL, all = NULL;
 	if (init(j, rank, &comm) != dfcclSuccess)
-		FAIL("init: %s", dfcclGetLastError(NULL));
+		RANK_FAIL("init: %s", dfcclGetLastError(NULL));
 	/* Bad arguments first: nothing reaches the daemon. */
 	int self[] = {rank}, twice[] = {(rank + 1) % j->nranks, (rank + 1) % j->nranks}, far[] = {j->nranks};
 	if (dfcclCommShrink(comm, self, 1, &sub, NULL, 0) != dfcclInvalidArgument ||
 	    !strstr(dfcclGetLastError(NULL), "excludes itself"))
-		FAIL("shrink excluding itself: '%s'", dfcclGetLastError(NULL));
+		RANK_FAIL("shrink excluding itself: '%s'", dfcclGetLastError(NULL));
 	if (dfcclCommShrink(comm, twice, 2, &sub, NULL, 0) != dfcclInvalidArgument ||
 	    !strstr(dfcclGetLastError(NULL), "twice"))
-		FAIL("shrink excluding a rank twice: '%s'", dfcclGetLastError(NULL));
+		RANK_FAIL("shrink excluding a rank twice: '%s'", dfcclGetLastError(NULL));
 	if (dfcclCommShrink(comm, far, 1, &sub, NULL, 0) != dfcclInvalidArgument ||
 	    !strstr(dfcclGetLastError(NULL), "outside"))
-		FAIL("shrink excluding a rank outside: '%s'", dfcclGetLastError(NULL));
+		RANK_FAIL("shrink excluding a rank outside: '%s'", dfcclGetLastError(NULL));
 	if (dfcclCommShrink(comm, NULL, 0, &sub, NULL, 0x10) != dfcclInvalidArgument)
-		FAIL("shrink with unknown flags: '%s'", dfcclGetLastError(NULL));
+		RANK_FAIL("shrink with unknown flags: '%s'", dfcclGetLastError(NULL));
 	if (dfcclCommSplit(comm, -5, 0, &sub, NULL) != dfcclInvalidArgument || !strstr(dfcclGetLastError(NULL), "color"))
-		FAIL("split with color -5: '%s'", dfcclGetLastError(NULL));
+		RANK_FAIL("split with color -5: '%s'", dfcclGetLastError(NULL));
 
 	/* Colors by parity, the last rank without one; keys reverse the order. */
 	int last = j->nranks - 1;
 	int color = rank == last ? DFCCL_SPLIT_NOCOLOR : rank % 2;
 	if (dfcclCommSplit(comm, color, -rank, &sub, NULL) != dfcclSuccess)
-		FAIL("split: %s", dfcclGetLastError(NULL));
+		RANK_FAIL("split: %s", dfcclGetLastError(NULL));
 	if (color == DFCCL_SPLIT_NOCOLOR) {
 		if (sub)
-			FAIL("DFCCL_SPLIT_NOCOLOR got a communicator");
+			RANK_FAIL("DFCCL_SPLIT_NOCOLOR got a communicator");
 	} else {
 		/* The members of this color, by descending old rank. */
 		int olds[16], n = 0, me = -1;
@@ -275,14 +267,14 @@ static int split_rank(void *arg, int rank)
 		int got_n = 0, got_me = -1;
 		if (!sub || dfcclCommCount(sub, &got_n) != dfcclSuccess || got_n != n ||
 		    dfcclCommUserRank(sub, &got_me) != dfcclSuccess || got_me != me)
-			FAIL("split: %d ranks, rank %d; expected %d and %d", got_n, got_me, n, me);
+			RANK_FAIL("split: %d ranks, rank %d; expected %d and %d", got_n, got_me, n, me);
 		if (checked_allreduces(sub, olds, 10, rank))
 			return 1;
 		dfcclCommDestroy(sub);
 	}
 	/* A second split of the same parent: everyone, by rank. */
 	if (dfcclCommSplit(comm, 7, rank, &all, NULL) != dfcclSuccess)
-		FAIL("second split: %s", dfcclGetLastError(NULL));
+		RANK_FAIL("second split: %s", dfcclGetLastError(NULL));
 	int olds[16];
 	for (int q = 0; q < j->nranks; q++)
 		olds[q] = q;
@@ -322,31 +314,31 @@ static int nonblocking_rank(void *arg, int rank)
 	struct job *j = arg;
 	dfcclComm_t comm = NULL;
 	if (dfcclSetDevice(rank % 2) != dfcclSuccess)
-		FAIL("set device: %s", dfcclGetLastError(NULL));
+		RANK_FAIL("set device: %s", dfcclGetLastError(NULL));
 	if (rank == 1) {
 		usleep(300000); /* rank 0 waits in the meantime */
 		if (dfcclCommInitRank(&comm, 2, j->id, 1) != dfcclSuccess)
-			FAIL("init: %s", dfcclGetLastError(NULL));
+			RANK_FAIL("init: %s", dfcclGetLastError(NULL));
 	} else {
 		dfcclConfig_t cfg = DFCCL_CONFIG_INITIALIZER;
 		cfg.blocking = 0;
 		uint64_t t0 = now_ms();
 		if (dfcclCommInitRankConfig(&comm, 2, j->id, 0, &cfg) != dfcclInProgress || !comm)
-			FAIL("non-blocking init: '%s'", dfcclGetLastError(NULL));
+			RANK_FAIL("non-blocking init: '%s'", dfcclGetLastError(NULL));
 		if (now_ms() - t0 > 200)
-			FAIL("non-blocking init took %llu ms to return", (unsigned long long)(now_ms() - t0));
+			RANK_FAIL("non-blocking init took %llu ms to return", (unsigned long long)(now_ms() - t0));
 		int64_t *buf = NULL;
 		if (dfcclMemAlloc((void **)&buf, 16) != dfcclSuccess)
-			FAIL("alloc: %s", dfcclGetLastError(NULL));
+			RANK_FAIL("alloc: %s", dfcclGetLastError(NULL));
 		if (dfcclAllReduce(buf, buf + 1, 1, dfcclInt64, dfcclSum, comm, NULL) != dfcclInProgress ||
 		    !strstr(dfcclGetLastError(NULL), "still being initialised"))
-			FAIL("a collective during the init: '%s'", dfcclGetLastError(NULL));
+			RANK_FAIL("a collective during the init: '%s'", dfcclGetLastError(NULL));
 		dfcclMemFree(buf);
 		dfcclResult_t ae = poll_init(comm, 10000);
 		if (ae != dfcclSuccess)
-			FAIL("the non-blocking init ended with %d: %s", ae, dfcclGetLastError(NULL));
+			RANK_FAIL("the non-blocking init ended with %d: %s", ae, dfcclGetLastError(NULL));
 		if (now_ms() - t0 < 250)
-			FAIL("the init was ready after %llu ms, before rank 1 came", (unsigned long long)(now_ms() - t0));
+			RANK_FAIL("the init was ready after %llu ms, before rank 1 came", (unsigned long long)(now_ms() - t0));
 	}
 	const int olds[] = {0, 1};
 	if (checked_allreduces(comm, olds, 10, rank))
@@ -365,21 +357,21 @@ static int lonely_rank(void *arg, int rank)
 	cfg.blocking = 0;
 	cfg.initTimeoutMs = 500;
 	if (dfcclCommInitRankConfig(&comm, 2, j->id, 0, &cfg) != dfcclInProgress)
-		FAIL("non-blocking init: '%s'", dfcclGetLastError(NULL));
+		RANK_FAIL("non-blocking init: '%s'", dfcclGetLastError(NULL));
 	dfcclResult_t ae = poll_init(comm, 10000);
 	if (ae != dfcclTimeout || !strstr(dfcclGetLastError(NULL), "missing rank 1"))
-		FAIL("the lonely init ended with %d, '%s': expected a timeout naming rank 1", ae, dfcclGetLastError(NULL));
+		RANK_FAIL("the lonely init ended with %d, '%s': expected a timeout naming rank 1", ae, dfcclGetLastError(NULL));
 	if (dfcclCommDestroy(comm) != dfcclSuccess)
-		FAIL("destroy after a failed init: %s", dfcclGetLastError(NULL));
+		RANK_FAIL("destroy after a failed init: %s", dfcclGetLastError(NULL));
 
 	cfg.initTimeoutMs = 5000;
 	if (dfcclCommInitRankConfig(&comm, 2, j->id, 0, &cfg) != dfcclInProgress)
-		FAIL("second non-blocking init: '%s'", dfcclGetLastError(NULL));
+		RANK_FAIL("second non-blocking init: '%s'", dfcclGetLastError(NULL));
 	uint64_t t0 = now_ms();
 	if (dfcclCommAbort(comm) != dfcclSuccess)
-		FAIL("abort during the init: %s", dfcclGetLastError(NULL));
+		RANK_FAIL("abort during the init: %s", dfcclGetLastError(NULL));
 	if (now_ms() - t0 > 100)
-		FAIL("abort during a non-blocking init waited %llu ms", (unsigned long long)(now_ms() - t0));
+		RANK_FAIL("abort during a non-blocking init waited %llu ms", (unsigned long long)(now_ms() - t0));
 	return 0;
 }
 
@@ -406,31 +398,31 @@ static int grow_rank(void *arg, int rank)
 	struct job *j = arg;
 	dfcclComm_t comm = NULL, big = NULL;
 	if (dfcclSetDevice(rank % 2) != dfcclSuccess)
-		FAIL("set device: %s", dfcclGetLastError(NULL));
+		RANK_FAIL("set device: %s", dfcclGetLastError(NULL));
 	if (rank == 2) {
 		dfcclUniqueId gid;
 		if (read(j->go_fd, &gid, sizeof(gid)) != (ssize_t)sizeof(gid))
-			FAIL("grow id pipe");
+			RANK_FAIL("grow id pipe");
 		if (dfcclCommGrow(NULL, 3, &gid, 2, &big, NULL) != dfcclSuccess)
-			FAIL("grow as a new rank: %s", dfcclGetLastError(NULL));
+			RANK_FAIL("grow as a new rank: %s", dfcclGetLastError(NULL));
 	} else {
 		if (dfcclCommInitRank(&comm, 2, j->id, rank) != dfcclSuccess)
-			FAIL("init: %s", dfcclGetLastError(NULL));
+			RANK_FAIL("init: %s", dfcclGetLastError(NULL));
 		if (rank == 0) {
 			dfcclUniqueId gid;
 			if (dfcclCommGetGrowId(comm, 2, &gid) != dfcclInvalidArgument)
-				FAIL("a grow id for no more ranks: '%s'", dfcclGetLastError(NULL));
+				RANK_FAIL("a grow id for no more ranks: '%s'", dfcclGetLastError(NULL));
 			if (dfcclCommGetGrowId(comm, 3, &gid) != dfcclSuccess)
-				FAIL("grow id: %s", dfcclGetLastError(NULL));
+				RANK_FAIL("grow id: %s", dfcclGetLastError(NULL));
 			if (write(j->ready_fd, &gid, sizeof(gid)) != (ssize_t)sizeof(gid))
-				FAIL("grow id pipe");
+				RANK_FAIL("grow id pipe");
 		}
 		if (dfcclCommGrow(comm, 3, NULL, -1, &big, NULL) != dfcclSuccess)
-			FAIL("grow as an old rank: %s", dfcclGetLastError(NULL));
+			RANK_FAIL("grow as an old rank: %s", dfcclGetLastError(NULL));
 	}
 	int me = -1, n = 0;
 	if (dfcclCommUserRank(big, &me) != dfcclSuccess || me != rank || dfcclCommCount(big, &n) != dfcclSuccess || n != 3)
-		FAIL("grown communicator: rank %d of %d", me, n);
+		RANK_FAIL("grown communicator: rank %d of %d", me, n);
 	const int olds[] = {0, 1, 2};
 	if (checked_allreduces(big, olds, 10, rank))
 		return 1;
@@ -470,20 +462,20 @@ static int operator_rank(void *arg, int rank)
 	struct job *j = arg;
 	dfcclComm_t comm = NULL, again = NULL;
 	if (init(j, rank, &comm) != dfcclSuccess)
-		FAIL("init: %s", dfcclGetLastError(NULL));
+		RANK_FAIL("init: %s", dfcclGetLastError(NULL));
 	char b = 'r';
 	if (write(j->ready_fd, &b, 1) != 1)
-		FAIL("ready pipe");
+		RANK_FAIL("ready pipe");
 	dfcclResult_t ae = dfcclSuccess;
 	for (uint64_t t0 = now_ms(); ae == dfcclSuccess && now_ms() - t0 < 10000; usleep(2000))
 		if (dfcclCommGetAsyncError(comm, &ae) != dfcclSuccess)
-			FAIL("dfcclCommGetAsyncError: %s", dfcclGetLastError(NULL));
+			RANK_FAIL("dfcclCommGetAsyncError: %s", dfcclGetLastError(NULL));
 	dfcclCommGetAsyncError(comm, &ae);
 	if (ae != dfcclAborted || !strstr(dfcclGetLastError(NULL), "dfcclctl (pid") ||
 	    !strstr(dfcclGetLastError(NULL), "from outside"))
-		FAIL("after dfcclctl abort: %d, '%s'", ae, dfcclGetLastError(NULL));
+		RANK_FAIL("after dfcclctl abort: %d, '%s'", ae, dfcclGetLastError(NULL));
 	if (dfcclCommShrink(comm, NULL, 0, &again, NULL, DFCCL_SHRINK_DEFAULT) != dfcclSuccess)
-		FAIL("shrink after the abort: %s", dfcclGetLastError(NULL));
+		RANK_FAIL("shrink after the abort: %s", dfcclGetLastError(NULL));
 	const int olds[] = {0, 1};
 	if (checked_allreduces(again, olds, 5, rank))
 		return 1;
