@@ -427,8 +427,10 @@ static int worker_spawn(struct worker *wk)
 
 	/* The worker reads its settings through the same table: pass the
 	 * ones it uses by name. The engine is the resolved one, never auto. */
-	static const char *const passed[] = {"log-level",  "log-target", "spin-head", "spin-other",
-	                                     "stick-mult", "spin-max",   "algo",      "max-inflight-per-session"};
+	static const char *const passed[] = {"log-level", "log-target", "spin-head",
+	                                     "spin-other", "stick-mult", "spin-max",
+	                                     "algo",      "channels",   "kernel-idle-us",
+	                                     "max-inflight-per-session"};
 	enum { NPASSED = sizeof(passed) / sizeof(passed[0]) };
 	char devbuf[16], values[NPASSED][64], flags[NPASSED][32];
 	snprintf(devbuf, sizeof(devbuf), "%u", wk->device);

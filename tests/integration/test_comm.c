@@ -499,6 +499,31 @@ static void test_shutdown_notifies_clients(void **state)
 	close(ready[1]);
 }
 
+/* The settings a worker uses reach it: its command line carries the
+ * daemon's values. */
+static void test_worker_settings(void **state)
+{
+	(void)state;
+	struct daemon_proc d;
+	assert_int_equal(daemon_start(&d, 1, "--channels", "3", "--kernel-idle-us", "4321", "--spin-head", "777", NULL), 0);
+	int pid = worker_pid(&d, 0, NULL, NULL);
+	assert_true(pid > 0);
+	char path[64], cmd[4096];
+	snprintf(path, sizeof(path), "/proc/%d/cmdline", pid);
+	FILE *f = fopen(path, "r");
+	assert_non_null(f);
+	size_t n = fread(cmd, 1, sizeof(cmd) - 1, f);
+	fclose(f);
+	for (size_t i = 0; i < n; i++)
+		if (cmd[i] == '\0')
+			cmd[i] = ' ';
+	cmd[n] = '\0';
+	assert_non_null(strstr(cmd, "--channels 3 "));
+	assert_non_null(strstr(cmd, "--kernel-idle-us 4321 "));
+	assert_non_null(strstr(cmd, "--spin-head 777 "));
+	assert_int_equal(daemon_stop(&d), 0);
+}
+
 int main(void)
 {
 	signal(SIGPIPE, SIG_IGN);
@@ -510,6 +535,7 @@ int main(void)
 	    cmocka_unit_test_setup_teardown(test_killed_client, daemon_setup2, daemon_teardown),
 	    cmocka_unit_test_setup_teardown(test_killed_worker, daemon_setup2, daemon_teardown),
 	    cmocka_unit_test(test_init_waits_for_worker),
+	    cmocka_unit_test(test_worker_settings),
 	    cmocka_unit_test_setup_teardown(test_shutdown_notifies_clients, daemon_setup2, daemon_teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
