@@ -84,19 +84,23 @@ static int shrink_rank(void *arg, int rank)
 	dfcclComm_t comm = NULL, small = NULL;
 	if (init(j, rank, &comm) != dfcclSuccess)
 		RANK_FAIL("init: %s", dfcclGetLastError(NULL));
+	/* Every rank says when it is where the kill should find it: rank 2
+	 * idle, the others waiting for a collective rank 2 never joins (which
+	 * fails once rank 2 is gone). */
 	char b = 'r';
-	if (write(j->ready_fd, &b, 1) != 1)
-		RANK_FAIL("ready pipe");
 	if (rank == 2) {
+		if (write(j->ready_fd, &b, 1) != 1)
+			RANK_FAIL("ready pipe");
 		pause(); /* the test kills it */
 		return 1;
 	}
-	/* A collective rank 2 never joins: it fails once rank 2 is gone. */
 	int64_t *buf = NULL;
 	if (dfcclMemAlloc((void **)&buf, 16) != dfcclSuccess)
 		RANK_FAIL("alloc: %s", dfcclGetLastError(NULL));
 	if (dfcclAllReduce(buf, buf + 1, 1, dfcclInt64, dfcclSum, comm, NULL) != dfcclSuccess)
 		RANK_FAIL("submit: %s", dfcclGetLastError(NULL));
+	if (write(j->ready_fd, &b, 1) != 1)
+		RANK_FAIL("ready pipe");
 	uint64_t t0 = now_ms();
 	dfcclResult_t r = dfcclCommSynchronize(comm);
 	if (r == dfcclSuccess)
@@ -136,7 +140,6 @@ static void test_shrink_after_kill(void **state)
 		char b;
 		assert_int_equal(read(ready[0], &b, 1), 1);
 	}
-	usleep(50000); /* let ranks 0 and 1 submit */
 	kill(p[2], SIGKILL);
 	assert_int_equal(child_wait(p[2], 5000), 128 + SIGKILL);
 	for (int r = 0; r < 2; r++)
