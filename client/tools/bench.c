@@ -40,11 +40,11 @@ dfcclResult_t bench_join(struct bench_rank *b, const struct bench_spec *s, int r
 	if (r == dfcclSuccess)
 		r = dfcclCommInitRank(&b->comm, s->nranks, s->id, rank);
 	if (r == dfcclSuccess)
-		r = dfcclMemAlloc(&b->sbuf, cap);
+		r = dfcclMemAllocHost(&b->sbuf, cap);
 	if (r == dfcclSuccess)
-		r = dfcclMemAlloc(&b->rbuf, cap);
+		r = dfcclMemAllocHost(&b->rbuf, cap);
 	if (r == dfcclSuccess)
-		r = dfcclMemAlloc((void **)&b->cell, sizeof(*b->cell));
+		r = dfcclMemAllocHost((void **)&b->cell, sizeof(*b->cell));
 	if (r != dfcclSuccess)
 		return r;
 	memset(b->sbuf, 0, cap);

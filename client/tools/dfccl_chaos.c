@@ -182,8 +182,8 @@ static int chaos_rank(int rank, void *arg)
 		if ((r = dfcclCommInitRank(&comms[k], c->nranks, c->ids[k], rank)) != dfcclSuccess)
 			RANK_FAIL("joining communicator %d: %s", k, dfcclGetLastError(NULL));
 	for (int k = 0; k < K; k++)
-		if (dfcclMemAlloc(&b[k].send, c->capacity) != dfcclSuccess ||
-		    dfcclMemAlloc(&b[k].recv, c->capacity) != dfcclSuccess)
+		if (dfcclMemAllocHost(&b[k].send, c->capacity) != dfcclSuccess ||
+		    dfcclMemAllocHost(&b[k].recv, c->capacity) != dfcclSuccess)
 			RANK_FAIL("%s", dfcclGetLastError(NULL));
 
 	double t0 = tool_now();
