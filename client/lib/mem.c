@@ -143,7 +143,7 @@ dfcclResult_t mem_table_translate(const struct mem_table *t, const struct client
 
 /* ---------------------------------------------------------------- registrations */
 
-static dfcclResult_t mem_deregister(struct client *c, uint32_t reg_id)
+dfcclResult_t mem_deregister(struct client *c, uint32_t reg_id)
 {
 	Dfccl__V1__DeregisterMem dereg = DFCCL__V1__DEREGISTER_MEM__INIT;
 	dereg.reg_id = reg_id;

@@ -140,6 +140,10 @@ dfcclResult_t mem_table_translate(const struct mem_table *t, const struct client
  */
 dfcclResult_t mem_translate(struct client *c, const void *ptr, size_t bytes, struct mem_ref *out);
 
+/* Drops registration reg_id of session c (DeregisterMem); a session that is
+ * gone has dropped it already, which counts as success. */
+dfcclResult_t mem_deregister(struct client *c, uint32_t reg_id);
+
 /* Frees every dfcclCommRegister handle of comm (it is being freed). */
 void mem_comm_release(struct dfcclComm *comm);
 

@@ -11,11 +11,16 @@
  *
  * The collective sweep (the default) runs every collective x data type x
  * reduction x in place or out of place x count, one at a time: a NULL-stream
- * call, then dfcclCommSynchronize. Buffers come from cudaMalloc, placed in
- * turn in allocations of their own and at aligned and unaligned offsets
- * inside one larger allocation (the "arena"); then each collective runs once
- * on a dfcclMemAlloc host buffer and once on a device buffer registered with
- * dfcclCommRegister. After each call the rank reads back the output window
+ * call, then dfcclCommSynchronize. Device buffers are of the kind --buffers
+ * names: cudaMalloc (registered through legacy CUDA IPC), VMM (cuMemCreate
+ * exportable as a POSIX file descriptor, mapped with cuMemMap: registered by
+ * that descriptor), or dfcclMemAlloc (device memory the daemon allocates and
+ * owns). They are placed in turn in allocations of their own and at aligned
+ * and unaligned offsets inside one larger allocation (the "arena"); then
+ * each collective runs once on a dfcclMemAllocHost host buffer and once on a
+ * device buffer registered with dfcclCommRegister. Allocations of their own
+ * are freed after each case, so addresses are reused and every kind's cache
+ * of registrations is exercised. After each call the rank reads back the output window
  * (the output plus CANARY_BYTES on each side) and checks that every output
  * element equals the reference, that the bytes around the output kept their
  * canary value, and that an out-of-place send buffer is unchanged.
@@ -48,6 +53,7 @@
  * Exit status: 0 every check passed, 1 a failure, 2 usage, 77 skipped (no
  * usable GPU).
  */
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <errno.h>
 #include <execinfo.h>
@@ -98,7 +104,12 @@ static const char usage[] =
     "      --timeout S       a rank that waits longer than S seconds for one collective\n"
     "                        (an iteration of a deadlock program) says which and fails\n"
     "                        (default 120; 0: wait forever)\n"
-    "      --host-buffers    every buffer from dfcclMemAlloc and no CUDA at all (checks\n"
+    "      --buffers KIND    where the device buffers of the sweep and of the deadlock\n"
+    "                        programs come from: cudamalloc (cudaMalloc), vmm (cuMemCreate\n"
+    "                        exportable as a POSIX file descriptor, mapped with cuMemMap)\n"
+    "                        or memalloc (dfcclMemAlloc: device memory the daemon owns);\n"
+    "                        default cudamalloc\n"
+    "      --host-buffers    every buffer from dfcclMemAllocHost and no CUDA at all (checks\n"
     "                        this program against the host engine)\n"
     "      --deadlock A|B    the deadlock program instead of the sweep: A, all-reduces on\n"
     "                        K communicators (NULL stream, then dfcclCommSynchronize on\n"
@@ -115,6 +126,10 @@ static const char usage[] =
     "\n"
     "Exit status: 0 all checks passed, 1 a failure, 2 usage, 77 no usable GPU.\n";
 
+/* Where device buffers come from (--buffers). */
+enum buffer_kind { BUF_CUDAMALLOC, BUF_VMM, BUF_MEMALLOC, BUF_COUNT };
+static const char *const buffer_names[BUF_COUNT] = {"cudamalloc", "vmm", "memalloc"};
+
 /* What every rank runs: set up by the parent, inherited through fork. */
 struct config {
 	int nranks;
@@ -122,6 +137,7 @@ struct config {
 	int gpus[MAX_RANKS];
 	uint64_t seed;
 	bool quick, host_buffers, print_pattern;
+	int buffers; /* enum buffer_kind */
 	int avg_ulps;
 	unsigned timeout_s;
 	char deadlock; /* 0: the collective sweep; 'A' or 'B' */
@@ -542,12 +558,147 @@ static int device_get(void *dst, const void *src, size_t n)
 	return CUDA_OK(cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost)) ? 0 : -1;
 }
 
-static int host_alloc(void **p, size_t n)
+/*
+ * The driver calls of VMM allocations, reached through the runtime (which
+ * loads the driver itself), so that this program links no libcuda and
+ * starts, to say it skips, on machines without one.
+ */
+static struct {
+	CUresult (*granularity)(size_t *g, const CUmemAllocationProp *prop, CUmemAllocationGranularity_flags option);
+	CUresult (*create)(CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *prop,
+	                   unsigned long long flags);
+	CUresult (*release)(CUmemGenericAllocationHandle h);
+	CUresult (*reserve)(CUdeviceptr *ptr, size_t size, size_t align, CUdeviceptr addr, unsigned long long flags);
+	CUresult (*address_free)(CUdeviceptr ptr, size_t size);
+	CUresult (*map)(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle h,
+	                unsigned long long flags);
+	CUresult (*unmap)(CUdeviceptr ptr, size_t size);
+	CUresult (*set_access)(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count);
+	CUresult (*error_name)(CUresult r, const char **name);
+} drv;
+
+static bool drv_load(void)
+{
+	static const struct {
+		const char *name;
+		void **fn;
+	} syms[] = {
+	    {"cuMemGetAllocationGranularity", (void **)&drv.granularity},
+	    {"cuMemCreate", (void **)&drv.create},
+	    {"cuMemRelease", (void **)&drv.release},
+	    {"cuMemAddressReserve", (void **)&drv.reserve},
+	    {"cuMemAddressFree", (void **)&drv.address_free},
+	    {"cuMemMap", (void **)&drv.map},
+	    {"cuMemUnmap", (void **)&drv.unmap},
+	    {"cuMemSetAccess", (void **)&drv.set_access},
+	    {"cuGetErrorName", (void **)&drv.error_name},
+	};
+	if (drv.error_name)
+		return true;
+	for (size_t i = 0; i < sizeof(syms) / sizeof(syms[0]); i++) {
+		enum cudaDriverEntryPointQueryResult q;
+		if (!CUDA_OK(cudaGetDriverEntryPointByVersion(syms[i].name, syms[i].fn, 12000, cudaEnableDefault, &q)) ||
+		    q != cudaDriverEntryPointSuccess) {
+			say("the CUDA driver has no %s", syms[i].name);
+			return false;
+		}
+	}
+	return true;
+}
+
+/* The check of every CUDA driver call. */
+#define DRV_OK(call) drv_ok((call), #call, __LINE__)
+static bool drv_ok(CUresult r, const char *what, int line)
+{
+	if (r == CUDA_SUCCESS)
+		return true;
+	const char *name = NULL;
+	drv.error_name(r, &name);
+	say("line %d: %s: %s", line, what, name ? name : "an unknown CUDA error");
+	return false;
+}
+
+/* VMM allocations of this rank, for their release: the driver keeps no
+ * size for a mapping that cuMemUnmap could be given. */
+#define MAX_VMM 64
+static struct {
+	void *p;
+	size_t size;
+} vmm_allocs[MAX_VMM];
+
+/* An allocation as an application that shares it with another process
+ * makes it: cuMemCreate exportable as a POSIX file descriptor, mapped into
+ * an address range of its own with read-write access for this GPU. The
+ * mapping holds the memory: the creation handle is released at once. */
+static int vmm_alloc(void **p, size_t n)
+{
+	int dev, slot = 0;
+	while (slot < MAX_VMM && vmm_allocs[slot].p)
+		slot++;
+	if (slot == MAX_VMM) {
+		say("more than %d VMM allocations at once", MAX_VMM);
+		return -1;
+	}
+	if (!drv_load() || !CUDA_OK(cudaGetDevice(&dev)))
+		return -1;
+	CUmemAllocationProp prop;
+	memset(&prop, 0, sizeof(prop));
+	prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+	prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	prop.location.id = dev;
+	prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+	size_t g = 0;
+	if (!DRV_OK(drv.granularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM)))
+		return -1;
+	size_t size = (n + g - 1) / g * g;
+	CUmemGenericAllocationHandle h;
+	CUdeviceptr va = 0;
+	if (!DRV_OK(drv.create(&h, size, &prop, 0)))
+		return -1;
+	bool reserved = DRV_OK(drv.reserve(&va, size, g, 0, 0));
+	bool mapped = reserved && DRV_OK(drv.map(va, size, 0, h, 0));
+	DRV_OK(drv.release(h));
+	CUmemAccessDesc access = {{CU_MEM_LOCATION_TYPE_DEVICE, dev}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+	if (!mapped || !DRV_OK(drv.set_access(va, size, &access, 1))) {
+		if (mapped)
+			drv.unmap(va, size);
+		if (reserved)
+			drv.address_free(va, size);
+		return -1;
+	}
+	vmm_allocs[slot].p = (void *)(uintptr_t)va;
+	vmm_allocs[slot].size = size;
+	*p = vmm_allocs[slot].p;
+	return 0;
+}
+
+static void vmm_release(void *p)
+{
+	for (int i = 0; i < MAX_VMM; i++) {
+		if (vmm_allocs[i].p != p)
+			continue;
+		/* Collectives on it are complete (synchronized): unmapping
+		 * while the daemon still maps it is allowed, the memory goes
+		 * once every process let go of it. */
+		DRV_OK(drv.unmap((CUdeviceptr)(uintptr_t)p, vmm_allocs[i].size));
+		DRV_OK(drv.address_free((CUdeviceptr)(uintptr_t)p, vmm_allocs[i].size));
+		vmm_allocs[i].p = NULL;
+		return;
+	}
+	say("%p is no VMM allocation of this rank", p);
+}
+
+static int memalloc_alloc(void **p, size_t n)
 {
 	return DFCCL_OK(dfcclMemAlloc(p, n)) ? 0 : -1;
 }
 
-static void host_release(void *p)
+static int host_alloc(void **p, size_t n)
+{
+	return DFCCL_OK(dfcclMemAllocHost(p, n)) ? 0 : -1;
+}
+
+static void dfccl_release(void *p)
 {
 	DFCCL_OK(dfcclMemFree(p));
 }
@@ -558,8 +709,19 @@ static int host_copy(void *dst, const void *src, size_t n)
 	return 0;
 }
 
-static const struct mem_kind device_mem = {"device", device_alloc, device_release, device_put, device_get};
-static const struct mem_kind host_mem = {"host", host_alloc, host_release, host_copy, host_copy};
+static const struct mem_kind device_kinds[BUF_COUNT] = {
+    [BUF_CUDAMALLOC] = {"cudaMalloc", device_alloc, device_release, device_put, device_get},
+    [BUF_VMM] = {"VMM", vmm_alloc, vmm_release, device_put, device_get},
+    [BUF_MEMALLOC] = {"dfcclMemAlloc device", memalloc_alloc, dfccl_release, device_put, device_get},
+};
+static const struct mem_kind host_mem = {"host", host_alloc, dfccl_release, host_copy, host_copy};
+
+/* The kind of the main buffers: --buffers, or host memory under
+ * --host-buffers. */
+static const struct mem_kind *main_kind(const struct config *cfg)
+{
+	return cfg->host_buffers ? &host_mem : &device_kinds[cfg->buffers];
+}
 
 /*
  * An arena: one allocation that holds `slots` pairs of areas, a send area
@@ -568,13 +730,14 @@ static const struct mem_kind host_mem = {"host", host_alloc, host_release, host_
  * the largest output, plus room for the largest offset.
  */
 enum arena_id {
-	ARENA_MAIN,       /* cudaMalloc (dfcclMemAlloc under --host-buffers) */
-	ARENA_HOST,       /* dfcclMemAlloc */
+	ARENA_MAIN,       /* --buffers' kind (dfcclMemAllocHost under --host-buffers) */
+	ARENA_HOST,       /* dfcclMemAllocHost */
 	ARENA_REGISTERED, /* like ARENA_MAIN, registered with dfcclCommRegister */
 	ARENA_COUNT
 };
 
-static const char *const arena_names[ARENA_COUNT] = {"arena", "dfcclMemAlloc buffer", "dfcclCommRegister'd buffer"};
+static const char *const arena_names[ARENA_COUNT] = {"arena", "dfcclMemAllocHost buffer",
+                                                     "dfcclCommRegister'd buffer"};
 
 struct arena {
 	const struct mem_kind *kind;
@@ -1017,8 +1180,7 @@ static int sweep_rank(struct rank_ctx *x)
 		goto out;
 	}
 	for (int a = 0; a < ARENA_COUNT; a++) {
-		static const struct mem_kind *const kinds[ARENA_COUNT] = {&device_mem, &host_mem, &device_mem};
-		const struct mem_kind *kind = cfg->host_buffers ? &host_mem : kinds[a];
+		const struct mem_kind *kind = a == ARENA_HOST ? &host_mem : main_kind(cfg);
 		arena_needs(&l, cfg->nranks, a, &ms, &mo);
 		if (arena_open(&x->arenas[a], kind, ms, mo, 1, a == ARENA_REGISTERED ? x->comms[0] : NULL) < 0) {
 			/* Without the main arena nothing can run; without another
@@ -1225,7 +1387,7 @@ static int deadlock_rank(struct rank_ctx *x)
 	int K = cfg->comms, rc = -1, it = 0;
 	struct staging st[MAX_COMMS] = {{0}};
 	int *orders = malloc((size_t)cfg->nranks * (size_t)K * sizeof(int));
-	if (!orders || arena_open(&x->arenas[ARENA_MAIN], cfg->host_buffers ? &host_mem : &device_mem,
+	if (!orders || arena_open(&x->arenas[ARENA_MAIN], main_kind(cfg),
 	                          cfg->max_bytes, cfg->max_bytes, K, NULL) < 0)
 		goto out;
 	for (int k = 0; k < K; k++)
@@ -1326,7 +1488,8 @@ static int parse_options(int argc, char **argv, struct config *cfg)
 	    {"comms", required_argument, NULL, 'k'},    {"iters", required_argument, NULL, 'i'},
 	    {"min-bytes", required_argument, NULL, 'a'}, {"max-bytes", required_argument, NULL, 'b'},
 	    {"print-pattern", no_argument, NULL, 'p'},  {"timeout", required_argument, NULL, 't'},
-	    {"help", no_argument, NULL, 'h'},           {NULL, 0, NULL, 0},
+	    {"buffers", required_argument, NULL, 'B'},  {"help", no_argument, NULL, 'h'},
+	    {NULL, 0, NULL, 0},
 	};
 	long v;
 	int opt;
@@ -1354,6 +1517,14 @@ static int parse_options(int argc, char **argv, struct config *cfg)
 			cfg->avg_ulps = (int)v;
 			break;
 		case 'H': cfg->host_buffers = true; break;
+		case 'B':
+			cfg->buffers = BUF_COUNT;
+			for (int k = 0; k < BUF_COUNT; k++)
+				if (!strcmp(optarg, buffer_names[k]))
+					cfg->buffers = k;
+			if (cfg->buffers == BUF_COUNT)
+				return usage_error("--buffers takes cudamalloc, vmm or memalloc, not", optarg);
+			break;
 		case 't':
 			if (!tool_parse_long(optarg, 0, 86400, &v))
 				return usage_error("--timeout takes seconds, not", optarg);
@@ -1388,6 +1559,8 @@ static int parse_options(int argc, char **argv, struct config *cfg)
 		return usage_error("unexpected argument", argv[optind]);
 	if (cfg->min_bytes == 0 || cfg->min_bytes > cfg->max_bytes || cfg->max_bytes > (1u << 30))
 		return usage_error("need 0 < --min-bytes <= --max-bytes <= 1G; got --max-bytes", "");
+	if (cfg->host_buffers && cfg->buffers != BUF_CUDAMALLOC)
+		return usage_error("--host-buffers takes no device buffers: drop --buffers", buffer_names[cfg->buffers]);
 	if (cfg->print_pattern && !cfg->deadlock)
 		return usage_error("--print-pattern needs", "--deadlock");
 	return -1;
@@ -1442,9 +1615,10 @@ int main(int argc, char **argv)
 		printf("%s%d", r ? "," : " ", cfg.gpus[r % cfg.ngpus]);
 	if (cfg.deadlock) {
 		int first[2 * MAX_COMMS];
-		printf(", deadlock program %c: %d %s, %d iterations, %" PRIu64 " to %" PRIu64 " bytes, seed %" PRIu64 "\n",
+		printf(", deadlock program %c: %d %s, %d iterations, %" PRIu64 " to %" PRIu64 " bytes on %s buffers, seed %" PRIu64
+		       "\n",
 		       cfg.deadlock, cfg.comms, cfg.deadlock == 'A' ? "communicators" : "registered collectives",
-		       cfg.iters, cfg.min_bytes, cfg.max_bytes, cfg.seed);
+		       cfg.iters, cfg.min_bytes, cfg.max_bytes, main_kind(&cfg)->name, cfg.seed);
 		/* The first iteration's orders of ranks 0 and 1, to show that they differ. */
 		struct config two = cfg;
 		two.nranks = cfg.nranks < 2 ? cfg.nranks : 2;
@@ -1453,8 +1627,8 @@ int main(int argc, char **argv)
 			print_ints(stdout, r ? "  rank 1, iteration 0, order:" : "  rank 0, iteration 0, order:",
 			           first + r * cfg.comms, cfg.comms);
 	} else {
-		printf(", collective sweep%s, seed %" PRIu64 "%s\n", cfg.quick ? " (quick)" : "", cfg.seed,
-		       cfg.host_buffers ? ", host buffers only" : "");
+		printf(", collective sweep%s on %s buffers, seed %" PRIu64 "%s\n", cfg.quick ? " (quick)" : "",
+		       main_kind(&cfg)->name, cfg.seed, cfg.host_buffers ? ", host buffers only" : "");
 	}
 	int failed = tool_run_ranks(PROG, cfg.nranks, rank_main, &cfg, 30);
 	if (failed) {
