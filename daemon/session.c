@@ -395,8 +395,7 @@ static int check_gpu_reg(struct session *s, uint64_t req, const Dfccl__V1__Regis
 	                               : "GPU memory exported as a file descriptor (cuMemCreate)");
 }
 
-static void handle_register(struct session *s, uint64_t req, const Dfccl__V1__RegisterMem *m, int *fds,
-                            unsigned nfds)
+static void handle_register(struct session *s, uint64_t req, const Dfccl__V1__RegisterMem *m, const int *fds)
 {
 	int fd = -1;
 	if (check_device(s, req, m->device) < 0)
@@ -408,13 +407,7 @@ static void handle_register(struct session *s, uint64_t req, const Dfccl__V1__Re
 	switch (m->kind) {
 	case DFCCL__V1__MEM_KIND__MEM_HOST_MEMFD:
 	case DFCCL__V1__MEM_KIND__MEM_CUDA_VMM_FD:
-		/* session_on_frame checked that the descriptor came. */
-		if (nfds != 1) {
-			session_reply_error(s, req, EC(INVALID_ARGUMENT), "this registration needs exactly one descriptor, got %u",
-			                    nfds);
-			return;
-		}
-		fd = fds[0];
+		fd = fds[0]; /* session_on_frame checked that exactly one came */
 		if (m->kind == DFCCL__V1__MEM_KIND__MEM_HOST_MEMFD ? check_memfd(s, req, m, fd) < 0
 		                                                   : check_gpu_reg(s, req, m) < 0)
 			return;
@@ -504,9 +497,16 @@ void session_reg_done(struct server *srv, uint64_t session_id, uint64_t request_
                       const char *message)
 {
 	struct session *s = session_find(srv, session_id);
-	struct session_reg *r = s ? reg_find(s, reg_id) : NULL;
-	if (!r)
+	if (!s)
 		return;
+	struct session_reg *r = reg_find(s, reg_id);
+	if (!r) {
+		/* Deregistered by an id the client was not told yet: the
+		 * workers were told to let go already. */
+		session_reply_error(s, request_id, EC(NOT_FOUND), "registration %u was dropped before it was mapped",
+		                    reg_id);
+		return;
+	}
 	if (code == DFCCL__V1__ERROR_CODE__ERROR_NONE) {
 		reply_registered(s, request_id, r);
 		return;
@@ -697,7 +697,7 @@ static void session_on_frame(struct conn *c, dfccl_envelope *env, int *fds, unsi
 	case DFCCL__V1__ENVELOPE__BODY_COMM_DESTROY: handle_comm_leave(s, req, env->comm_destroy->comm_id, 0); break;
 	case DFCCL__V1__ENVELOPE__BODY_COMM_ABORT: handle_comm_leave(s, req, env->comm_abort->comm_id, 1); break;
 	case DFCCL__V1__ENVELOPE__BODY_COMM_REVOKE: handle_comm_leave(s, req, env->comm_revoke->comm_id, 2); break;
-	case DFCCL__V1__ENVELOPE__BODY_REGISTER_MEM: handle_register(s, req, env->register_mem, fds, nfds); break;
+	case DFCCL__V1__ENVELOPE__BODY_REGISTER_MEM: handle_register(s, req, env->register_mem, fds); break;
 	case DFCCL__V1__ENVELOPE__BODY_ALLOC_MEM: handle_alloc(s, req, env->alloc_mem); break;
 	case DFCCL__V1__ENVELOPE__BODY_DEREGISTER_MEM: handle_deregister(s, req, env->deregister_mem->reg_id); break;
 	case DFCCL__V1__ENVELOPE__BODY_QUERY: handle_query(s, req, env->query); break;

@@ -301,19 +301,22 @@ int cudrv_init(void)
 struct drv_export_arg {
 	CUdeviceptr base;
 	int *fd;
-	bool not_vmm;  /* the driver knows no allocation handle for the address */
+	bool not_vmm;       /* the driver knows no allocation handle for the address */
+	const char *failed; /* the call that failed */
 };
 
 static CUresult drv_export_call(const struct cudrv_ops *ops, void *arg)
 {
 	struct drv_export_arg *a = arg;
 	CUmemGenericAllocationHandle h;
+	a->failed = "cuMemRetainAllocationHandle";
 	CUresult r = ops->mem_retain_allocation_handle(&h, (void *)(uintptr_t)a->base);
 	if (r != CUDA_SUCCESS) {
 		a->not_vmm = r == CUDA_ERROR_INVALID_VALUE || r == CUDA_ERROR_NOT_SUPPORTED;
 		return r;
 	}
 	int fd = -1;
+	a->failed = "cuMemExportToShareableHandle";
 	r = ops->mem_export_to_shareable_handle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
 	ops->mem_release(h);
 	if (r == CUDA_SUCCESS)
@@ -331,13 +334,13 @@ int cudrv_vmm_export(const struct cudrv_ptr_info *a, int *fd)
 		         "(CUmemAllocationProp.requestedHandleTypes lacks CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)");
 		return -ENOTSUP;
 	}
-	struct drv_export_arg arg = {(CUdeviceptr)a->base, fd, false};
+	struct drv_export_arg arg = {(CUdeviceptr)a->base, fd, false, ""};
 	struct drv_call c = {"cuMemRetainAllocationHandle", drv_export_call, &arg};
 	const char *call;
 	CUresult r = drv_with_context(ops, a->device, &c, &call);
 	if (r == CUDA_SUCCESS)
 		return 0;
-	int rc = drv_fail(ops, arg.not_vmm ? "cuMemRetainAllocationHandle" : "cuMemExportToShareableHandle", r);
+	int rc = drv_fail(ops, call == c.name ? arg.failed : call, r);
 	return arg.not_vmm ? -ENOTSUP : rc;
 }
 
