@@ -1033,6 +1033,21 @@ static dfccl_envelope *alloc_mem(struct fixture *fx, struct peer *p, uint64_t re
 	return env;
 }
 
+/* An AllocMem of 4096 bytes on device, answered by an ErrorReply with code
+ * and a message containing needle, and no descriptor. */
+static void alloc_refused(struct fixture *fx, struct peer *p, uint64_t req, uint32_t device, int code,
+                          const char *needle)
+{
+	int fd;
+	dfccl_envelope *env = alloc_mem(fx, p, req, device, 4096, &fd);
+	assert_int_equal(env->body_case, DFCCL__V1__ENVELOPE__BODY_ERROR);
+	assert_int_equal(env->error->code, code);
+	if (!strstr(env->error->message, needle))
+		fail_msg("error \"%s\" does not mention \"%s\"", env->error->message, needle);
+	frame_envelope_free(env);
+	assert_int_equal(fd, -1);
+}
+
 static void test_alloc_mem(void **state)
 {
 	struct fixture *fx = *state;
@@ -1086,7 +1101,6 @@ static void test_alloc_mem_failures(void **state)
 	hello(fx, p);
 	int base = tu_count_fds();
 	struct tu_msg m;
-	int fd;
 	char want[128];
 
 	/* Bad requests, and the host engine. */
@@ -1107,26 +1121,13 @@ static void test_alloc_mem_failures(void **state)
 
 	/* The worker cannot allocate; answers without the descriptor. */
 	worker_mode(fx, "alloc-fail", 0);
-	dfccl_envelope *env = alloc_mem(fx, p, 34, 0, 4096, &fd);
-	assert_int_equal(env->body_case, DFCCL__V1__ENVELOPE__BODY_ERROR);
-	assert_int_equal(env->error->code, EC(RESOURCE));
-	assert_non_null(strstr(env->error->message, "the fake worker has no device memory"));
-	frame_envelope_free(env);
+	alloc_refused(fx, p, 34, 0, EC(RESOURCE), "the fake worker has no device memory");
 	worker_mode(fx, "alloc-nofd", 0);
-	env = alloc_mem(fx, p, 35, 0, 4096, &fd);
-	assert_int_equal(env->body_case, DFCCL__V1__ENVELOPE__BODY_ERROR);
-	assert_int_equal(env->error->code, EC(INTERNAL));
-	assert_non_null(strstr(env->error->message, "without its descriptor"));
-	frame_envelope_free(env);
-	assert_int_equal(fd, -1);
+	alloc_refused(fx, p, 35, 0, EC(INTERNAL), "without its descriptor");
 
 	/* The worker dies before it answers. */
 	worker_mode(fx, "alloc-die", 1);
-	env = alloc_mem(fx, p, 36, 1, 4096, &fd);
-	assert_int_equal(env->body_case, DFCCL__V1__ENVELOPE__BODY_ERROR);
-	assert_int_equal(env->error->code, EC(DEVICE_LOST));
-	assert_non_null(strstr(env->error->message, "died before the allocation completed"));
-	frame_envelope_free(env);
+	alloc_refused(fx, p, 36, 1, EC(DEVICE_LOST), "died before the allocation completed");
 	/* While it is down, allocations on its device are refused at once. */
 	tu_msg_alloc_mem(&m, 37, 1, 4096);
 	request_fails(fx, p, &m, EC(DEVICE_LOST), "the worker of device 1 is not running");
