@@ -263,56 +263,25 @@ static void handle_comm_leave(struct session *s, uint64_t req, uint64_t comm_id,
 		reply_ok(s, req);
 }
 
-static struct session_reg *reg_find(struct session *s, uint32_t reg_id, struct session_reg ***pprev)
+static struct session_reg *reg_find(struct session *s, uint32_t reg_id)
 {
-	for (struct session_reg **pp = &s->regs; *pp; pp = &(*pp)->next) {
-		if ((*pp)->reg_id == reg_id) {
-			if (pprev)
-				*pprev = pp;
-			return *pp;
-		}
-	}
-	return NULL;
-}
-
-/* Drops the session's record of r (unlinked by the caller) and its charge. */
-static void reg_forget(struct session *s, struct session_reg *r)
-{
-	user_uncharge_bytes(s->user, (int64_t)r->size);
-	user_uncharge_reg(s->user);
-	fd_budget_uncharge(&s->srv->fds, r->nfds);
-	s->nregs--;
-	s->registered_bytes -= r->size;
-	free(r);
-}
-
-static void reg_release(struct session *s, struct session_reg *r)
-{
-	workers_del_reg_all(s->srv->workers, r->reg_id);
-	reg_forget(s, r);
-}
-
-static void reply_registered(struct session *s, uint64_t req, uint32_t reg_id)
-{
-	Dfccl__V1__RegisterReply rep = DFCCL__V1__REGISTER_REPLY__INIT;
-	rep.reg_id = reg_id;
-	Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
-	env.body_case = DFCCL__V1__ENVELOPE__BODY_REGISTER_REPLY;
-	env.register_reply = &rep;
-	session_reply(s, req, &env, NULL, 0);
+	struct session_reg *r = s->regs;
+	while (r && r->reg_id != reg_id)
+		r = r->next;
+	return r;
 }
 
 /*
- * Charges a new registration of `size` bytes that keeps `nfds` descriptors in
- * the supervisor: the session's and the uid's counts, the uid's bytes and the
- * descriptor budget. Returns the record, or NULL after replying with the
- * limit that was reached and the setting that sets it.
+ * Records a new registration of the session on `device`, of `size` bytes,
+ * for which the supervisor keeps `nfds` descriptors, and charges it: the
+ * session's and the uid's counts, the uid's bytes and the descriptor
+ * budget. Returns the record, or NULL after replying with the limit that
+ * was reached and the setting that sets it.
  */
-static struct session_reg *reg_charge(struct session *s, uint64_t req, uint64_t size, unsigned nfds)
+static struct session_reg *reg_new(struct session *s, uint64_t req, uint32_t device, uint64_t size, unsigned nfds)
 {
 	struct server *srv = s->srv;
 	const struct dfccld_config *cfg = &srv->cfg;
-	struct session_reg *r = NULL;
 	if (s->nregs >= (uint64_t)cfg->max_regs_per_session) {
 		session_reply_error(s, req, EC(RESOURCE),
 		                    "this connection already holds %u registrations, its limit (setting "
@@ -342,16 +311,22 @@ static struct session_reg *reg_charge(struct session *s, uint64_t req, uint64_t 
 		                    (long long)srv->fds.used, (long long)fd_budget_registration_cap(&srv->fds));
 		goto no_fds;
 	}
-	r = calloc(1, sizeof(*r));
-	if (r) {
-		r->size = size;
-		r->nfds = nfds;
-		s->nregs++;
-		s->registered_bytes += size;
-		return r;
+	struct session_reg *r = calloc(1, sizeof(*r));
+	if (!r) {
+		session_reply_error(s, req, EC(RESOURCE), "out of memory");
+		fd_budget_uncharge(&srv->fds, nfds);
+		goto no_fds;
 	}
-	session_reply_error(s, req, EC(RESOURCE), "out of memory");
-	fd_budget_uncharge(&srv->fds, nfds);
+	r->reg_id = ++srv->next_reg_id;
+	r->device = device;
+	r->size = size;
+	r->nfds = nfds;
+	r->alloc_fd = -1;
+	r->next = s->regs;
+	s->regs = r;
+	s->nregs++;
+	s->registered_bytes += size;
+	return r;
 no_fds:
 	user_uncharge_bytes(s->user, (int64_t)size);
 no_bytes:
@@ -359,10 +334,148 @@ no_bytes:
 	return NULL;
 }
 
-static void handle_register(struct session *s, uint64_t req, const Dfccl__V1__RegisterMem *m, int *fds,
-                            unsigned nfds)
+/* Drops the session's record of r and its charge (the workers hold
+ * nothing of it, or are told by the caller). */
+static void reg_forget(struct session *s, struct session_reg *r)
 {
-	struct server *srv = s->srv;
+	for (struct session_reg **pp = &s->regs; *pp; pp = &(*pp)->next)
+		if (*pp == r) {
+			*pp = r->next;
+			break;
+		}
+	user_uncharge_bytes(s->user, (int64_t)r->size);
+	user_uncharge_reg(s->user);
+	fd_budget_uncharge(&s->srv->fds, r->nfds);
+	s->nregs--;
+	s->registered_bytes -= r->size;
+	if (r->alloc_fd >= 0)
+		close(r->alloc_fd);
+	free(r);
+}
+
+static void reg_release(struct session *s, struct session_reg *r)
+{
+	workers_del_reg_all(s->srv->workers, r->reg_id);
+	reg_forget(s, r);
+}
+
+/* Answers the RegisterMem, or the AllocMem with the allocation's
+ * descriptor, that made r. */
+static void reply_registered(struct session *s, uint64_t req, struct session_reg *r)
+{
+	Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
+	if (r->alloc_fd < 0) {
+		Dfccl__V1__RegisterReply rep = DFCCL__V1__REGISTER_REPLY__INIT;
+		rep.reg_id = r->reg_id;
+		env.body_case = DFCCL__V1__ENVELOPE__BODY_REGISTER_REPLY;
+		env.register_reply = &rep;
+		session_reply(s, req, &env, NULL, 0);
+		return;
+	}
+	Dfccl__V1__AllocMemReply rep = DFCCL__V1__ALLOC_MEM_REPLY__INIT;
+	rep.reg_id = r->reg_id;
+	rep.size = r->size;
+	rep.map_size = r->map_size;
+	rep.device = r->device;
+	rep.nfds = 1;
+	env.body_case = DFCCL__V1__ENVELOPE__BODY_ALLOC_MEM_REPLY;
+	env.alloc_mem_reply = &rep;
+	session_reply(s, req, &env, &r->alloc_fd, 1);
+	/* The workers' records keep the memory alive from here on. */
+	close(r->alloc_fd);
+	r->alloc_fd = -1;
+}
+
+/* Hands registration r (fd: its descriptor, borrowed; -1 for none) to
+ * every worker; the client is answered now when no worker is up to
+ * acknowledge it, else by session_reg_done. Returns 0, or -1 with r
+ * forgotten and the client answered. */
+static int reg_to_workers(struct session *s, uint64_t req, struct session_reg *r, int kind, uint64_t offset,
+                          const uint8_t *ipc, size_t ipc_len, int fd)
+{
+	int rc = workers_add_reg(s->srv->workers, r->reg_id, s->id, kind, r->size, offset, ipc, ipc_len, fd, req);
+	if (rc < 0) {
+		reg_forget(s, r);
+		session_reply_error(s, req, EC(RESOURCE), "cannot record the registration: %s", strerror(-rc));
+		return -1;
+	}
+	if (rc == 1)
+		reply_registered(s, req, r);
+	return 0;
+}
+
+/* GPU memory needs the CUDA engine: 0, or -1 with the client answered. */
+static int require_cuda_engine(struct session *s, uint64_t req, const char *what)
+{
+	if (s->srv->engine == DFCCLD_ENGINE_CUDA)
+		return 0;
+	session_reply_error(s, req, EC(NOT_SUPPORTED),
+	                    "this dfccld runs the %s engine, which cannot reach GPU memory: %s needs dfccld started with "
+	                    "--engine cuda on a GPU node; with the host engine, use buffers from dfcclMemAlloc (host "
+	                    "shared memory)",
+	                    config_engine_name(s->srv->engine), what);
+	return -1;
+}
+
+/* A range inside an allocation whose size the supervisor cannot learn
+ * (only a worker that maps it can): it must at least not wrap around. */
+static int check_wrap(struct session *s, uint64_t req, uint64_t offset, uint64_t size)
+{
+	if (offset <= UINT64_MAX - size)
+		return 0;
+	session_reply_error(s, req, EC(INVALID_ARGUMENT), "range [%llu, +%llu) wraps around", (unsigned long long)offset,
+	                    (unsigned long long)size);
+	return -1;
+}
+
+/* The checks of a host-memory registration's memfd: 0, or -1 answered. */
+static int check_memfd(struct session *s, uint64_t req, const Dfccl__V1__RegisterMem *m, int fd)
+{
+	struct stat st;
+	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+		session_reply_error(s, req, EC(INVALID_ARGUMENT), "the descriptor for host memory registration is not a memfd");
+		return -1;
+	}
+	int seals = fcntl(fd, F_GET_SEALS);
+	if (seals < 0 || !(seals & F_SEAL_SHRINK)) {
+		session_reply_error(s, req, EC(INVALID_ARGUMENT),
+		                    "host memory must be a memfd sealed against shrinking (F_SEAL_SHRINK), so the daemon "
+		                    "never maps memory that can vanish");
+		return -1;
+	}
+	if (m->offset > (uint64_t)st.st_size || m->size > (uint64_t)st.st_size - m->offset) {
+		session_reply_error(s, req, EC(INVALID_ARGUMENT), "range [%llu, +%llu) lies outside the %lld-byte memfd",
+		                    (unsigned long long)m->offset, (unsigned long long)m->size, (long long)st.st_size);
+		return -1;
+	}
+	return 0;
+}
+
+/* The checks of a GPU registration by kind: 0, or -1 answered. */
+static int check_gpu_reg(struct session *s, uint64_t req, const Dfccl__V1__RegisterMem *m)
+{
+	if (m->kind == DFCCL__V1__MEM_KIND__MEM_CUDA_IPC && m->ipc_handle.len != IPC_HANDLE_BYTES) {
+		session_reply_error(s, req, EC(INVALID_ARGUMENT), "a CUDA IPC handle has %u bytes, got %zu", IPC_HANDLE_BYTES,
+		                    m->ipc_handle.len);
+		return -1;
+	}
+	if (m->kind == DFCCL__V1__MEM_KIND__MEM_CUDA_VMM_FD && m->ipc_handle.len) {
+		session_reply_error(s, req, EC(INVALID_ARGUMENT),
+		                    "a VMM registration names its allocation by the descriptor it carries, not by an IPC "
+		                    "handle (got %zu bytes of one)",
+		                    m->ipc_handle.len);
+		return -1;
+	}
+	if (check_wrap(s, req, m->offset, m->size) < 0)
+		return -1;
+	return require_cuda_engine(s, req,
+	                           m->kind == DFCCL__V1__MEM_KIND__MEM_CUDA_IPC
+	                               ? "GPU memory shared through CUDA IPC (cudaMalloc)"
+	                               : "GPU memory exported as a file descriptor (cuMemCreate)");
+}
+
+static void handle_register(struct session *s, uint64_t req, const Dfccl__V1__RegisterMem *m, const int *fds)
+{
 	int fd = -1;
 	if (check_device(s, req, m->device) < 0)
 		return;
@@ -371,115 +484,125 @@ static void handle_register(struct session *s, uint64_t req, const Dfccl__V1__Re
 		return;
 	}
 	switch (m->kind) {
-	case DFCCL__V1__MEM_KIND__MEM_HOST_MEMFD: {
-		if (nfds != 1) {
-			session_reply_error(s, req, EC(INVALID_ARGUMENT),
-			                    "host memory registration needs exactly one memfd descriptor, got %u", nfds);
-			return;
-		}
-		fd = fds[0];
-		struct stat st;
-		if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
-			session_reply_error(s, req, EC(INVALID_ARGUMENT),
-			                    "the descriptor for host memory registration is not a memfd");
-			return;
-		}
-		int seals = fcntl(fd, F_GET_SEALS);
-		if (seals < 0 || !(seals & F_SEAL_SHRINK)) {
-			session_reply_error(s, req, EC(INVALID_ARGUMENT),
-			                    "host memory must be a memfd sealed against shrinking (F_SEAL_SHRINK), so "
-			                    "the daemon never maps memory that can vanish");
-			return;
-		}
-		if (m->offset > (uint64_t)st.st_size || m->size > (uint64_t)st.st_size - m->offset) {
-			session_reply_error(s, req, EC(INVALID_ARGUMENT),
-			                    "range [%llu, +%llu) lies outside the %lld-byte memfd",
-			                    (unsigned long long)m->offset, (unsigned long long)m->size,
-			                    (long long)st.st_size);
-			return;
-		}
-		break;
-	}
-	case DFCCL__V1__MEM_KIND__MEM_CUDA_IPC:
-		/* The handle names a whole allocation whose size the supervisor
-		 * cannot learn: only a worker that opens it can check the range. */
-		if (m->ipc_handle.len != IPC_HANDLE_BYTES) {
-			session_reply_error(s, req, EC(INVALID_ARGUMENT), "a CUDA IPC handle has %u bytes, got %zu",
-			                    IPC_HANDLE_BYTES, m->ipc_handle.len);
-			return;
-		}
-		if (m->offset > UINT64_MAX - m->size) {
-			session_reply_error(s, req, EC(INVALID_ARGUMENT), "range [%llu, +%llu) wraps around",
-			                    (unsigned long long)m->offset, (unsigned long long)m->size);
-			return;
-		}
-		if (srv->engine != DFCCLD_ENGINE_CUDA) {
-			session_reply_error(s, req, EC(NOT_SUPPORTED),
-			                    "this dfccld runs the %s engine, which cannot reach GPU memory: GPU memory needs "
-			                    "dfccld started with --engine cuda on a GPU node; with the host engine, use "
-			                    "buffers from dfcclMemAlloc", config_engine_name(srv->engine));
-			return;
-		}
-		break;
+	case DFCCL__V1__MEM_KIND__MEM_HOST_MEMFD:
 	case DFCCL__V1__MEM_KIND__MEM_CUDA_VMM_FD:
-		session_reply_error(s, req, EC(NOT_SUPPORTED),
-		                    "GPU memory exported as a file descriptor (cuMemCreate/VMM allocations) is not "
-		                    "supported yet; use memory from cudaMalloc, which is shared through CUDA IPC");
-		return;
+		fd = fds[0]; /* session_on_frame checked that exactly one came */
+		if (m->kind == DFCCL__V1__MEM_KIND__MEM_HOST_MEMFD ? check_memfd(s, req, m, fd) < 0
+		                                                   : check_gpu_reg(s, req, m) < 0)
+			return;
+		break;
+	case DFCCL__V1__MEM_KIND__MEM_CUDA_IPC:
+		if (check_gpu_reg(s, req, m) < 0)
+			return;
+		break;
 	default:
 		session_reply_error(s, req, EC(INVALID_ARGUMENT), "unknown memory kind %d", (int)m->kind);
 		return;
 	}
-	struct session_reg *r = reg_charge(s, req, m->size, fd >= 0 ? workers_ndevices(srv->workers) : 0);
-	if (!r)
-		return;
-	r->reg_id = ++srv->next_reg_id;
-	r->device = m->device;
-	int rc = workers_add_reg(srv->workers, r->reg_id, s->id, m->kind, m->size, m->offset, m->ipc_handle.data,
-	                         m->ipc_handle.len, fd, req);
-	if (rc < 0) {
-		reg_forget(s, r); /* never recorded: only the charges go */
-		session_reply_error(s, req, EC(RESOURCE), "cannot record the registration: %s", strerror(-rc));
-		return;
-	}
-	r->next = s->regs;
-	s->regs = r;
-	if (rc == 1)
-		reply_registered(s, req, r->reg_id);
-	/* else: answered by session_reg_done once the worker mapped it */
+	/* A descriptor is kept per worker (each gets its own duplicate). */
+	struct session_reg *r = reg_new(s, req, m->device, m->size, fd >= 0 ? workers_ndevices(s->srv->workers) : 0);
+	if (r)
+		reg_to_workers(s, req, r, m->kind, m->offset, m->ipc_handle.data, m->ipc_handle.len, fd);
+	/* answered now, or by session_reg_done once the workers mapped it */
 }
 
+static void handle_alloc(struct session *s, uint64_t req, const Dfccl__V1__AllocMem *m)
+{
+	if (check_device(s, req, m->device) < 0 || require_cuda_engine(s, req, "device memory from dfcclMemAlloc") < 0)
+		return;
+	if (m->size == 0) {
+		session_reply_error(s, req, EC(INVALID_ARGUMENT), "cannot allocate an empty buffer (size 0)");
+		return;
+	}
+	/* The allocation's descriptor is kept per worker, as a memfd's. */
+	struct session_reg *r = reg_new(s, req, m->device, m->size, workers_ndevices(s->srv->workers));
+	if (!r)
+		return;
+	r->allocating = 1;
+	int rc = workers_alloc_mem(s->srv->workers, m->device, r->reg_id, s->id, req, m->size);
+	if (rc < 0) {
+		reg_forget(s, r);
+		if (rc == -ENODEV)
+			session_reply_error(s, req, EC(DEVICE_LOST),
+			                    "the worker of device %u is not running (starting, or restarting after a failure); "
+			                    "try again in a moment",
+			                    m->device);
+		else
+			session_reply_error(s, req, EC(RESOURCE), "cannot ask for the allocation: %s", strerror(-rc));
+	}
+	/* else answered by session_alloc_done */
+}
 
-void session_reg_done(struct server *srv, uint64_t session_id, uint64_t request_id, uint32_t reg_id, int code,
-                      const char *message)
+static struct session *session_find(struct server *srv, uint64_t session_id)
 {
 	struct session *s = srv->sessions;
 	while (s && s->id != session_id)
 		s = s->next;
+	return s;
+}
+
+void session_alloc_done(struct server *srv, uint64_t session_id, uint64_t request_id, uint32_t reg_id,
+                        uint32_t device, int code, const char *message, int fd, uint64_t map_size)
+{
+	struct session *s = session_find(srv, session_id);
+	struct session_reg *r = s ? reg_find(s, reg_id) : NULL;
+	if (!r || !r->allocating || code || map_size < r->size) {
+		/* Whatever the worker made goes again. */
+		if (fd >= 0) {
+			close(fd);
+			workers_del_reg(srv->workers, device, reg_id);
+		}
+		if (!s)
+			return;
+		if (!r || !r->allocating)
+			session_reply_error(s, request_id, EC(NOT_FOUND),
+			                    "registration %u was dropped before its allocation completed", reg_id);
+		else if (code)
+			reply_error_msg(s, request_id, code, message);
+		else
+			session_reply_error(s, request_id, EC(INTERNAL),
+			                    "the worker of device %u allocated %llu bytes where %llu were asked for", device,
+			                    (unsigned long long)map_size, (unsigned long long)r->size);
+		if (r && r->allocating)
+			reg_forget(s, r);
+		return;
+	}
+	r->allocating = 0;
+	r->alloc_fd = fd;
+	r->map_size = map_size;
+	if (reg_to_workers(s, request_id, r, DFCCL__V1__MEM_KIND__MEM_CUDA_VMM_FD, 0, NULL, 0, fd) < 0)
+		workers_del_reg(srv->workers, device, reg_id); /* the allocating worker still holds it */
+}
+
+void session_reg_done(struct server *srv, uint64_t session_id, uint64_t request_id, uint32_t reg_id, int code,
+                      const char *message)
+{
+	struct session *s = session_find(srv, session_id);
 	if (!s)
 		return;
-	if (code == DFCCL__V1__ERROR_CODE__ERROR_NONE) {
-		reply_registered(s, request_id, reg_id);
+	struct session_reg *r = reg_find(s, reg_id);
+	if (!r) {
+		/* Deregistered by an id the client was not told yet: the
+		 * workers were told to let go already. */
+		session_reply_error(s, request_id, EC(NOT_FOUND), "registration %u was dropped before it was mapped",
+		                    reg_id);
 		return;
 	}
-	struct session_reg **pp;
-	struct session_reg *r = reg_find(s, reg_id, &pp);
-	if (r) {
-		*pp = r->next;
-		reg_forget(s, r); /* the worker already forgot it */
+	if (code == DFCCL__V1__ERROR_CODE__ERROR_NONE) {
+		reply_registered(s, request_id, r);
+		return;
 	}
+	reg_forget(s, r); /* the workers already forgot it */
 	reply_error_msg(s, request_id, code, message && *message ? message : "the device's worker refused the buffer");
 }
 
 static void handle_deregister(struct session *s, uint64_t req, uint32_t reg_id)
 {
-	struct session_reg **pp;
-	struct session_reg *r = reg_find(s, reg_id, &pp);
+	struct session_reg *r = reg_find(s, reg_id);
 	if (!r) {
 		session_reply_error(s, req, EC(NOT_FOUND), "registration %u does not exist in this session", reg_id);
 		return;
 	}
-	*pp = r->next;
 	reg_release(s, r);
 	reply_ok(s, req);
 }
@@ -708,7 +831,8 @@ static void session_on_frame(struct conn *c, dfccl_envelope *env, int *fds, unsi
 	case DFCCL__V1__ENVELOPE__BODY_COMM_DESTROY: handle_comm_leave(s, req, env->comm_destroy->comm_id, 0); break;
 	case DFCCL__V1__ENVELOPE__BODY_COMM_ABORT: handle_comm_leave(s, req, env->comm_abort->comm_id, 1); break;
 	case DFCCL__V1__ENVELOPE__BODY_COMM_REVOKE: handle_comm_leave(s, req, env->comm_revoke->comm_id, 2); break;
-	case DFCCL__V1__ENVELOPE__BODY_REGISTER_MEM: handle_register(s, req, env->register_mem, fds, nfds); break;
+	case DFCCL__V1__ENVELOPE__BODY_REGISTER_MEM: handle_register(s, req, env->register_mem, fds); break;
+	case DFCCL__V1__ENVELOPE__BODY_ALLOC_MEM: handle_alloc(s, req, env->alloc_mem); break;
 	case DFCCL__V1__ENVELOPE__BODY_DEREGISTER_MEM: handle_deregister(s, req, env->deregister_mem->reg_id); break;
 	case DFCCL__V1__ENVELOPE__BODY_QUERY: handle_query(s, req, env->query); break;
 	case DFCCL__V1__ENVELOPE__BODY_FLIGHT_DUMP: handle_flight_dump(s, req, env->flight_dump); break;
@@ -831,11 +955,8 @@ static void session_release(struct session *s)
 {
 	struct server *srv = s->srv;
 	comm_session_gone(srv, s);
-	while (s->regs) {
-		struct session_reg *r = s->regs;
-		s->regs = r->next;
-		reg_release(s, r);
-	}
+	while (s->regs)
+		reg_release(s, s->regs);
 	for (uint32_t d = 0; d < SESSION_MAX_DEVICES; d++) {
 		if (s->qp_ids[d]) {
 			workers_detach_qp(srv->workers, d, s->qp_ids[d]);

@@ -31,6 +31,12 @@ struct session_reg {
 	uint32_t device;
 	uint64_t size;
 	unsigned nfds;           /* descriptors the supervisor keeps for it (fd budget) */
+	/* Device memory of AllocMem: allocating (no worker answered yet), then
+	 * the exported descriptor and the allocation's size until the reply
+	 * hands them to the client. */
+	int allocating;
+	int alloc_fd;
+	uint64_t map_size;
 };
 
 struct session {
@@ -78,6 +84,17 @@ int session_send_notice(struct session *s, int code, uint64_t comm_id, uint32_t 
  * client's RegisterMem (request_id) if the session still exists. */
 void session_reg_done(struct server *srv, uint64_t session_id, uint64_t request_id, uint32_t reg_id, int code,
                       const char *message);
+
+/*
+ * The worker of `device` allocated the memory of a client's AllocMem
+ * (request_id), to become registration reg_id (code 0; fd: the exported
+ * allocation, taken by this call), or could not (code, message). Registers
+ * it with every worker, answering the client once they all acknowledged;
+ * if the session or its pending registration is gone, the descriptor is
+ * closed and the worker told to let go of the allocation.
+ */
+void session_alloc_done(struct server *srv, uint64_t session_id, uint64_t request_id, uint32_t reg_id,
+                        uint32_t device, int code, const char *message, int fd, uint64_t map_size);
 
 /* Feeds raw bytes to the session's frame handler (fuzzing). */
 int session_feed(struct session *s, const uint8_t *data, size_t len);

@@ -177,14 +177,25 @@ static void detach_qp(struct worker_state *w, uint32_t qp_id)
  * the loop's sake; a reply is small and the supervisor drains the socket,
  * so a blocking send cannot stall for long (and a wedged supervisor is
  * noticed through its death anyway). */
-static void ctl_send(struct worker_state *w, Dfccl__V1__Envelope *env)
+static void ctl_send(struct worker_state *w, Dfccl__V1__Envelope *env, const int *fds, unsigned nfds)
 {
 	int fl = fcntl(w->ctl, F_GETFL);
 	fcntl(w->ctl, F_SETFL, fl & ~O_NONBLOCK);
-	int rc = frame_send(w->ctl, env, NULL, 0);
+	int rc = frame_send(w->ctl, env, fds, nfds);
 	fcntl(w->ctl, F_SETFL, fl);
 	if (rc < 0)
 		log_warn("worker", "cannot answer the supervisor: %s", strerror(-rc));
+}
+
+/* The protocol's code for an engine's negative errno. */
+static int error_code(int rc)
+{
+	switch (rc) {
+	case -EINVAL:
+	case -ERANGE: return DFCCL__V1__ERROR_CODE__ERROR_INVALID_ARGUMENT;
+	case -ENOTSUP: return DFCCL__V1__ERROR_CODE__ERROR_NOT_SUPPORTED;
+	default: return DFCCL__V1__ERROR_CODE__ERROR_RESOURCE;
+	}
 }
 
 static void reg_ack(struct worker_state *w, uint32_t reg_id, int code, const char *msg)
@@ -196,7 +207,7 @@ static void reg_ack(struct worker_state *w, uint32_t reg_id, int code, const cha
 	Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
 	env.body_case = DFCCL__V1__ENVELOPE__BODY_WORKER_REG_ACK;
 	env.worker_reg_ack = &ack;
-	ctl_send(w, &env);
+	ctl_send(w, &env, NULL, 0);
 }
 
 static void comm_ack(struct worker_state *w, uint64_t comm_id, int code, const char *msg)
@@ -208,7 +219,7 @@ static void comm_ack(struct worker_state *w, uint64_t comm_id, int code, const c
 	Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
 	env.body_case = DFCCL__V1__ENVELOPE__BODY_WORKER_COMM_ACK;
 	env.worker_comm_ack = &ack;
-	ctl_send(w, &env);
+	ctl_send(w, &env, NULL, 0);
 }
 
 static void add_comm(struct worker_state *w, const Dfccl__V1__WorkerCommAdd *a, int *fds, unsigned nfds)
@@ -313,18 +324,32 @@ static void add_reg(struct worker_state *w, const Dfccl__V1__WorkerAddReg *a, in
 		r->r.base = (char *)r->map + a->offset;
 	}
 	char err[200] = "";
-	int mem = a->kind == DFCCL__V1__MEM_KIND__MEM_CUDA_IPC ? ENGINE_MEM_CUDA_IPC : ENGINE_MEM_HOST;
-	int rc = a->kind == DFCCL__V1__MEM_KIND__MEM_HOST_MEMFD || a->kind == DFCCL__V1__MEM_KIND__MEM_CUDA_IPC
-	             ? engine_reg_add(w->eng, &r->r, mem, a->ipc_handle.data, a->ipc_handle.len, a->offset, err,
-	                              sizeof(err))
-	             : (snprintf(err, sizeof(err), "memory kind %d is not supported by this worker", (int)a->kind),
-	                -ENOTSUP);
+	struct engine_mem_src src = {.mem = ENGINE_MEM_HOST, .fd = -1, .offset = a->offset};
+	int rc = 0;
+	switch (a->kind) {
+	case DFCCL__V1__MEM_KIND__MEM_HOST_MEMFD: break;
+	case DFCCL__V1__MEM_KIND__MEM_CUDA_IPC:
+		src.mem = ENGINE_MEM_CUDA_IPC;
+		src.ipc = a->ipc_handle.data;
+		src.ipc_len = a->ipc_handle.len;
+		break;
+	case DFCCL__V1__MEM_KIND__MEM_CUDA_VMM_FD:
+		src.mem = ENGINE_MEM_CUDA_VMM_FD;
+		src.fd = nfds == 1 ? fds[0] : -1;
+		break;
+	default:
+		snprintf(err, sizeof(err), "memory kind %d is not supported by this worker", (int)a->kind);
+		rc = -ENOTSUP;
+		break;
+	}
+	if (rc == 0)
+		rc = engine_reg_add(w->eng, &r->r, &src, err, sizeof(err));
 	if (rc < 0) {
 		log_err("worker", "device %u: registration %u: %s", w->device, a->reg_id, err);
 		if (r->map)
 			munmap(r->map, r->map_len);
 		free(r);
-		reg_ack(w, a->reg_id, DFCCL__V1__ERROR_CODE__ERROR_RESOURCE, err);
+		reg_ack(w, a->reg_id, error_code(rc), err);
 		return;
 	}
 	r->next = w->regs;
@@ -334,17 +359,46 @@ static void add_reg(struct worker_state *w, const Dfccl__V1__WorkerAddReg *a, in
 
 static void del_reg(struct worker_state *w, uint32_t reg_id)
 {
+	/* Also when the worker never mapped it: the engine may hold an
+	 * allocation made for it (alloc_mem). */
+	engine_reg_del(w->eng, reg_id);
 	for (struct wreg **pp = &w->regs; *pp; pp = &(*pp)->next) {
 		if ((*pp)->r.reg_id == reg_id) {
 			struct wreg *r = *pp;
 			*pp = r->next;
-			engine_reg_del(w->eng, reg_id);
 			if (r->map)
 				munmap(r->map, r->map_len);
 			free(r);
 			return;
 		}
 	}
+}
+
+/* The supervisor asks for device memory of a client's dfcclMemAlloc; the
+ * answer carries it as a descriptor (see WorkerAllocMem). */
+static void alloc_mem(struct worker_state *w, const Dfccl__V1__WorkerAllocMem *a)
+{
+	char err[200] = "";
+	int fd = -1;
+	uint64_t map_size = 0;
+	int rc = engine_mem_alloc(w->eng, a->reg_id, a->size, &fd, &map_size, err, sizeof(err));
+	Dfccl__V1__WorkerAllocDone done = DFCCL__V1__WORKER_ALLOC_DONE__INIT;
+	done.reg_id = a->reg_id;
+	if (rc < 0) {
+		log_err("worker", "device %u: allocation for registration %u: %s", w->device, a->reg_id, err);
+		done.code = error_code(rc);
+		done.message = err;
+	} else {
+		done.map_size = map_size;
+		log_debug("worker", "device %u: allocated %llu bytes for registration %u", w->device,
+		          (unsigned long long)map_size, a->reg_id);
+	}
+	Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
+	env.body_case = DFCCL__V1__ENVELOPE__BODY_WORKER_ALLOC_DONE;
+	env.worker_alloc_done = &done;
+	ctl_send(w, &env, rc < 0 ? NULL : &fd, rc < 0 ? 0 : 1);
+	if (fd >= 0)
+		close(fd);
 }
 
 /* Returns 0, or -1 when the supervisor is gone. */
@@ -371,6 +425,7 @@ static int handle_ctl(struct worker_state *w)
 		case DFCCL__V1__ENVELOPE__BODY_WORKER_DETACH_QP: detach_qp(w, env->worker_detach_qp->qp_id); break;
 		case DFCCL__V1__ENVELOPE__BODY_WORKER_ADD_REG: add_reg(w, env->worker_add_reg, fds, nfds); break;
 		case DFCCL__V1__ENVELOPE__BODY_WORKER_DEL_REG: del_reg(w, env->worker_del_reg->reg_id); break;
+		case DFCCL__V1__ENVELOPE__BODY_WORKER_ALLOC_MEM: alloc_mem(w, env->worker_alloc_mem); break;
 		case DFCCL__V1__ENVELOPE__BODY_WORKER_COMM_ADD: add_comm(w, env->worker_comm_add, fds, nfds); break;
 		case DFCCL__V1__ENVELOPE__BODY_WORKER_COMM_ABORT:
 			engine_comm_abort(w->eng, env->worker_comm_abort->comm_id, env->worker_comm_abort->status);

@@ -68,6 +68,15 @@ struct reg_wait {
 	char message[160];
 };
 
+/* A client's AllocMem waiting for the worker that allocates. */
+struct alloc_wait {
+	struct alloc_wait *next;
+	uint32_t reg_id;
+	uint32_t device;
+	uint64_t session_id;
+	uint64_t request_id;
+};
+
 enum worker_state { W_STARTING, W_READY, W_DEAD, W_STOPPING, W_STOPPED };
 
 struct worker {
@@ -97,6 +106,7 @@ struct workers {
 	unsigned n;
 	struct worker *w;
 	struct reg_wait *reg_waits;
+	struct alloc_wait *alloc_waits;
 	void (*stop_done)(struct server *srv);
 	unsigned handles_open; /* timers, process handles and ctl polls still open */
 };
@@ -105,6 +115,8 @@ static int worker_spawn(struct worker *wk);
 static int worker_send_env(struct workers *w, uint32_t device, Dfccl__V1__Envelope *env, const int *fds,
                            unsigned nfds);
 static void reg_wait_answer(struct workers *ws, uint32_t reg_id, uint32_t device, int code, const char *msg);
+static void alloc_wait_answer(struct workers *ws, uint32_t device, uint32_t reg_id, int code, const char *msg, int fd,
+                              uint64_t map_size);
 
 static const char *engine_arg(int engine)
 {
@@ -279,6 +291,13 @@ static void worker_exit_cb(uv_process_t *p, int64_t status, int sig)
 	 * to its replacement; their clients need not wait for that. */
 	for (struct reg_rec *r = wk->regs; r; r = r->next)
 		reg_wait_answer(ws, r->reg_id, wk->device, 0, "");
+	/* Allocations it never answered are gone with it. */
+	for (struct alloc_wait *a = ws->alloc_waits, *next; a; a = next) {
+		next = a->next;
+		if (a->device == wk->device)
+			alloc_wait_answer(ws, a->device, a->reg_id, DFCCL__V1__ERROR_CODE__ERROR_DEVICE_LOST,
+			                  "the device's worker died before the allocation completed; try again", -1, 0);
+	}
 
 	if (wk->state == W_STOPPING) {
 		log_info("worker", "device %u: worker %d exited", wk->device, wk->pid);
@@ -360,9 +379,51 @@ static void reg_wait_answer(struct workers *ws, uint32_t reg_id, uint32_t device
 	 * one the session dropped before the answer came. */
 }
 
+/* The worker of `device` allocated registration reg_id's memory (code 0,
+ * fd: its descriptor, which this call takes) or could not. A descriptor
+ * nobody waits for any more is closed, and the worker is told to let go
+ * of the allocation. */
+static void alloc_wait_answer(struct workers *ws, uint32_t device, uint32_t reg_id, int code, const char *msg, int fd,
+                              uint64_t map_size)
+{
+	for (struct alloc_wait **pp = &ws->alloc_waits; *pp; pp = &(*pp)->next) {
+		struct alloc_wait *a = *pp;
+		if (a->reg_id != reg_id || a->device != device)
+			continue;
+		*pp = a->next;
+		session_alloc_done(ws->srv, a->session_id, a->request_id, reg_id, device, code, msg, fd, map_size);
+		free(a);
+		return;
+	}
+	log_warn("worker", "device %u: an allocation for registration %u that nobody asked for", device, reg_id);
+	if (fd >= 0) {
+		close(fd);
+		workers_del_reg(ws, device, reg_id);
+	}
+}
+
+/* WorkerAllocDone: exactly one descriptor on success, none otherwise. */
+static void worker_alloc_done(struct worker *wk, const Dfccl__V1__WorkerAllocDone *d, int *fds, unsigned nfds)
+{
+	int code = d->code, fd = -1;
+	const char *msg = d->message;
+	if (code == DFCCL__V1__ERROR_CODE__ERROR_NONE && nfds == 1) {
+		fd = fds[0];
+		fds[0] = -1;
+	} else if (code == DFCCL__V1__ERROR_CODE__ERROR_NONE) {
+		code = DFCCL__V1__ERROR_CODE__ERROR_INTERNAL;
+		msg = "the device's worker answered the allocation without its descriptor";
+		log_err("worker", "device %u: %s", wk->device, msg);
+	}
+	alloc_wait_answer(wk->ws, wk->device, d->reg_id, code, msg && *msg ? msg : "the device's worker cannot allocate",
+	                  fd, d->map_size);
+}
+
 static void worker_on_frame(struct conn *c, dfccl_envelope *env, int *fds, unsigned nfds)
 {
 	struct worker *wk = c->owner;
+	if (env && env->body_case == DFCCL__V1__ENVELOPE__BODY_WORKER_ALLOC_DONE)
+		worker_alloc_done(wk, env->worker_alloc_done, fds, nfds);
 	frame_close_fds(fds, nfds);
 	if (!env) {
 		log_warn("worker", "device %u: malformed frame from the worker", wk->device);
@@ -389,7 +450,7 @@ static void worker_on_frame(struct conn *c, dfccl_envelope *env, int *fds, unsig
 	} else if (env->body_case == DFCCL__V1__ENVELOPE__BODY_WORKER_COMM_ACK) {
 		comm_worker_acked(wk->ws->srv, env->worker_comm_ack->comm_id, wk->device, env->worker_comm_ack->code,
 		                  env->worker_comm_ack->message);
-	} else {
+	} else if (env->body_case != DFCCL__V1__ENVELOPE__BODY_WORKER_ALLOC_DONE) {
 		log_warn("worker", "device %u: unexpected message %d from the worker", wk->device, (int)env->body_case);
 	}
 	frame_envelope_free(env);
@@ -771,6 +832,34 @@ int workers_add_reg(struct workers *w, uint32_t reg_id, uint64_t session_id, int
 	return 0;
 }
 
+int workers_alloc_mem(struct workers *w, uint32_t device, uint32_t reg_id, uint64_t session_id, uint64_t request_id,
+                      uint64_t size)
+{
+	if (!w || device >= w->n || w->w[device].state != W_READY)
+		return -ENODEV;
+	struct alloc_wait *a = calloc(1, sizeof(*a));
+	if (!a)
+		return -ENOMEM;
+	Dfccl__V1__WorkerAllocMem m = DFCCL__V1__WORKER_ALLOC_MEM__INIT;
+	m.reg_id = reg_id;
+	m.size = size;
+	Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
+	env.body_case = DFCCL__V1__ENVELOPE__BODY_WORKER_ALLOC_MEM;
+	env.worker_alloc_mem = &m;
+	int rc = worker_send_env(w, device, &env, NULL, 0);
+	if (rc < 0) {
+		free(a);
+		return rc;
+	}
+	a->reg_id = reg_id;
+	a->device = device;
+	a->session_id = session_id;
+	a->request_id = request_id;
+	a->next = w->alloc_waits;
+	w->alloc_waits = a;
+	return 0;
+}
+
 void workers_del_reg(struct workers *w, uint32_t device, uint32_t reg_id)
 {
 	if (!w || device >= w->n)
@@ -1024,6 +1113,11 @@ void workers_free(struct workers *w)
 		struct reg_wait *rw = w->reg_waits;
 		w->reg_waits = rw->next;
 		free(rw);
+	}
+	while (w->alloc_waits) {
+		struct alloc_wait *a = w->alloc_waits;
+		w->alloc_waits = a->next;
+		free(a);
 	}
 	free(w->w);
 	free(w);

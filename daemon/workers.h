@@ -59,7 +59,18 @@ void workers_detach_qp(struct workers *w, uint32_t device, uint32_t qp_id);
  */
 int workers_add_reg(struct workers *w, uint32_t reg_id, uint64_t session_id, int kind, uint64_t size,
                     uint64_t offset, const uint8_t *ipc_handle, size_t ipc_len, int fd, uint64_t request_id);
-/* Removes a registration from one device's worker. */
+/*
+ * Asks the worker of `device` for `size` bytes of device memory that will
+ * become registration reg_id of session_id (a client's AllocMem,
+ * request_id). session_alloc_done is called with the outcome: the exported
+ * descriptor, or an error (also when the worker dies first). Returns 0, or
+ * -ENODEV when that worker is not serving, -ENOMEM.
+ */
+int workers_alloc_mem(struct workers *w, uint32_t device, uint32_t reg_id, uint64_t session_id, uint64_t request_id,
+                      uint64_t size);
+
+/* Removes a registration from one device's worker (which also lets go of
+ * an allocation it made for it). */
 void workers_del_reg(struct workers *w, uint32_t device, uint32_t reg_id);
 /* Removes a registration made with workers_add_reg from every worker. */
 void workers_del_reg_all(struct workers *w, uint32_t reg_id);

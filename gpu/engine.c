@@ -68,15 +68,25 @@ void engine_qp_del(struct engine *e, struct sq_queue *q)
 	e->ops->qp_del(e->impl, q);
 }
 
-int engine_reg_add(struct engine *e, const struct sq_reg *r, int mem, const void *ipc, size_t ipc_len,
-                   uint64_t offset, char *err, size_t errlen)
+int engine_reg_add(struct engine *e, const struct sq_reg *r, const struct engine_mem_src *src, char *err,
+                   size_t errlen)
 {
-	return e->ops->reg_add(e->impl, r, mem, ipc, ipc_len, offset, err, errlen);
+	return e->ops->reg_add(e->impl, r, src, err, errlen);
 }
 
 void engine_reg_del(struct engine *e, uint32_t reg_id)
 {
 	e->ops->reg_del(e->impl, reg_id);
+}
+
+int engine_mem_alloc(struct engine *e, uint32_t reg_id, uint64_t size, int *fd, uint64_t *alloc_size, char *err,
+                     size_t errlen)
+{
+	if (!e->ops->mem_alloc) {
+		snprintf(err, errlen, "the %s engine has no device memory to allocate", e->ops->name);
+		return -ENOTSUP;
+	}
+	return e->ops->mem_alloc(e->impl, reg_id, size, fd, alloc_size, err, errlen);
 }
 
 int engine_comm_add(struct engine *e, uint64_t comm_id, uint32_t nranks, const struct engine_member *members,

@@ -32,8 +32,19 @@ enum engine_kind { ENGINE_HOST = 1, ENGINE_CUDA = 2 };
 
 /* What kind of memory a registration is, as the worker received it. */
 enum engine_mem {
-	ENGINE_MEM_HOST = 1,     /* host shared memory, mapped by the worker at sq_reg.base */
-	ENGINE_MEM_CUDA_IPC = 2, /* GPU memory: a legacy CUDA IPC handle of a whole allocation */
+	ENGINE_MEM_HOST = 1,        /* host shared memory, mapped by the worker at sq_reg.base */
+	ENGINE_MEM_CUDA_IPC = 2,    /* GPU memory: a legacy CUDA IPC handle of a whole allocation */
+	ENGINE_MEM_CUDA_VMM_FD = 3, /* GPU memory: a VMM allocation exported as a POSIX file descriptor */
+};
+
+/* Where a registration's memory comes from (struct sq_reg says which range
+ * of it and whose it is). */
+struct engine_mem_src {
+	int mem;           /* enum engine_mem */
+	const void *ipc;   /* ENGINE_MEM_CUDA_IPC: the handle */
+	size_t ipc_len;
+	int fd;            /* ENGINE_MEM_CUDA_VMM_FD: the descriptor, borrowed (the caller closes it) */
+	uint64_t offset;   /* GPU kinds: the buffer's start inside the allocation */
 };
 
 struct engine_config {
@@ -76,16 +87,31 @@ void engine_qp_del(struct engine *e, struct sq_queue *q);
 
 /*
  * A registration the worker recorded (r stays valid until engine_reg_del):
- * for ENGINE_MEM_HOST, r->base is the worker's mapping; for
- * ENGINE_MEM_CUDA_IPC, ipc holds the handle of an allocation and the buffer
- * is [offset, offset + r->size) of it (r->base is NULL). Returns 0 or a
- * negative errno with a sentence in err.
+ * for ENGINE_MEM_HOST, r->base is the worker's mapping; for the GPU kinds,
+ * src names an allocation (an IPC handle, or a descriptor the engine
+ * imports and maps) and the buffer is [src->offset, src->offset + r->size)
+ * of it (r->base is NULL); a range past the allocation's end is refused.
+ * Returns 0 or a negative errno with a sentence in err.
  */
-int engine_reg_add(struct engine *e, const struct sq_reg *r, int mem, const void *ipc, size_t ipc_len,
-                   uint64_t offset, char *err, size_t errlen);
+int engine_reg_add(struct engine *e, const struct sq_reg *r, const struct engine_mem_src *src, char *err,
+                   size_t errlen);
 
-/* On return the engine no longer touches the registration's memory. */
+/* On return the engine no longer touches the registration's memory, and
+ * holds nothing of it (mappings, imported handles, an allocation of
+ * engine_mem_alloc made for this id). */
 void engine_reg_del(struct engine *e, uint32_t reg_id);
+
+/*
+ * Allocates at least `size` bytes of device memory that will become
+ * registration reg_id, exported as a POSIX file descriptor (*fd, the
+ * caller's to close; *alloc_size: the allocation's size, a multiple of its
+ * granularity). The engine holds the allocation until it maps it as
+ * registration reg_id (engine_reg_add of that descriptor) or
+ * engine_reg_del(reg_id). -ENOTSUP on an engine without device memory.
+ * Returns 0 or a negative errno with a sentence in err.
+ */
+int engine_mem_alloc(struct engine *e, uint32_t reg_id, uint64_t size, int *fd, uint64_t *alloc_size, char *err,
+                     size_t errlen);
 
 /* A communicator with a rank on this device; region is its mapped shared
  * region (proto/dfccl_comm.h), kept until engine_comm_del. */
@@ -140,9 +166,11 @@ struct engine_ops {
 	void (*free)(void *impl);
 	int (*qp_add)(void *impl, struct sq_queue *q, char *err, size_t errlen);
 	void (*qp_del)(void *impl, struct sq_queue *q);
-	int (*reg_add)(void *impl, const struct sq_reg *r, int mem, const void *ipc, size_t ipc_len, uint64_t offset,
-	               char *err, size_t errlen);
+	int (*reg_add)(void *impl, const struct sq_reg *r, const struct engine_mem_src *src, char *err, size_t errlen);
 	void (*reg_del)(void *impl, uint32_t reg_id);
+	/* may be NULL: no device memory */
+	int (*mem_alloc)(void *impl, uint32_t reg_id, uint64_t size, int *fd, uint64_t *alloc_size, char *err,
+	                 size_t errlen);
 	int (*comm_add)(void *impl, uint64_t comm_id, uint32_t nranks, const struct engine_member *members, void *region,
 	                size_t region_size, char *err, size_t errlen);
 	void (*comm_abort)(void *impl, uint64_t comm_id, uint32_t status);

@@ -225,14 +225,36 @@ dfcclResult_t dfcclCommGrow(dfcclComm_t comm, int nranks, const dfcclUniqueId *g
 
 /* ---------------------------------------------------------------- memory */
 
-/* Allocates size bytes the daemon can reach: host shared memory on the host
- * engine. The buffer is registered with the daemon as it is allocated. */
+/*
+ * Allocates size bytes the daemon can reach, on the calling thread's device
+ * (dfcclSetDevice), registered with the daemon as they are allocated, so
+ * collectives on them need no further registration:
+ *   - host engine: host shared memory, readable and writable by the CPU;
+ *   - CUDA engine: device memory of that GPU, allocated and owned by dfccld
+ *     (a VMM allocation its worker creates) and mapped into this process
+ *     with read-write access for that GPU. It is device memory: the CPU
+ *     cannot dereference it; copy with cudaMemcpy, use it in kernels. The
+ *     call initialises the CUDA driver (cuInit) if the process has not,
+ *     and fails with dfcclUnhandledCudaError where the process cannot use
+ *     it. Its size is rounded up to the allocation granularity inside the
+ *     daemon; only [*ptr, *ptr + size) belongs to the caller.
+ * dfcclMemFree unmaps it and lets the daemon free it; memory still
+ * allocated when the process exits (or dies) is freed by the daemon as the
+ * session ends.
+ */
 dfcclResult_t dfcclMemAlloc(void **ptr, size_t size);
+
+/* Like dfcclMemAlloc, but host shared memory on either engine (the CUDA
+ * engine's workers register it with their GPUs): for buffers the CPU fills
+ * and reads, as dfccl-perf's and dfccl-chaos's are. */
+dfcclResult_t dfcclMemAllocHost(void **ptr, size_t size);
+
+/* Frees memory of dfcclMemAlloc or dfcclMemAllocHost (NULL: nothing). */
 dfcclResult_t dfcclMemFree(void *ptr);
 
 /* Registers [buff, buff+size) for collectives of comm and returns a handle.
- * The range must lie inside one dfcclMemAlloc allocation on the host engine.
- * Registering the same range twice returns the same registration. */
+ * The range must lie inside one allocation that collectives take (see
+ * below). Registering the same range twice returns the same registration. */
 dfcclResult_t dfcclCommRegister(const dfcclComm_t comm, void *buff, size_t size, void **handle);
 dfcclResult_t dfcclCommDeregister(const dfcclComm_t comm, void *handle);
 
@@ -240,8 +262,14 @@ dfcclResult_t dfcclCommDeregister(const dfcclComm_t comm, void *handle);
  *
  * NCCL-style collectives: calls on one communicator match across ranks by
  * their order on that communicator. Buffers must come from dfcclMemAlloc
- * (either engine) or from cudaMalloc (CUDA engine: the allocation is
- * registered with the daemon the first time a call names it, once). In this
+ * (either engine) or, with the CUDA engine, from cudaMalloc or from a VMM
+ * mapping (cuMemCreate + cuMemMap) of an allocation created exportable as a
+ * POSIX file descriptor (CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR in
+ * CUmemAllocationProp.requestedHandleTypes). Such an allocation is
+ * registered with the daemon, whole, the first time a call names it, once;
+ * a buffer must lie inside one cudaMalloc allocation or one cuMemMap
+ * mapping. Memory pools (cudaMallocAsync), managed memory and VMM
+ * allocations not exportable that way fail with dfcclNotSupported. In this
  * release `stream` must be NULL: the daemon's kernel reads the buffers with
  * no order to the caller's streams, so the work that writes the send buffer
  * must be complete (synchronize its stream) before the call, and the

@@ -588,13 +588,15 @@ dfcclResult_t dfcclCommSplit(dfcclComm_t comm, int color, int key, dfcclComm_t *
 	if (color < 0 && color != DFCCL_SPLIT_NOCOLOR)
 		return errors_set(dfcclInvalidArgument, "dfcclCommSplit: color %d: use a color >= 0 or "
 		                  "DFCCL_SPLIT_NOCOLOR", color);
-	/* Every rank's (color, key), through comm itself, in memory of comm's
-	 * device (dfcclMemAlloc allocates for the thread's device). */
+	/* Every rank's (color, key), through comm itself, in host memory the
+	 * CPU fills and reads (dfcclMemAlloc would give device memory on the
+	 * CUDA engine), allocated for comm's device (the allocation is for the
+	 * thread's device). */
 	int n = comm->nranks, thread_device = 0;
 	int32_t *buf = NULL;
 	dfcclGetDevice(&thread_device);
 	dfcclSetDevice(comm->device);
-	dfcclResult_t r = dfcclMemAlloc((void **)&buf, (size_t)(2 + 2 * n) * sizeof(*buf));
+	dfcclResult_t r = dfcclMemAllocHost((void **)&buf, (size_t)(2 + 2 * n) * sizeof(*buf));
 	dfcclSetDevice(thread_device);
 	if (r != dfcclSuccess)
 		return r;

@@ -12,6 +12,13 @@
  * cuPointerGetAttribute: it answers every attribute in one call, and for a
  * pointer the driver does not know it succeeds with zeroes instead of
  * failing, so "not device memory" needs no error path.
+ *
+ * A VMM allocation is shared by its allocation handle, which the driver
+ * gives for any address of a mapping (cuMemRetainAllocationHandle), not by
+ * the address: so a client exports exactly the allocation mapped there now.
+ * The driver keeps the memory alive while any handle, exported descriptor
+ * or mapping refers to it, so every reference taken here is released
+ * before returning, except the importer's, which cudrv_vmm_unmap releases.
  */
 #include "cudrv.h"
 
@@ -25,7 +32,7 @@ static const struct cudrv_ops *_Atomic drv_test_ops;
 static struct cudrv_ops drv_real;
 static bool drv_loaded;
 static pthread_once_t drv_once = PTHREAD_ONCE_INIT;
-static __thread char drv_err[160];
+static __thread char drv_err[256];
 
 _Static_assert(sizeof(CUipcMemHandle) == CUDRV_IPC_HANDLE_BYTES, "a legacy IPC handle has 64 bytes");
 
@@ -48,6 +55,20 @@ static void drv_load(void)
 	    {"cuCtxSetCurrent", offsetof(struct cudrv_ops, ctx_set_current), false},
 	    {"cuGetErrorName", offsetof(struct cudrv_ops, get_error_name), true},
 	    {"cuMemcpy", offsetof(struct cudrv_ops, memcpy), true},
+	    {"cuInit", offsetof(struct cudrv_ops, init), false},
+	    {"cuMemRetainAllocationHandle", offsetof(struct cudrv_ops, mem_retain_allocation_handle), false},
+	    {"cuMemExportToShareableHandle", offsetof(struct cudrv_ops, mem_export_to_shareable_handle), false},
+	    {"cuMemImportFromShareableHandle", offsetof(struct cudrv_ops, mem_import_from_shareable_handle), false},
+	    {"cuMemGetAllocationPropertiesFromHandle",
+	     offsetof(struct cudrv_ops, mem_get_allocation_properties_from_handle), false},
+	    {"cuMemGetAllocationGranularity", offsetof(struct cudrv_ops, mem_get_allocation_granularity), false},
+	    {"cuMemCreate", offsetof(struct cudrv_ops, mem_create), false},
+	    {"cuMemRelease", offsetof(struct cudrv_ops, mem_release), false},
+	    {"cuMemAddressReserve", offsetof(struct cudrv_ops, mem_address_reserve), false},
+	    {"cuMemAddressFree", offsetof(struct cudrv_ops, mem_address_free), false},
+	    {"cuMemMap", offsetof(struct cudrv_ops, mem_map), false},
+	    {"cuMemUnmap", offsetof(struct cudrv_ops, mem_unmap), false},
+	    {"cuMemSetAccess", offsetof(struct cudrv_ops, mem_set_access), false},
 	};
 	void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
 	if (!lib)
@@ -74,6 +95,15 @@ static const struct cudrv_ops *drv(void)
 		return t;
 	pthread_once(&drv_once, drv_load);
 	return drv_loaded ? &drv_real : NULL;
+}
+
+/* The driver table, or NULL with the reason recorded. */
+static const struct cudrv_ops *drv_required(void)
+{
+	const struct cudrv_ops *ops = drv();
+	if (!ops)
+		snprintf(drv_err, sizeof(drv_err), "the CUDA driver (libcuda.so.1) cannot be loaded");
+	return ops;
 }
 
 void cudrv_set_ops_for_test(const struct cudrv_ops *ops)
@@ -103,15 +133,24 @@ int cudrv_pointer_info(const void *p, struct cudrv_ptr_info *out)
 	if (!ops)
 		return 0;
 	/* Every answer goes into a zeroed 8-byte slot: the attributes are 4 or
-	 * 8 bytes wide (the boolean one is not documented further), and on a
-	 * little-endian machine a narrower answer reads the same from the
+	 * 8 bytes wide (the boolean ones are not documented further), and on
+	 * a little-endian machine a narrower answer reads the same from the
 	 * slot. */
-	CUpointer_attribute attrs[] = {
-	    CU_POINTER_ATTRIBUTE_MEMORY_TYPE,     CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-	    CU_POINTER_ATTRIBUTE_BUFFER_ID,       CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
-	    CU_POINTER_ATTRIBUTE_RANGE_SIZE,      CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
+	enum { TYPE, ORDINAL, BUFFER, START, SIZE, LEGACY, MANAGED, POOL, MAP_BASE, MAP_SIZE, BLOCK, HANDLES, N };
+	CUpointer_attribute attrs[N] = {
+	    [TYPE] = CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+	    [ORDINAL] = CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+	    [BUFFER] = CU_POINTER_ATTRIBUTE_BUFFER_ID,
+	    [START] = CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+	    [SIZE] = CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+	    [LEGACY] = CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
+	    [MANAGED] = CU_POINTER_ATTRIBUTE_IS_MANAGED,
+	    [POOL] = CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE,
+	    [MAP_BASE] = CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR,
+	    [MAP_SIZE] = CU_POINTER_ATTRIBUTE_MAPPING_SIZE,
+	    [BLOCK] = CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID,
+	    [HANDLES] = CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES,
 	};
-	enum { N = sizeof(attrs) / sizeof(attrs[0]) };
 	uint64_t v[N] = {0};
 	void *data[N];
 	for (unsigned i = 0; i < N; i++)
@@ -123,13 +162,21 @@ int cudrv_pointer_info(const void *p, struct cudrv_ptr_info *out)
 		return 0;
 	if (r != CUDA_SUCCESS)
 		return drv_fail(ops, "cuPointerGetAttributes", r);
-	if ((uint32_t)v[0] != CU_MEMORYTYPE_DEVICE)
+	if ((uint32_t)v[TYPE] != CU_MEMORYTYPE_DEVICE)
 		return 0;
-	out->device = (int)(uint32_t)v[1];
-	out->buffer_id = v[2];
-	out->base = (uintptr_t)v[3];
-	out->size = (size_t)v[4];
-	out->ipc_capable = v[5] != 0;
+	out->device = (int)(uint32_t)v[ORDINAL];
+	out->buffer_id = v[BUFFER];
+	out->block_id = v[BLOCK];
+	out->fd_exportable = (v[HANDLES] & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != 0;
+	out->kind = v[LEGACY] ? CUDRV_MEM_LEGACY
+	            : (uint32_t)v[MANAGED] ? CUDRV_MEM_MANAGED
+	            : v[POOL] ? CUDRV_MEM_POOL
+	                      : CUDRV_MEM_VMM;
+	/* A VMM allocation is shared whole, as the one mapping it is: the
+	 * address range may hold several. */
+	bool mapping = out->kind == CUDRV_MEM_VMM;
+	out->base = (uintptr_t)v[mapping ? MAP_BASE : START];
+	out->size = (size_t)v[mapping ? MAP_SIZE : SIZE];
 	/* The range must contain p, or the driver answered about something
 	 * this code does not understand. */
 	if ((uintptr_t)p < out->base || (uintptr_t)p - out->base >= out->size) {
@@ -199,11 +246,9 @@ static CUresult drv_ipc_call(const struct cudrv_ops *ops, void *arg)
 
 int cudrv_ipc_handle(const struct cudrv_ptr_info *a, uint8_t out[CUDRV_IPC_HANDLE_BYTES])
 {
-	const struct cudrv_ops *ops = drv();
-	if (!ops) {
-		snprintf(drv_err, sizeof(drv_err), "the CUDA driver (libcuda.so.1) cannot be loaded");
+	const struct cudrv_ops *ops = drv_required();
+	if (!ops)
 		return -ENODEV;
-	}
 	CUipcMemHandle h;
 	struct drv_ipc_arg arg = {&h, (CUdeviceptr)a->base};
 	struct drv_call c = {"cuIpcGetMemHandle", drv_ipc_call, &arg};
@@ -239,4 +284,204 @@ int cudrv_copy(void *dst, const void *src, size_t bytes, int device)
 	const char *call;
 	CUresult r = drv_with_context(ops, device, &c, &call);
 	return r == CUDA_SUCCESS ? 0 : drv_fail(ops, call, r);
+}
+
+int cudrv_init(void)
+{
+	const struct cudrv_ops *ops = drv_required();
+	if (!ops)
+		return -ENODEV;
+	CUresult r = ops->init(0);
+	if (r == CUDA_SUCCESS)
+		return 0;
+	drv_fail(ops, "cuInit", r);
+	return -ENODEV;
+}
+
+struct drv_export_arg {
+	CUdeviceptr base;
+	int *fd;
+	bool not_vmm;       /* the driver knows no allocation handle for the address */
+	const char *failed; /* the call that failed */
+};
+
+static CUresult drv_export_call(const struct cudrv_ops *ops, void *arg)
+{
+	struct drv_export_arg *a = arg;
+	CUmemGenericAllocationHandle h;
+	a->failed = "cuMemRetainAllocationHandle";
+	CUresult r = ops->mem_retain_allocation_handle(&h, (void *)(uintptr_t)a->base);
+	if (r != CUDA_SUCCESS) {
+		a->not_vmm = r == CUDA_ERROR_INVALID_VALUE || r == CUDA_ERROR_NOT_SUPPORTED;
+		return r;
+	}
+	int fd = -1;
+	a->failed = "cuMemExportToShareableHandle";
+	r = ops->mem_export_to_shareable_handle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+	ops->mem_release(h);
+	if (r == CUDA_SUCCESS)
+		*a->fd = fd;
+	return r;
+}
+
+int cudrv_vmm_export(const struct cudrv_ptr_info *a, int *fd)
+{
+	const struct cudrv_ops *ops = drv_required();
+	if (!ops)
+		return -ENODEV;
+	if (!a->fd_exportable) {
+		snprintf(drv_err, sizeof(drv_err), "the allocation was not created exportable as a POSIX file descriptor "
+		         "(CUmemAllocationProp.requestedHandleTypes lacks CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)");
+		return -ENOTSUP;
+	}
+	struct drv_export_arg arg = {(CUdeviceptr)a->base, fd, false, ""};
+	struct drv_call c = {"cuMemRetainAllocationHandle", drv_export_call, &arg};
+	const char *call;
+	CUresult r = drv_with_context(ops, a->device, &c, &call);
+	if (r == CUDA_SUCCESS)
+		return 0;
+	int rc = drv_fail(ops, call == c.name ? arg.failed : call, r);
+	return arg.not_vmm ? -ENOTSUP : rc;
+}
+
+static size_t round_up(uint64_t n, size_t to)
+{
+	return (size_t)((n + to - 1) / to * to);
+}
+
+struct drv_import_arg {
+	int fd;
+	uint64_t bytes;
+	int device;
+	struct cudrv_vmm *out;
+	const char *failed; /* the call that failed */
+};
+
+/* Imports, reserves, maps and opens access; undoes what it did on failure
+ * (drv_with_context may call it again in another context). */
+static CUresult drv_import_call(const struct cudrv_ops *ops, void *arg)
+{
+	struct drv_import_arg *a = arg;
+	CUmemGenericAllocationHandle h = 0;
+	CUmemAllocationProp prop;
+	CUdeviceptr va = 0;
+	size_t g = 0, size = 0;
+	CUresult r;
+
+	memset(&prop, 0, sizeof(prop));
+	a->failed = "cuMemImportFromShareableHandle";
+	r = ops->mem_import_from_shareable_handle(&h, (void *)(uintptr_t)a->fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+	if (r != CUDA_SUCCESS)
+		return r;
+	a->failed = "cuMemGetAllocationPropertiesFromHandle";
+	r = ops->mem_get_allocation_properties_from_handle(&prop, h);
+	if (r == CUDA_SUCCESS) {
+		a->failed = "cuMemGetAllocationGranularity";
+		r = ops->mem_get_allocation_granularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+		if (r == CUDA_SUCCESS && (g == 0 || a->bytes == 0 || a->bytes > SIZE_MAX - g))
+			r = CUDA_ERROR_INVALID_VALUE;
+	}
+	if (r == CUDA_SUCCESS) {
+		size = round_up(a->bytes, g);
+		a->failed = "cuMemAddressReserve";
+		r = ops->mem_address_reserve(&va, size, g, 0, 0);
+	}
+	if (r == CUDA_SUCCESS) {
+		a->failed = "cuMemMap";
+		r = ops->mem_map(va, size, 0, h, 0);
+		if (r != CUDA_SUCCESS)
+			ops->mem_address_free(va, size);
+	}
+	if (r == CUDA_SUCCESS) {
+		CUmemAccessDesc access;
+		memset(&access, 0, sizeof(access));
+		access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+		access.location.id = a->device;
+		access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+		a->failed = "cuMemSetAccess";
+		r = ops->mem_set_access(va, size, &access, 1);
+		if (r != CUDA_SUCCESS) {
+			ops->mem_unmap(va, size);
+			ops->mem_address_free(va, size);
+		}
+	}
+	if (r != CUDA_SUCCESS) {
+		ops->mem_release(h);
+		return r;
+	}
+	*a->out = (struct cudrv_vmm){h, (uintptr_t)va, size};
+	return CUDA_SUCCESS;
+}
+
+int cudrv_vmm_import(int fd, uint64_t bytes, int device, struct cudrv_vmm *out)
+{
+	memset(out, 0, sizeof(*out));
+	const struct cudrv_ops *ops = drv_required();
+	if (!ops)
+		return -ENODEV;
+	struct drv_import_arg arg = {fd, bytes, device, out, ""};
+	struct drv_call c = {"cuMemImportFromShareableHandle", drv_import_call, &arg};
+	const char *call;
+	CUresult r = drv_with_context(ops, device, &c, &call);
+	if (r == CUDA_SUCCESS)
+		return 0;
+	int rc = drv_fail(ops, call == c.name ? arg.failed : call, r);
+	/* The one refusal a range can provoke: a mapping past the end. */
+	return r == CUDA_ERROR_INVALID_VALUE && !strcmp(arg.failed, "cuMemMap") ? -ERANGE : rc;
+}
+
+void cudrv_vmm_unmap(struct cudrv_vmm *m)
+{
+	if (!m->handle)
+		return;
+	const struct cudrv_ops *ops = drv();
+	if (!ops)
+		return;
+	ops->mem_unmap((CUdeviceptr)m->base, m->size);
+	ops->mem_address_free((CUdeviceptr)m->base, m->size);
+	ops->mem_release(m->handle);
+	memset(m, 0, sizeof(*m));
+}
+
+int cudrv_vmm_create(int device, uint64_t size, int *fd, unsigned long long *handle, uint64_t *alloc_size)
+{
+	const struct cudrv_ops *ops = drv_required();
+	if (!ops)
+		return -ENODEV;
+	CUmemAllocationProp prop;
+	memset(&prop, 0, sizeof(prop));
+	prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+	prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	prop.location.id = device;
+	prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+	size_t g = 0;
+	CUresult r = ops->mem_get_allocation_granularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+	if (r != CUDA_SUCCESS)
+		return drv_fail(ops, "cuMemGetAllocationGranularity", r);
+	if (g == 0 || size == 0 || size > SIZE_MAX - g) {
+		snprintf(drv_err, sizeof(drv_err), "cannot allocate %llu bytes in %zu-byte granules",
+		         (unsigned long long)size, g);
+		return -EINVAL;
+	}
+	CUmemGenericAllocationHandle h;
+	r = ops->mem_create(&h, round_up(size, g), &prop, 0);
+	if (r != CUDA_SUCCESS)
+		return drv_fail(ops, "cuMemCreate", r);
+	int shared = -1;
+	r = ops->mem_export_to_shareable_handle(&shared, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+	if (r != CUDA_SUCCESS) {
+		ops->mem_release(h);
+		return drv_fail(ops, "cuMemExportToShareableHandle", r);
+	}
+	*fd = shared;
+	*handle = h;
+	*alloc_size = round_up(size, g);
+	return 0;
+}
+
+void cudrv_vmm_release(unsigned long long handle)
+{
+	const struct cudrv_ops *ops = handle ? drv() : NULL;
+	if (ops)
+		ops->mem_release(handle);
 }

@@ -1,15 +1,20 @@
 /*
- * The few CUDA driver calls libdfccl makes: what a pointer is, and the
- * legacy IPC handle of a GPU allocation.
+ * The few CUDA driver calls libdfccl makes: what a pointer is, the legacy
+ * IPC handle of a GPU allocation, and VMM allocations (cuMemCreate) shared
+ * as POSIX file descriptors: exported by a client, imported and mapped by
+ * a client (dfcclMemAlloc on the CUDA engine) or by the CUDA engine's
+ * worker, which uses this module too, so that the sequence of driver calls
+ * that maps another process's allocation is written (and tested) once.
  *
  * Model. libdfccl never links against CUDA: it opens libcuda.so.1 with
  * dlopen the first time it asks the driver anything (once per process, from
  * any thread), and a machine without the driver, or a process that never
  * initialised it, simply has no device memory: every query then answers
- * "not device memory". The library never calls cuInit itself, because a
- * process that holds a device pointer has initialised the driver already,
+ * "not device memory". The library never calls cuInit on its own, because
+ * a process that holds a device pointer has initialised the driver already,
  * and initialising it in one that does not would be a side effect (a
- * process that forks after cuInit cannot use CUDA in the child).
+ * process that forks after cuInit cannot use CUDA in the child); only a
+ * caller that asks for device memory (cudrv_init, for dfcclMemAlloc) does.
  *
  * The driver's types and constants below are declared here, with the values
  * of CUDA 13's cuda.h (the driver keeps them stable across releases), so
@@ -40,6 +45,26 @@ typedef int CUpointer_attribute;
 typedef struct CUipcMemHandle_st {
 	char reserved[64];
 } CUipcMemHandle;
+typedef unsigned long long CUmemGenericAllocationHandle;
+typedef int CUmemAllocationHandleType;
+typedef int CUmemAllocationGranularity_flags;
+typedef struct CUmemLocation_st {
+	int type;
+	int id;
+} CUmemLocation;
+typedef struct CUmemAccessDesc_st {
+	CUmemLocation location;
+	int flags;
+} CUmemAccessDesc;
+/* The leading fields of cuda.h's CUmemAllocationProp, padded to its size:
+ * the fields past `location` stay zero here. */
+typedef struct CUmemAllocationProp_st {
+	int type;
+	CUmemAllocationHandleType requestedHandleTypes;
+	CUmemLocation location;
+	void *win32HandleMetaData;
+	unsigned char allocFlags[8];
+} CUmemAllocationProp;
 
 enum {
 	CUDA_SUCCESS = 0,
@@ -48,36 +73,61 @@ enum {
 	CUDA_ERROR_NOT_INITIALIZED = 3,
 	CUDA_ERROR_DEINITIALIZED = 4,
 	CUDA_ERROR_INVALID_CONTEXT = 201,
+	CUDA_ERROR_NOT_PERMITTED = 800,
+	CUDA_ERROR_NOT_SUPPORTED = 801,
 };
 
 enum {
 	CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2,
 	CU_POINTER_ATTRIBUTE_BUFFER_ID = 7,
+	CU_POINTER_ATTRIBUTE_IS_MANAGED = 8,
 	CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9,
 	CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE = 10,
 	CU_POINTER_ATTRIBUTE_RANGE_START_ADDR = 11,
 	CU_POINTER_ATTRIBUTE_RANGE_SIZE = 12,
+	CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES = 14,
+	CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE = 17,
+	CU_POINTER_ATTRIBUTE_MAPPING_SIZE = 18,
+	CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR = 19,
+	CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID = 20,
 };
 
 enum { CU_MEMORYTYPE_DEVICE = 2 };
+enum { CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 1 };
+enum { CU_MEM_ALLOCATION_TYPE_PINNED = 1 };
+enum { CU_MEM_LOCATION_TYPE_DEVICE = 1 };
+enum { CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3 };
+enum { CU_MEM_ALLOC_GRANULARITY_MINIMUM = 0 };
 #endif /* CUDA_VERSION */
 
 /* Bytes of a legacy CUDA IPC handle (CU_IPC_HANDLE_SIZE). */
 #define CUDRV_IPC_HANDLE_BYTES 64
 
+/* How the memory a device pointer lies in was allocated. */
+enum cudrv_mem_kind {
+	CUDRV_MEM_LEGACY = 1,  /* cudaMalloc / cuMemAlloc: legacy CUDA IPC shares it */
+	CUDRV_MEM_VMM = 2,     /* any other device memory: a VMM mapping (cuMemCreate + cuMemMap), as far as the
+	                        * pointer attributes tell; cudrv_vmm_export finds out for sure */
+	CUDRV_MEM_POOL = 3,    /* a memory pool's (cudaMallocAsync) */
+	CUDRV_MEM_MANAGED = 4, /* managed memory (cudaMallocManaged) */
+};
+
 /* The GPU allocation a pointer lies in. */
 struct cudrv_ptr_info {
 	int device;         /* CUDA ordinal of the device it lives on, in this process */
-	uintptr_t base;     /* its first byte */
-	size_t size;        /* its size in bytes */
+	enum cudrv_mem_kind kind;
+	uintptr_t base;     /* its first byte: the allocation's (legacy), or the mapping's (VMM) */
+	size_t size;        /* its size in bytes, likewise */
 	uint64_t buffer_id; /* the driver's id for it, never reused within the process */
-	bool ipc_capable;   /* legacy CUDA IPC can share it (cudaMalloc memory; not VMM, pools or managed memory) */
+	uint64_t block_id;  /* the driver's id for the physical allocation, never reused within the process */
+	bool fd_exportable; /* VMM: created with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR among its handle types */
 };
 
 /*
  * Describes the allocation that p points into, with one driver call: 1 and
  * *out for device memory; 0 for anything else (host memory, no driver, a
- * driver nobody initialised); a negative errno when the driver fails.
+ * driver nobody initialised); a negative errno when the driver fails. The
+ * attributes it asks for exist since CUDA 11.7's driver (R515).
  */
 int cudrv_pointer_info(const void *p, struct cudrv_ptr_info *out);
 
@@ -93,6 +143,48 @@ int cudrv_ipc_handle(const struct cudrv_ptr_info *a, uint8_t out[CUDRV_IPC_HANDL
  * and the driver's error name ("" if none failed). */
 const char *cudrv_last_error(void);
 
+/* Initialises the driver (cuInit) for a caller that is about to use device
+ * memory. Returns 0, or -ENODEV when there is no driver or no device. */
+int cudrv_init(void);
+
+/*
+ * Exports VMM allocation a (kind CUDRV_MEM_VMM) as a POSIX file descriptor:
+ * *fd, the caller's to close. -ENOTSUP when the memory is no VMM
+ * allocation, or one not created exportable that way (cudrv_last_error
+ * says which); another negative errno when the driver fails.
+ */
+int cudrv_vmm_export(const struct cudrv_ptr_info *a, int *fd);
+
+/* A VMM allocation of another process, mapped into this one. */
+struct cudrv_vmm {
+	unsigned long long handle; /* the imported CUmemGenericAllocationHandle; 0: nothing mapped */
+	uintptr_t base;            /* the reserved and mapped range */
+	size_t size;
+};
+
+/*
+ * Imports the allocation that fd (borrowed, not closed) stands for and maps
+ * its first `bytes` bytes, rounded up to the allocation's granularity, with
+ * read-write access for device `device`; the driver refuses a mapping past
+ * the allocation's end (-ERANGE). Returns 0 or a negative errno.
+ */
+int cudrv_vmm_import(int fd, uint64_t bytes, int device, struct cudrv_vmm *out);
+
+/* Unmaps and releases what cudrv_vmm_import made (a no-op on a zeroed one). */
+void cudrv_vmm_unmap(struct cudrv_vmm *m);
+
+/*
+ * Creates an allocation of at least `size` bytes on `device`, exportable as
+ * a POSIX file descriptor, and exports it: *fd (the caller's to close),
+ * *handle (this process's reference: cudrv_vmm_release) and *alloc_size
+ * (size rounded up to the allocation granularity). Returns 0 or a negative
+ * errno.
+ */
+int cudrv_vmm_create(int device, uint64_t size, int *fd, unsigned long long *handle, uint64_t *alloc_size);
+
+/* Drops a reference of cudrv_vmm_create (0: none). */
+void cudrv_vmm_release(unsigned long long handle);
+
 /* The driver entry points used, by their names in libcuda.so.1. */
 struct cudrv_ops {
 	CUresult (*pointer_get_attributes)(unsigned n, CUpointer_attribute *attrs, void **data, CUdeviceptr p);
@@ -104,6 +196,25 @@ struct cudrv_ops {
 	CUresult (*ctx_set_current)(CUcontext ctx);
 	CUresult (*get_error_name)(CUresult r, const char **name); /* optional */
 	CUresult (*memcpy)(CUdeviceptr dst, CUdeviceptr src, size_t bytes); /* optional */
+	CUresult (*init)(unsigned flags);
+	CUresult (*mem_retain_allocation_handle)(CUmemGenericAllocationHandle *h, void *addr);
+	CUresult (*mem_export_to_shareable_handle)(void *shareable, CUmemGenericAllocationHandle h,
+	                                           CUmemAllocationHandleType type, unsigned long long flags);
+	CUresult (*mem_import_from_shareable_handle)(CUmemGenericAllocationHandle *h, void *os_handle,
+	                                             CUmemAllocationHandleType type);
+	CUresult (*mem_get_allocation_properties_from_handle)(CUmemAllocationProp *prop, CUmemGenericAllocationHandle h);
+	CUresult (*mem_get_allocation_granularity)(size_t *granularity, const CUmemAllocationProp *prop,
+	                                           CUmemAllocationGranularity_flags option);
+	CUresult (*mem_create)(CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *prop,
+	                       unsigned long long flags);
+	CUresult (*mem_release)(CUmemGenericAllocationHandle h);
+	CUresult (*mem_address_reserve)(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
+	                                unsigned long long flags);
+	CUresult (*mem_address_free)(CUdeviceptr ptr, size_t size);
+	CUresult (*mem_map)(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle h,
+	                    unsigned long long flags);
+	CUresult (*mem_unmap)(CUdeviceptr ptr, size_t size);
+	CUresult (*mem_set_access)(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count);
 };
 
 /*

@@ -1,13 +1,13 @@
 /*
- * Shared-memory allocations, implicitly registered GPU allocations, their
- * table, and dfcclCommRegister handles; see mem.h.
+ * Shared-memory and device allocations, implicitly registered GPU
+ * allocations, their table, and dfcclCommRegister handles; see mem.h.
  *
  * The memfd is sealed against shrinking and growing before it is
  * registered: the daemon's engine maps it too, and a client that truncated
  * it afterwards would make the engine fault on pages that vanished. For
- * host memory only a table lookup runs on the collective path: a binary
- * search under one mutex. GPU memory adds one driver query per
- * translation, made outside the mutex.
+ * memory of dfcclMemAlloc only a table lookup runs on the collective path:
+ * a binary search under one mutex. The application's GPU memory adds one
+ * driver query per translation, made outside the mutex.
  *
  * The mutex is never held across a daemon round trip: a GPU allocation
  * being registered stands in the table as a pending entry, which keeps
@@ -143,7 +143,7 @@ dfcclResult_t mem_table_translate(const struct mem_table *t, const struct client
 
 /* ---------------------------------------------------------------- registrations */
 
-static dfcclResult_t mem_deregister(struct client *c, uint32_t reg_id)
+dfcclResult_t mem_deregister(struct client *c, uint32_t reg_id)
 {
 	Dfccl__V1__DeregisterMem dereg = DFCCL__V1__DEREGISTER_MEM__INIT;
 	dereg.reg_id = reg_id;
@@ -163,6 +163,7 @@ static void mem_alloc_free(struct mem_alloc *a)
 		return;
 	if (a->kind == MEM_ALLOC_HOST && a->base)
 		munmap((void *)a->base, a->map_size);
+	cudrv_vmm_unmap(&a->vmm);
 	if (a->memfd >= 0)
 		close(a->memfd);
 	client_unref(a->client);
@@ -178,19 +179,19 @@ static dfcclResult_t mem_alloc_drop(struct mem_alloc *a)
 }
 
 /*
- * Registers a with its session: host memory by its memfd, GPU memory by the
- * legacy IPC handle of the whole allocation (ipc_handle,
- * CUDRV_IPC_HANDLE_BYTES; NULL for host memory). Sets a->reg_id.
+ * Registers the whole of a with its session, as memory of `kind` (a
+ * dfccl.v1.MemKind): host memory by its memfd (fd), GPU memory by the
+ * legacy IPC handle of the allocation (ipc_handle, CUDRV_IPC_HANDLE_BYTES)
+ * or by a VMM allocation's descriptor (fd). Sets a->reg_id.
  */
-static dfcclResult_t mem_alloc_register(struct mem_alloc *a, const uint8_t *ipc_handle)
+static dfcclResult_t mem_alloc_register(struct mem_alloc *a, int kind, const uint8_t *ipc_handle, int fd)
 {
-	bool gpu = a->kind == MEM_ALLOC_GPU;
 	Dfccl__V1__RegisterMem reg = DFCCL__V1__REGISTER_MEM__INIT;
-	reg.kind = gpu ? DFCCL__V1__MEM_KIND__MEM_CUDA_IPC : DFCCL__V1__MEM_KIND__MEM_HOST_MEMFD;
+	reg.kind = kind;
 	reg.device = (uint32_t)a->device;
 	reg.size = a->size;
 	reg.offset = 0;
-	if (gpu) {
+	if (ipc_handle) {
 		reg.ipc_handle.data = (uint8_t *)ipc_handle;
 		reg.ipc_handle.len = CUDRV_IPC_HANDLE_BYTES;
 	}
@@ -198,7 +199,7 @@ static dfcclResult_t mem_alloc_register(struct mem_alloc *a, const uint8_t *ipc_
 	req.body_case = DFCCL__V1__ENVELOPE__BODY_REGISTER_MEM;
 	req.register_mem = &reg;
 	struct client_reply rep;
-	dfcclResult_t r = client_request(a->client, &req, gpu ? NULL : &a->memfd, gpu ? 0 : 1,
+	dfcclResult_t r = client_request(a->client, &req, fd >= 0 ? &fd : NULL, fd >= 0 ? 1 : 0,
 	                                 DFCCL__V1__ENVELOPE__BODY_REGISTER_REPLY, &rep);
 	if (r != dfcclSuccess)
 		return r;
@@ -250,6 +251,32 @@ static void gpu_release(struct mem_alloc *list)
 	}
 }
 
+/* Registers GPU allocation n, described by info, the way its kind is
+ * shared: a legacy IPC handle, or a VMM allocation's descriptor. */
+static dfcclResult_t gpu_share(struct mem_alloc *n, const struct cudrv_ptr_info *info)
+{
+	if (info->kind == CUDRV_MEM_LEGACY) {
+		uint8_t handle[CUDRV_IPC_HANDLE_BYTES];
+		if (cudrv_ipc_handle(info, handle) < 0)
+			return errors_set(dfcclSystemError, "cannot share GPU buffer %p with dfccld: %s", (void *)n->base,
+			                  cudrv_last_error());
+		return mem_alloc_register(n, DFCCL__V1__MEM_KIND__MEM_CUDA_IPC, handle, -1);
+	}
+	int fd = -1;
+	int rc = cudrv_vmm_export(info, &fd);
+	if (rc == -ENOTSUP)
+		return errors_set(dfcclNotSupported, "GPU buffer %p lies in memory that is neither a cudaMalloc allocation "
+		                  "nor a VMM allocation dfccld can map (%s): use cudaMalloc, cuMemCreate with "
+		                  "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, or dfcclMemAlloc", (void *)n->base,
+		                  cudrv_last_error());
+	if (rc < 0)
+		return errors_set(dfcclSystemError, "cannot share GPU buffer %p with dfccld: %s", (void *)n->base,
+		                  cudrv_last_error());
+	dfcclResult_t r = mem_alloc_register(n, DFCCL__V1__MEM_KIND__MEM_CUDA_VMM_FD, NULL, fd);
+	close(fd); /* the daemon holds its own duplicates */
+	return r;
+}
+
 /*
  * Registers GPU allocation n (pending in the table) with its session, then
  * settles it: registered, with address p translated into *out, or out of
@@ -260,16 +287,8 @@ static void gpu_release(struct mem_alloc *list)
 static dfcclResult_t gpu_register(struct mem_alloc *n, const struct cudrv_ptr_info *info, struct mem_alloc *stale,
                                   uintptr_t p, struct mem_ref *out)
 {
-	uint8_t handle[CUDRV_IPC_HANDLE_BYTES];
-	dfcclResult_t r;
-
 	gpu_release(stale);
-	int rc = cudrv_ipc_handle(info, handle);
-	if (rc < 0)
-		r = errors_set(dfcclSystemError, "cannot share GPU buffer %p with dfccld: %s", (void *)n->base,
-		               cudrv_last_error());
-	else
-		r = mem_alloc_register(n, handle);
+	dfcclResult_t r = gpu_share(n, info);
 
 	/* Once settled, n may be replaced by another thread at any time: it is
 	 * read for *out before the lock goes. */
@@ -305,7 +324,7 @@ static dfcclResult_t gpu_lookup(struct client *c, const struct cudrv_ptr_info *i
 	for (;;) {
 		struct mem_alloc *a = mem_table_find(&mem_allocs, info->base);
 		bool same = a && a->kind == MEM_ALLOC_GPU && a->base == info->base && a->size == info->size &&
-		            a->buffer_id == info->buffer_id;
+		            a->buffer_id == info->buffer_id && a->block_id == info->block_id;
 		if (same && !a->pending && a->client == c) {
 			alloc_ref(a, p, out);
 			pthread_mutex_unlock(&mem_lock);
@@ -336,6 +355,7 @@ static dfcclResult_t gpu_lookup(struct client *c, const struct cudrv_ptr_info *i
 	n->memfd = -1;
 	n->device = info->device;
 	n->buffer_id = info->buffer_id;
+	n->block_id = info->block_id;
 	n->pending = true;
 	n->client = client_ref(c);
 	int rc = mem_table_insert(&mem_allocs, n);
@@ -368,14 +388,19 @@ static dfcclResult_t gpu_translate(struct client *c, const void *ptr, size_t byt
 		return errors_set(dfcclInvalidArgument, "buffer %p of %zu bytes is neither inside one dfcclMemAlloc "
 		                  "allocation nor in GPU memory: pass memory from cudaMalloc or dfcclMemAlloc", ptr, bytes);
 	}
-	if (!info.ipc_capable)
-		return errors_set(dfcclNotSupported, "GPU buffer %p lies in an allocation that legacy CUDA IPC cannot share "
-		                  "(cuMemCreate, a memory pool, or managed memory): VMM allocations are not supported yet; "
-		                  "use cudaMalloc", ptr);
+	if (info.kind == CUDRV_MEM_POOL || info.kind == CUDRV_MEM_MANAGED)
+		return errors_set(dfcclNotSupported, "GPU buffer %p lies in %s, which dfccld cannot map: use cudaMalloc, "
+		                  "cuMemCreate with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, or dfcclMemAlloc", ptr,
+		                  info.kind == CUDRV_MEM_POOL ? "a memory pool's allocation (cudaMallocAsync)"
+		                                              : "managed memory (cudaMallocManaged)");
+	if (info.kind == CUDRV_MEM_VMM && !info.fd_exportable)
+		return errors_set(dfcclNotSupported, "GPU buffer %p lies in a VMM allocation (cuMemCreate) that was not "
+		                  "created exportable as a POSIX file descriptor, the only way dfccld can map it: create it "
+		                  "with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR in CUmemAllocationProp.requestedHandleTypes", ptr);
 	if (bytes > info.size - (p - info.base))
 		return errors_set(dfcclInvalidArgument, "buffer %p of %zu bytes runs past the end of its GPU allocation "
-		                  "[%p, +%zu): a buffer must lie inside one cudaMalloc allocation", ptr, bytes,
-		                  (void *)info.base, info.size);
+		                  "[%p, +%zu): a buffer must lie inside one allocation (one cudaMalloc allocation, or one "
+		                  "cuMemMap mapping)", ptr, bytes, (void *)info.base, info.size);
 	dfcclResult_t r = client_check_device(c, info.device);
 	if (r != dfcclSuccess)
 		return r;
@@ -412,17 +437,71 @@ static dfcclResult_t mem_alloc_map(struct mem_alloc *a)
 	return dfcclSuccess;
 }
 
-dfcclResult_t dfcclMemAlloc(void **ptr, size_t size)
+/* Maps the device memory the daemon allocated for a (AllocMem): its
+ * descriptor came with the reply. */
+static dfcclResult_t mem_device_map(struct mem_alloc *a, struct client_reply *rep)
+{
+	const Dfccl__V1__AllocMemReply *m = rep->env->alloc_mem_reply;
+	if (rep->nfds != 1 || m->nfds != 1 || m->size != a->size || m->map_size < a->size ||
+	    m->device != (uint32_t)a->device)
+		return errors_set(dfcclInternalError, "dfccld answered an allocation of %zu bytes on device %d with %llu "
+		                  "bytes (of a %llu-byte allocation) on device %u and %u descriptor(s)", a->size, a->device,
+		                  (unsigned long long)m->size, (unsigned long long)m->map_size, m->device, rep->nfds);
+	if (cudrv_vmm_import(rep->fds[0], m->map_size, a->device, &a->vmm) < 0)
+		return errors_set(dfcclUnhandledCudaError, "dfcclMemAlloc: cannot map the %llu bytes of device memory "
+		                  "dfccld allocated on device %d: %s", (unsigned long long)m->map_size, a->device,
+		                  cudrv_last_error());
+	a->base = a->vmm.base;
+	a->map_size = a->vmm.size;
+	return dfcclSuccess;
+}
+
+/* Device memory from the daemon (CUDA engine), registered as it is made. */
+static dfcclResult_t mem_device_alloc(struct mem_alloc *a)
+{
+	a->kind = MEM_ALLOC_DEVICE;
+	if (cudrv_init() < 0)
+		return errors_set(dfcclUnhandledCudaError, "dfcclMemAlloc: dfccld runs the CUDA engine and gives device "
+		                  "memory, but this process cannot use the CUDA driver: %s", cudrv_last_error());
+	Dfccl__V1__AllocMem am = DFCCL__V1__ALLOC_MEM__INIT;
+	am.device = (uint32_t)a->device;
+	am.size = a->size;
+	dfccl_envelope req = DFCCL__V1__ENVELOPE__INIT;
+	req.body_case = DFCCL__V1__ENVELOPE__BODY_ALLOC_MEM;
+	req.alloc_mem = &am;
+	struct client_reply rep;
+	dfcclResult_t r = client_request(a->client, &req, NULL, 0, DFCCL__V1__ENVELOPE__BODY_ALLOC_MEM_REPLY, &rep);
+	if (r != dfcclSuccess)
+		return r;
+	a->reg_id = rep.env->alloc_mem_reply->reg_id;
+	r = mem_device_map(a, &rep);
+	client_reply_release(&rep); /* our mapping holds the memory now */
+	if (r != dfcclSuccess)
+		mem_deregister(a->client, a->reg_id);
+	return r;
+}
+
+/* Host shared memory (host engine), registered as it is made. */
+static dfcclResult_t mem_host_alloc(struct mem_alloc *a)
+{
+	dfcclResult_t r = mem_alloc_map(a);
+	if (r == dfcclSuccess)
+		r = mem_alloc_register(a, DFCCL__V1__MEM_KIND__MEM_HOST_MEMFD, NULL, a->memfd);
+	return r;
+}
+
+/* dfcclMemAlloc (host: false) and dfcclMemAllocHost (true), named fn. */
+static dfcclResult_t mem_alloc_new(void **ptr, size_t size, bool host, const char *fn)
 {
 	dfcclResult_t r;
 	struct mem_alloc *a = NULL;
 	size_t page = (size_t)sysconf(_SC_PAGESIZE);
 
 	if (!ptr)
-		return errors_set(dfcclInvalidArgument, "dfcclMemAlloc: ptr is NULL");
+		return errors_set(dfcclInvalidArgument, "%s: ptr is NULL", fn);
 	*ptr = NULL;
 	if (size == 0 || size > SIZE_MAX - page)
-		return errors_set(dfcclInvalidArgument, "dfcclMemAlloc: cannot allocate %zu bytes", size);
+		return errors_set(dfcclInvalidArgument, "%s: cannot allocate %zu bytes", fn, size);
 
 	a = calloc(1, sizeof(*a));
 	if (!a)
@@ -437,10 +516,7 @@ dfcclResult_t dfcclMemAlloc(void **ptr, size_t size)
 	r = client_check_device(a->client, a->device);
 	if (r != dfcclSuccess)
 		goto fail;
-	r = mem_alloc_map(a);
-	if (r != dfcclSuccess)
-		goto fail;
-	r = mem_alloc_register(a, NULL);
+	r = !host && mem_gpu_served(a->client) ? mem_device_alloc(a) : mem_host_alloc(a);
 	if (r != dfcclSuccess)
 		goto fail;
 
@@ -466,6 +542,16 @@ fail:
 	return r;
 }
 
+dfcclResult_t dfcclMemAlloc(void **ptr, size_t size)
+{
+	return mem_alloc_new(ptr, size, false, "dfcclMemAlloc");
+}
+
+dfcclResult_t dfcclMemAllocHost(void **ptr, size_t size)
+{
+	return mem_alloc_new(ptr, size, true, "dfcclMemAllocHost");
+}
+
 dfcclResult_t dfcclMemFree(void *ptr)
 {
 	if (!ptr)
@@ -473,14 +559,14 @@ dfcclResult_t dfcclMemFree(void *ptr)
 	/* GPU allocations in the table are the application's, for cudaFree. */
 	pthread_mutex_lock(&mem_lock);
 	struct mem_alloc *a = mem_table_find(&mem_allocs, (uintptr_t)ptr);
-	if (a && a->base == (uintptr_t)ptr && a->kind == MEM_ALLOC_HOST)
+	if (a && a->base == (uintptr_t)ptr && a->kind != MEM_ALLOC_GPU)
 		mem_table_take(&mem_allocs, a->base);
 	else
 		a = NULL;
 	pthread_mutex_unlock(&mem_lock);
 	if (!a)
-		return errors_set(dfcclInvalidArgument, "dfcclMemFree: %p was not returned by dfcclMemAlloc, or was freed "
-		                  "already", ptr);
+		return errors_set(dfcclInvalidArgument, "dfcclMemFree: %p was not returned by dfcclMemAlloc or "
+		                  "dfcclMemAllocHost, or was freed already", ptr);
 	return mem_alloc_drop(a);
 }
 

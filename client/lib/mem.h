@@ -2,24 +2,36 @@
  * Buffers the daemon can reach, and the translation of a user pointer into
  * (registration id, offset) for a submission entry.
  *
- * Model. The process-wide allocation table holds two kinds of entries.
+ * Model. The process-wide allocation table holds three kinds of entries.
  *
- * Host allocations: dfcclMemAlloc creates host shared memory (a sealed
- * memfd mapped MAP_SHARED), registers it with the daemon on the calling
- * thread's device, and records it: base, size, registration id,
- * descriptor, device, and an allocation id that is never reused, so
+ * Host allocations: dfcclMemAlloc on the host engine creates host shared
+ * memory (a sealed memfd mapped MAP_SHARED), registers it with the daemon
+ * on the calling thread's device, and records it: base, size, registration
+ * id, descriptor, device, and an allocation id that is never reused, so
  * anything cached by allocation survives the same address being handed out
  * again after a free. dfcclMemFree deregisters and unmaps.
  *
- * GPU allocations (CUDA engine only): a pointer that is in no entry but
- * lies in device memory (cudrv.h) makes mem_translate register the whole
- * allocation it belongs to, once, by its legacy CUDA IPC handle, and record
- * it keyed by base and the driver's buffer id. Nothing is mapped and
- * nothing is freed by the library: the application frees the memory with
- * cudaFree behind its back. So every translation through a GPU entry asks
- * the driver again (one call) which allocation the address belongs to now;
- * an entry whose allocation was freed, or whose session with the daemon is
- * gone, is deregistered and dropped, and the allocation found there now is
+ * Device allocations: dfcclMemAlloc on the CUDA engine asks the daemon for
+ * device memory (AllocMem). The daemon allocates it on the calling thread's
+ * device, registers it with every worker and hands it over as a POSIX file
+ * descriptor, which the library imports and maps (cudrv_vmm_import) and
+ * records like host memory: translations need no driver call and no
+ * registration. dfcclMemFree deregisters (the daemon lets go of it) and
+ * unmaps; the memory goes once both sides have.
+ *
+ * GPU allocations of the application (CUDA engine only): a pointer that is
+ * in no entry but lies in device memory (cudrv.h) makes mem_translate
+ * register, once, the whole allocation it belongs to: a cudaMalloc
+ * allocation by its legacy CUDA IPC handle, a VMM mapping (cuMemCreate +
+ * cuMemMap) by its allocation exported as a POSIX file descriptor. The
+ * entry is keyed by base, size and the driver's ids of the buffer and of
+ * the physical allocation. Nothing is mapped and nothing is freed by the
+ * library: the application frees the memory (cudaFree, or cuMemUnmap and
+ * cuMemRelease) behind its back, and may map a new allocation at the same
+ * address. So every translation through a GPU entry asks the driver again
+ * (one call) which allocation the address belongs to now; an entry whose
+ * allocation was freed, or whose session with the daemon is gone, is
+ * deregistered and dropped, and the allocation found there now is
  * registered in its place. While one thread registers an allocation, the
  * entry stands in the table marked pending, and other threads that need the
  * same allocation wait for it instead of registering it again.
@@ -37,25 +49,29 @@
 #include <stdint.h>
 
 #include "client.h"
+#include "cudrv.h"
 #include "dfccl.h"
 
 struct dfcclComm;
 
 enum mem_alloc_kind {
-	MEM_ALLOC_HOST = 0,     /* dfcclMemAlloc's shared memory */
+	MEM_ALLOC_HOST = 0,     /* dfcclMemAlloc's shared memory (host engine) */
 	MEM_ALLOC_GPU = 1,      /* a GPU allocation of the application, registered implicitly */
+	MEM_ALLOC_DEVICE = 2,   /* dfcclMemAlloc's device memory (CUDA engine), the daemon's, mapped here */
 };
 
 struct mem_alloc {
 	uint64_t id;            /* allocation id, unique in the process */
 	uintptr_t base;
-	size_t size;            /* host: bytes asked for; GPU: the whole allocation (the registered range) */
-	size_t map_size;        /* host: size rounded up to pages; GPU: 0 (nothing mapped) */
+	size_t size;            /* host, device: bytes asked for; GPU: the whole allocation (the registered range) */
+	size_t map_size;        /* host: size rounded up to pages; device: the allocation's size; GPU: 0 */
 	uint32_t reg_id;        /* registration id in the session */
-	int memfd;              /* host: the memfd; GPU: -1 */
-	int device;             /* host: dfcclSetDevice's; GPU: the CUDA device ordinal */
+	int memfd;              /* host: the memfd; else -1 */
+	int device;             /* host, device: dfcclSetDevice's; GPU: the CUDA device ordinal */
 	enum mem_alloc_kind kind;
 	uint64_t buffer_id;     /* GPU: the driver's id of the allocation */
+	uint64_t block_id;      /* GPU: the driver's id of the physical allocation */
+	struct cudrv_vmm vmm;   /* device: the mapping */
 	bool pending;           /* GPU: registration in flight (guarded by the table's lock) */
 	struct mem_alloc *next; /* links entries taken out of the table together */
 	struct client *client;  /* the session it is registered with; reference held */
@@ -118,10 +134,15 @@ dfcclResult_t mem_table_translate(const struct mem_table *t, const struct client
  * its allocation with c first if needed (a daemon round trip); besides the
  * errors of mem_table_translate and of the registration,
  * dfcclInvalidArgument when the range runs past the end of its GPU
- * allocation, dfcclNotSupported for GPU memory that legacy CUDA IPC cannot
- * share, dfcclSystemError when the driver fails.
+ * allocation, dfcclNotSupported for GPU memory dfccld cannot reach (a
+ * memory pool's, managed memory, a VMM allocation not exportable as a
+ * POSIX file descriptor), dfcclSystemError when the driver fails.
  */
 dfcclResult_t mem_translate(struct client *c, const void *ptr, size_t bytes, struct mem_ref *out);
+
+/* Drops registration reg_id of session c (DeregisterMem); a session that is
+ * gone has dropped it already, which counts as success. */
+dfcclResult_t mem_deregister(struct client *c, uint32_t reg_id);
 
 /* Frees every dfcclCommRegister handle of comm (it is being freed). */
 void mem_comm_release(struct dfcclComm *comm);

@@ -53,7 +53,7 @@ dfcclResult_t bench_join(struct bench_rank *b, const struct bench_spec *s, int r
 	if (r == dfcclSuccess && membuf_pair_open(&b->bufs, s->mem, cap) < 0)
 		return bench_mem_failed(b, "allocating the buffers");
 	if (r == dfcclSuccess)
-		r = dfcclMemAlloc((void **)&b->cell, sizeof(*b->cell));
+		r = dfcclMemAllocHost((void **)&b->cell, sizeof(*b->cell));
 	if (r != dfcclSuccess)
 		return r;
 	memset(b->bufs.send.img, 0, cap);

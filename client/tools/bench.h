@@ -5,9 +5,9 @@
  * Each rank is a process of its own (tool_run_ranks): it joins one
  * communicator on its device (tool_rank_device: by default rank % the
  * daemon's devices) and allocates its buffers once, for the largest size of
- * the sweep (bench_join): host memory from dfcclMemAlloc, or GPU memory from
- * cudaMalloc on that device (membuf.h), where reference data is copied in
- * and results are copied out for the check. Per size and form (out of
+ * the sweep (bench_join): host memory from dfcclMemAllocHost, or GPU memory
+ * of one of membuf.h's kinds on that device, where reference data is copied
+ * in and results are copied out for the check. Per size and form (out of
  * place or in place), bench_measure runs WARMUP untimed iterations, a
  * barrier (an all-reduce of one element, waited for), then ITERS timed
  * iterations, each a batch of B collectives issued back to back inside one

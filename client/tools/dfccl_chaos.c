@@ -12,8 +12,10 @@
  * (tool.h), submits its K collectives without waiting, then waits for all of
  * them and checks every result against the reference it computes itself.
  *
- * Buffers are host memory from dfcclMemAlloc, or with --mem device GPU
- * memory from cudaMalloc on the rank's device (a build with a CUDA toolkit):
+ * Buffers are host memory from dfcclMemAllocHost, or with --mem device, vmm
+ * or memalloc GPU memory on the rank's device (cudaMalloc, a VMM allocation
+ * exportable as a file descriptor, or dfcclMemAlloc's memory; a build with
+ * a CUDA toolkit):
  * the reference data is copied in before each submission and the results
  * are copied out after the waits (membuf.h); the collectives are the same
  * NULL-stream calls (registered runs: callbacks).
@@ -55,11 +57,14 @@ static const char usage[] =
     "      --max-bytes SIZE largest collective (default 1M)\n"
     "      --seed S         seed of the choices and orders (default: time; printed)\n"
     "      --sync           a device-wide synchronization between submissions\n"
-    "                       (cudaDeviceSynchronize with --mem device; counted, and a\n"
+    "                       (cudaDeviceSynchronize with GPU buffers; counted, and a\n"
     "                       no-op, with host buffers)\n"
-    "      --mem KIND       where the buffers are: host (dfcclMemAlloc, default) or device\n"
-    "                       (cudaMalloc on the rank's GPU: the CUDA engine, and a build\n"
-    "                       with a CUDA toolkit)\n"
+    "      --mem KIND       where the buffers are: host (dfcclMemAllocHost, default); on\n"
+    "                       the rank's GPU, device (cudaMalloc), vmm (cuMemCreate\n"
+    "                       exportable as a POSIX file descriptor, mapped with cuMemMap)\n"
+    "                       or memalloc (dfcclMemAlloc: device memory the daemon owns);\n"
+    "                       the GPU kinds need the CUDA engine and a build with a CUDA\n"
+    "                       toolkit\n"
     "      --devices LIST   comma-separated devices of the ranks: rank r on the (r mod\n"
     "                       length)-th (default: rank r on device r mod the daemon's count)\n"
     "      --registered     K registered (DFCCL-style) collectives on one communicator\n"
@@ -380,7 +385,7 @@ int main(int argc, char **argv)
 		case 'S': setenv("DFCCL_SOCKET", optarg, 1); break;
 		case 'M':
 			if ((c.mem = membuf_kind_parse(optarg)) < 0)
-				return usage_error("--mem takes host or device, not", optarg);
+				return usage_error("--mem takes host, device, vmm or memalloc, not", optarg);
 			if (membuf_require(c.mem) < 0) {
 				fprintf(stderr, "dfccl-chaos: --mem %s: %s\n", optarg, membuf_error());
 				return TOOL_EXIT_USAGE;
@@ -452,7 +457,7 @@ int main(int argc, char **argv)
 		printf("preemptions:   unknown (the daemon's counters could not be read)\n");
 	if (c.sync)
 		printf("device synchronizations: %" PRIu64 "%s\n", syncs,
-		       c.mem == MEMBUF_DEVICE ? " (cudaDeviceSynchronize)" : " (no-ops with host buffers)");
+		       membuf_on_gpu(c.mem) ? " (cudaDeviceSynchronize)" : " (no-ops with host buffers)");
 	free(c.ids);
 	munmap(c.res, (size_t)c.nranks * sizeof(*c.res));
 	if (failed) {

@@ -12,8 +12,10 @@
  * 1. Sizes follow nccl-tests too: the larger buffer of the call (see
  * tool_count_for).
  *
- * --mem device puts the send and receive buffers in GPU memory (cudaMalloc
- * on each rank's device; a build with a CUDA toolkit): the timed
+ * The send and receive buffers are host memory from dfcclMemAllocHost, or
+ * with --mem device, vmm or memalloc GPU memory on each rank's device
+ * (cudaMalloc, a VMM allocation exportable as a file descriptor, or
+ * dfcclMemAlloc's memory; a build with a CUDA toolkit): the timed
  * collectives are the same NULL-stream calls, and the check copies the
  * reference data in and the result out (membuf.h).
  */
@@ -47,9 +49,12 @@ static const char usage[] =
     "      --nranks N         rank processes (default 2), spread over the daemon's devices\n"
     "      --devices LIST     comma-separated devices of the ranks: rank r on the (r mod\n"
     "                         length)-th (default: rank r on device r mod the daemon's count)\n"
-    "      --mem KIND         where the buffers are: host (dfcclMemAlloc, default) or device\n"
-    "                         (cudaMalloc on the rank's GPU: the CUDA engine, and a build\n"
-    "                         with a CUDA toolkit)\n"
+    "      --mem KIND         where the buffers are: host (dfcclMemAllocHost, default);\n"
+    "                         on the rank's GPU, device (cudaMalloc), vmm (cuMemCreate\n"
+    "                         exportable as a POSIX file descriptor, mapped with cuMemMap)\n"
+    "                         or memalloc (dfcclMemAlloc: device memory the daemon owns);\n"
+    "                         the GPU kinds need the CUDA engine and a build with a CUDA\n"
+    "                         toolkit\n"
     "      --dtype TYPE       int8 uint8 int32 uint32 int64 uint64 half float double bfloat16\n"
     "                         (default float)\n"
     "      --op OP            reduction: sum prod max min avg (default sum)\n"
@@ -249,7 +254,7 @@ int main(int argc, char **argv)
 			break;
 		case 'M':
 			if ((s->mem = membuf_kind_parse(optarg)) < 0)
-				return usage_error("--mem takes host or device, not", optarg);
+				return usage_error("--mem takes host, device, vmm or memalloc, not", optarg);
 			if (membuf_require(s->mem) < 0) {
 				fprintf(stderr, "dfccl-perf: --mem %s: %s\n", optarg, membuf_error());
 				return TOOL_EXIT_USAGE;

@@ -1,7 +1,7 @@
 /*
  * Host and GPU buffers of the tools and the GPU tests; see membuf.h. The
  * CUDA runtime is called only in a build with a CUDA toolkit
- * (DFCCL_HAVE_CUDA); elsewhere the GPU kind fails with a message.
+ * (DFCCL_HAVE_CUDA); elsewhere the GPU kinds fail with a message.
  */
 #include "membuf.h"
 
@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #ifdef DFCCL_HAVE_CUDA
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 #endif
 
@@ -35,7 +36,8 @@ const char *membuf_error(void)
 	return membuf_err;
 }
 
-static const char *const kind_names[MEMBUF_NKINDS] = {[MEMBUF_HOST] = "host", [MEMBUF_DEVICE] = "device"};
+static const char *const kind_names[MEMBUF_NKINDS] = {
+    [MEMBUF_HOST] = "host", [MEMBUF_DEVICE] = "device", [MEMBUF_VMM] = "vmm", [MEMBUF_MEMALLOC] = "memalloc"};
 
 const char *membuf_kind_name(int kind)
 {
@@ -50,16 +52,27 @@ int membuf_kind_parse(const char *s)
 	return -1;
 }
 
+bool membuf_on_gpu(int kind)
+{
+	return kind == MEMBUF_DEVICE || kind == MEMBUF_VMM || kind == MEMBUF_MEMALLOC;
+}
+
+/* An allocation of libdfccl's (dfcclMemAlloc or dfcclMemAllocHost). */
+static int dfccl_alloc(dfcclResult_t (*alloc)(void **, size_t), const char *name, void **p, size_t size)
+{
+	if (alloc(p, size) == dfcclSuccess)
+		return 0;
+	set_error("%s of %zu bytes: %s", name, size, dfcclGetLastError(NULL));
+	return -1;
+}
+
 /* ---------------------------------------------------------------- GPU memory */
 
 #ifdef DFCCL_HAVE_CUDA
 
-int membuf_require(int kind)
+static int have_cuda(void)
 {
-	if (kind == MEMBUF_HOST || kind == MEMBUF_DEVICE)
-		return 0;
-	set_error("unknown kind of memory %d", kind);
-	return -1;
+	return 0;
 }
 
 /* The check of every CUDA runtime call: records which call failed. */
@@ -117,6 +130,175 @@ static int dev_count(void)
 	return cudaGetDeviceCount(&n) == cudaSuccess ? n : -1;
 }
 
+/* dfcclMemAlloc's memory, which must be device memory: the host engine's
+ * is host memory, which this kind's GPU copies must not be given. */
+static int memalloc_alloc(void **p, size_t size)
+{
+	struct cudaPointerAttributes attr;
+	if (dfccl_alloc(dfcclMemAlloc, "dfcclMemAlloc", p, size) < 0)
+		return -1;
+	int rc = cuda_check(cudaPointerGetAttributes(&attr, *p), "cudaPointerGetAttributes of dfcclMemAlloc's memory");
+	if (rc == 0 && attr.type == cudaMemoryTypeUnregistered) {
+		set_error("dfcclMemAlloc gave host memory (dfccld runs the host engine): memalloc buffers need the CUDA "
+		          "engine");
+		rc = -1;
+	}
+	if (rc < 0) {
+		dfcclMemFree(*p);
+		*p = NULL;
+	}
+	return rc;
+}
+
+/*
+ * The driver calls of VMM allocations, reached through the runtime (which
+ * loads the driver itself) so that nothing links libcuda.
+ */
+static struct {
+	CUresult (*granularity)(size_t *g, const CUmemAllocationProp *prop, CUmemAllocationGranularity_flags option);
+	CUresult (*create)(CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *prop,
+	                   unsigned long long flags);
+	CUresult (*release)(CUmemGenericAllocationHandle h);
+	CUresult (*reserve)(CUdeviceptr *ptr, size_t size, size_t align, CUdeviceptr addr, unsigned long long flags);
+	CUresult (*address_free)(CUdeviceptr ptr, size_t size);
+	CUresult (*map)(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle h,
+	                unsigned long long flags);
+	CUresult (*unmap)(CUdeviceptr ptr, size_t size);
+	CUresult (*set_access)(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count);
+	CUresult (*error_name)(CUresult r, const char **name);
+} drv;
+
+static int drv_load(void)
+{
+	static const struct {
+		const char *name;
+		void **fn;
+	} syms[] = {
+	    {"cuMemGetAllocationGranularity", (void **)&drv.granularity},
+	    {"cuMemCreate", (void **)&drv.create},
+	    {"cuMemRelease", (void **)&drv.release},
+	    {"cuMemAddressReserve", (void **)&drv.reserve},
+	    {"cuMemAddressFree", (void **)&drv.address_free},
+	    {"cuMemMap", (void **)&drv.map},
+	    {"cuMemUnmap", (void **)&drv.unmap},
+	    {"cuMemSetAccess", (void **)&drv.set_access},
+	    {"cuGetErrorName", (void **)&drv.error_name},
+	};
+	if (drv.error_name)
+		return 0;
+	for (size_t i = 0; i < sizeof(syms) / sizeof(syms[0]); i++) {
+		enum cudaDriverEntryPointQueryResult q;
+		cudaError_t e = cudaGetDriverEntryPointByVersion(syms[i].name, syms[i].fn, 12000, cudaEnableDefault, &q);
+		if (e != cudaSuccess || q != cudaDriverEntryPointSuccess) {
+			set_error("the CUDA driver has no %s (%s)", syms[i].name,
+			          e != cudaSuccess ? cudaGetErrorString(e) : "not found");
+			*syms[i].fn = NULL;
+			return -1;
+		}
+	}
+	return 0;
+}
+
+/* The check of every CUDA driver call: records which call failed. */
+static int drv_check(CUresult r, const char *what)
+{
+	if (r == CUDA_SUCCESS)
+		return 0;
+	const char *name = NULL;
+	drv.error_name(r, &name);
+	set_error("%s: %s", what, name ? name : "an unknown CUDA driver error");
+	return -1;
+}
+
+/* The VMM allocations of this process, for their release: the driver keeps
+ * no size of a mapping that cuMemUnmap and cuMemAddressFree could be given. */
+static struct vmm_area {
+	void *p;
+	size_t size;
+} *vmm_areas;
+static size_t vmm_nareas;
+
+/* A free slot of vmm_areas, grown as needed; NULL when out of memory. */
+static struct vmm_area *vmm_slot(void)
+{
+	for (size_t i = 0; i < vmm_nareas; i++)
+		if (!vmm_areas[i].p)
+			return &vmm_areas[i];
+	size_t n = vmm_nareas ? 2 * vmm_nareas : 16;
+	struct vmm_area *a = realloc(vmm_areas, n * sizeof(*a));
+	if (!a) {
+		set_error("out of memory for the table of VMM allocations");
+		return NULL;
+	}
+	size_t first_new = vmm_nareas;
+	memset(a + first_new, 0, (n - first_new) * sizeof(*a));
+	vmm_areas = a;
+	vmm_nareas = n;
+	return &vmm_areas[first_new];
+}
+
+/* Unmaps and frees the address range of a mapping (the memory goes once
+ * every process that maps it, the daemon included, has let go of it). */
+static void vmm_unmap(CUdeviceptr va, size_t size)
+{
+	drv.unmap(va, size);
+	drv.address_free(va, size);
+}
+
+/* cuMemCreate exportable as a POSIX file descriptor on the current device,
+ * mapped into an address range of its own with read-write access for that
+ * GPU. The mapping holds the memory: the creation handle is released at
+ * once. */
+static int vmm_alloc(void **p, size_t n)
+{
+	int dev;
+	struct vmm_area *slot = vmm_slot();
+	if (!slot || drv_load() < 0 || cuda_check(cudaGetDevice(&dev), "cudaGetDevice") < 0)
+		return -1;
+	CUmemAllocationProp prop;
+	memset(&prop, 0, sizeof(prop));
+	prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+	prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	prop.location.id = dev;
+	prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+	size_t g = 0;
+	if (drv_check(drv.granularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM), "cuMemGetAllocationGranularity") < 0)
+		return -1;
+	size_t size = (n + g - 1) / g * g;
+	CUmemGenericAllocationHandle h;
+	CUdeviceptr va = 0;
+	char what[80];
+	snprintf(what, sizeof(what), "cuMemCreate of %zu bytes on GPU %d", size, dev);
+	if (drv_check(drv.create(&h, size, &prop, 0), what) < 0)
+		return -1;
+	int rc = drv_check(drv.reserve(&va, size, g, 0, 0), "cuMemAddressReserve");
+	if (rc == 0 && (rc = drv_check(drv.map(va, size, 0, h, 0), "cuMemMap")) < 0)
+		drv.address_free(va, size);
+	drv.release(h);
+	if (rc < 0)
+		return -1;
+	CUmemAccessDesc access = {{CU_MEM_LOCATION_TYPE_DEVICE, dev}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+	if (drv_check(drv.set_access(va, size, &access, 1), "cuMemSetAccess") < 0) {
+		vmm_unmap(va, size);
+		return -1;
+	}
+	*slot = (struct vmm_area){(void *)(uintptr_t)va, size};
+	*p = slot->p;
+	return 0;
+}
+
+static void vmm_free(void *p)
+{
+	for (size_t i = 0; i < vmm_nareas; i++) {
+		if (vmm_areas[i].p == p) {
+			vmm_unmap((CUdeviceptr)(uintptr_t)p, vmm_areas[i].size);
+			vmm_areas[i].p = NULL;
+			return;
+		}
+	}
+	fprintf(stderr, "membuf: %p is no VMM allocation of this process: not freed\n", p);
+}
+
 #else /* no CUDA toolkit at build time */
 
 static int no_cuda(void)
@@ -126,14 +308,9 @@ static int no_cuda(void)
 	return -1;
 }
 
-int membuf_require(int kind)
+static int have_cuda(void)
 {
-	if (kind == MEMBUF_HOST)
-		return 0;
-	if (kind == MEMBUF_DEVICE)
-		return no_cuda();
-	set_error("unknown kind of memory %d", kind);
-	return -1;
+	return no_cuda();
 }
 
 static int dev_use(int device)
@@ -180,40 +357,64 @@ static int dev_count(void)
 	return -1;
 }
 
+static int vmm_alloc(void **p, size_t n)
+{
+	return dev_alloc(p, n);
+}
+
+static int memalloc_alloc(void **p, size_t n)
+{
+	return dev_alloc(p, n);
+}
+
+static void vmm_free(void *p)
+{
+	(void)p;
+}
+
 #endif /* DFCCL_HAVE_CUDA */
 
-/* ---------------------------------------------------------------- either kind */
+/* ---------------------------------------------------------------- every kind */
+
+int membuf_require(int kind)
+{
+	if (kind < 0 || kind >= MEMBUF_NKINDS) {
+		set_error("unknown kind of memory %d", kind);
+		return -1;
+	}
+	return membuf_on_gpu(kind) ? have_cuda() : 0;
+}
 
 int membuf_use_device(int kind, int device)
 {
-	return kind == MEMBUF_DEVICE ? dev_use(device) : 0;
+	return membuf_on_gpu(kind) ? dev_use(device) : 0;
 }
 
 int membuf_alloc(int kind, void **p, size_t size)
 {
 	*p = NULL;
-	if (kind == MEMBUF_DEVICE)
-		return dev_alloc(p, size);
-	dfcclResult_t r = dfcclMemAlloc(p, size);
-	if (r == dfcclSuccess)
-		return 0;
-	set_error("dfcclMemAlloc of %zu bytes: %s", size, dfcclGetLastError(NULL));
-	return -1;
+	switch (kind) {
+	case MEMBUF_DEVICE: return dev_alloc(p, size);
+	case MEMBUF_VMM: return vmm_alloc(p, size);
+	case MEMBUF_MEMALLOC: return memalloc_alloc(p, size);
+	default: return dfccl_alloc(dfcclMemAllocHost, "dfcclMemAllocHost", p, size);
+	}
 }
 
 void membuf_free(int kind, void *p)
 {
 	if (!p)
 		return;
-	if (kind == MEMBUF_DEVICE)
-		dev_free(p);
-	else
-		dfcclMemFree(p);
+	switch (kind) {
+	case MEMBUF_DEVICE: dev_free(p); break;
+	case MEMBUF_VMM: vmm_free(p); break;
+	default: dfcclMemFree(p); break;
+	}
 }
 
 int membuf_put(int kind, void *dst, const void *src, size_t n)
 {
-	if (kind == MEMBUF_DEVICE)
+	if (membuf_on_gpu(kind))
 		return dev_put(dst, src, n);
 	memmove(dst, src, n);
 	return 0;
@@ -221,7 +422,7 @@ int membuf_put(int kind, void *dst, const void *src, size_t n)
 
 int membuf_get(int kind, void *dst, const void *src, size_t n)
 {
-	if (kind == MEMBUF_DEVICE)
+	if (membuf_on_gpu(kind))
 		return dev_get(dst, src, n);
 	memmove(dst, src, n);
 	return 0;
@@ -229,12 +430,12 @@ int membuf_get(int kind, void *dst, const void *src, size_t n)
 
 int membuf_sync(int kind)
 {
-	return kind == MEMBUF_DEVICE ? dev_sync() : 0;
+	return membuf_on_gpu(kind) ? dev_sync() : 0;
 }
 
 int membuf_gpu_count(void)
 {
-	if (membuf_require(MEMBUF_DEVICE) < 0)
+	if (have_cuda() < 0)
 		return -1;
 	fflush(NULL);
 	pid_t pid = fork();
@@ -255,7 +456,7 @@ int membuf_open(struct membuf *b, int kind, size_t size)
 	*b = (struct membuf){.kind = kind, .size = size};
 	if (membuf_alloc(kind, (void **)&b->ptr, size) < 0)
 		return -1;
-	if (kind == MEMBUF_HOST) {
+	if (!membuf_on_gpu(kind)) {
 		b->img = b->ptr;
 		return 0;
 	}
@@ -289,14 +490,14 @@ void *membuf_image(const struct membuf *b, const void *p)
 
 int membuf_upload(const struct membuf *b, const void *p, size_t n)
 {
-	if (b->kind == MEMBUF_HOST || n == 0)
+	if (!membuf_on_gpu(b->kind) || n == 0)
 		return 0;
 	return membuf_put(b->kind, (void *)p, membuf_image(b, p), n);
 }
 
 int membuf_download(const struct membuf *b, const void *p, size_t n)
 {
-	if (b->kind == MEMBUF_HOST || n == 0)
+	if (!membuf_on_gpu(b->kind) || n == 0)
 		return 0;
 	return membuf_get(b->kind, membuf_image(b, p), p, n);
 }

@@ -1,9 +1,20 @@
 /*
- * Buffers of the tools and the GPU tests: host memory the daemon can reach
- * (dfcclMemAlloc) or GPU memory (cudaMalloc on the calling thread's CUDA
- * device, which libdfccl registers with the daemon the first time a
- * collective names it), each with a host image through which reference
- * data goes in and results come out.
+ * Buffers of the tools and the GPU tests, of four kinds, each with a host
+ * image through which reference data goes in and results come out:
+ *   - host: host shared memory the daemon can reach (dfcclMemAllocHost, on
+ *     either engine);
+ *   - device: cudaMalloc on the calling thread's CUDA device, which
+ *     libdfccl registers with the daemon (legacy CUDA IPC) the first time a
+ *     collective names it;
+ *   - vmm: a VMM allocation as an application that shares it with another
+ *     process makes it: cuMemCreate exportable as a POSIX file descriptor,
+ *     mapped with cuMemMap into an address range of its own with read-write
+ *     access for this GPU, registered by libdfccl through that descriptor;
+ *   - memalloc: dfcclMemAlloc's device memory, which the daemon allocates
+ *     and owns (CUDA engine only: the host engine's dfcclMemAlloc gives
+ *     host memory, which membuf_alloc refuses for this kind).
+ * The last three are GPU memory (membuf_on_gpu): the CPU never dereferences
+ * them.
  *
  * A host buffer is its own image: uploads and downloads do nothing. A GPU
  * buffer has a malloc'd image of its size; membuf_upload copies a range of
@@ -13,13 +24,15 @@
  * synchronizes before a NULL-stream call); membuf_download copies a range
  * back.
  *
- * GPU memory needs a build with a CUDA toolkit. Without one, every
- * MEMBUF_DEVICE operation fails with a message saying so, and
- * membuf_require() tells a tool before it starts any rank. CUDA is
- * initialised by the first call that needs it, never earlier: a process
- * that forks rank processes must not touch CUDA before the fork (a CUDA
- * context does not survive fork(), and the children would inherit a broken
- * driver state).
+ * GPU memory needs a build with a CUDA toolkit. Without one, every GPU
+ * operation fails with a message saying so, and membuf_require() tells a
+ * tool before it starts any rank. VMM allocations reach the driver's calls
+ * through the CUDA runtime (cudaGetDriverEntryPointByVersion), so nothing
+ * links libcuda and a program starts, to say what it lacks, on machines
+ * without one. CUDA is initialised by the first call that needs it, never
+ * earlier: a process that forks rank processes must not touch CUDA before
+ * the fork (a CUDA context does not survive fork(), and the children would
+ * inherit a broken driver state).
  *
  * Functions return 0 or -1; after -1, membuf_error() is a sentence saying
  * what failed, for the caller's message.
@@ -32,14 +45,19 @@
 #include <stdint.h>
 
 enum membuf_kind {
-	MEMBUF_HOST,   /* dfcclMemAlloc */
-	MEMBUF_DEVICE, /* cudaMalloc */
+	MEMBUF_HOST,     /* dfcclMemAllocHost */
+	MEMBUF_DEVICE,   /* cudaMalloc */
+	MEMBUF_VMM,      /* cuMemCreate exportable as a POSIX fd, cuMemMap'd */
+	MEMBUF_MEMALLOC, /* dfcclMemAlloc's device memory (CUDA engine) */
 	MEMBUF_NKINDS
 };
 
-/* "host", "device"; the kind or -1. */
+/* "host", "device", "vmm", "memalloc"; the kind or -1. */
 const char *membuf_kind_name(int kind);
 int membuf_kind_parse(const char *s);
+
+/* Whether kind is GPU memory (device, vmm, memalloc). */
+bool membuf_on_gpu(int kind);
 
 /* 0 if this build can allocate buffers of kind; else -1, and
  * membuf_error() says why (a build without CUDA for GPU memory). */
@@ -50,9 +68,11 @@ const char *membuf_error(void);
 
 /*
  * Makes GPU `device` the calling thread's CUDA device and creates its
- * context, for GPU memory; does nothing for host memory. The index is
- * CUDA's, which is also the daemon's device index when the daemon and the
- * caller see the same GPUs (the same CUDA_VISIBLE_DEVICES).
+ * context, for GPU memory; does nothing for host memory. Memalloc buffers
+ * also need dfcclSetDevice(device) before they are allocated (dfcclMemAlloc
+ * allocates on libdfccl's device). The index is CUDA's, which is also the
+ * daemon's device index when the daemon and the caller see the same GPUs
+ * (the same CUDA_VISIBLE_DEVICES).
  */
 int membuf_use_device(int kind, int device);
 

@@ -10,9 +10,12 @@
  * waits for its copy to land before the next step of the protocol in
  * dkernel.h. Everything here runs on the worker's single thread.
  */
+#include <cuda.h> /* before cudrv.h, which then takes the driver's types from it */
+
 /* The project's headers are C. */
 extern "C" {
 #include "cuda_engine.h"
+#include "cudrv.h"
 #include "queue.h"
 }
 
@@ -50,10 +53,19 @@ struct ce_reg {
 	struct ce_reg *next;
 	uint32_t reg_id;
 	uint32_t slot;      /* in the device hash table */
-	int ipc;            /* opened through CUDA IPC (else host-registered) */
-	void *ipc_ptr;      /* IPC: the opened allocation */
+	int mem;            /* enum engine_mem: how it was mapped */
+	void *ipc_ptr;      /* CUDA IPC: the opened allocation */
+	struct cudrv_vmm vmm; /* VMM: the imported and mapped allocation */
 	void *host_base;    /* host-registered: the registered start */
 	char *dev_base;
+};
+
+/* An allocation of ce_mem_alloc, held until this worker maps it as its
+ * registration or the registration is dropped. */
+struct ce_alloc {
+	struct ce_alloc *next;
+	uint32_t reg_id;
+	unsigned long long handle;
 };
 
 struct ce_comm {
@@ -75,6 +87,7 @@ struct cuda_engine {
 	struct ce_comm comms[DK_MAX_COMMS];
 	uint8_t reg_used[DK_REG_CAP]; /* mirror of the device table's states */
 	struct ce_reg *regs;
+	struct ce_alloc *allocs;
 	uint64_t stats_base[CE_NCOUNTERS]; /* the page's counters when this engine started (they survive restarts) */
 	uint32_t nqps;          /* queue-pair slots below this may be in use */
 	uint32_t ncomms;        /* communicator slots below this may be in use */
@@ -267,11 +280,27 @@ static cudaError_t ce_host_map(void *p, size_t bytes, void **dev)
 /* Gives back what ce_reg_add mapped, and the record. */
 static void ce_reg_release(struct ce_reg *cr)
 {
-	if (cr->ipc)
+	if (cr->mem == ENGINE_MEM_CUDA_IPC)
 		cudaIpcCloseMemHandle(cr->ipc_ptr);
+	else if (cr->mem == ENGINE_MEM_CUDA_VMM_FD)
+		cudrv_vmm_unmap(&cr->vmm);
 	else
 		cudaHostUnregister(cr->host_base);
 	free(cr);
+}
+
+/* Lets go of the allocation made for registration reg_id, if it is held. */
+static void ce_alloc_drop(struct cuda_engine *e, uint32_t reg_id)
+{
+	for (struct ce_alloc **pp = &e->allocs; *pp; pp = &(*pp)->next) {
+		struct ce_alloc *a = *pp;
+		if (a->reg_id != reg_id)
+			continue;
+		*pp = a->next;
+		cudrv_vmm_release(a->handle);
+		free(a);
+		return;
+	}
 }
 
 /* Gives back what ce_qp_add mapped and allocated for a queue pair. */
@@ -364,8 +393,95 @@ static void ce_qp_del(void *impl, struct sq_queue *q)
 typedef int (*ce_range_fn)(unsigned long long *base, size_t *size, unsigned long long ptr);
 static ce_range_fn ce_mem_range;
 
-static int ce_reg_add(void *impl, const struct sq_reg *r, int mem, const void *ipc, size_t ipc_len, uint64_t offset,
-                      char *err, size_t errlen)
+/* Opens a legacy CUDA IPC handle: cr->ipc_ptr and dev_base. */
+static int ce_map_ipc(struct cuda_engine *e, const struct sq_reg *r, const struct engine_mem_src *src,
+                      struct ce_reg *cr, char *err, size_t errlen)
+{
+	cudaIpcMemHandle_t h;
+	if (!src->ipc || src->ipc_len != sizeof(h)) {
+		snprintf(err, errlen, "a CUDA IPC handle has %zu bytes, got %zu", sizeof(h), src->ipc_len);
+		return -EINVAL;
+	}
+	memcpy(&h, src->ipc, sizeof(h));
+	void *p = NULL;
+	cudaError_t rc = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
+	if (rc != cudaSuccess) {
+		snprintf(err, errlen, "GPU %u cannot open the client's GPU buffer: %s", e->cfg.device,
+		         cudaGetErrorString(rc));
+		cudaGetLastError();
+		return -EIO;
+	}
+	/* The client names the range; the allocation bounds it. A range
+	 * past the end would let the kernel fault on memory that is not
+	 * there (and lose the context of everyone on this GPU). */
+	unsigned long long base = 0;
+	size_t size = 0;
+	uint64_t avail = 0;
+	if (ce_mem_range && ce_mem_range(&base, &size, (unsigned long long)(uintptr_t)p) == 0 &&
+	    base + size > (uintptr_t)p)
+		avail = base + size - (uintptr_t)p;
+	if (src->offset > avail || r->size > avail - src->offset) {
+		snprintf(err, errlen, "range [%llu, +%llu) lies outside the %llu-byte GPU allocation",
+		         (unsigned long long)src->offset, (unsigned long long)r->size, (unsigned long long)avail);
+		cudaIpcCloseMemHandle(p);
+		return -EINVAL;
+	}
+	cr->ipc_ptr = p;
+	cr->dev_base = (char *)p + src->offset;
+	return 0;
+}
+
+/* Imports and maps a VMM allocation's descriptor: cr->vmm and dev_base.
+ * The mapping covers [0, offset + size) rounded up to the allocation's
+ * granularity, and the driver refuses one past the allocation's end: that
+ * bounds the registration. */
+static int ce_map_vmm(struct cuda_engine *e, const struct sq_reg *r, const struct engine_mem_src *src,
+                      struct ce_reg *cr, char *err, size_t errlen)
+{
+	if (src->fd < 0) {
+		snprintf(err, errlen, "a VMM registration arrived without its file descriptor");
+		return -EINVAL;
+	}
+	if (src->offset > UINT64_MAX - r->size) {
+		snprintf(err, errlen, "range [%llu, +%llu) wraps around", (unsigned long long)src->offset,
+		         (unsigned long long)r->size);
+		return -EINVAL;
+	}
+	int rc = cudrv_vmm_import(src->fd, src->offset + r->size, (int)e->cfg.device, &cr->vmm);
+	if (rc == -ERANGE) {
+		snprintf(err, errlen, "range [%llu, +%llu) lies outside the GPU allocation (%s)",
+		         (unsigned long long)src->offset, (unsigned long long)r->size, cudrv_last_error());
+		return rc;
+	}
+	if (rc < 0) {
+		snprintf(err, errlen, "GPU %u cannot map the client's GPU buffer: %s", e->cfg.device, cudrv_last_error());
+		return rc;
+	}
+	cr->dev_base = (char *)cr->vmm.base + src->offset;
+	return 0;
+}
+
+/* Registers host memory with the GPU: cr->host_base and dev_base. */
+static int ce_map_host(struct cuda_engine *e, const struct sq_reg *r, struct ce_reg *cr, char *err, size_t errlen)
+{
+	/* Whole pages (the worker's mapping covers them); the kernel gets the
+	 * buffer's place inside. */
+	uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+	uintptr_t lo = (uintptr_t)r->base & ~(page - 1);
+	uintptr_t hi = ((uintptr_t)r->base + r->size + page - 1) & ~(page - 1);
+	void *dev = NULL;
+	cudaError_t rc = ce_host_map((void *)lo, hi - lo, &dev);
+	if (rc != cudaSuccess) {
+		snprintf(err, errlen, "cannot register the host buffer with GPU %u: %s", e->cfg.device,
+		         cudaGetErrorString(rc));
+		return -ENOMEM;
+	}
+	cr->host_base = (void *)lo;
+	cr->dev_base = (char *)dev + ((uintptr_t)r->base - lo);
+	return 0;
+}
+
+static int ce_reg_add(void *impl, const struct sq_reg *r, const struct engine_mem_src *src, char *err, size_t errlen)
 {
 	struct cuda_engine *e = (struct cuda_engine *)impl;
 	struct ce_reg *cr = (struct ce_reg *)calloc(1, sizeof(*cr));
@@ -374,60 +490,21 @@ static int ce_reg_add(void *impl, const struct sq_reg *r, int mem, const void *i
 		return -ENOMEM;
 	}
 	cr->reg_id = r->reg_id;
+	cr->mem = src->mem;
 	ce_park(e);
-	cudaError_t rc;
-	if (mem == ENGINE_MEM_CUDA_IPC) {
-		cudaIpcMemHandle_t h;
-		if (!ipc || ipc_len != sizeof(h)) {
-			snprintf(err, errlen, "a CUDA IPC handle has %zu bytes, got %zu", sizeof(h), ipc_len);
-			free(cr);
-			return -EINVAL;
-		}
-		memcpy(&h, ipc, sizeof(h));
-		void *p = NULL;
-		rc = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
-		if (rc != cudaSuccess) {
-			snprintf(err, errlen, "GPU %u cannot open the client's GPU buffer: %s", e->cfg.device,
-			         cudaGetErrorString(rc));
-			cudaGetLastError();
-			free(cr);
-			return -EIO;
-		}
-		/* The client names the range; the allocation bounds it. A range
-		 * past the end would let the kernel fault on memory that is not
-		 * there (and lose the context of everyone on this GPU). */
-		unsigned long long base = 0;
-		size_t size = 0;
-		uint64_t avail = 0;
-		if (ce_mem_range && ce_mem_range(&base, &size, (unsigned long long)(uintptr_t)p) == 0 &&
-		    base + size > (uintptr_t)p)
-			avail = base + size - (uintptr_t)p;
-		if (offset > avail || r->size > avail - offset) {
-			snprintf(err, errlen, "range [%llu, +%llu) lies outside the %llu-byte GPU allocation",
-			         (unsigned long long)offset, (unsigned long long)r->size, (unsigned long long)avail);
-			cudaIpcCloseMemHandle(p);
-			free(cr);
-			return -EINVAL;
-		}
-		cr->ipc = 1;
-		cr->ipc_ptr = p;
-		cr->dev_base = (char *)p + offset;
-	} else {
-		/* Host memory: register whole pages (the worker's mapping covers
-		 * them), and hand the kernel the buffer's place inside. */
-		uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-		uintptr_t lo = (uintptr_t)r->base & ~(page - 1);
-		uintptr_t hi = ((uintptr_t)r->base + r->size + page - 1) & ~(page - 1);
-		void *dev = NULL;
-		rc = ce_host_map((void *)lo, hi - lo, &dev);
-		if (rc != cudaSuccess) {
-			snprintf(err, errlen, "cannot register the host buffer with GPU %u: %s", e->cfg.device,
-			         cudaGetErrorString(rc));
-			free(cr);
-			return -ENOMEM;
-		}
-		cr->host_base = (void *)lo;
-		cr->dev_base = (char *)dev + ((uintptr_t)r->base - lo);
+	int rc;
+	switch (src->mem) {
+	case ENGINE_MEM_CUDA_IPC: rc = ce_map_ipc(e, r, src, cr, err, errlen); break;
+	case ENGINE_MEM_CUDA_VMM_FD: rc = ce_map_vmm(e, r, src, cr, err, errlen); break;
+	case ENGINE_MEM_HOST: rc = ce_map_host(e, r, cr, err, errlen); break;
+	default:
+		snprintf(err, errlen, "memory kind %d is unknown to the cuda engine", src->mem);
+		rc = -EINVAL;
+		break;
+	}
+	if (rc < 0) {
+		free(cr);
+		return rc;
 	}
 	uint32_t h = dk_reg_hash(r->reg_id), slot = DK_REG_CAP;
 	for (uint32_t i = 0; i < DK_REG_CAP; i++) {
@@ -449,12 +526,15 @@ static int ce_reg_add(void *impl, const struct sq_reg *r, int mem, const void *i
 	cr->slot = slot;
 	cr->next = e->regs;
 	e->regs = cr;
+	/* An allocation of this worker's is now held by its own mapping. */
+	ce_alloc_drop(e, r->reg_id);
 	return 0;
 }
 
 static void ce_reg_del(void *impl, uint32_t reg_id)
 {
 	struct cuda_engine *e = (struct cuda_engine *)impl;
+	ce_alloc_drop(e, reg_id);
 	for (struct ce_reg **pp = &e->regs; *pp; pp = &(*pp)->next) {
 		struct ce_reg *cr = *pp;
 		if (cr->reg_id != reg_id)
@@ -468,6 +548,41 @@ static void ce_reg_del(void *impl, uint32_t reg_id)
 		ce_reg_release(cr);
 		return;
 	}
+}
+
+/*
+ * dfcclMemAlloc on this GPU: a VMM allocation exportable as a POSIX file
+ * descriptor, rather than cudaMalloc and a legacy IPC handle, because a
+ * descriptor is a reference to the memory that outlives this process: the
+ * supervisor keeps it, so the client's buffer survives a restart of this
+ * worker and the replacement maps it again, while memory of cudaMalloc
+ * would be freed with the worker and a legacy IPC handle cannot be passed
+ * on by a process that did not allocate it. This worker keeps its own
+ * reference only until its mapping of the registration takes over.
+ */
+static int ce_mem_alloc(void *impl, uint32_t reg_id, uint64_t size, int *fd, uint64_t *alloc_size, char *err,
+                        size_t errlen)
+{
+	struct cuda_engine *e = (struct cuda_engine *)impl;
+	struct ce_alloc *a = (struct ce_alloc *)calloc(1, sizeof(*a));
+	if (!a) {
+		snprintf(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	/* Allocating device memory may wait for the device, as cudaMalloc
+	 * does: see ce_park. */
+	ce_park(e);
+	int rc = cudrv_vmm_create((int)e->cfg.device, size, fd, &a->handle, alloc_size);
+	if (rc < 0) {
+		snprintf(err, errlen, "GPU %u cannot allocate %llu bytes: %s", e->cfg.device, (unsigned long long)size,
+		         cudrv_last_error());
+		free(a);
+		return rc;
+	}
+	a->reg_id = reg_id;
+	a->next = e->allocs;
+	e->allocs = a;
+	return 0;
 }
 
 /* Connectors of one rank (dkernel.h, struct dk_comm). */
@@ -665,6 +780,8 @@ static void ce_free(void *impl)
 		e->regs = cr->next;
 		ce_reg_release(cr);
 	}
+	while (e->allocs)
+		ce_alloc_drop(e, e->allocs->reg_id);
 	for (uint32_t i = 0; i < DK_MAX_COMMS; i++)
 		if (e->comms[i].comm_id)
 			ce_comm_release(&e->comms[i]);
@@ -681,7 +798,7 @@ static void ce_free(void *impl)
 }
 
 static const struct engine_ops cuda_ops = {
-    "cuda",      ce_free,     ce_qp_add,       ce_qp_del, ce_reg_add, ce_reg_del, ce_comm_add,
+    "cuda",      ce_free,     ce_qp_add,       ce_qp_del, ce_reg_add, ce_reg_del, ce_mem_alloc, ce_comm_add,
     ce_comm_abort, ce_comm_del, ce_poll,       ce_busy,   ce_sleep,   ce_wake,    ce_fatal,
 };
 

@@ -7,13 +7,14 @@
  * registrations), maps what the kernel must reach in host memory (each
  * queue-pair region and the synchronisation part of each communicator
  * region, registered with the driver; host-memory buffers), opens GPU
- * buffers of every process through CUDA IPC, launches the kernel when an
- * entry is armed while it is not running, notices when it quit (it quits by
- * itself after `kernel-idle-us` with nothing to do), wakes client threads
- * that sleep on a queue's completion count (the GPU cannot wake a futex),
- * and copies the kernel's counters to the statistics page. A GPU error
- * (a poisoned context) is fatal: the worker exits and the supervisor
- * restarts it.
+ * buffers of every process (legacy CUDA IPC handles, and VMM allocations
+ * passed as file descriptors: client/lib/cudrv.h), allocates the device memory of
+ * dfcclMemAlloc, launches the kernel when an entry is armed while it is not
+ * running, notices when it quit (it quits by itself after `kernel-idle-us`
+ * with nothing to do), wakes client threads that sleep on a queue's
+ * completion count (the GPU cannot wake a futex), and copies the kernel's
+ * counters to the statistics page. A GPU error (a poisoned context) is
+ * fatal: the worker exits and the supervisor restarts it.
  */
 #ifndef DFCCL_CUDA_ENGINE_H
 #define DFCCL_CUDA_ENGINE_H

@@ -498,11 +498,10 @@ static void ops_qp_del(void *impl, struct sq_queue *q)
 		}
 }
 
-static int ops_reg_add(void *impl, const struct sq_reg *r, int mem, const void *ipc, size_t ipc_len, uint64_t offset,
-                       char *err, size_t errlen)
+static int ops_reg_add(void *impl, const struct sq_reg *r, const struct engine_mem_src *src, char *err, size_t errlen)
 {
-	(void)impl, (void)ipc, (void)ipc_len, (void)offset;
-	if (mem == ENGINE_MEM_HOST && r->base)
+	(void)impl;
+	if (src->mem == ENGINE_MEM_HOST && r->base)
 		return 0;
 	snprintf(err, errlen, "the host engine runs collectives on host memory only; GPU memory needs the cuda engine");
 	return -ENOTSUP;

@@ -6,18 +6,27 @@
 #     canaries: on 2 GPUs one rank each and with 2 ranks sharing GPU 0, and
 #     quick (fewer counts) with 4 ranks sharing GPU 0 and on every GPU when
 #     there are more than 2; quick again over rings, trees and multi-trees
-#     (DFCCL_ALGO), each of which must have run;
+#     (DFCCL_ALGO), each of which must have run; quick again on the other
+#     kinds of device buffer (--buffers): VMM allocations exported as file
+#     descriptors, and dfcclMemAlloc's device memory, which the daemon owns;
 #   - the DFCCL deadlock programs A (8 communicators) and B (8 registered
 #     collectives with host synchronizations between them), which must
-#     complete with correct results and make the daemon preempt;
-#   - dfccl-chaos on GPU buffers (--mem device): every collective in
+#     complete with correct results and make the daemon preempt, on
+#     cudaMalloc buffers and (fewer iterations) on the other two kinds;
+#   - after the runs on VMM and dfcclMemAlloc buffers (dfccl-chaos on each
+#     of them too), the supervisor holds no more file descriptors than
+#     before them;
+#   - dfccl-chaos on cudaMalloc buffers (--mem device): every collective in
 #     conflicting orders on several communicators, 2 ranks per GPU, and
 #     registered collectives with device synchronizations between them;
-#     once more on host buffers through the CUDA engine's workers;
-#   - dfccl-perf on GPU buffers, a small all-reduce and all-gather sweep
-#     with every size checked (time, algorithm and bus bandwidth per size);
+#     once more on dfcclMemAllocHost buffers (--mem host) through the CUDA
+#     engine's workers;
+#   - dfccl-perf on cudaMalloc buffers, a small all-reduce and all-gather
+#     sweep with every size checked (time, algorithm and bus bandwidth per
+#     size);
 #   - test_cuda_hostile: raw hostile submission entries, each rejected with
-#     its status, canaries around a registered device buffer intact;
+#     its status, canaries around a registered device buffer intact, and
+#     registrations past the end of a cudaMalloc or VMM allocation refused;
 # then prints the daemon's counters. After the daemon stops, nccl_deadlock
 # replays the deadlock pattern on NCCL, where it is expected to hang (not a
 # failure of this test). With nvidia-cuda-mps-control and root, the suite
@@ -51,6 +60,9 @@ started() {
 	ctl --json stats | json "sum(x['by_algo'][['auto', 'direct', 'ring', 'tree', 'multitree'].index('$1')] for x in d['devices'])"
 }
 
+# Descriptors the supervisor holds.
+supervisor_fds() { find "/proc/$daemon_pid/fd" -mindepth 1 -maxdepth 1 | wc -l; }
+
 # Collectives the daemon preempted, over every device.
 preemptions() { ctl --json stats | json "sum(x['preemptions'] for x in d['devices'])"; }
 
@@ -60,7 +72,7 @@ coll=("$bin/test_cuda_coll" --socket "$sock" --seed "$seed")
 # run_suite QUICK DEADLOCK_ITERS: every program against the running daemon.
 # QUICK is --quick or empty.
 run_suite() {
-	local quick=$1 iters=$2 pair=0,0 all before after
+	local quick=$1 iters=$2 pair=0,0 all before after fds_before
 	[ -n "${DFCCL_GPU_QUICK:-}" ] && quick=--quick
 	if [ "$ngpu" -ge 2 ]; then
 		pair=0,1
@@ -87,6 +99,29 @@ run_suite() {
 		echo "collectives started over $algo: $((after - before))"
 		[ $((after - before)) -gt 0 ] || fail "no collective ran over $algo with DFCCL_ALGO=$algo"
 	done
+
+	# The other kinds of device buffer: each registered (VMM) or allocated
+	# (dfcclMemAlloc) in its own way, freed after every case of its own.
+	# Once their clients have exited, the supervisor must hold no more
+	# descriptors than before (it keeps one per worker per registration).
+	fds_before=$(supervisor_fds)
+	for kind in vmm memalloc; do
+		step "collectives on $kind buffers: 2 ranks on GPUs $pair" 300 "${coll[@]}" --buffers "$kind" --quick \
+			--nranks 2 --gpus "$pair"
+		for prog in A B; do
+			step "deadlock program $prog on $kind buffers: 8 collectives, 2 ranks on GPUs $pair" 300 \
+				"${coll[@]}" --buffers "$kind" --deadlock "$prog" --comms 8 --iters 50 --nranks 2 --gpus "$pair"
+		done
+		step "dfccl-chaos on $kind buffers, 2 ranks on GPUs $pair" 300 \
+			"$bin/dfccl-chaos" --socket "$sock" --mem "$kind" --devices "$pair" --nranks 2 --comms 4 --iters 10 \
+			--min-bytes 64 --max-bytes 256K --seed "$seed"
+	done
+	for _ in $(seq 1 50); do
+		[ "$(supervisor_fds)" = "$fds_before" ] && break
+		sleep 0.1
+	done
+	[ "$(supervisor_fds)" = "$fds_before" ] ||
+		fail "dfccld holds $(supervisor_fds) descriptors after the runs on vmm and memalloc buffers, $fds_before before"
 
 	before=$(preemptions)
 	step "deadlock program A: 8 communicators, 2 ranks on GPUs $pair" 300 \

@@ -11,14 +11,20 @@
  *
  * The collective sweep (the default) runs every collective x data type x
  * reduction x in place or out of place x count, one at a time: a NULL-stream
- * call, then dfcclCommSynchronize. Buffers come from cudaMalloc, placed in
- * turn in allocations of their own and at aligned and unaligned offsets
- * inside one larger allocation (the "arena"); then each collective runs once
- * on a dfcclMemAlloc host buffer and once on a device buffer registered with
- * dfcclCommRegister. After each call the rank reads back the output window
- * (the output plus CANARY_BYTES on each side) and checks that every output
- * element equals the reference, that the bytes around the output kept their
- * canary value, and that an out-of-place send buffer is unchanged.
+ * call, then dfcclCommSynchronize. Device buffers are of the kind --buffers
+ * names: cudaMalloc (registered through legacy CUDA IPC), VMM (cuMemCreate
+ * exportable as a POSIX file descriptor, mapped with cuMemMap: registered by
+ * that descriptor), or dfcclMemAlloc (device memory the daemon allocates and
+ * owns). They are placed in turn in allocations of their own and at aligned
+ * and unaligned offsets inside one larger allocation (the "arena"); then
+ * each collective runs once on a dfcclMemAllocHost host buffer and once on a
+ * device buffer registered with dfcclCommRegister. Allocations of their own
+ * are freed after each case, so addresses are reused and every kind's cache
+ * of registrations is exercised. Buffers of every kind come from membuf.h.
+ * After each call the rank reads back the output window (the output plus
+ * CANARY_BYTES on each side) and checks that every output element equals
+ * the reference, that the bytes around the output kept their canary value,
+ * and that an out-of-place send buffer is unchanged.
  *
  * --deadlock A|B runs the DFCCL deadlock programs: every iteration each rank
  * issues one float all-reduce on each of K communicators (A) or K registered
@@ -97,7 +103,12 @@ static const char usage[] =
     "      --timeout S       a rank that waits longer than S seconds for one collective\n"
     "                        (an iteration of a deadlock program) says which and fails\n"
     "                        (default 120; 0: wait forever)\n"
-    "      --host-buffers    every buffer from dfcclMemAlloc and no CUDA at all (checks\n"
+    "      --buffers KIND    where the device buffers of the sweep and of the deadlock\n"
+    "                        programs come from: cudamalloc (cudaMalloc), vmm (cuMemCreate\n"
+    "                        exportable as a POSIX file descriptor, mapped with cuMemMap)\n"
+    "                        or memalloc (dfcclMemAlloc: device memory the daemon owns);\n"
+    "                        default cudamalloc\n"
+    "      --host-buffers    every buffer from dfcclMemAllocHost and no CUDA at all (checks\n"
     "                        this program against the host engine)\n"
     "      --deadlock A|B    the deadlock program instead of the sweep: A, all-reduces on\n"
     "                        K communicators (NULL stream, then dfcclCommSynchronize on\n"
@@ -114,12 +125,19 @@ static const char usage[] =
     "\n"
     "Exit status: 0 all checks passed, 1 a failure, 2 usage, 77 no usable GPU.\n";
 
+/* Where device buffers come from: --buffers' names and membuf's kinds. */
+static const struct {
+	const char *name;
+	int kind;
+} buffer_kinds[] = {{"cudamalloc", MEMBUF_DEVICE}, {"vmm", MEMBUF_VMM}, {"memalloc", MEMBUF_MEMALLOC}};
+
 /* What every rank runs: set up by the parent, inherited through fork. */
 struct config {
 	int nranks;
 	struct tool_devices gpus; /* rank r on gpus.dev[r % gpus.n] */
 	uint64_t seed;
 	bool quick, host_buffers, print_pattern;
+	int buffers; /* enum membuf_kind of the device buffers (--buffers) */
 	int avg_ulps;
 	unsigned timeout_s;
 	char deadlock; /* 0: the collective sweep; 'A' or 'B' */
@@ -469,6 +487,13 @@ static bool elem_matches(const struct ccase *c, uint64_t want, uint64_t got, int
 
 /* ---------------------------------------------------------------- buffers */
 
+/* The kind of the main buffers: --buffers, or host memory under
+ * --host-buffers. */
+static int main_kind(const struct config *cfg)
+{
+	return cfg->host_buffers ? MEMBUF_HOST : cfg->buffers;
+}
+
 /*
  * An arena: one allocation that holds `slots` pairs of areas, a send area
  * and an output area each; a case's buffers sit in one pair at an offset of
@@ -476,13 +501,14 @@ static bool elem_matches(const struct ccase *c, uint64_t want, uint64_t got, int
  * the largest output, plus room for the largest offset.
  */
 enum arena_id {
-	ARENA_MAIN,       /* cudaMalloc (dfcclMemAlloc under --host-buffers) */
-	ARENA_HOST,       /* dfcclMemAlloc */
+	ARENA_MAIN,       /* --buffers' kind (dfcclMemAllocHost under --host-buffers) */
+	ARENA_HOST,       /* dfcclMemAllocHost */
 	ARENA_REGISTERED, /* like ARENA_MAIN, registered with dfcclCommRegister */
 	ARENA_COUNT
 };
 
-static const char *const arena_names[ARENA_COUNT] = {"arena", "dfcclMemAlloc buffer", "dfcclCommRegister'd buffer"};
+static const char *const arena_names[ARENA_COUNT] = {"arena", "dfcclMemAllocHost buffer",
+                                                     "dfcclCommRegister'd buffer"};
 
 struct arena {
 	int kind;                   /* enum membuf_kind */
@@ -923,8 +949,7 @@ static int sweep_rank(struct rank_ctx *x)
 		goto out;
 	}
 	for (int a = 0; a < ARENA_COUNT; a++) {
-		static const int kinds[ARENA_COUNT] = {MEMBUF_DEVICE, MEMBUF_HOST, MEMBUF_DEVICE};
-		int kind = cfg->host_buffers ? MEMBUF_HOST : kinds[a];
+		int kind = a == ARENA_HOST ? MEMBUF_HOST : main_kind(cfg);
 		arena_needs(&l, cfg->nranks, a, &ms, &mo);
 		if (arena_open(&x->arenas[a], kind, ms, mo, 1, a == ARENA_REGISTERED ? x->comms[0] : NULL) < 0) {
 			/* Without the main arena nothing can run; without another
@@ -1131,7 +1156,7 @@ static int deadlock_rank(struct rank_ctx *x)
 	int K = cfg->comms, rc = -1, it = 0;
 	struct staging st[MAX_COMMS] = {{0}};
 	int *orders = malloc((size_t)cfg->nranks * (size_t)K * sizeof(int));
-	if (!orders || arena_open(&x->arenas[ARENA_MAIN], cfg->host_buffers ? MEMBUF_HOST : MEMBUF_DEVICE,
+	if (!orders || arena_open(&x->arenas[ARENA_MAIN], main_kind(cfg),
 	                          cfg->max_bytes, cfg->max_bytes, K, NULL) < 0)
 		goto out;
 	for (int k = 0; k < K; k++)
@@ -1163,7 +1188,7 @@ static int rank_main(int rank, void *arg)
 	gputest_set_rank(rank);
 	/* Program B runs registered collectives of one communicator. */
 	x.ncomms = cfg->deadlock == 'A' ? cfg->comms : 1;
-	if (!cfg->host_buffers && !MEM_OK(membuf_use_device(MEMBUF_DEVICE, x.gpu)))
+	if (!MEM_OK(membuf_use_device(main_kind(cfg), x.gpu)))
 		return TOOL_EXIT_FAIL;
 	if (!DFCCL_OK(dfcclSetDevice(x.gpu)))
 		return TOOL_EXIT_FAIL;
@@ -1195,7 +1220,8 @@ static int parse_options(int argc, char **argv, struct config *cfg)
 	    {"comms", required_argument, NULL, 'k'},    {"iters", required_argument, NULL, 'i'},
 	    {"min-bytes", required_argument, NULL, 'a'}, {"max-bytes", required_argument, NULL, 'b'},
 	    {"print-pattern", no_argument, NULL, 'p'},  {"timeout", required_argument, NULL, 't'},
-	    {"help", no_argument, NULL, 'h'},           {NULL, 0, NULL, 0},
+	    {"buffers", required_argument, NULL, 'B'},  {"help", no_argument, NULL, 'h'},
+	    {NULL, 0, NULL, 0},
 	};
 	long v;
 	int opt;
@@ -1223,6 +1249,14 @@ static int parse_options(int argc, char **argv, struct config *cfg)
 			cfg->avg_ulps = (int)v;
 			break;
 		case 'H': cfg->host_buffers = true; break;
+		case 'B':
+			cfg->buffers = -1;
+			for (size_t k = 0; k < sizeof(buffer_kinds) / sizeof(buffer_kinds[0]); k++)
+				if (!strcmp(optarg, buffer_kinds[k].name))
+					cfg->buffers = buffer_kinds[k].kind;
+			if (cfg->buffers < 0)
+				return gputest_usage_error("--buffers takes cudamalloc, vmm or memalloc, not", optarg);
+			break;
 		case 't':
 			if (!tool_parse_long(optarg, 0, 86400, &v))
 				return gputest_usage_error("--timeout takes seconds, not", optarg);
@@ -1257,6 +1291,9 @@ static int parse_options(int argc, char **argv, struct config *cfg)
 		return gputest_usage_error("unexpected argument", argv[optind]);
 	if (cfg->min_bytes == 0 || cfg->min_bytes > cfg->max_bytes || cfg->max_bytes > (1u << 30))
 		return gputest_usage_error("need 0 < --min-bytes <= --max-bytes <= 1G; got --max-bytes", "");
+	if (cfg->host_buffers && cfg->buffers != MEMBUF_DEVICE)
+		return gputest_usage_error("--host-buffers takes no device buffers: drop --buffers",
+		                           membuf_kind_name(cfg->buffers));
 	if (cfg->print_pattern && !cfg->deadlock)
 		return gputest_usage_error("--print-pattern needs", "--deadlock");
 	return -1;
@@ -1280,8 +1317,8 @@ int main(int argc, char **argv)
 	gputest_init(PROG);
 	signal(SIGSEGV, on_crash);
 	signal(SIGBUS, on_crash);
-	static struct config cfg = {.nranks = 2, .gpus = {1, {0}}, .timeout_s = 120, .comms = 8, .iters = 200,
-	                            .min_bytes = 256, .max_bytes = 1 << 20};
+	static struct config cfg = {.nranks = 2, .gpus = {1, {0}}, .buffers = MEMBUF_DEVICE, .timeout_s = 120,
+	                            .comms = 8, .iters = 200, .min_bytes = 256, .max_bytes = 1 << 20};
 	cfg.seed = (uint64_t)time(NULL);
 	int rc = parse_options(argc, argv, &cfg);
 	if (rc >= 0)
@@ -1301,9 +1338,10 @@ int main(int argc, char **argv)
 		printf("%s%d", r ? "," : " ", tool_rank_device(&cfg.gpus, r, 0));
 	if (cfg.deadlock) {
 		int first[2 * MAX_COMMS];
-		printf(", deadlock program %c: %d %s, %d iterations, %" PRIu64 " to %" PRIu64 " bytes, seed %" PRIu64 "\n",
+		printf(", deadlock program %c: %d %s, %d iterations, %" PRIu64 " to %" PRIu64 " bytes on %s buffers, seed %" PRIu64
+		       "\n",
 		       cfg.deadlock, cfg.comms, cfg.deadlock == 'A' ? "communicators" : "registered collectives",
-		       cfg.iters, cfg.min_bytes, cfg.max_bytes, cfg.seed);
+		       cfg.iters, cfg.min_bytes, cfg.max_bytes, membuf_kind_name(main_kind(&cfg)), cfg.seed);
 		/* The first iteration's orders of ranks 0 and 1, to show that they differ. */
 		struct config two = cfg;
 		two.nranks = cfg.nranks < 2 ? cfg.nranks : 2;
@@ -1312,8 +1350,8 @@ int main(int argc, char **argv)
 			print_ints(stdout, r ? "  rank 1, iteration 0, order:" : "  rank 0, iteration 0, order:",
 			           first + r * cfg.comms, cfg.comms);
 	} else {
-		printf(", collective sweep%s, seed %" PRIu64 "%s\n", cfg.quick ? " (quick)" : "", cfg.seed,
-		       cfg.host_buffers ? ", host buffers only" : "");
+		printf(", collective sweep%s on %s buffers, seed %" PRIu64 "%s\n", cfg.quick ? " (quick)" : "",
+		       membuf_kind_name(main_kind(&cfg)), cfg.seed, cfg.host_buffers ? ", host buffers only" : "");
 	}
 	int failed = tool_run_ranks(PROG, cfg.nranks, rank_main, &cfg, 30);
 	if (failed) {

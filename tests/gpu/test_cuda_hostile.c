@@ -29,7 +29,9 @@
  * by the rank count; an unknown communicator, a rank outside it, unknown
  * flags, a root outside it), each of which must complete with its status
  * within a few seconds; registrations that reach past the allocation, which
- * must be refused; a second well-formed all-reduce (the daemon still
+ * must be refused (a cudaMalloc allocation's legacy IPC handle, and a VMM
+ * allocation's descriptor, whose worker bounds the range by what the driver
+ * lets it map); a second well-formed all-reduce (the daemon still
  * serves). Finally every byte of both sessions' allocations must hold what
  * the test wrote or what the two all-reduces computed, and the device's
  * error counter must have grown by exactly the number of hostile entries.
@@ -56,6 +58,7 @@
 
 #include "client.h"
 #include "comm.h"
+#include "cudrv.h"
 #include "dfccl.h"
 #include "dfccl_queue.h"
 #include "mem.h"
@@ -497,6 +500,59 @@ static void check_bad_registrations(const struct target *t, struct client *c, in
 	}
 }
 
+/* Registers [offset, offset + size) of the VMM allocation behind fd with
+ * session c. */
+static dfcclResult_t vmm_register(struct client *c, int device, int fd, uint64_t offset, uint64_t size,
+                                  uint32_t *reg_id)
+{
+	Dfccl__V1__RegisterMem reg = DFCCL__V1__REGISTER_MEM__INIT;
+	reg.kind = DFCCL__V1__MEM_KIND__MEM_CUDA_VMM_FD;
+	reg.device = (uint32_t)device;
+	reg.size = size;
+	reg.offset = offset;
+	dfccl_envelope req = DFCCL__V1__ENVELOPE__INIT;
+	req.body_case = DFCCL__V1__ENVELOPE__BODY_REGISTER_MEM;
+	req.register_mem = &reg;
+	struct client_reply rep = CLIENT_REPLY_INIT;
+	dfcclResult_t r = client_request(c, &req, &fd, 1, DFCCL__V1__ENVELOPE__BODY_REGISTER_REPLY, &rep);
+	if (r == dfcclSuccess)
+		*reg_id = rep.env->register_reply->reg_id;
+	client_reply_release(&rep);
+	return r;
+}
+
+/* The same with a VMM allocation exported as a descriptor: the whole of
+ * it is accepted (and dropped again), a range past its end is not. */
+static void check_bad_vmm_registrations(struct client *c, int device)
+{
+	int fd = -1;
+	unsigned long long handle = 0;
+	uint64_t size = 0;
+	uint32_t reg = 0;
+	if (cudrv_vmm_create(device, 1, &fd, &handle, &size) < 0) {
+		fail("cannot make a VMM allocation exportable as a file descriptor: %s", cudrv_last_error());
+		return;
+	}
+	if (DFCCL_OK(vmm_register(c, device, fd, 0, size, &reg)))
+		DFCCL_OK(mem_deregister(c, reg));
+	else
+		fail("registering the whole of a %" PRIu64 "-byte VMM allocation was refused", size);
+	const struct {
+		uint64_t offset, size;
+		const char *what;
+	} bad[] = {
+	    {0, size + 1, "a range one byte longer than the VMM allocation"},
+	    {size, 1, "a range starting at the end of the VMM allocation"},
+	    {size - 4096, 8192, "a range crossing the end of the VMM allocation"},
+	    {UINT64_MAX - 100, 4096, "a VMM range whose end wraps around 2^64"},
+	};
+	for (unsigned i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+		if (vmm_register(c, device, fd, bad[i].offset, bad[i].size, &reg) == dfcclSuccess)
+			fail("registering %s was accepted (registration %u)", bad[i].what, reg);
+	close(fd);
+	cudrv_vmm_release(handle);
+}
+
 /* Entries the device's engine completed with an error status so far. */
 static int device_errors(struct client *c, int device, uint64_t *errors)
 {
@@ -561,6 +617,8 @@ static int run(struct hostile_test *h)
 	}
 	unsigned submitted = run_hostile(h);
 	check_bad_registrations(&h->mine, c, h->device);
+	if (h->use_device)
+		check_bad_vmm_registrations(c, h->device);
 	if (!run_control(h))
 		fail("the daemon no longer serves well-formed entries after the hostile ones");
 	if (!DFCCL_OK(client_nop(c, (uint32_t)h->device)))

@@ -33,7 +33,7 @@
  * aborted, timeout, success or error-N; survivor_context is ok, poisoned,
  * or none.
  *
- * --host-buffers runs the same on dfcclMemAlloc buffers without CUDA, the
+ * --host-buffers runs the same on dfcclMemAllocHost buffers without CUDA, the
  * victim's kernel played by a thread (survivor_context=none), which checks
  * this program against the host engine.
  *
@@ -97,7 +97,7 @@ static const char usage[] =
     "      --loop SECONDS     the bystander loop instead of the fault\n"
     "      --nranks N         loop: rank processes (default 2)\n"
     "      --max-wait S       loop: most seconds one iteration may take (default 5)\n"
-    "      --host-buffers     dfcclMemAlloc buffers and no CUDA: a thread plays the victim's\n"
+    "      --host-buffers     dfcclMemAllocHost buffers and no CUDA: a thread plays the victim's\n"
     "                         kernel (checks this program against the host engine)\n"
     "      --seed S           seed of the data (default: time; printed)\n"
     "  -h, --help             this text\n"
@@ -583,7 +583,7 @@ static int loop_rank(int rank, void *arg)
 	long it = 0;
 	int rc = -1;
 	gputest_set_rank(rank);
-	if (rank_join(&x) < 0 || !DFCCL_OK(dfcclMemAlloc((void **)&cell, sizeof(*cell))))
+	if (rank_join(&x) < 0 || !DFCCL_OK(dfcclMemAllocHost((void **)&cell, sizeof(*cell))))
 		goto out;
 	start = tool_now();
 	for (; !stop; it++) {

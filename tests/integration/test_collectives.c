@@ -379,10 +379,11 @@ static void test_daemon_algo_setting(void **state)
 /*
  * The tools' choice of buffers and devices. Host buffers (--mem host) on
  * the devices --devices names work in both tools. GPU buffers (--mem
- * device) need a build with a CUDA toolkit: without one both tools refuse
- * them as a usage error that says so; with one, against the host engine,
- * every rank fails with its reason (no GPU here, or an engine that takes no
- * GPU buffers) and the tool says so instead of hanging.
+ * device, vmm or memalloc) need a build with a CUDA toolkit: without one
+ * both tools refuse them as a usage error that says so; with one, against
+ * the host engine, every rank fails with its reason (no GPU here, or an
+ * engine that takes no GPU buffers) and the tool says so instead of
+ * hanging. An unknown kind is a usage error.
  */
 static void test_tools_memory(void **state)
 {
@@ -398,23 +399,32 @@ static void test_tools_memory(void **state)
 	assert_true(host_json);
 
 	static const char *const tools[] = {DFCCL_CHAOS_PATH, DFCCL_PERF_PATH};
+	static const char *const gpu_kinds[] = {"device", "vmm", "memalloc", "bogus"};
 	for (int t = 0; t < 2; t++) {
-		if (t == 0)
-			rc = run_tool(d, tools[t], 60000, VICTIM_NONE, 0, &out, "--nranks", "2", "--iters", "1", "--mem",
-			              "device", NULL);
-		else
-			rc = run_tool(d, tools[t], 60000, VICTIM_NONE, 0, &out, "allreduce", "-b", "8", "-e", "8", "--mem",
-			              "device", NULL);
+		for (int k = 0; k < 4; k++) {
+			if (t == 0)
+				rc = run_tool(d, tools[t], 60000, VICTIM_NONE, 0, &out, "--nranks", "2", "--iters", "1",
+				              "--mem", gpu_kinds[k], NULL);
+			else
+				rc = run_tool(d, tools[t], 60000, VICTIM_NONE, 0, &out, "allreduce", "-b", "8", "-e", "8",
+				              "--mem", gpu_kinds[k], NULL);
 #ifdef DFCCL_TOOLS_HAVE_CUDA
-		int said = strstr(out, "rank 0") != NULL;
-		int want_rc = TOOL_EXIT_FAIL;
+			int said = strstr(out, "rank 0") != NULL;
+			int want_rc = TOOL_EXIT_FAIL;
 #else
-		int said = strstr(out, "built without CUDA") != NULL;
-		int want_rc = TOOL_EXIT_USAGE;
+			int said = strstr(out, "built without CUDA") != NULL;
+			int want_rc = TOOL_EXIT_USAGE;
 #endif
-		free(out);
-		assert_int_equal(rc, want_rc);
-		assert_true(said);
+			if (k == 3) {
+				said = strstr(out, "--mem takes host, device, vmm or memalloc, not") != NULL;
+				want_rc = TOOL_EXIT_USAGE;
+			}
+			if (rc != want_rc || !said)
+				fprintf(stderr, "%s --mem %s: exit %d\n%s", tools[t], gpu_kinds[k], rc, out);
+			free(out);
+			assert_int_equal(rc, want_rc);
+			assert_true(said);
+		}
 	}
 }
 

@@ -6,6 +6,7 @@
  * checks; GPU memory refused by the host engine), and SIGTERM shutdown.
  * Every test starts its own dfccld.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <setjmp.h>
@@ -447,9 +448,34 @@ static void test_register_checks(void **state)
 	raw_close(&c);
 }
 
+/* Descriptors open in the daemon's supervisor. */
+static int daemon_fd_count(const struct daemon_proc *d)
+{
+	char path[64];
+	snprintf(path, sizeof(path), "/proc/%d/fd", (int)d->pid);
+	DIR *dir = opendir(path);
+	assert_non_null(dir);
+	int n = 0;
+	for (struct dirent *e; (e = readdir(dir));)
+		n += e->d_name[0] != '.';
+	closedir(dir);
+	return n;
+}
+
+/* Sends env (with descriptor fd, -1: none); the reply must be an
+ * ErrorReply with code and a message containing needle. */
+static void request_refused(struct raw_client *c, dfccl_envelope *env, int fd, int code, const char *needle)
+{
+	dfccl_envelope *r = raw_request(c, env, fd >= 0 ? &fd : NULL, fd >= 0 ? 1 : 0, NULL, NULL);
+	assert_int_equal(error_code(r), code);
+	if (!strstr(r->error->message, needle))
+		fail_msg("error \"%s\" does not mention \"%s\"", r->error->message, needle);
+	frame_envelope_free(r);
+}
+
 /* GPU memory needs the CUDA engine: the host engine refuses it with a
  * sentence saying so, after the checks of the request itself, and charges
- * nothing for it. */
+ * nothing for it nor keeps a descriptor. */
 static void test_register_gpu_needs_cuda_engine(void **state)
 {
 	struct daemon_proc *d = *state;
@@ -486,17 +512,36 @@ static void test_register_gpu_needs_cuda_engine(void **state)
 	assert_int_equal(error_code(r), EC(NOT_FOUND));
 	frame_envelope_free(r);
 
-	/* VMM memory exported as a descriptor is not supported by any engine. */
+	/* A VMM allocation exported as a descriptor: the request's own checks
+	 * first (its descriptor, its size), then the engine's refusal. */
 	int fd = sealed_memfd(4096);
+	int daemon_fds = daemon_fd_count(d);
 	rm.kind = DFCCL__V1__MEM_KIND__MEM_CUDA_VMM_FD;
 	rm.device = 0;
 	rm.size = 4096;
 	rm.ipc_handle.len = 0;
-	r = raw_request(&c, &env, &fd, 1, NULL, NULL);
-	assert_int_equal(error_code(r), EC(NOT_SUPPORTED));
-	assert_non_null(strstr(r->error->message, "not supported yet; use memory from cudaMalloc"));
-	frame_envelope_free(r);
+	request_refused(&c, &env, -1, EC(INVALID_ARGUMENT), "carries 0 descriptors, expected 1");
+	rm.size = 0;
+	request_refused(&c, &env, fd, EC(INVALID_ARGUMENT), "size 0");
+	rm.size = 4096;
+	rm.offset = UINT64_MAX - 10;
+	request_refused(&c, &env, fd, EC(INVALID_ARGUMENT), "wraps around");
+	rm.offset = 0;
+	request_refused(&c, &env, fd, EC(NOT_SUPPORTED), "runs the host engine, which cannot reach GPU memory: GPU "
+	                                                   "memory exported as a file descriptor (cuMemCreate) needs "
+	                                                   "dfccld started with --engine cuda on a GPU node");
 	close(fd);
+	/* Device memory from the daemon: the host engine has none. */
+	Dfccl__V1__AllocMem am = DFCCL__V1__ALLOC_MEM__INIT;
+	am.device = 0;
+	am.size = 4096;
+	Dfccl__V1__Envelope aenv = DFCCL__V1__ENVELOPE__INIT;
+	aenv.body_case = DFCCL__V1__ENVELOPE__BODY_ALLOC_MEM;
+	aenv.alloc_mem = &am;
+	request_refused(&c, &aenv, -1, EC(NOT_SUPPORTED), "device memory from dfcclMemAlloc needs dfccld started with "
+	                                                  "--engine cuda");
+	/* None of the descriptors sent stayed with the daemon. */
+	assert_int_equal(daemon_fd_count(d), daemon_fds);
 
 	r = raw_query(&c, DFCCL__V1__QUERY_KIND__QUERY_SESSIONS);
 	assert_int_equal(r->query_reply->sessions[0]->nregs, 0);

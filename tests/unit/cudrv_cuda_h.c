@@ -22,6 +22,19 @@ SAME_TYPE(cuDevicePrimaryCtxRelease, primary_ctx_release);
 SAME_TYPE(cuCtxGetCurrent, ctx_get_current);
 SAME_TYPE(cuCtxSetCurrent, ctx_set_current);
 SAME_TYPE(cuGetErrorName, get_error_name);
+SAME_TYPE(cuInit, init);
+SAME_TYPE(cuMemRetainAllocationHandle, mem_retain_allocation_handle);
+SAME_TYPE(cuMemExportToShareableHandle, mem_export_to_shareable_handle);
+SAME_TYPE(cuMemImportFromShareableHandle, mem_import_from_shareable_handle);
+SAME_TYPE(cuMemGetAllocationPropertiesFromHandle, mem_get_allocation_properties_from_handle);
+SAME_TYPE(cuMemGetAllocationGranularity, mem_get_allocation_granularity);
+SAME_TYPE(cuMemCreate, mem_create);
+SAME_TYPE(cuMemRelease, mem_release);
+SAME_TYPE(cuMemAddressReserve, mem_address_reserve);
+SAME_TYPE(cuMemAddressFree, mem_address_free);
+SAME_TYPE(cuMemMap, mem_map);
+SAME_TYPE(cuMemUnmap, mem_unmap);
+SAME_TYPE(cuMemSetAccess, mem_set_access);
 
 _Static_assert(CU_IPC_HANDLE_SIZE == CUDRV_IPC_HANDLE_BYTES, "a legacy IPC handle has 64 bytes");
 
@@ -32,6 +45,25 @@ const long cuda_h_values[] = {CUDRV_CHECKED_VALUES};
 #define NAME(fn) NAME_(fn)
 #define NAME_(fn) #fn
 const char *const cuda_h_symbols[] = {
-    NAME(cuPointerGetAttributes), NAME(cuIpcGetMemHandle), NAME(cuDeviceGet), NAME(cuDevicePrimaryCtxRetain),
-    NAME(cuDevicePrimaryCtxRelease), NAME(cuCtxGetCurrent), NAME(cuCtxSetCurrent), NAME(cuGetErrorName),
+    NAME(cuPointerGetAttributes),
+    NAME(cuIpcGetMemHandle),
+    NAME(cuDeviceGet),
+    NAME(cuDevicePrimaryCtxRetain),
+    NAME(cuDevicePrimaryCtxRelease),
+    NAME(cuCtxGetCurrent),
+    NAME(cuCtxSetCurrent),
+    NAME(cuGetErrorName),
+    NAME(cuInit),
+    NAME(cuMemRetainAllocationHandle),
+    NAME(cuMemExportToShareableHandle),
+    NAME(cuMemImportFromShareableHandle),
+    NAME(cuMemGetAllocationPropertiesFromHandle),
+    NAME(cuMemGetAllocationGranularity),
+    NAME(cuMemCreate),
+    NAME(cuMemRelease),
+    NAME(cuMemAddressReserve),
+    NAME(cuMemAddressFree),
+    NAME(cuMemMap),
+    NAME(cuMemUnmap),
+    NAME(cuMemSetAccess),
 };

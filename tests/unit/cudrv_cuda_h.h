@@ -6,12 +6,23 @@
 #ifndef DFCCL_TEST_CUDRV_CUDA_H_H
 #define DFCCL_TEST_CUDRV_CUDA_H_H
 
+#include <stddef.h>
+
 #define CUDRV_CHECKED_VALUES                                                                                     \
 	CUDA_SUCCESS, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_NOT_INITIALIZED,                \
-	    CUDA_ERROR_DEINITIALIZED, CUDA_ERROR_INVALID_CONTEXT, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,                  \
-	    CU_POINTER_ATTRIBUTE_BUFFER_ID, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,                                     \
-	    CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,                  \
-	    CU_POINTER_ATTRIBUTE_RANGE_SIZE, CU_MEMORYTYPE_DEVICE, sizeof(CUdeviceptr), sizeof(CUipcMemHandle)
+	    CUDA_ERROR_DEINITIALIZED, CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_NOT_PERMITTED, CUDA_ERROR_NOT_SUPPORTED, \
+	    CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_BUFFER_ID, CU_POINTER_ATTRIBUTE_IS_MANAGED,         \
+	    CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,                    \
+	    CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, CU_POINTER_ATTRIBUTE_RANGE_SIZE,                                  \
+	    CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE,                          \
+	    CU_POINTER_ATTRIBUTE_MAPPING_SIZE, CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR,                               \
+	    CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID, CU_MEMORYTYPE_DEVICE, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,    \
+	    CU_MEM_ALLOCATION_TYPE_PINNED, CU_MEM_LOCATION_TYPE_DEVICE, CU_MEM_ACCESS_FLAGS_PROT_READWRITE,          \
+	    CU_MEM_ALLOC_GRANULARITY_MINIMUM, sizeof(CUdeviceptr), sizeof(CUipcMemHandle),                           \
+	    sizeof(CUmemGenericAllocationHandle), sizeof(CUmemAllocationHandleType), sizeof(CUmemLocation),         \
+	    sizeof(CUmemAccessDesc), offsetof(CUmemAccessDesc, flags), sizeof(CUmemAllocationProp),                  \
+	    offsetof(CUmemAllocationProp, requestedHandleTypes), offsetof(CUmemAllocationProp, location),            \
+	    offsetof(CUmemAllocationProp, win32HandleMetaData)
 
 /* CUDRV_CHECKED_VALUES as cuda.h defines them. */
 extern const long cuda_h_values[];

@@ -20,28 +20,48 @@
  * sessions (gathering, replies to every rank, PERMISSION for another uid,
  * timeouts, abort and peer-loss notices, the comm quota); the path from the
  * wire with real workers is the integration tests' job.
+ *
+ * GPU memory: a server of the CUDA engine whose two workers are fake ones
+ * (fake_worker.c), started through the real workers module. A VMM
+ * registration reaches every worker with a duplicate of the client's
+ * descriptor and is answered once all acknowledged; deregistration and the
+ * end of the session let go of it everywhere; bad input (no descriptor, an
+ * empty or wrapping range, an IPC handle besides the descriptor, an unknown
+ * device, the host engine, a worker's refusal) is refused with a sentence
+ * and leaves nothing held or charged. AllocMem: the device's worker
+ * allocates, every worker maps it, the client gets the descriptor; bad
+ * requests, the host engine, the quota, a worker that cannot allocate,
+ * answers without a descriptor or dies, and a client that goes while the
+ * worker allocates each end with nothing held, and the worker told to let
+ * go of what it made. Descriptors are counted throughout: the test process
+ * is the supervisor.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
 
 #include "comm.h"
 #include "config.h"
+#include "devices.h"
 #include "frame.h"
 #include "log.h"
 #include "server.h"
 #include "session.h"
 #include "testutil.h"
 #include "user.h"
+#include "workers.h"
 
 #define EC(x) DFCCL__V1__ERROR_CODE__ERROR_##x
 
@@ -57,6 +77,8 @@ struct fixture {
 	struct peer p[3];
 	unsigned npeers;
 	int fds_before;
+	char dir[64];       /* with fake workers: their log and control files */
+	char log[96], ctl[96];
 };
 
 static int setup(void **state)
@@ -112,14 +134,21 @@ static void send_env(struct peer *p, const dfccl_envelope *env, const int *fds, 
 
 /* Waits (pumping the loop) for the next frame from the daemon. Returns 1
  * with it, 0 when the daemon closed the connection, -ETIMEDOUT after
- * `ms` milliseconds with neither. */
-static int recv_within(struct fixture *fx, struct peer *p, dfccl_envelope **env, int ms)
+ * `ms` milliseconds with neither. The frame's descriptors go to fds
+ * (DFCCL_FRAME_MAX_FDS of room) when it is not NULL, else are closed. */
+static int recv_fds_within(struct fixture *fx, struct peer *p, dfccl_envelope **env, int ms, int *out_fds,
+                           unsigned *out_nfds)
 {
 	for (int waited = 0; waited <= ms; waited += 5) {
 		int fds[DFCCL_FRAME_MAX_FDS];
 		unsigned nfds = 0;
 		int rc = frame_reader_next(&p->rd, env, fds, &nfds);
-		frame_close_fds(fds, rc == 1 ? nfds : 0);
+		if (rc == 1 && out_fds) {
+			memcpy(out_fds, fds, nfds * sizeof(int));
+			*out_nfds = nfds;
+		} else {
+			frame_close_fds(fds, rc == 1 ? nfds : 0);
+		}
 		if (rc != 0)
 			return rc;
 		uv_run(&fx->loop, UV_RUN_NOWAIT);
@@ -131,6 +160,11 @@ static int recv_within(struct fixture *fx, struct peer *p, dfccl_envelope **env,
 		}
 	}
 	return -ETIMEDOUT;
+}
+
+static int recv_within(struct fixture *fx, struct peer *p, dfccl_envelope **env, int ms)
+{
+	return recv_fds_within(fx, p, env, ms, NULL, NULL);
 }
 
 static dfccl_envelope *expect_body(struct fixture *fx, struct peer *p, uint64_t req, int body)
@@ -828,6 +862,410 @@ static void test_comm_quota(void **state)
 	assert_int_equal(n, 1);
 }
 
+/* ------------------------------------------------------------ GPU memory, with fake workers
+ *
+ * A server of the CUDA engine with two devices whose workers are
+ * fake_worker processes, started and watched by the real workers module:
+ * what the supervisor does with VMM registrations and with dfcclMemAlloc's
+ * device memory, on a machine without a GPU (see fake_worker.c).
+ */
+
+static int workers_stopped_flag;
+
+static void on_workers_stopped(struct server *srv)
+{
+	(void)srv;
+	workers_stopped_flag = 1;
+}
+
+static int setup_workers(void **state)
+{
+	if (setup(state) < 0)
+		return -1;
+	struct fixture *fx = *state;
+	snprintf(fx->dir, sizeof(fx->dir), "/tmp/dfccl-test-session-XXXXXX");
+	if (!mkdtemp(fx->dir))
+		return -1;
+	snprintf(fx->log, sizeof(fx->log), "%s/log", fx->dir);
+	snprintf(fx->ctl, sizeof(fx->ctl), "%s/ctl", fx->dir);
+	setenv("DFCCL_FAKE_WORKER_LOG", fx->log, 1);
+	setenv("DFCCL_FAKE_WORKER_CTL", fx->ctl, 1);
+	fx->srv.engine = DFCCLD_ENGINE_CUDA;
+	fx->srv.exe_path = FAKE_WORKER_PATH;
+	struct device_desc devs[2];
+	devices_host(devs, 2);
+	if (workers_new(&fx->srv, devs, 2, &fx->srv.workers) < 0)
+		return -1;
+	for (int i = 0; i < 5000 && workers_ready_count(fx->srv.workers) < 2; i++) {
+		uv_run(&fx->loop, UV_RUN_NOWAIT);
+		usleep(1000);
+	}
+	return workers_ready_count(fx->srv.workers) == 2 ? 0 : -1;
+}
+
+static int teardown_workers(void **state)
+{
+	struct fixture *fx = *state;
+	while (fx->srv.sessions)
+		session_end(fx->srv.sessions);
+	workers_stopped_flag = 0;
+	workers_stop(fx->srv.workers, on_workers_stopped);
+	for (int i = 0; i < 10000 && !workers_stopped_flag; i++) {
+		uv_run(&fx->loop, UV_RUN_NOWAIT);
+		usleep(1000);
+	}
+	assert_true(workers_stopped_flag);
+	workers_free(fx->srv.workers);
+	fx->srv.workers = NULL;
+	unlink(fx->log);
+	unlink(fx->ctl);
+	rmdir(fx->dir);
+	unsetenv("DFCCL_FAKE_WORKER_LOG");
+	unsetenv("DFCCL_FAKE_WORKER_CTL");
+	return teardown(state);
+}
+
+/* Tells the fake worker of `device` what to do with the next messages. */
+static void worker_mode(struct fixture *fx, const char *mode, unsigned device)
+{
+	FILE *f = fopen(fx->ctl, "w");
+	assert_non_null(f);
+	fprintf(f, "%s %u\n", mode, device);
+	fclose(f);
+}
+
+/* Whether a line of the fake workers' log contains needle; waits (pumping
+ * the loop) up to ms milliseconds for one. */
+static bool worker_logged(struct fixture *fx, const char *needle, int ms)
+{
+	for (int waited = 0;; waited += 5) {
+		FILE *f = fopen(fx->log, "r");
+		char line[512];
+		bool found = false;
+		while (f && !found && fgets(line, sizeof(line), f))
+			found = strstr(line, needle) != NULL;
+		if (f)
+			fclose(f);
+		if (found || waited >= ms)
+			return found;
+		uv_run(&fx->loop, UV_RUN_NOWAIT);
+		usleep(5000);
+	}
+}
+
+static unsigned long inode_of(int fd)
+{
+	struct stat st;
+	assert_int_equal(fstat(fd, &st), 0);
+	return (unsigned long)st.st_ino;
+}
+
+/* Pumps the loop until `want` descriptors are open (the supervisor closes
+ * some in callbacks). */
+static void expect_fd_count(struct fixture *fx, int want)
+{
+	int n = tu_count_fds();
+	for (int i = 0; i < 2000 && n != want; i++) {
+		uv_run(&fx->loop, UV_RUN_NOWAIT);
+		usleep(1000);
+		n = tu_count_fds();
+	}
+	assert_int_equal(n, want);
+}
+
+/* A VMM registration of `size` bytes with descriptor fd (-1: none). */
+static void send_vmm_reg(struct peer *p, struct tu_msg *m, uint64_t req, uint32_t device, uint64_t size,
+                         uint64_t offset, int fd)
+{
+	tu_msg_register_memfd(m, req, device, size);
+	m->u.register_mem.kind = DFCCL__V1__MEM_KIND__MEM_CUDA_VMM_FD;
+	m->u.register_mem.offset = offset;
+	send_env(p, &m->env, fd >= 0 ? &fd : NULL, fd >= 0 ? 1 : 0);
+}
+
+/* Both workers mapped registration reg (VMM, of session sid) from a
+ * duplicate of the descriptor fd stands for. */
+static void expect_mapped_everywhere(struct fixture *fx, uint32_t reg, uint64_t sid, uint64_t size, uint64_t offset,
+                                     int fd)
+{
+	char want[256];
+	for (unsigned d = 0; d < 2; d++) {
+		snprintf(want, sizeof(want), "addreg dev=%u reg=%u session=%llu kind=3 size=%llu offset=%llu nfds=1 "
+		         "inode=%lu", d, reg, (unsigned long long)sid, (unsigned long long)size,
+		         (unsigned long long)offset, inode_of(fd));
+		if (!worker_logged(fx, want, 0))
+			fail_msg("no worker log line \"%s\"", want);
+	}
+}
+
+/* Both workers were told to let go of registration reg. */
+static void expect_dropped_everywhere(struct fixture *fx, uint32_t reg)
+{
+	char want[64];
+	for (unsigned d = 0; d < 2; d++) {
+		snprintf(want, sizeof(want), "delreg dev=%u reg=%u", d, reg);
+		if (!worker_logged(fx, want, 2000))
+			fail_msg("no worker log line \"%s\"", want);
+	}
+}
+
+/* Deregisters reg: answered Ok, both workers let go, and the supervisor
+ * is back to `fds` descriptors and charges nothing. */
+static void deregister_everywhere(struct fixture *fx, struct peer *p, uint64_t req, uint32_t reg, int fds)
+{
+	struct tu_msg m;
+	tu_msg_deregister(&m, req, reg);
+	send_env(p, &m.env, NULL, 0);
+	expect_ok(fx, p, req);
+	expect_dropped_everywhere(fx, reg);
+	expect_fd_count(fx, fds);
+	assert_int_equal(p->s->nregs, 0);
+	assert_int_equal(fx->srv.users.head->registered_bytes, 0);
+}
+
+/* The client goes: both workers let go of reg, and the session's socket
+ * pair is gone, `fds` being the count before. */
+static void hang_up_everywhere(struct fixture *fx, struct peer *p, uint32_t reg, int fds)
+{
+	close(p->fd);
+	p->fd = -1;
+	expect_dropped_everywhere(fx, reg);
+	expect_fd_count(fx, fds - 2);
+}
+
+static uint32_t expect_registered(struct fixture *fx, struct peer *p, uint64_t req)
+{
+	dfccl_envelope *env = expect_body(fx, p, req, DFCCL__V1__ENVELOPE__BODY_REGISTER_REPLY);
+	uint32_t id = env->register_reply->reg_id;
+	frame_envelope_free(env);
+	assert_true(id > 0);
+	return id;
+}
+
+static void test_vmm_reg_to_every_worker(void **state)
+{
+	struct fixture *fx = *state;
+	struct peer *p = peer_open(fx);
+	uint64_t sid = hello(fx, p);
+	int fd = tu_memfd(1 << 20, 0); /* stands for an exported allocation */
+	int base = tu_count_fds();
+	struct tu_msg m;
+
+	/* Answered once both workers mapped it, each from its own duplicate
+	 * of the client's descriptor; the supervisor keeps one per worker
+	 * (for a replacement). */
+	send_vmm_reg(p, &m, 1, 1, 1 << 20, 4096, fd);
+	uint32_t reg = expect_registered(fx, p, 1);
+	expect_mapped_everywhere(fx, reg, sid, 1 << 20, 4096, fd);
+	expect_fd_count(fx, base + 2);
+	assert_int_equal(p->s->nregs, 1);
+	assert_int_equal(p->s->registered_bytes, 1 << 20);
+
+	/* Deregistered: both workers let go, and so does the supervisor. */
+	deregister_everywhere(fx, p, 2, reg, base);
+
+	/* A session that ends takes its registrations with it. */
+	send_vmm_reg(p, &m, 3, 0, 1 << 20, 0, fd);
+	reg = expect_registered(fx, p, 3);
+	expect_fd_count(fx, base + 2);
+	hang_up_everywhere(fx, p, reg, base);
+	close(fd);
+}
+
+static void test_vmm_reg_bad_input(void **state)
+{
+	struct fixture *fx = *state;
+	struct peer *p = peer_open(fx);
+	hello(fx, p);
+	int fd = tu_memfd(4096, 0);
+	int base = tu_count_fds();
+	struct tu_msg m;
+
+	/* No descriptor; an empty buffer; a range that wraps; an IPC handle
+	 * besides the descriptor; a device that does not exist. */
+	send_vmm_reg(p, &m, 10, 0, 4096, 0, -1);
+	expect_error(fx, p, 10, EC(INVALID_ARGUMENT), "carries 0 descriptors, expected 1");
+	send_vmm_reg(p, &m, 11, 0, 0, 0, fd);
+	expect_error(fx, p, 11, EC(INVALID_ARGUMENT), "empty buffer (size 0)");
+	send_vmm_reg(p, &m, 12, 0, 4096, UINT64_MAX - 100, fd);
+	expect_error(fx, p, 12, EC(INVALID_ARGUMENT), "wraps around");
+	uint8_t handle[64] = {0};
+	tu_msg_register_memfd(&m, 13, 0, 4096);
+	m.u.register_mem.kind = DFCCL__V1__MEM_KIND__MEM_CUDA_VMM_FD;
+	m.u.register_mem.ipc_handle.data = handle;
+	m.u.register_mem.ipc_handle.len = sizeof(handle);
+	send_env(p, &m.env, &fd, 1);
+	expect_error(fx, p, 13, EC(INVALID_ARGUMENT), "not by an IPC handle");
+	send_vmm_reg(p, &m, 14, 2, 4096, 0, fd);
+	expect_error(fx, p, 14, EC(NOT_FOUND), "device 2 does not exist");
+
+	/* The host engine cannot reach GPU memory, and says so. */
+	fx->srv.engine = DFCCLD_ENGINE_HOST;
+	send_vmm_reg(p, &m, 15, 0, 4096, 0, fd);
+	expect_error(fx, p, 15, EC(NOT_SUPPORTED), "runs the host engine, which cannot reach GPU memory: GPU memory "
+	                                             "exported as a file descriptor (cuMemCreate) needs dfccld started "
+	                                             "with --engine cuda");
+	fx->srv.engine = DFCCLD_ENGINE_CUDA;
+
+	/* A worker refuses it (the range past the allocation, say): the
+	 * client hears why, and the other worker lets go of it. */
+	worker_mode(fx, "refuse-reg", 1);
+	send_vmm_reg(p, &m, 16, 0, 4096, 0, fd);
+	expect_error(fx, p, 16, EC(INVALID_ARGUMENT), "the fake worker refuses this buffer");
+	assert_true(worker_logged(fx, "delreg dev=0", 2000));
+	worker_mode(fx, "ok", 1);
+
+	/* Nothing of all that is held or charged. */
+	expect_fd_count(fx, base);
+	assert_int_equal(p->s->nregs, 0);
+	assert_int_equal(fx->srv.users.head->registered_bytes, 0);
+	close(fd);
+}
+
+/* AllocMem of `size` bytes on device; returns the reply (its descriptor in *fd). */
+static dfccl_envelope *alloc_mem(struct fixture *fx, struct peer *p, uint64_t req, uint32_t device, uint64_t size,
+                                 int *fd)
+{
+	struct tu_msg m;
+	tu_msg_alloc_mem(&m, req, device, size);
+	send_env(p, &m.env, NULL, 0);
+	dfccl_envelope *env = NULL;
+	int fds[DFCCL_FRAME_MAX_FDS];
+	unsigned nfds = 0;
+	assert_int_equal(recv_fds_within(fx, p, &env, 3000, fds, &nfds), 1);
+	assert_int_equal(env->request_id, req);
+	*fd = nfds == 1 ? fds[0] : -1;
+	if (nfds != 1)
+		frame_close_fds(fds, nfds);
+	return env;
+}
+
+/* An AllocMem of 4096 bytes on device, answered by an ErrorReply with code
+ * and a message containing needle, and no descriptor. */
+static void alloc_refused(struct fixture *fx, struct peer *p, uint64_t req, uint32_t device, int code,
+                          const char *needle)
+{
+	int fd;
+	dfccl_envelope *env = alloc_mem(fx, p, req, device, 4096, &fd);
+	assert_int_equal(env->body_case, DFCCL__V1__ENVELOPE__BODY_ERROR);
+	assert_int_equal(env->error->code, code);
+	if (!strstr(env->error->message, needle))
+		fail_msg("error \"%s\" does not mention \"%s\"", env->error->message, needle);
+	frame_envelope_free(env);
+	assert_int_equal(fd, -1);
+}
+
+static void test_alloc_mem(void **state)
+{
+	struct fixture *fx = *state;
+	struct peer *p = peer_open(fx);
+	uint64_t sid = hello(fx, p);
+	int base = tu_count_fds();
+	char want[256];
+
+	/* The worker of the device allocates; every worker maps it as a
+	 * registration of the session; the client gets the descriptor. */
+	int fd;
+	dfccl_envelope *env = alloc_mem(fx, p, 20, 1, 100000, &fd);
+	assert_int_equal(env->body_case, DFCCL__V1__ENVELOPE__BODY_ALLOC_MEM_REPLY);
+	const Dfccl__V1__AllocMemReply *r = env->alloc_mem_reply;
+	uint32_t reg = r->reg_id;
+	assert_true(reg > 0);
+	assert_int_equal(r->size, 100000);
+	assert_int_equal(r->map_size, 131072);
+	assert_int_equal(r->device, 1);
+	assert_int_equal(r->nfds, 1);
+	assert_true(fd >= 0);
+	frame_envelope_free(env);
+	snprintf(want, sizeof(want), "alloc dev=1 reg=%u size=100000", reg);
+	assert_true(worker_logged(fx, want, 0));
+	snprintf(want, sizeof(want), "allocdone dev=1 reg=%u inode=%lu", reg, inode_of(fd));
+	assert_true(worker_logged(fx, want, 0));
+	expect_mapped_everywhere(fx, reg, sid, 100000, 0, fd);
+	assert_int_equal(p->s->nregs, 1);
+	assert_int_equal(p->s->registered_bytes, 100000);
+	/* The client's descriptor, and the supervisor's one per worker. */
+	expect_fd_count(fx, base + 3);
+	close(fd);
+
+	/* Freed: every worker lets go, and the supervisor closes its
+	 * descriptors. */
+	deregister_everywhere(fx, p, 21, reg, base);
+
+	/* Left allocated when the client goes: freed all the same. */
+	env = alloc_mem(fx, p, 22, 0, 4096, &fd);
+	assert_int_equal(env->body_case, DFCCL__V1__ENVELOPE__BODY_ALLOC_MEM_REPLY);
+	reg = env->alloc_mem_reply->reg_id;
+	frame_envelope_free(env);
+	close(fd);
+	hang_up_everywhere(fx, p, reg, base);
+}
+
+static void test_alloc_mem_failures(void **state)
+{
+	struct fixture *fx = *state;
+	struct peer *p = peer_open(fx);
+	hello(fx, p);
+	int base = tu_count_fds();
+	struct tu_msg m;
+	char want[128];
+
+	/* Bad requests, and the host engine. */
+	tu_msg_alloc_mem(&m, 30, 0, 0);
+	request_fails(fx, p, &m, EC(INVALID_ARGUMENT), "empty buffer (size 0)");
+	tu_msg_alloc_mem(&m, 31, 5, 4096);
+	request_fails(fx, p, &m, EC(NOT_FOUND), "device 5 does not exist");
+	fx->srv.engine = DFCCLD_ENGINE_HOST;
+	tu_msg_alloc_mem(&m, 32, 0, 4096);
+	request_fails(fx, p, &m, EC(NOT_SUPPORTED), "device memory from dfcclMemAlloc needs dfccld started with "
+	                                            "--engine cuda");
+	fx->srv.engine = DFCCLD_ENGINE_CUDA;
+	/* The uid's quota. */
+	fx->srv.users.limits.max_registered_bytes = 8192;
+	tu_msg_alloc_mem(&m, 33, 0, 8193);
+	request_fails(fx, p, &m, EC(RESOURCE), "max-registered-bytes-per-uid");
+	fx->srv.users.limits.max_registered_bytes = INT64_MAX;
+
+	/* The worker cannot allocate; answers without the descriptor. */
+	worker_mode(fx, "alloc-fail", 0);
+	alloc_refused(fx, p, 34, 0, EC(RESOURCE), "the fake worker has no device memory");
+	worker_mode(fx, "alloc-nofd", 0);
+	alloc_refused(fx, p, 35, 0, EC(INTERNAL), "without its descriptor");
+
+	/* The worker dies before it answers. */
+	worker_mode(fx, "alloc-die", 1);
+	alloc_refused(fx, p, 36, 1, EC(DEVICE_LOST), "died before the allocation completed");
+	/* While it is down, allocations on its device are refused at once. */
+	tu_msg_alloc_mem(&m, 37, 1, 4096);
+	request_fails(fx, p, &m, EC(DEVICE_LOST), "the worker of device 1 is not running");
+	worker_mode(fx, "ok", 1);
+	for (int i = 0; i < 5000 && workers_ready_count(fx->srv.workers) < 2; i++) {
+		uv_run(&fx->loop, UV_RUN_NOWAIT);
+		usleep(1000);
+	}
+	assert_int_equal(workers_ready_count(fx->srv.workers), 2);
+	assert_int_equal(p->s->nregs, 0);
+	assert_int_equal(fx->srv.users.head->registered_bytes, 0);
+	expect_fd_count(fx, base);
+
+	/* The client goes while the worker allocates: what the worker made is
+	 * closed again, and the worker told to let go of it. */
+	worker_mode(fx, "alloc-slow", 0);
+	tu_msg_alloc_mem(&m, 38, 0, 4096);
+	send_env(p, &m.env, NULL, 0);
+	uint32_t reg = fx->srv.next_reg_id + 1;
+	snprintf(want, sizeof(want), "alloc dev=0 reg=%u size=4096", reg);
+	assert_true(worker_logged(fx, want, 2000));
+	close(p->fd);
+	p->fd = -1;
+	snprintf(want, sizeof(want), "allocdone dev=0 reg=%u", reg);
+	assert_true(worker_logged(fx, want, 3000));
+	snprintf(want, sizeof(want), "delreg dev=0 reg=%u", reg);
+	assert_true(worker_logged(fx, want, 3000));
+	expect_fd_count(fx, base - 2); /* the session's socket pair is gone */
+	assert_false(worker_logged(fx, "addreg", 0));
+}
+
 int main(void)
 {
 	log_setup(LOG_LEVEL_WARN, LOG_TARGET_STDERR, "test_session");
@@ -860,6 +1298,10 @@ int main(void)
 	    T(test_comm_timeout),
 	    T(test_comm_peer_lost),
 	    T(test_comm_quota),
+	    cmocka_unit_test_setup_teardown(test_vmm_reg_to_every_worker, setup_workers, teardown_workers),
+	    cmocka_unit_test_setup_teardown(test_vmm_reg_bad_input, setup_workers, teardown_workers),
+	    cmocka_unit_test_setup_teardown(test_alloc_mem, setup_workers, teardown_workers),
+	    cmocka_unit_test_setup_teardown(test_alloc_mem_failures, setup_workers, teardown_workers),
 	};
 #undef T
 	return cmocka_run_group_tests(tests, NULL, NULL);

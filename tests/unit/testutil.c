@@ -199,6 +199,15 @@ void tu_msg_deregister(struct tu_msg *m, uint64_t request_id, uint32_t reg_id)
 	m->env.deregister_mem = &m->u.deregister_mem;
 }
 
+void tu_msg_alloc_mem(struct tu_msg *m, uint64_t request_id, uint32_t device, uint64_t size)
+{
+	msg_base(m, request_id, DFCCL__V1__ENVELOPE__BODY_ALLOC_MEM);
+	dfccl__v1__alloc_mem__init(&m->u.alloc_mem);
+	m->u.alloc_mem.device = device;
+	m->u.alloc_mem.size = size;
+	m->env.alloc_mem = &m->u.alloc_mem;
+}
+
 uint32_t tu_rand(uint64_t *state, uint32_t below)
 {
 	uint64_t x = *state;

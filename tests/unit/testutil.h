@@ -58,6 +58,7 @@ struct tu_msg {
 		Dfccl__V1__CommAbort comm_abort;
 		Dfccl__V1__RegisterMem register_mem;
 		Dfccl__V1__DeregisterMem deregister_mem;
+		Dfccl__V1__AllocMem alloc_mem;
 	} u;
 };
 
@@ -71,6 +72,7 @@ void tu_msg_comm_destroy(struct tu_msg *m, uint64_t request_id, uint64_t comm_id
 void tu_msg_comm_abort(struct tu_msg *m, uint64_t request_id, uint64_t comm_id);
 void tu_msg_register_memfd(struct tu_msg *m, uint64_t request_id, uint32_t device, uint64_t size);
 void tu_msg_deregister(struct tu_msg *m, uint64_t request_id, uint32_t reg_id);
+void tu_msg_alloc_mem(struct tu_msg *m, uint64_t request_id, uint32_t device, uint64_t size);
 
 /* xorshift64: the next number below `below` from *state (never 0). */
 uint32_t tu_rand(uint64_t *state, uint32_t below);
