@@ -45,6 +45,59 @@ struct sched_queue {
 	uint32_t idx[SCHED_MAX_TASKS]; /* task indices, in run order */
 };
 
+/*
+ * Fair admission. The task queue holds SCHED_MAX_TASKS tasks; a collective
+ * whose peers never post stays in it, so whoever fills it stalls everyone
+ * on the device. An engine therefore takes entries from a queue pair only
+ * while it holds fewer tasks than it may, and otherwise leaves them in the
+ * client's own submission queue (whose slots the client's library waits
+ * for): half the task queue is a reserve from which each queue pair may
+ * hold SCHED_QP_GUARANTEE tasks, the other half is shared, and no queue
+ * pair holds more than max_inflight (the max-inflight-per-session setting).
+ * An entry that arrives while its queue pair already holds max_inflight is
+ * refused with DFCCL_CQ_LIMIT. So a queue pair always finds a place for its
+ * first SCHED_QP_GUARANTEE collectives while fewer than SCHED_RESERVE /
+ * SCHED_QP_GUARANTEE queue pairs hold theirs (the supervisor's
+ * max-qps-per-uid keeps one user below that), and an engine never holds
+ * more than SCHED_MAX_TASKS tasks.
+ */
+#define SCHED_QP_GUARANTEE 4u
+#define SCHED_RESERVE (SCHED_MAX_TASKS / 2)
+#define SCHED_SHARED (SCHED_MAX_TASKS - SCHED_RESERVE)
+#define SCHED_MAX_INFLIGHT SCHED_SHARED
+
+/* max-inflight-per-session as an engine applies it (0: the most). */
+static inline DFCCL_HD uint32_t sched_max_inflight(uint32_t setting)
+{
+	return setting && setting < SCHED_MAX_INFLIGHT ? setting : SCHED_MAX_INFLIGHT;
+}
+
+/* Whether the next task of a queue pair that holds `inflight` counts
+ * against the reserve (else against the shared part). */
+static inline DFCCL_HD int sched_admit_reserved(uint32_t inflight)
+{
+	return inflight < SCHED_QP_GUARANTEE;
+}
+
+/* How many more entries of a queue pair holding `inflight` tasks may enter
+ * an engine whose tasks use reserve_used of the reserve and shared_used of
+ * the shared part. */
+static inline DFCCL_HD uint32_t sched_admit_room(uint32_t inflight, uint32_t reserve_used, uint32_t shared_used,
+                                                 uint32_t max_inflight)
+{
+	if (inflight >= max_inflight)
+		return 0;
+	uint32_t room;
+	if (sched_admit_reserved(inflight)) {
+		room = SCHED_QP_GUARANTEE - inflight;
+		if (room > SCHED_RESERVE - reserve_used)
+			room = reserve_used < SCHED_RESERVE ? SCHED_RESERVE - reserve_used : 0;
+	} else {
+		room = shared_used < SCHED_SHARED ? SCHED_SHARED - shared_used : 0;
+	}
+	return room < max_inflight - inflight ? room : max_inflight - inflight;
+}
+
 /* Defaults measured for the host engine; DFCCL used 100,000 for the head
  * and 20x after success on GPUs. */
 #define SCHED_DEFAULT_SPIN_HEAD 20000u

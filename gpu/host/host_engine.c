@@ -62,7 +62,7 @@ struct host_engine {
 	struct host_qp *qps; /* the queue pairs served by host_engine_ops_new's poll */
 	uint32_t nqps, qps_cap;
 	uint32_t max_inflight;
-	uint32_t reserve_used; /* sum over qps of min(inflight, HOST_QP_GUARANTEE) */
+	uint32_t reserve_used; /* sum over qps of min(inflight, SCHED_QP_GUARANTEE) */
 	uint32_t shared_used;  /* sum over qps of the rest of inflight */
 
 	uint32_t algo; /* enum dfccl_algo: the configured algorithm (auto: the plan decides) */
@@ -99,8 +99,7 @@ int host_engine_new(const struct host_engine_config *cfg, struct host_engine **o
 	e->env.device = cfg->device;
 	e->env.visit_bytes = HOST_VISIT_BYTES;
 	e->algo = cfg->algo;
-	e->max_inflight = cfg->max_inflight && cfg->max_inflight < HOST_MAX_INFLIGHT ? cfg->max_inflight
-	                                                                               : HOST_MAX_INFLIGHT;
+	e->max_inflight = sched_max_inflight(cfg->max_inflight);
 	e->backlog_head = e->backlog_tail = NO_TASK;
 	*out = e;
 	return 0;
@@ -237,7 +236,7 @@ static void qp_charge(struct host_engine *e, struct host_qp *hq)
 {
 	if (!hq)
 		return;
-	if (hq->inflight++ < HOST_QP_GUARANTEE)
+	if (sched_admit_reserved(hq->inflight++))
 		e->reserve_used++;
 	else
 		e->shared_used++;
@@ -247,7 +246,7 @@ static void qp_uncharge(struct host_engine *e, struct host_qp *hq)
 {
 	if (!hq)
 		return;
-	if (--hq->inflight < HOST_QP_GUARANTEE)
+	if (sched_admit_reserved(--hq->inflight))
 		e->reserve_used--;
 	else
 		e->shared_used--;
@@ -256,15 +255,7 @@ static void qp_uncharge(struct host_engine *e, struct host_qp *hq)
 /* How many more of hq's entries may enter the engine now. */
 static uint32_t qp_room(const struct host_engine *e, const struct host_qp *hq)
 {
-	if (hq->inflight >= e->max_inflight)
-		return 0;
-	uint32_t room = hq->inflight < HOST_QP_GUARANTEE ? HOST_QP_GUARANTEE - hq->inflight : 0;
-	if (room)
-		room = room < HOST_RESERVE - e->reserve_used ? room : HOST_RESERVE - e->reserve_used;
-	else
-		room = HOST_SHARED - e->shared_used;
-	uint32_t own = e->max_inflight - hq->inflight;
-	return room < own ? room : own;
+	return sched_admit_room(hq->inflight, e->reserve_used, e->shared_used, e->max_inflight);
 }
 
 static void task_release(struct host_engine *e, uint32_t idx)

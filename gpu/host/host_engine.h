@@ -41,28 +41,11 @@ struct host_engine_config {
 	sq_reg_lookup_fn reg_lookup;         /* registration id -> buffer, for every session */
 	void *reg_ctx;
 	uint32_t algo;                       /* enum dfccl_algo: for entries without a hint */
-	uint32_t max_inflight;               /* tasks one served queue pair may hold (0: HOST_MAX_INFLIGHT) */
+	uint32_t max_inflight;               /* tasks one served queue pair may hold (0: SCHED_MAX_INFLIGHT) */
 };
 
-/*
- * Fair admission. The task queue holds SCHED_MAX_TASKS tasks; a collective
- * whose peers never post stays in it, so whoever fills it stalls everyone
- * on the device. Entries are therefore taken from a served queue pair only
- * while it holds fewer tasks than it may, and are otherwise left in the
- * client's own submission queue (whose slots the client's library waits
- * for): half the task queue is a reserve from which each queue pair may
- * hold HOST_QP_GUARANTEE tasks, the other half is shared, and no queue
- * pair holds more than max_inflight. An entry that arrives while its queue
- * pair already holds max_inflight is refused with DFCCL_CQ_LIMIT.
- * So a queue pair always finds a place for its first HOST_QP_GUARANTEE
- * collectives while fewer than HOST_RESERVE / HOST_QP_GUARANTEE queue pairs
- * hold theirs (the supervisor's max-qps-per-uid keeps one user below that),
- * and the engine's memory never exceeds SCHED_MAX_TASKS tasks.
- */
-#define HOST_QP_GUARANTEE 4u
-#define HOST_RESERVE (SCHED_MAX_TASKS / 2)
-#define HOST_SHARED (SCHED_MAX_TASKS - HOST_RESERVE)
-#define HOST_MAX_INFLIGHT HOST_SHARED
+/* Fair admission of a served queue pair's entries: scheduler.h
+ * (sched_admit_room), the daemon kernel's policy too. */
 
 int host_engine_new(const struct host_engine_config *cfg, struct host_engine **out);
 void host_engine_free(struct host_engine *e);

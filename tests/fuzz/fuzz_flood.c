@@ -173,7 +173,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	/* Short spins: a blocked task costs little, so many inputs run. */
 	struct engine_config cfg = {.sched = {.spin_head = 64, .spin_other = 4, .stick_mult = 4, .spin_max = 1024},
 	                            .reg_lookup = reg_lookup,
-	                            .max_inflight = data[0] % HOST_MAX_INFLIGHT + 1};
+	                            .max_inflight = data[0] % SCHED_MAX_INFLIGHT + 1};
 	for (unsigned e = 0; e < NENG; e++) {
 		cfg.device = e;
 		if (host_engine_ops_new(&cfg, &n.ops, &n.eng[e]) < 0)

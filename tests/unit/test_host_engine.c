@@ -1240,7 +1240,7 @@ static void test_fair_admission(void **state)
 	(void)state;
 	enum { NFLOOD = 3, FLOOD = 400, VICTIM = 10 };
 	struct sim s;
-	sim_init_served(&s, 2, HOST_MAX_INFLIGHT);
+	sim_init_served(&s, 2, SCHED_MAX_INFLIGHT);
 	unsigned victim[2] = {sim_queue(&s, 0, 1), sim_queue(&s, 1, 2)};
 	unsigned peer = sim_queue(&s, 1, 20);
 	unsigned fq[NFLOOD];
@@ -1255,7 +1255,7 @@ static void test_fair_admission(void **state)
 			submit_simple(&s, fq[f], 101 + f, k + 1, 0, 4);
 	sim_spin(&s, 40);
 	/* Each flooder's guarantee from the reserve, and the shared part. */
-	assert_int_equal(host_engine_pending(s.eng[0]), NFLOOD * HOST_QP_GUARANTEE + HOST_SHARED);
+	assert_int_equal(host_engine_pending(s.eng[0]), NFLOOD * SCHED_QP_GUARANTEE + SCHED_SHARED);
 	assert_true(host_engine_capacity(s.eng[0]) <= SCHED_MAX_TASKS);
 	for (unsigned f = 0; f < NFLOOD; f++)
 		assert_int_equal(q_completed(&s.qs[fq[f]]), 0); /* waiting, not refused */

@@ -152,13 +152,65 @@ static void test_queue_full(void **state)
 	assert_int_equal(queue.idx[SCHED_MAX_TASKS - 1], SCHED_MAX_TASKS);
 }
 
+/* Fair admission: every queue pair's guarantee from the reserve, the rest
+ * from the shared part, never past max_inflight nor past either part. A
+ * simulation of many queue pairs taking all they may checks the bounds. */
+static void test_admission(void **state)
+{
+	(void)state;
+	assert_int_equal(sched_max_inflight(0), SCHED_MAX_INFLIGHT);
+	assert_int_equal(sched_max_inflight(7), 7);
+	assert_int_equal(sched_max_inflight(SCHED_MAX_INFLIGHT + 5), SCHED_MAX_INFLIGHT);
+	/* a fresh queue pair gets its guarantee, then one shared task at a time */
+	assert_int_equal(sched_admit_room(0, 0, 0, 100), SCHED_QP_GUARANTEE);
+	assert_int_equal(sched_admit_room(SCHED_QP_GUARANTEE, 0, 0, 100), 100 - SCHED_QP_GUARANTEE);
+	assert_int_equal(sched_admit_room(SCHED_QP_GUARANTEE, 0, SCHED_SHARED, 100), 0);
+	assert_int_equal(sched_admit_room(1, SCHED_RESERVE, 0, 100), 0);
+	assert_int_equal(sched_admit_room(1, SCHED_RESERVE - 1, 0, 100), 1);
+	assert_int_equal(sched_admit_room(10, 0, 0, 10), 0);
+	assert_int_equal(sched_admit_room(2, 0, 0, 3), 1);
+
+	/* 200 queue pairs, the first 20 flooding: each takes what it may in
+	 * turn until nobody can take more */
+	enum { NQP = 200 };
+	static uint32_t inflight[NQP];
+	uint32_t reserve = 0, shared = 0, max = 300;
+	for (int moved = 1; moved;) {
+		moved = 0;
+		for (int q = 0; q < NQP; q++) {
+			uint32_t want = q < 20 ? 100000 : SCHED_QP_GUARANTEE;
+			while (inflight[q] < want && sched_admit_room(inflight[q], reserve, shared, max) > 0) {
+				if (sched_admit_reserved(inflight[q]++))
+					reserve++;
+				else
+					shared++;
+				moved = 1;
+			}
+		}
+	}
+	uint32_t total = 0;
+	for (int q = 0; q < NQP; q++) {
+		assert_true(inflight[q] <= max);
+		total += inflight[q];
+	}
+	assert_true(reserve <= SCHED_RESERVE && shared <= SCHED_SHARED);
+	assert_int_equal(total, reserve + shared);
+	assert_true(total <= SCHED_MAX_TASKS);
+	/* the quiet queue pairs got their guarantee while the reserve lasted:
+	 * 200 x 4 > 512, so the first 128 did, the others found it used up */
+	for (int q = 20; q < NQP && (q + 1) * SCHED_QP_GUARANTEE <= SCHED_RESERVE; q++)
+		assert_int_equal(inflight[q], SCHED_QP_GUARANTEE);
+	assert_int_equal(reserve, SCHED_RESERVE);
+	assert_int_equal(shared, SCHED_SHARED);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_fifo_order),  cmocka_unit_test(test_priority_order),
 	    cmocka_unit_test(test_remove_keeps_order), cmocka_unit_test(test_thresholds),
 	    cmocka_unit_test(test_stickiness),  cmocka_unit_test(test_queue_full),
-	    cmocka_unit_test(test_drain_threshold),
+	    cmocka_unit_test(test_drain_threshold), cmocka_unit_test(test_admission),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
