@@ -871,6 +871,7 @@ extern "C" int cuda_engine_ops_new(const struct engine_config *cfg, const struct
 	e->params.visit_bytes = CE_VISIT_BYTES;
 	e->params.chan_bytes = CE_CHAN_BYTES;
 	e->params.algo = cfg->algo;
+	e->params.max_inflight = sched_max_inflight(cfg->max_inflight);
 	*ops = &cuda_ops;
 	*impl = e;
 	return 0;

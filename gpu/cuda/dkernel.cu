@@ -3,7 +3,9 @@
  * grid of channel blocks, each with its own task queue in shared memory.
  *
  * Block 0's thread 0 also reads the submission queues: it polls the arm word
- * of every queue pair's next entries in host memory, copies an armed entry,
+ * of every queue pair's next entries in host memory (as far as fair
+ * admission lets the pair hold more tasks, gpu/scheduler.h; at its
+ * max-inflight-per-session entries are refused), copies an armed entry,
  * checks the copy (gpu/sqe_check.h, the same checks the host engine makes),
  * and either completes it at once with an error status or makes a task of
  * it and hands the task to blocks 0..c-1 through their inboxes, c channels
@@ -395,6 +397,12 @@ __device__ uint32_t task_alloc(dk_state *st)
 
 __device__ void task_free(dk_state *st, dk_task *t)
 {
+	/* Its admission is given back: to its part, and to its queue pair
+	 * unless the slot serves another one by now (which starts from 0). */
+	dk_qp *q = &st->qps[t->qp];
+	atomicSub(t->reserved_part ? &st->admit_reserve : &st->admit_shared, 1u);
+	if (vload(&q->live) && vload(&q->gen) == t->qp_gen)
+		atomicSub(&q->inflight, 1u);
 	__threadfence();
 	*(volatile uint32_t *)&t->state = DK_TASK_FREE;
 	atomicSub(&st->live_tasks, 1u);
@@ -507,6 +515,8 @@ __device__ uint32_t entry_accept(dk_ctx &c, uint32_t qi, dk_qp *q, const dfccl_s
 		st->states[ch][ti].priority = (e->flags & DFCCL_SQE_F_PRIORITY) ? e->priority : 0;
 		st->states[ch][ti].boost = 1;
 	}
+	t->reserved_part = (uint8_t)sched_admit_reserved(atomicAdd(&q->inflight, 1u));
+	atomicAdd(t->reserved_part ? &st->admit_reserve : &st->admit_shared, 1u);
 	t->state = DK_TASK_LIVE;
 	atomicAdd(&st->live_tasks, 1u);
 	__threadfence();
@@ -546,6 +556,13 @@ __device__ uint32_t read_queues(dk_ctx &c)
 		/* The client owns the tail: never look further than one lap. */
 		if (tail >= head + n)
 			tail = head + n - 1;
+		/* Fair admission (scheduler.h): entries beyond the pair's room
+		 * stay armed in its queue; at max_inflight they are refused. */
+		uint32_t inflight = vload(&q->inflight);
+		bool at_limit = inflight >= c.p.max_inflight;
+		uint32_t room = at_limit ? 0
+		                         : sched_admit_room(inflight, vload(&st->admit_reserve), vload(&st->admit_shared),
+		                                            c.p.max_inflight);
 		bool full = false;
 		for (uint64_t s = head; s <= tail && !full; s++) {
 			uint32_t slot = DFCCL_QP_SLOT(s, n);
@@ -568,7 +585,12 @@ __device__ uint32_t read_queues(dk_ctx &c)
 			e.arm = s;
 			uint32_t ti = DK_NO_TASK;
 			dk_comm *cm = NULL;
+			if (status == DFCCL_CQ_OK && e.opcode != DFCCL_OP_NOP && !at_limit && room == 0)
+				break; /* no room now: it waits in the queue */
+			if (status == DFCCL_CQ_OK && e.opcode != DFCCL_OP_NOP && at_limit)
+				status = DFCCL_CQ_LIMIT;
 			if (status == DFCCL_CQ_OK && e.opcode != DFCCL_OP_NOP) {
+				room--;
 				status = entry_accept(c, qi, q, &e, &ti, &cm);
 				if (status == DFCCL_CQ_OK && ti == DK_NO_TASK) {
 					full = true; /* every task in use: leave it armed */

@@ -55,7 +55,7 @@ struct dk_qp {
 	uint64_t head;                /* kernel (host sets it on add): lowest sequence not yet taken */
 	uint64_t completed;           /* kernel: completions written, under `lock` */
 	int32_t lock;                 /* kernel: orders completions of several blocks */
-	uint32_t reserved1;
+	uint32_t inflight;            /* kernel (host zeroes it on add): its tasks in the kernel (atomic) */
 };
 
 enum dk_reg_state { DK_REG_EMPTY = 0, DK_REG_LIVE = 1, DK_REG_GONE = 2 };
@@ -148,7 +148,8 @@ struct dk_task {
 	uint64_t arrival;
 	uint8_t opcode, dtype, redop, nch;
 	uint8_t algo;       /* enum dfccl_algo, chosen when the entry was taken */
-	uint8_t reserved[3];
+	uint8_t reserved_part; /* 1: admitted from the reserve, 0: from the shared part (scheduler.h) */
+	uint8_t reserved[2];
 	uint32_t status;    /* completion status once known */
 	struct dfccl_rank_post *posts; /* collectives: the instance's posts, [rank] */
 	struct dfccl_p2p_box *box;     /* send/recv */
@@ -202,6 +203,7 @@ struct dk_host {
 struct dk_state {
 	struct dk_ctl ctl;
 	uint32_t live_tasks;  /* tasks not FREE (atomic) */
+	uint32_t admit_reserve, admit_shared; /* tasks admitted from each part (atomic; scheduler.h) */
 	uint32_t task_cursor; /* block 0: where the search for a free task starts */
 	uint64_t arrivals;    /* block 0 */
 	struct dk_qp qps[DK_MAX_QPS];
@@ -223,7 +225,7 @@ struct dk_params {
 	uint64_t visit_bytes;    /* bytes a channel moves per visit before it yields */
 	uint64_t chan_bytes;     /* a collective gets one channel per this many bytes, up to `blocks` */
 	uint32_t algo;           /* enum dfccl_algo: for entries without a hint (the `algo` setting) */
-	uint32_t reserved;
+	uint32_t max_inflight;   /* tasks one queue pair may hold (sched_max_inflight) */
 };
 
 /* The registration table's first probe for reg_id. */
