@@ -14,6 +14,7 @@
 
 #include "dfccl_queue.h"
 #include "log.h"
+#include "worker_user.h"
 
 #ifndef DFCCL_VERSION_STRING
 #define DFCCL_VERSION_STRING "0.1.0"
@@ -38,6 +39,10 @@ static const char *const algo_choices[DFCCL_ALGO_COUNT_ + 1] = DFCCL_ALGO_NAMES;
 /* Indexed by enum log_level: the first three slots are unused. */
 static const char *const level_choices[] = {"", "", "", "err", "warn", "notice", "info", "debug", NULL};
 static const char *const target_choices[] = {"auto", "stderr", "journal", NULL};
+/* Indexed by enum worker_user_setting (worker_user.h). */
+static const char *const worker_user_choices[] = {"auto", "daemon", "job", NULL};
+DFCCL_STATIC_ASSERT(WORKER_USER_AUTO == 0 && WORKER_USER_DAEMON == 1 && WORKER_USER_JOB == 2,
+                    "worker_user_choices follows enum worker_user_setting");
 
 #define F(field) offsetof(struct dfccld_config, field), sizeof(((struct dfccld_config *)0)->field)
 
@@ -76,6 +81,9 @@ static const struct setting settings[] = {
      "how long a worker may take to report ready before it is killed and restarted"},
     {"shutdown-grace-ms", T_INT, F(shutdown_grace_ms), 0, 60000, "2000", NULL,
      "on SIGTERM, how long workers get to exit before they are killed"},
+    {"worker-user", T_ENUM, F(worker_user), 0, 0, "auto", worker_user_choices,
+     "whose uid workers run as: daemon (dfccld's own), job (each device's worker as the uid of the job using "
+     "it, one user at a time; needs root), or auto (job under MPS, which serves one uid at a time, else daemon)"},
     {"spin-head", T_INT, F(spin_head), 1, 100000000, "20000", NULL,
      "polls a collective at the head of a device's task queue waits on a peer before it is preempted"},
     {"spin-other", T_INT, F(spin_other), 1, 100000000, "200", NULL,

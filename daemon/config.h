@@ -35,6 +35,7 @@ struct dfccld_config {
 	int64_t worker_restart_delay_ms;
 	int64_t worker_start_timeout_ms;
 	int64_t shutdown_grace_ms;
+	int worker_user;       /* enum worker_user_setting: auto, daemon, job */
 	int64_t spin_head;     /* scheduler: spin threshold of the head of the task queue */
 	int64_t spin_other;    /* scheduler: spin threshold of the other tasks */
 	int64_t stick_mult;    /* scheduler: threshold multiplier after progress */

@@ -5,7 +5,9 @@
  * (`--probe-devices`, and `--probe-topology`, which prints the detected
  * topology model as JSON; started by the supervisor, and useful by hand).
  */
+#include <errno.h>
 #include <limits.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,26 +19,56 @@
 #include "server.h"
 #include "topo_detect.h"
 #include "worker.h"
+#include "worker_user.h"
 
-/* The worker's arguments: --worker-device N, then settings as --name VALUE
- * pairs, read through the same table as the supervisor's. */
+/* The worker's own arguments, all numbers. */
+enum { WARG_DEVICE, WARG_UID, WARG_GID, WARG_PARKED, WARG_COUNT_ };
+static const char *const worker_args[WARG_COUNT_] = {"--worker-device", "--worker-uid", "--worker-gid",
+                                                     "--worker-parked"};
+
+/* The worker's arguments: --worker-device N, the identity it is to have
+ * (--worker-uid and --worker-gid together, --worker-parked), then settings
+ * as --name VALUE pairs, read through the same table as the supervisor's.
+ * Its own numbers parse strictly: a user id that does not parse must not
+ * turn into another one. */
 static int worker_entry(int argc, char **argv)
 {
-	unsigned device = 0;
+	unsigned long val[WARG_COUNT_] = {0};
+	int seen[WARG_COUNT_] = {0};
 	struct dfccld_config cfg;
 	config_defaults(&cfg);
 	for (int i = 1; i + 1 < argc; i += 2) {
 		const char *k = argv[i], *v = argv[i + 1];
-		char err[256];
-		if (strcmp(k, "--worker-device") == 0)
-			device = (unsigned)strtoul(v, NULL, 10);
-		else if (strncmp(k, "--", 2) != 0 || config_set(&cfg, k + 2, v, err, sizeof(err)) < 0)
-			fprintf(stderr, "dfccld-worker: ignoring argument %s %s\n", k, v);
+		char err[256], *end;
+		int a = 0;
+		while (a < WARG_COUNT_ && strcmp(k, worker_args[a]) != 0)
+			a++;
+		if (a == WARG_COUNT_) {
+			if (strncmp(k, "--", 2) != 0 || config_set(&cfg, k + 2, v, err, sizeof(err)) < 0)
+				fprintf(stderr, "dfccld-worker: ignoring argument %s %s\n", k, v);
+			continue;
+		}
+		errno = 0;
+		val[a] = strtoul(v, &end, 10);
+		if (errno || end == v || *end || v[0] == '-' || val[a] >= UINT32_MAX) {
+			fprintf(stderr, "dfccld-worker: %s '%s' is not a number below %u\n", k, v, UINT32_MAX);
+			return 2;
+		}
+		seen[a] = 1;
 	}
+	if (seen[WARG_UID] != seen[WARG_GID]) {
+		fprintf(stderr, "dfccld-worker: --worker-uid and --worker-gid go together\n");
+		return 2;
+	}
+	unsigned device = (unsigned)val[WARG_DEVICE];
+	struct worker_ident id = {
+	    .cred = {seen[WARG_UID] ? (uid_t)val[WARG_UID] : WORKER_KEEP_UID, (gid_t)val[WARG_GID]},
+	    .parked = val[WARG_PARKED] != 0,
+	};
 	char ident[32];
 	snprintf(ident, sizeof(ident), "dfccld-worker[%u]", device);
 	log_setup(cfg.log_level, cfg.log_target, ident);
-	return worker_main(device, &cfg);
+	return worker_main(device, &id, &cfg);
 }
 
 int main(int argc, char **argv)

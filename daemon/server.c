@@ -427,6 +427,14 @@ void server_stop(struct server *srv)
 
 /* ------------------------------------------------------------ run */
 
+/* Whose uid workers run as, from the setting, MPS and the daemon's own
+ * credentials and privilege. */
+static void server_settle_worker_users(struct server *srv)
+{
+	worker_user_policy_init(&srv->worker_users, srv->cfg.worker_user, srv->mps_active, geteuid(), getegid(),
+	                        worker_user_can_switch());
+}
+
 static void server_base_init(struct server *srv, uv_loop_t *loop, const struct dfccld_config *cfg)
 {
 	memset(srv, 0, sizeof(*srv));
@@ -443,6 +451,7 @@ static void server_base_init(struct server *srv, uv_loop_t *loop, const struct d
 	 * descriptors in the supervisor. */
 	fd_budget_init(&srv->fds, cfg->fd_reserve, 4 * (cfg->host_devices > 8 ? cfg->host_devices : 8));
 	srv->engine = cfg->engine == DFCCLD_ENGINE_CUDA ? DFCCLD_ENGINE_CUDA : DFCCLD_ENGINE_HOST;
+	server_settle_worker_users(srv);
 	uv_timer_init(loop, &srv->stop_timer);
 	srv->stop_timer.data = srv;
 	/* Without a watcher the daemon still serves; only timeouts, dfcclctl
@@ -477,8 +486,11 @@ int server_run(const struct dfccld_config *cfg, const char *exe_path)
 	struct device_desc devs[MAX_DEVICES];
 	unsigned ndev = 0;
 	int rc = server_find_devices(srv, devs, &ndev);
-	if (rc == 0)
+	if (rc == 0) {
+		server_settle_worker_users(srv);
+		worker_user_log_policy(&srv->worker_users);
 		rc = server_load_topology(srv, ndev);
+	}
 	if (rc == 0) {
 		notify_status("starting %u worker%s", ndev, ndev == 1 ? "" : "s");
 		rc = workers_new(srv, devs, ndev, &srv->workers);

@@ -22,6 +22,7 @@
 #include "fd_budget.h"
 #include "topo_select.h"
 #include "user.h"
+#include "worker_user.h"
 
 struct session;
 struct comm;
@@ -67,6 +68,7 @@ struct server {
 
 	int engine;                 /* enum dfccld_engine, resolved (never AUTO) */
 	int mps_active;
+	struct worker_user_policy worker_users; /* whose uid each worker runs as */
 	uint64_t start_ms;
 	int exit_code;
 };

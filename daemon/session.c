@@ -184,6 +184,45 @@ static void qp_uncharge(struct session *s)
 	fd_budget_uncharge(&s->srv->fds, QP_FDS);
 }
 
+/*
+ * The session's queue pair on `device` (n entries), created when it has
+ * none: its descriptors into memfd, efd, size (borrowed). Whose uid the
+ * device's worker runs as decides who may attach (worker_user.h): a refusal
+ * names the holder and what to do. Returns 0, or -1 with the client
+ * answered.
+ */
+static int session_take_device(struct session *s, uint64_t req, uint32_t device, uint32_t n, int *memfd, int *efd,
+                               size_t *size)
+{
+	int rc;
+	uint32_t qp_id = s->qp_ids[device];
+	if (qp_id) {
+		rc = workers_qp_fds(s->srv->workers, device, qp_id, memfd, efd, size);
+	} else {
+		char err[512];
+		if (workers_admit(s->srv->workers, s->uid, device, err, sizeof(err)) < 0) {
+			log_notice("session", "session %llu (pid %d, uid %u): %s", (unsigned long long)s->id, (int)s->pid,
+			           (unsigned)s->uid, err);
+			reply_error_msg(s, req, EC(PERMISSION), err);
+			return -1;
+		}
+		if (qp_charge(s, req) < 0)
+			return -1;
+		rc = workers_attach_qp(s->srv->workers, device, s->id, s->uid, s->gid, n, &qp_id, memfd, efd, size);
+		if (rc < 0)
+			qp_uncharge(s);
+	}
+	if (rc < 0) {
+		log_err("session", "session %llu: cannot create a queue pair on device %u: %s",
+		        (unsigned long long)s->id, device, strerror(-rc));
+		session_reply_error(s, req, EC(RESOURCE), "cannot create a queue pair on device %u: %s", device,
+		                    strerror(-rc));
+		return -1;
+	}
+	s->qp_ids[device] = qp_id;
+	return 0;
+}
+
 static void handle_attach(struct session *s, uint64_t req, const Dfccl__V1__AttachDevice *a)
 {
 	if (check_device(s, req, a->device) < 0)
@@ -195,26 +234,11 @@ static void handle_attach(struct session *s, uint64_t req, const Dfccl__V1__Atta
 		                    DFCCL_SQ_MAX_ENTRIES);
 		return;
 	}
-	int memfd, efd, rc;
+	int memfd, efd;
 	size_t size;
-	uint32_t qp_id = s->qp_ids[a->device];
-	if (qp_id) {
-		rc = workers_qp_fds(s->srv->workers, a->device, qp_id, &memfd, &efd, &size);
-	} else {
-		if (qp_charge(s, req) < 0)
-			return;
-		rc = workers_attach_qp(s->srv->workers, a->device, s->id, n, &qp_id, &memfd, &efd, &size);
-		if (rc < 0)
-			qp_uncharge(s);
-	}
-	if (rc < 0) {
-		log_err("session", "session %llu: cannot create a queue pair on device %u: %s",
-		        (unsigned long long)s->id, a->device, strerror(-rc));
-		session_reply_error(s, req, EC(RESOURCE), "cannot create a queue pair on device %u: %s", a->device,
-		                    strerror(-rc));
+	if (session_take_device(s, req, a->device, n, &memfd, &efd, &size) < 0)
 		return;
-	}
-	s->qp_ids[a->device] = qp_id;
+	uint32_t qp_id = s->qp_ids[a->device];
 	Dfccl__V1__AttachReply r = DFCCL__V1__ATTACH_REPLY__INIT;
 	r.device = a->device;
 	r.qp_id = qp_id;
@@ -393,7 +417,7 @@ static void reply_registered(struct session *s, uint64_t req, struct session_reg
 static int reg_to_workers(struct session *s, uint64_t req, struct session_reg *r, int kind, uint64_t offset,
                           const uint8_t *ipc, size_t ipc_len, int fd)
 {
-	int rc = workers_add_reg(s->srv->workers, r->reg_id, s->id, kind, r->size, offset, ipc, ipc_len, fd, req);
+	int rc = workers_add_reg(s->srv->workers, r->reg_id, s->id, s->uid, kind, r->size, offset, ipc, ipc_len, fd, req);
 	if (rc < 0) {
 		reg_forget(s, r);
 		session_reply_error(s, req, EC(RESOURCE), "cannot record the registration: %s", strerror(-rc));
@@ -514,18 +538,27 @@ static void handle_alloc(struct session *s, uint64_t req, const Dfccl__V1__Alloc
 		session_reply_error(s, req, EC(INVALID_ARGUMENT), "cannot allocate an empty buffer (size 0)");
 		return;
 	}
+	/* The memory belongs to the device's worker, which must run as this
+	 * session's uid when workers follow the jobs' uids: the session takes
+	 * the device as an attach does (and holds it until it ends), and the
+	 * allocation waits for a worker of its uid. */
+	int memfd, efd;
+	size_t size;
+	if (s->srv->worker_users.job &&
+	    session_take_device(s, req, m->device, (uint32_t)s->srv->cfg.sq_entries, &memfd, &efd, &size) < 0)
+		return;
 	/* The allocation's descriptor is kept per worker, as a memfd's. */
 	struct session_reg *r = reg_new(s, req, m->device, m->size, workers_ndevices(s->srv->workers));
 	if (!r)
 		return;
 	r->allocating = 1;
-	int rc = workers_alloc_mem(s->srv->workers, m->device, r->reg_id, s->id, req, m->size);
+	int rc = workers_alloc_mem(s->srv->workers, m->device, s->uid, r->reg_id, s->id, req, m->size);
 	if (rc < 0) {
 		reg_forget(s, r);
 		if (rc == -ENODEV)
 			session_reply_error(s, req, EC(DEVICE_LOST),
-			                    "the worker of device %u is not running (starting, or restarting after a failure); "
-			                    "try again in a moment",
+			                    "the worker of device %u is not running (restarting after a failure); try again in "
+			                    "a moment",
 			                    m->device);
 		else
 			session_reply_error(s, req, EC(RESOURCE), "cannot ask for the allocation: %s", strerror(-rc));
@@ -716,6 +749,8 @@ static void handle_query(struct session *s, uint64_t req, const Dfccl__V1__Query
 		st.ncomms = ready;
 		st.npending_comms = pending;
 		st.socket_path = srv->cfg.socket_path;
+		st.worker_user = (char *)worker_user_mode_name(&srv->worker_users);
+		st.worker_user_can_switch = srv->worker_users.can_switch;
 		rc = workers_fill_status(srv->workers, &st);
 		r.status = &st;
 		break;

@@ -32,6 +32,7 @@
 #include "engine.h"
 #include "log.h"
 #include "sq.h"
+#include "worker_user.h"
 
 #define WORKER_SPIN_NS 200000ull /* keep polling this long after the last entry */
 /* With work in flight that nothing can wake us for (tasks blocked on peers
@@ -69,7 +70,7 @@ struct worker_state {
 	int ep;
 	struct frame_reader rd;
 	struct dfccl_worker_stats *stats;
-	struct engine *eng;
+	struct engine *eng;  /* NULL in a parked worker */
 	struct wqp *qps;
 	struct wreg *regs;
 	struct wcomm *comms;
@@ -374,6 +375,10 @@ static void del_reg(struct worker_state *w, uint32_t reg_id)
 	}
 }
 
+/* Why a parked worker (no engine) refuses work: the supervisor never sends
+ * it any (worker_user_serves), so this is said only if that breaks. */
+static const char parked_msg[] = "this device's worker is parked (no job uses the device)";
+
 /* The supervisor asks for device memory of a client's dfcclMemAlloc; the
  * answer carries it as a descriptor (see WorkerAllocMem). */
 static void alloc_mem(struct worker_state *w, const Dfccl__V1__WorkerAllocMem *a)
@@ -381,7 +386,11 @@ static void alloc_mem(struct worker_state *w, const Dfccl__V1__WorkerAllocMem *a
 	char err[200] = "";
 	int fd = -1;
 	uint64_t map_size = 0;
-	int rc = engine_mem_alloc(w->eng, a->reg_id, a->size, &fd, &map_size, err, sizeof(err));
+	int rc = -ENODEV;
+	if (w->eng)
+		rc = engine_mem_alloc(w->eng, a->reg_id, a->size, &fd, &map_size, err, sizeof(err));
+	else
+		snprintf(err, sizeof(err), "%s", parked_msg);
 	Dfccl__V1__WorkerAllocDone done = DFCCL__V1__WORKER_ALLOC_DONE__INIT;
 	done.reg_id = a->reg_id;
 	if (rc < 0) {
@@ -399,6 +408,32 @@ static void alloc_mem(struct worker_state *w, const Dfccl__V1__WorkerAllocMem *a
 	ctl_send(w, &env, rc < 0 ? NULL : &fd, rc < 0 ? 0 : 1);
 	if (fd >= 0)
 		close(fd);
+}
+
+/*
+ * A parked worker has no engine: it refuses what would need one and
+ * ignores the rest, which concerns things it does not hold (alloc_mem
+ * answers for itself). Returns 1 when env was handled.
+ */
+static int parked_refuse(struct worker_state *w, const dfccl_envelope *env)
+{
+	switch (env->body_case) {
+	case DFCCL__V1__ENVELOPE__BODY_WORKER_ATTACH_QP:
+		log_err("worker", "device %u: queue pair %u refused: %s", w->device, env->worker_attach_qp->qp_id,
+		        parked_msg);
+		return 1;
+	case DFCCL__V1__ENVELOPE__BODY_WORKER_ADD_REG:
+		reg_ack(w, env->worker_add_reg->reg_id, DFCCL__V1__ERROR_CODE__ERROR_INTERNAL, parked_msg);
+		return 1;
+	case DFCCL__V1__ENVELOPE__BODY_WORKER_COMM_ADD:
+		comm_ack(w, env->worker_comm_add->comm_id, DFCCL__V1__ERROR_CODE__ERROR_INTERNAL, parked_msg);
+		return 1;
+	case DFCCL__V1__ENVELOPE__BODY_WORKER_DETACH_QP:
+	case DFCCL__V1__ENVELOPE__BODY_WORKER_DEL_REG:
+	case DFCCL__V1__ENVELOPE__BODY_WORKER_COMM_ABORT:
+	case DFCCL__V1__ENVELOPE__BODY_WORKER_COMM_DEL: return 1;
+	default: return 0;
+	}
 }
 
 /* Returns 0, or -1 when the supervisor is gone. */
@@ -419,6 +454,11 @@ static int handle_ctl(struct worker_state *w)
 		if (rc < 0) {
 			log_err("worker", "malformed frame from the supervisor: %s", strerror(-rc));
 			return -1;
+		}
+		if (!w->eng && parked_refuse(w, env)) {
+			frame_close_fds(fds, nfds);
+			frame_envelope_free(env);
+			continue;
 		}
 		switch (env->body_case) {
 		case DFCCL__V1__ENVELOPE__BODY_WORKER_ATTACH_QP: attach_qp(w, env->worker_attach_qp, fds, nfds); break;
@@ -502,7 +542,50 @@ static int run_loop(struct worker_state *w)
 	return 0;
 }
 
-int worker_main(unsigned device, const struct dfccld_config *cfg)
+/* A parked worker only waits for the supervisor: to close the control
+ * socket, or to stop it with SIGTERM (which interrupts the wait). */
+static int run_parked(struct worker_state *w)
+{
+	while (!worker_stop) {
+		struct epoll_event ev;
+		int n = epoll_wait(w->ep, &ev, 1, -1);
+		if (n < 0 && errno != EINTR) {
+			log_err("worker", "epoll_wait: %s", strerror(errno));
+			return 1;
+		}
+		if (n > 0 && handle_ctl(w) < 0)
+			return worker_stop ? 0 : 1;
+	}
+	return 0;
+}
+
+/*
+ * Becomes the user the supervisor chose. A worker of another uid than the
+ * daemon's cannot write the daemon's CUDA JIT cache (CUDA_CACHE_PATH, or
+ * under $HOME): it does without rather than have CUDA fail on it.
+ */
+static int worker_become(unsigned device, const struct worker_ident *id, int engine)
+{
+	char err[256];
+	if (worker_user_become(&id->cred, err, sizeof(err)) < 0) {
+		log_err("worker", "device %u: cannot run as uid %u gid %u: %s", device, (unsigned)id->cred.uid,
+		        (unsigned)id->cred.gid, err);
+		return -1;
+	}
+	const char *cache = getenv("CUDA_CACHE_PATH");
+	if (!cache || !*cache)
+		cache = getenv("HOME");
+	if (engine == DFCCLD_ENGINE_CUDA && cache && *cache && access(cache, W_OK) != 0) {
+		setenv("CUDA_CACHE_DISABLE", "1", 1);
+		log_debug("worker", "device %u: %s is not writable by uid %u: CUDA's JIT cache is off", device, cache,
+		          (unsigned)id->cred.uid);
+	}
+	log_info("worker", "device %u: running as uid %u gid %u", device, (unsigned)id->cred.uid,
+	         (unsigned)id->cred.gid);
+	return 0;
+}
+
+int worker_main(unsigned device, const struct worker_ident *id, const struct dfccld_config *cfg)
 {
 	int engine = cfg->engine;
 	struct worker_state w;
@@ -512,6 +595,10 @@ int worker_main(unsigned device, const struct dfccld_config *cfg)
 	w.ctl = WORKER_CTL_FD;
 	w.ep = -1;
 
+	/* Become the user first: a change of credentials clears the
+	 * parent-death signal, which is set after it. */
+	if (id->cred.uid != WORKER_KEEP_UID && worker_become(device, id, engine) < 0)
+		return 3;
 	/* Die with the supervisor, whatever kills it. */
 	prctl(PR_SET_PDEATHSIG, SIGKILL);
 	if (getppid() == 1)
@@ -534,7 +621,11 @@ int worker_main(unsigned device, const struct dfccld_config *cfg)
 	char err[256];
 	struct device_desc desc;
 	memset(&desc, 0, sizeof(desc));
-	if (engine == DFCCLD_ENGINE_CUDA) {
+	if (id->parked) {
+		/* No device and no engine: under MPS an idle context would make
+		 * every other user's CUDA work wait (worker_user.h). The hello
+		 * names no device; the supervisor keeps the probe's name. */
+	} else if (engine == DFCCLD_ENGINE_CUDA) {
 		/* A kernel loaded lazily while the daemon kernel runs would never
 		 * start (measured): load every module when the context is made. */
 		setenv("CUDA_MODULE_LOADING", "EAGER", 1);
@@ -562,7 +653,8 @@ int worker_main(unsigned device, const struct dfccld_config *cfg)
 	    .kernel_idle_ns = (uint64_t)cfg->kernel_idle_us * 1000u,
 	    .max_inflight = (uint32_t)cfg->max_inflight_per_session,
 	};
-	if (engine_new(engine == DFCCLD_ENGINE_CUDA ? ENGINE_CUDA : ENGINE_HOST, &ec, &w.eng, err, sizeof(err)) < 0) {
+	if (!id->parked &&
+	    engine_new(engine == DFCCLD_ENGINE_CUDA ? ENGINE_CUDA : ENGINE_HOST, &ec, &w.eng, err, sizeof(err)) < 0) {
 		log_err("worker", "device %u: cannot create the engine: %s", device, err);
 		return 1;
 	}
@@ -592,7 +684,7 @@ int worker_main(unsigned device, const struct dfccld_config *cfg)
 	int fl = fcntl(w.ctl, F_GETFL);
 	fcntl(w.ctl, F_SETFL, fl | O_NONBLOCK);
 
-	rc = run_loop(&w);
+	rc = w.eng ? run_loop(&w) : run_parked(&w);
 
 	while (w.qps) {
 		struct wqp *p = w.qps;

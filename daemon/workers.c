@@ -41,6 +41,7 @@ struct qp_rec {
 	uint32_t qp_id;
 	uint32_t sq_entries; /* our own copy: the client can scribble on the header */
 	uint64_t session_id;
+	struct worker_cred cred; /* the session's: the worker of the device runs as it in job mode */
 	int memfd, efd;
 	size_t size;
 	struct dfccl_qp_header *hdr; /* the whole region, mapped */
@@ -50,6 +51,7 @@ struct reg_rec {
 	struct reg_rec *next;
 	uint32_t reg_id;
 	uint64_t session_id;
+	uid_t uid;         /* the session's: only a worker that serves this uid gets it */
 	int kind;
 	uint64_t size, offset;
 	uint8_t ipc[64];
@@ -68,16 +70,24 @@ struct reg_wait {
 	char message[160];
 };
 
-/* A client's AllocMem waiting for the worker that allocates. */
+/* A client's AllocMem waiting for the worker that allocates: sent to it, or
+ * (sent = 0) waiting for a worker on its way up that serves the uid. */
 struct alloc_wait {
 	struct alloc_wait *next;
 	uint32_t reg_id;
 	uint32_t device;
 	uint64_t session_id;
 	uint64_t request_id;
+	uint64_t size;
+	uid_t uid;
+	int sent;
 };
 
-enum worker_state { W_STARTING, W_READY, W_DEAD, W_STOPPING, W_STOPPED };
+/* W_SWITCHING: a planned stop, so that a worker of another identity
+ * (worker_user.h) takes the device; its exit starts the replacement at once
+ * and fails nothing, since the device has no session of the old identity.
+ * The state lasts until the replacement is spawned. */
+enum worker_state { W_STARTING, W_READY, W_DEAD, W_SWITCHING, W_STOPPING, W_STOPPED };
 
 struct worker {
 	struct workers *ws;
@@ -89,6 +99,7 @@ struct worker {
 	int proc_handle;  /* proc is an initialised handle not yet closed */
 	struct conn ctl;
 	int ctl_open;
+	struct worker_ident ident; /* who the process runs (or last ran) as */
 	uv_timer_t timer; /* start timeout, restart back-off, stop grace */
 	int pid;
 	unsigned restarts;
@@ -117,6 +128,8 @@ static int worker_send_env(struct workers *w, uint32_t device, Dfccl__V1__Envelo
 static void reg_wait_answer(struct workers *ws, uint32_t reg_id, uint32_t device, int code, const char *msg);
 static void alloc_wait_answer(struct workers *ws, uint32_t device, uint32_t reg_id, int code, const char *msg, int fd,
                               uint64_t map_size);
+static void worker_send_allocs(struct worker *wk);
+static void worker_grace_cb(uv_timer_t *t);
 
 static const char *engine_arg(int engine)
 {
@@ -147,8 +160,16 @@ static void reg_rec_free(struct reg_rec *r)
 
 /* ------------------------------------------------------------ messages to a worker */
 
+/* Whether the worker may be given what sessions of uid `owner` hold. */
+static int worker_serves(const struct worker *wk, uid_t owner)
+{
+	return worker_user_serves(&wk->ws->srv->worker_users, &wk->ident, owner);
+}
+
 static void worker_send_qp(struct worker *wk, struct qp_rec *q)
 {
+	if (!worker_serves(wk, q->cred.uid))
+		return;
 	Dfccl__V1__WorkerAttachQp a = DFCCL__V1__WORKER_ATTACH_QP__INIT;
 	a.qp_id = q->qp_id;
 	a.session_id = q->session_id;
@@ -163,8 +184,12 @@ static void worker_send_qp(struct worker *wk, struct qp_rec *q)
 		         strerror(-rc));
 }
 
+/* Returns 1 when r was sent (the worker will acknowledge it), 0 when the
+ * worker serves another uid, or a negative errno when it could not be sent. */
 static int worker_send_reg(struct worker *wk, struct reg_rec *r)
 {
+	if (!worker_serves(wk, r->uid))
+		return 0;
 	Dfccl__V1__WorkerAddReg a = DFCCL__V1__WORKER_ADD_REG__INIT;
 	a.reg_id = r->reg_id;
 	a.session_id = r->session_id;
@@ -180,7 +205,49 @@ static int worker_send_reg(struct worker *wk, struct reg_rec *r)
 	if (rc < 0)
 		log_warn("worker", "device %u: cannot send registration %u to the worker: %s", wk->device, r->reg_id,
 		         strerror(-rc));
-	return rc;
+	return rc < 0 ? rc : 1;
+}
+
+/* ------------------------------------------------------------ identity */
+
+/* What the device's worker should be now, from the sessions attached to it
+ * (in job mode they are all of one uid: workers_admit sees to it). */
+static struct worker_ident worker_target(const struct worker *wk)
+{
+	return worker_user_target(&wk->ws->srv->worker_users, wk->qps ? &wk->qps->cred : NULL);
+}
+
+static void ident_describe(const struct worker_ident *id, char *buf, size_t len)
+{
+	snprintf(buf, len, "uid %u gid %u%s", (unsigned)id->cred.uid, (unsigned)id->cred.gid,
+	         id->parked ? ", parked" : "");
+}
+
+/*
+ * A worker that is not what its device needs now makes way for one that is:
+ * a planned stop (SIGTERM, SIGKILL after shutdown-grace-ms) whose exit starts
+ * the replacement through the restart path. Called whenever the device's
+ * sessions change. The target differs from a serving worker only when no
+ * session it serves is left on the device, so nothing in flight is cut off;
+ * sessions that attach meanwhile wait, as they do for any worker on its way
+ * up. A dead worker needs nothing (its restart spawns the right one), nor
+ * one already switching or stopping.
+ */
+static void worker_reconcile(struct worker *wk)
+{
+	if (wk->state != W_READY && wk->state != W_STARTING)
+		return;
+	struct worker_ident want = worker_target(wk);
+	if (!worker_user_differs(&wk->ident, &want))
+		return;
+	char have_s[64], want_s[64];
+	ident_describe(&wk->ident, have_s, sizeof(have_s));
+	ident_describe(&want, want_s, sizeof(want_s));
+	log_info("worker", "device %u: worker %d (%s) makes way for a worker of %s", wk->device, wk->pid, have_s,
+	         want_s);
+	wk->state = W_SWITCHING;
+	uv_process_kill(&wk->proc, SIGTERM);
+	uv_timer_start(&wk->timer, worker_grace_cb, (uint64_t)wk->ws->srv->cfg.shutdown_grace_ms, 0);
 }
 
 /* ------------------------------------------------------------ death and restart */
@@ -258,7 +325,7 @@ static void worker_close_ctl(struct worker *wk)
 static void worker_restart_cb(uv_timer_t *t)
 {
 	struct worker *wk = t->data;
-	if (wk->state != W_DEAD)
+	if (wk->state != W_DEAD && wk->state != W_SWITCHING)
 		return;
 	int rc = worker_spawn(wk);
 	if (rc < 0) {
@@ -285,19 +352,34 @@ static void worker_exit_cb(uv_process_t *p, int64_t status, int sig)
 	worker_close_ctl(wk);
 	uv_timer_stop(&wk->timer);
 
-	for (struct qp_rec *q = wk->qps; q; q = q->next)
-		qp_fail_pending(q);
 	/* Registrations the dead worker never acknowledged stay recorded and go
 	 * to its replacement; their clients need not wait for that. */
 	for (struct reg_rec *r = wk->regs; r; r = r->next)
 		reg_wait_answer(ws, r->reg_id, wk->device, 0, "");
-	/* Allocations it never answered are gone with it. */
+	/* Allocations it never answered are gone with it. Those that wait for
+	 * a worker serving their uid go to the replacement of a planned exit. */
 	for (struct alloc_wait *a = ws->alloc_waits, *next; a; a = next) {
 		next = a->next;
-		if (a->device == wk->device)
+		if (a->device == wk->device && (a->sent || wk->state != W_SWITCHING))
 			alloc_wait_answer(ws, a->device, a->reg_id, DFCCL__V1__ERROR_CODE__ERROR_DEVICE_LOST,
 			                  "the device's worker died before the allocation completed; try again", -1, 0);
 	}
+
+	if (wk->state == W_SWITCHING) {
+		/* Planned: the queue pairs on the device belong to sessions the
+		 * leaving worker never served, so none of their entries fails;
+		 * the replacement takes them. */
+		struct worker_ident want = worker_target(wk);
+		char want_s[64];
+		ident_describe(&want, want_s, sizeof(want_s));
+		log_info("worker", "device %u: worker %d exited; starting a worker of %s", wk->device, wk->pid, want_s);
+		if (wk->backoff_ms < (uint64_t)srv->cfg.worker_restart_delay_ms)
+			wk->backoff_ms = (uint64_t)srv->cfg.worker_restart_delay_ms;
+		uv_timer_start(&wk->timer, worker_restart_cb, 0, 0);
+		return;
+	}
+	for (struct qp_rec *q = wk->qps; q; q = q->next)
+		qp_fail_pending(q);
 
 	if (wk->state == W_STOPPING) {
 		log_info("worker", "device %u: worker %d exited", wk->device, wk->pid);
@@ -331,8 +413,12 @@ static void worker_start_timeout_cb(uv_timer_t *t)
 	struct worker *wk = t->data;
 	if (wk->state != W_STARTING || !wk->proc_alive)
 		return;
-	log_err("worker", "device %u: worker %d did not report ready in %lld ms; killing it", wk->device, wk->pid,
-	        (long long)wk->ws->srv->cfg.worker_start_timeout_ms);
+	const struct worker_user_policy *pol = &wk->ws->srv->worker_users;
+	log_err("worker", "device %u: worker %d did not report ready in %lld ms; killing it%s", wk->device, wk->pid,
+	        (long long)wk->ws->srv->cfg.worker_start_timeout_ms,
+	        pol->mps && pol->job ? " (under MPS a worker waits in CUDA initialisation while processes of another "
+	                               "uid still use the GPUs)"
+	                             : "");
 	uv_process_kill(&wk->proc, SIGKILL);
 }
 
@@ -439,10 +525,12 @@ static void worker_on_frame(struct conn *c, dfccl_envelope *env, int *fds, unsig
 		uv_timer_stop(&wk->timer);
 		log_info("worker", "device %u: worker %d ready (%s%s%s)", wk->device, wk->pid, wk->desc.name,
 		         wk->desc.pci_bus_id[0] ? ", " : "", wk->desc.pci_bus_id);
+		/* Only what its identity serves (worker_send_*). */
 		for (struct qp_rec *q = wk->qps; q; q = q->next)
 			worker_send_qp(wk, q);
 		for (struct reg_rec *r = wk->regs; r; r = r->next)
 			worker_send_reg(wk, r);
+		worker_send_allocs(wk);
 		comm_worker_up(wk->ws->srv, wk->device);
 	} else if (env->body_case == DFCCL__V1__ENVELOPE__BODY_WORKER_REG_ACK) {
 		reg_wait_answer(wk->ws, env->worker_reg_ack->reg_id, wk->device, env->worker_reg_ack->code,
@@ -472,9 +560,12 @@ static void worker_on_end(struct conn *c, int err)
 	/* The worker closed its end: it is exiting (the exit callback follows
 	 * and does the rest) or broken, in which case it is killed if it has
 	 * not exited a moment later. */
-	if (err)
+	int told_to_exit = wk->state == W_STOPPING || wk->state == W_SWITCHING;
+	/* One told to exit may leave unread what was sent before it was told;
+	 * the socket then fails, and that is no news. */
+	if (err && !told_to_exit)
 		log_warn("worker", "device %u: control channel failed: %s", wk->device, strerror(-err));
-	if (wk->proc_alive && wk->state != W_STOPPING)
+	if (wk->proc_alive && !told_to_exit)
 		uv_timer_start(&wk->timer, worker_ctl_lost_cb, 1000, 0);
 	worker_close_ctl(wk);
 }
@@ -493,15 +584,30 @@ static int worker_spawn(struct worker *wk)
 	                                     "algo",      "channels",   "kernel-idle-us",
 	                                     "max-inflight-per-session"};
 	enum { NPASSED = sizeof(passed) / sizeof(passed[0]) };
-	char devbuf[16], values[NPASSED][64], flags[NPASSED][32];
+	char devbuf[16], uidbuf[16], gidbuf[16], values[NPASSED][64], flags[NPASSED][32];
 	snprintf(devbuf, sizeof(devbuf), "%u", wk->device);
-	char *args[8 + 2 * NPASSED];
+	char *args[12 + 2 * NPASSED];
 	int argc = 0;
 	args[argc++] = (char *)srv->exe_path;
 	args[argc++] = "--worker-device";
 	args[argc++] = devbuf;
 	args[argc++] = "--engine";
 	args[argc++] = (char *)engine_arg(srv->engine);
+	/* Who it is to be (worker.h): the worker drops to another uid itself,
+	 * first thing, and checks the result. */
+	wk->ident = worker_target(wk);
+	if (wk->ident.cred.uid != srv->worker_users.self_uid) {
+		snprintf(uidbuf, sizeof(uidbuf), "%u", (unsigned)wk->ident.cred.uid);
+		snprintf(gidbuf, sizeof(gidbuf), "%u", (unsigned)wk->ident.cred.gid);
+		args[argc++] = "--worker-uid";
+		args[argc++] = uidbuf;
+		args[argc++] = "--worker-gid";
+		args[argc++] = gidbuf;
+	}
+	if (wk->ident.parked) {
+		args[argc++] = "--worker-parked";
+		args[argc++] = "1";
+	}
 	for (int i = 0; i < NPASSED; i++) {
 		snprintf(flags[i], sizeof(flags[i]), "--%s", passed[i]);
 		config_format(&srv->cfg, passed[i], values[i], sizeof(values[i]));
@@ -552,7 +658,10 @@ static int worker_spawn(struct worker *wk)
 	wk->ws->handles_open++;
 	wk->state = W_STARTING;
 	uv_timer_start(&wk->timer, worker_start_timeout_cb, (uint64_t)srv->cfg.worker_start_timeout_ms, 0);
-	log_info("worker", "device %u: started worker %d (%s engine)", wk->device, wk->pid, engine_arg(srv->engine));
+	char id_s[64];
+	ident_describe(&wk->ident, id_s, sizeof(id_s));
+	log_info("worker", "device %u: started worker %d (%s engine, %s)", wk->device, wk->pid, engine_arg(srv->engine),
+	         id_s);
 	return 0;
 }
 
@@ -634,6 +743,7 @@ int workers_device_up(const struct workers *w, uint32_t device)
 	switch (w->w[device].state) {
 	case W_READY: return 1;
 	case W_STARTING:
+	case W_SWITCHING:
 	case W_DEAD: return 0;
 	default: return -1;
 	}
@@ -655,8 +765,19 @@ static struct qp_rec *qp_find(struct worker *wk, uint32_t qp_id)
 	return NULL;
 }
 
-int workers_attach_qp(struct workers *w, uint32_t device, uint64_t session_id, uint32_t sq_entries,
-                      uint32_t *qp_id, int *memfd, int *efd, size_t *size)
+int workers_admit(struct workers *w, uid_t uid, uint32_t device, char *err, size_t errlen)
+{
+	if (!w)
+		return 0;
+	const struct worker_cred *holder = NULL;
+	for (unsigned d = 0; d < w->n && !holder; d++)
+		if (w->w[d].qps)
+			holder = &w->w[d].qps->cred;
+	return worker_user_admit(&w->srv->worker_users, holder, uid, device, err, errlen);
+}
+
+int workers_attach_qp(struct workers *w, uint32_t device, uint64_t session_id, uid_t uid, gid_t gid,
+                      uint32_t sq_entries, uint32_t *qp_id, int *memfd, int *efd, size_t *size)
 {
 	if (!w)
 		return -ENODEV;
@@ -669,6 +790,8 @@ int workers_attach_qp(struct workers *w, uint32_t device, uint64_t session_id, u
 	q->memfd = q->efd = -1;
 	q->qp_id = ++w->srv->next_qp_id;
 	q->session_id = session_id;
+	q->cred.uid = uid;
+	q->cred.gid = gid;
 	q->sq_entries = sq_entries;
 	int rc = queue_region_create(q->qp_id, device, sq_entries, &q->size);
 	if (rc < 0)
@@ -685,13 +808,18 @@ int workers_attach_qp(struct workers *w, uint32_t device, uint64_t session_id, u
 		goto fail;
 	}
 	q->hdr = p;
-	/* A queue pair created while the worker is down reads as dead until the
-	 * replacement takes it. */
-	if (wk->state != W_READY)
-		q->hdr->engine_state = DFCCL_ENGINE_DEAD;
 	q->next = wk->qps;
 	wk->qps = q;
 	wk->nqps++;
+	/* The first session of a uid on the device: its worker may have to
+	 * make way for one of that uid before it sees the queue pair. */
+	worker_reconcile(wk);
+	/* A queue pair created while the worker is dead (a fault) reads as dead
+	 * until the replacement takes it. One created while a worker is on its
+	 * way (starting, or replacing one of another identity) reads as not
+	 * started yet: entries armed meanwhile wait for it. */
+	if (wk->state == W_DEAD)
+		q->hdr->engine_state = DFCCL_ENGINE_DEAD;
 	if (wk->state == W_READY)
 		worker_send_qp(wk, q);
 	*qp_id = q->qp_id;
@@ -751,32 +879,35 @@ void workers_detach_qp(struct workers *w, uint32_t device, uint32_t qp_id)
 		env.worker_detach_qp = &d;
 		worker_send_env(w, device, &env, NULL, 0);
 		qp_rec_free(q);
+		/* The last session of a uid left: the device goes back to a
+		 * worker of the daemon's own uid. */
+		worker_reconcile(wk);
 		return;
 	}
 }
 
 /* Records registration r on one worker and sends it if that worker is up.
- * Returns 1 when an acknowledgement will come. */
-/* Returns 1 when the worker was sent r (its answer completes the
- * registration), 0 when it is not running (it gets r when it is ready), or
- * a negative errno when r could not be sent (r is then not kept: the
- * channel ends and the worker is restarted, but the client must hear of it
- * now). */
+ * Returns 1 when the worker was sent r (its answer completes the
+ * registration), 0 when it is not running or serves another uid (it gets r
+ * when a worker that serves the uid is ready), or a negative errno when r
+ * could not be sent (r is then not kept: the channel ends and the worker is
+ * restarted, but the client must hear of it now). */
 static int worker_add_reg_rec(struct worker *wk, struct reg_rec *r)
 {
+	int sent = 0;
 	if (wk->state == W_READY) {
-		int rc = worker_send_reg(wk, r);
-		if (rc < 0) {
+		sent = worker_send_reg(wk, r);
+		if (sent < 0) {
 			reg_rec_free(r);
-			return rc;
+			return sent;
 		}
 	}
 	r->next = wk->regs;
 	wk->regs = r;
-	return wk->state == W_READY;
+	return sent;
 }
 
-int workers_add_reg(struct workers *w, uint32_t reg_id, uint64_t session_id, int kind, uint64_t size,
+int workers_add_reg(struct workers *w, uint32_t reg_id, uint64_t session_id, uid_t uid, int kind, uint64_t size,
                     uint64_t offset, const uint8_t *ipc_handle, size_t ipc_len, int fd, uint64_t request_id)
 {
 	if (!w || w->n == 0)
@@ -807,6 +938,7 @@ int workers_add_reg(struct workers *w, uint32_t reg_id, uint64_t session_id, int
 			r->fd = -1;
 		r->reg_id = reg_id;
 		r->session_id = session_id;
+		r->uid = uid;
 		r->kind = kind;
 		r->size = size;
 		r->offset = offset;
@@ -832,29 +964,64 @@ int workers_add_reg(struct workers *w, uint32_t reg_id, uint64_t session_id, int
 	return 0;
 }
 
-int workers_alloc_mem(struct workers *w, uint32_t device, uint32_t reg_id, uint64_t session_id, uint64_t request_id,
-                      uint64_t size)
+/* Sends allocation a to its device's worker, which is ready and serves a's
+ * uid. Returns 0 or a negative errno. */
+static int alloc_wait_send(struct workers *w, struct alloc_wait *a)
 {
-	if (!w || device >= w->n || w->w[device].state != W_READY)
+	Dfccl__V1__WorkerAllocMem m = DFCCL__V1__WORKER_ALLOC_MEM__INIT;
+	m.reg_id = a->reg_id;
+	m.size = a->size;
+	Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
+	env.body_case = DFCCL__V1__ENVELOPE__BODY_WORKER_ALLOC_MEM;
+	env.worker_alloc_mem = &m;
+	int rc = worker_send_env(w, a->device, &env, NULL, 0);
+	a->sent = rc == 0;
+	return rc;
+}
+
+/* A worker said hello: the allocations waiting for it go now, or fail when
+ * it serves another uid. */
+static void worker_send_allocs(struct worker *wk)
+{
+	struct workers *ws = wk->ws;
+	for (struct alloc_wait *a = ws->alloc_waits, *next; a; a = next) {
+		next = a->next;
+		if (a->device != wk->device || a->sent)
+			continue;
+		if (!worker_serves(wk, a->uid))
+			alloc_wait_answer(ws, a->device, a->reg_id, DFCCL__V1__ERROR_CODE__ERROR_PERMISSION,
+			                  "the device's worker runs as another user; allocate after attaching", -1, 0);
+		else if (alloc_wait_send(ws, a) < 0)
+			alloc_wait_answer(ws, a->device, a->reg_id, DFCCL__V1__ERROR_CODE__ERROR_DEVICE_LOST,
+			                  "cannot reach the device's worker; try again", -1, 0);
+	}
+}
+
+int workers_alloc_mem(struct workers *w, uint32_t device, uid_t uid, uint32_t reg_id, uint64_t session_id,
+                      uint64_t request_id, uint64_t size)
+{
+	if (!w || device >= w->n)
+		return -ENODEV;
+	struct worker *wk = &w->w[device];
+	/* A worker on its way up (starting, or replacing one of another
+	 * identity) gets it when it is ready; one that died fails it now. */
+	int now = wk->state == W_READY && worker_serves(wk, uid);
+	if (!now && wk->state != W_STARTING && wk->state != W_SWITCHING)
 		return -ENODEV;
 	struct alloc_wait *a = calloc(1, sizeof(*a));
 	if (!a)
 		return -ENOMEM;
-	Dfccl__V1__WorkerAllocMem m = DFCCL__V1__WORKER_ALLOC_MEM__INIT;
-	m.reg_id = reg_id;
-	m.size = size;
-	Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
-	env.body_case = DFCCL__V1__ENVELOPE__BODY_WORKER_ALLOC_MEM;
-	env.worker_alloc_mem = &m;
-	int rc = worker_send_env(w, device, &env, NULL, 0);
-	if (rc < 0) {
-		free(a);
-		return rc;
-	}
 	a->reg_id = reg_id;
 	a->device = device;
 	a->session_id = session_id;
 	a->request_id = request_id;
+	a->size = size;
+	a->uid = uid;
+	int rc = now ? alloc_wait_send(w, a) : 0;
+	if (rc < 0) {
+		free(a);
+		return rc;
+	}
 	a->next = w->alloc_waits;
 	w->alloc_waits = a;
 	return 0;
@@ -964,6 +1131,9 @@ int workers_fill_status(struct workers *w, Dfccl__V1__StatusInfo *st)
 		d->worker_pid = wk->proc_alive ? wk->pid : 0;
 		d->worker_restarts = wk->restarts;
 		d->queue_pairs = wk->nqps;
+		d->worker_uid = (uint32_t)wk->ident.cred.uid;
+		d->worker_gid = (uint32_t)wk->ident.cred.gid;
+		d->worker_parked = wk->ident.parked;
 	}
 	return 0;
 }

@@ -9,15 +9,23 @@
  * with DEVICE_LOST, its communicators are told, and the new worker serves
  * the same queue pairs.
  *
+ * Each worker runs as the identity worker_user.h chooses from the sessions
+ * attached to its device; when that changes, the worker is replaced by a
+ * planned restart (switching).
+ *
  * Worker states: starting (spawned, no WorkerHello yet) -> ready ->
- * dead (exited; restart scheduled with back-off) -> starting ... ; and
- * stopping (shutdown: SIGTERM, then SIGKILL after shutdown-grace-ms).
+ * dead (exited; restart scheduled with back-off) -> starting ... ;
+ * starting or ready -> switching (SIGTERM, then SIGKILL after
+ * shutdown-grace-ms: its device needs a worker of another identity and has
+ * no session it serves) -> starting at once; and stopping
+ * (shutdown: SIGTERM, then SIGKILL after shutdown-grace-ms).
  */
 #ifndef DFCCLD_WORKERS_H
 #define DFCCLD_WORKERS_H
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "devices.h"
 #include "dfccl.pb-c.h"
@@ -31,43 +39,55 @@ int workers_new(struct server *srv, const struct device_desc *devs, unsigned nde
 unsigned workers_ndevices(const struct workers *w);
 
 /*
- * Creates the queue pair of a session on a device (memfd region and doorbell
- * eventfd) and hands it to the device's worker (now, or when it is ready).
- * The returned descriptors stay owned by the workers table. Returns 0 or a
- * negative errno.
+ * Whether a session of `uid` may attach to `device` now (worker_user_admit,
+ * with the sessions attached anywhere as the holder). Returns 0, or -EPERM
+ * with a sentence in err for the client.
  */
-int workers_attach_qp(struct workers *w, uint32_t device, uint64_t session_id, uint32_t sq_entries,
-                      uint32_t *qp_id, int *memfd, int *efd, size_t *size);
+int workers_admit(struct workers *w, uid_t uid, uint32_t device, char *err, size_t errlen);
+
+/*
+ * Creates the queue pair of a session (uid, gid) on a device (memfd region
+ * and doorbell eventfd) and hands it to the device's worker (now, or when it
+ * is ready; first replacing a worker of another identity). Call
+ * workers_admit first. The returned descriptors stay owned by the workers
+ * table. Returns 0 or a negative errno.
+ */
+int workers_attach_qp(struct workers *w, uint32_t device, uint64_t session_id, uid_t uid, gid_t gid,
+                      uint32_t sq_entries, uint32_t *qp_id, int *memfd, int *efd, size_t *size);
 
 /* The descriptors of an existing queue pair (borrowed). 0 or -ENOENT. */
 int workers_qp_fds(struct workers *w, uint32_t device, uint32_t qp_id, int *memfd, int *efd, size_t *size);
 
-/* Closes a queue pair: the engine stops reading it. */
+/* Closes a queue pair: the engine stops reading it. A device left without
+ * sessions gets a worker of the daemon's own uid again. */
 void workers_detach_qp(struct workers *w, uint32_t device, uint32_t qp_id);
 
 /*
- * Adds a registration (fd borrowed and duplicated; -1 for none; ipc_handle
- * copied, at most 64 bytes) and hands it to every worker, whatever the
- * device the memory lives on: collectives read and write peers' buffers
- * directly, so each worker maps each buffer (host memory by its memfd, GPU
- * memory by opening its CUDA IPC handle). Each worker receives
+ * Adds a registration of a session of `uid` (fd borrowed and duplicated; -1
+ * for none; ipc_handle copied, at most 64 bytes) and hands it to every
+ * worker that serves that uid, whatever the device the memory lives on:
+ * collectives read and write peers' buffers directly, so each worker maps
+ * each buffer (host memory by its memfd, GPU memory by opening its CUDA IPC
+ * handle). Each worker receives
  * WorkerAddReg{reg_id, session_id, kind, size, offset, ipc_handle}, now or
  * when it is next ready. Returns 0 when workers will acknowledge it
  * (session_reg_done is called once all have, with request_id), 1 when it is
  * recorded and there is nothing to wait for (no worker is up: replacements
  * get it), or a negative errno.
  */
-int workers_add_reg(struct workers *w, uint32_t reg_id, uint64_t session_id, int kind, uint64_t size,
+int workers_add_reg(struct workers *w, uint32_t reg_id, uint64_t session_id, uid_t uid, int kind, uint64_t size,
                     uint64_t offset, const uint8_t *ipc_handle, size_t ipc_len, int fd, uint64_t request_id);
 /*
  * Asks the worker of `device` for `size` bytes of device memory that will
- * become registration reg_id of session_id (a client's AllocMem,
- * request_id). session_alloc_done is called with the outcome: the exported
- * descriptor, or an error (also when the worker dies first). Returns 0, or
- * -ENODEV when that worker is not serving, -ENOMEM.
+ * become registration reg_id of session_id, of `uid` (a client's AllocMem,
+ * request_id): now, or when a worker on its way up is ready (one that
+ * serves the uid: under worker-user job the session attaches first).
+ * session_alloc_done is called with the outcome: the exported descriptor,
+ * or an error (also when the worker dies first). Returns 0, or -ENODEV when
+ * that worker is dead (a restart pending), -ENOMEM.
  */
-int workers_alloc_mem(struct workers *w, uint32_t device, uint32_t reg_id, uint64_t session_id, uint64_t request_id,
-                      uint64_t size);
+int workers_alloc_mem(struct workers *w, uint32_t device, uid_t uid, uint32_t reg_id, uint64_t session_id,
+                      uint64_t request_id, uint64_t size);
 
 /* Removes a registration from one device's worker (which also lets go of
  * an allocation it made for it). */

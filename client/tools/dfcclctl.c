@@ -17,6 +17,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <jansson.h>
+#include <pwd.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -36,7 +37,7 @@ static const char usage[] =
     "Shows the state of dfccld, the node's collective-communication daemon.\n"
     "\n"
     "Commands:\n"
-    "  status       daemon version, uptime, engine, MPS, sessions, devices\n"
+    "  status       daemon version, uptime, engine, MPS, sessions, devices and their workers (pid, uid)\n"
     "  sessions     connected client processes\n"
     "  comms        communicators: ranks, members, state, the ring of their plan (--json: trees too)\n"
     "  queues       queue pairs: submitted, consumed, completed entries\n"
@@ -208,6 +209,24 @@ static void json_print_free(json_t *j)
 
 /* ---------------------------------------------------------------- subcommands */
 
+/* "1000 (alice)", or the number alone for a uid without a user name. */
+static void format_uid(char *buf, size_t len, uint32_t uid)
+{
+	const struct passwd *pw = getpwuid((uid_t)uid);
+	if (pw && pw->pw_name && *pw->pw_name)
+		snprintf(buf, len, "%u (%s)", uid, pw->pw_name);
+	else
+		snprintf(buf, len, "%u", uid);
+}
+
+static const char *worker_user_text(const Dfccl__V1__StatusInfo *s)
+{
+	if (strcmp(s->worker_user, "job") != 0)
+		return "dfccld's own (worker-user daemon)";
+	return s->worker_user_can_switch ? "the job's, one user at a time (worker-user job)"
+	                                 : "dfccld's own; other users are refused, dfccld is not root (worker-user job)";
+}
+
 static void print_status(const Dfccl__V1__StatusInfo *s, const char *socket_path)
 {
 	char buf[64];
@@ -228,17 +247,22 @@ static void print_status(const Dfccl__V1__StatusInfo *s, const char *socket_path
 	table_cell(&t, "%u", s->nsessions);
 	table_cell(&t, "communicators");
 	table_cell(&t, "%u (%u initializing)", s->ncomms, s->npending_comms);
+	table_cell(&t, "worker uids");
+	table_cell(&t, "%s", worker_user_text(s));
 	table_print_free(&t);
 	printf("\n");
 
-	table_start(&t, 7, "DEVICE", "NAME", "PCI BUS ID", "WORKER PID", "STATE", "RESTARTS", "QUEUE PAIRS");
+	char uid[96];
+	table_start(&t, 8, "DEVICE", "NAME", "PCI BUS ID", "WORKER PID", "UID", "STATE", "RESTARTS", "QUEUE PAIRS");
 	for (size_t i = 0; i < s->n_devices; i++) {
 		const Dfccl__V1__DeviceInfo *d = s->devices[i];
+		format_uid(uid, sizeof(uid), d->worker_uid);
 		table_cell(&t, "%u", d->index);
 		table_cell(&t, "%s", d->name);
 		table_cell(&t, "%s", d->pci_bus_id[0] ? d->pci_bus_id : "-");
 		table_cell(&t, "%d", d->worker_pid);
-		table_cell(&t, "%s", d->worker_up ? "up" : "down");
+		table_cell(&t, "%s", uid);
+		table_cell(&t, "%s", !d->worker_up ? "down" : d->worker_parked ? "parked" : "up");
 		table_cell(&t, "%u", d->worker_restarts);
 		table_cell(&t, "%u", d->queue_pairs);
 	}

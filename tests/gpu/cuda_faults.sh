@@ -174,7 +174,11 @@ stop_daemon
 if mps_usable; then
 	echo "== under MPS"
 	mps_start
-	start_daemon "${daemon_args[@]}"
+	# Every client here runs as root, dfccld's own uid: workers of the
+	# daemon's uid serve them, and no worker is replaced but by a fault
+	# (worker-user auto would park idle workers, changing the pids that
+	# workers_settled holds against the faults).
+	start_daemon "${daemon_args[@]}" --worker-user daemon
 	[ "$(json "d['mps_active']" <"$tmp/status.json")" = "True" ] || fail "MPS is running but dfccld does not see it"
 	run_cases 1
 	stop_daemon

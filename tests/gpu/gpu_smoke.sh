@@ -4,8 +4,11 @@
 # GPU that owns its CUDA context, reports each GPU's PCI bus id and the MPS
 # state, serves every GPU's queue pair, and replaces a worker SIGKILLed
 # while the other GPUs' workers keep serving, and runs host-buffer
-# collectives through those workers. Where no GPU exists it says so
-# and exits 77 (ctest: skipped).
+# collectives through those workers. As root with MPS available it also
+# shows the workers following the jobs' uids under MPS (worker-user auto):
+# a job of uid 65534 gets workers of that uid, root is refused meanwhile
+# with a message naming it, and is served once that job has ended. Where no
+# GPU exists it says so and exits 77 (ctest: skipped).
 #
 # Usage: gpu_smoke.sh BINDIR   (the folder holding dfccld and dfcclctl)
 set -euo pipefail
@@ -70,6 +73,9 @@ start_daemon
 ctl status
 [ "$(json "d['engine']" <"$tmp/status.json")" = "cuda" ] || fail "engine auto did not pick cuda"
 [ "$(json "d['mps_active']" <"$tmp/status.json")" = "False" ] || fail "MPS reported active without an MPS daemon"
+[ "$(json "d['worker_user'] == 'daemon' and all(x['worker_uid'] == $(id -u) and not x['worker_parked'] \
+	for x in d['devices'])" <"$tmp/status.json")" = "True" ] ||
+	fail "without MPS every worker must run as dfccld's uid with its GPU open"
 # Every GPU's PCI bus id as nvidia-smi knows it (compared without the PCI domain, which nvidia-smi pads to 8 digits).
 smi_ids=$(nvidia-smi --query-gpu=pci.bus_id --format=csv,noheader | tr 'A-Z' 'a-z' | sed 's/^[0-9a-f]*://' | sort)
 our_ids=$(json "'\n'.join(x['pci_bus_id'] for x in d['devices'])" <"$tmp/status.json" | tr 'A-Z' 'a-z' | sed 's/^[0-9a-f]*://' | sort)
@@ -111,16 +117,71 @@ if [ -x "$bin/dfccl-chaos" ]; then
 fi
 stop_daemon
 
+# Waits until device $1's worker is up as uid $2, parked ($3: True/False);
+# prints its pid.
+wait_worker() {
+	local cond="x['worker_up'] and x['worker_uid'] == $2 and x['worker_parked'] == $3"
+	for _ in $(seq 1 600); do
+		ctl --json status >"$tmp/status.json"
+		if [ "$(json "(lambda x: $cond)(d['devices'][$1])" <"$tmp/status.json")" = "True" ]; then
+			json "d['devices'][$1]['worker_pid']" <"$tmp/status.json"
+			return 0
+		fi
+		sleep 0.1
+	done
+	ctl status
+	fail "device $1: no worker of uid $2 (parked $3) within 60 s"
+}
+
+# Under MPS, as root: one user's job at a time, each served by workers of
+# its own uid (MPS serves one uid at a time; a client of another waits in
+# CUDA initialisation, so dfccld refuses it instead).
+mps_two_users() {
+	local nobody=65534
+	local as_nobody="setpriv --reuid=$nobody --regid=$nobody --clear-groups"
+	if ! $as_nobody test -x "$bin/dfccl-chaos"; then
+		echo "== under MPS, two users: SKIPPED ($bin/dfccl-chaos is not reachable by uid $nobody; build in a folder others can read)"
+		return 0
+	fi
+	echo "== under MPS, two users: a job of uid $nobody gets workers of its uid"
+	wait_worker 0 0 True >/dev/null
+	# In a process group of its own, to stop the job and its ranks at once.
+	$as_nobody setsid "$bin/dfccl-chaos" --socket "$sock" --nranks 2 --comms 2 --iters 100000000 --min-bytes 64 \
+		--max-bytes 4K --seed 5 >"$tmp/chaos.log" 2>&1 &
+	local chaos=$!
+	local pid
+	pid=$(wait_worker 0 $nobody False)
+	grep -E '^(Uid|Gid|Groups):' "/proc/$pid/status"
+	[ "$(awk '/^Uid:/ {print $2, $3, $4, $5}' "/proc/$pid/status")" = "$nobody $nobody $nobody $nobody" ] ||
+		fail "worker $pid does not run as uid $nobody"
+	ctl status | tail -n +10
+	echo "== under MPS, two users: root is refused at once, naming uid $nobody"
+	local out rc=0
+	out=$(timeout 20 "$bin/dfcclctl" --socket "$sock" ping --device 0 --count 5 2>&1) || rc=$?
+	echo "$out"
+	[ "$rc" != 0 ] && [ "$rc" != 124 ] || fail "root's ping was not refused (status $rc)"
+	echo "$out" | grep -q "uid $nobody (nobody)" || fail "the refusal does not name the holder"
+	kill -0 "$chaos" 2>/dev/null || { cat "$tmp/chaos.log"; fail "uid $nobody's job ended early"; }
+	kill -TERM -- "-$chaos"
+	wait "$chaos" || true
+	echo "== under MPS, two users: once it has left, the GPU goes back to dfccld's uid and root is served"
+	wait_worker 0 0 True >/dev/null
+	ctl ping --device 0 --count 50 | tail -1 || fail "ping as root after uid $nobody's job"
+}
+
 if command -v nvidia-cuda-mps-control >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
 	echo "== under MPS: status says so"
+	chmod 755 "$tmp" # uid 65534's workers reach the MPS pipes below it
 	mps_dir=$tmp/mps
 	mkdir -p "$mps_dir" "$tmp/mps-log"
 	CUDA_MPS_PIPE_DIRECTORY=$mps_dir CUDA_MPS_LOG_DIRECTORY=$tmp/mps-log nvidia-cuda-mps-control -d
 	export CUDA_MPS_PIPE_DIRECTORY=$mps_dir
 	start_daemon
 	[ "$(json "d['mps_active']" <"$tmp/status.json")" = "True" ] || fail "MPS is running but not reported"
-	ctl status | grep -i mps
+	ctl status | grep -i -e mps -e 'worker uids'
+	[ "$(json "d['worker_user']" <"$tmp/status.json")" = "job" ] || fail "under MPS workers must follow the jobs' uids"
 	ctl ping --device 0 --count 50 | tail -1 || fail "ping under MPS"
+	mps_two_users
 	stop_daemon
 	echo quit | nvidia-cuda-mps-control
 	mps_dir=

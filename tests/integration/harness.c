@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -120,6 +121,8 @@ static int daemon_vstart(struct daemon_proc *d, const struct daemon_opts *o, uns
 			return -1;
 		/* Other uids must reach the socket (the uid tests drop privileges). */
 		chmod(d->dir, 0755);
+		if (o->run_as > 0 && chown(d->dir, o->run_as, o->run_as) < 0)
+			return -1;
 		snprintf(d->socket, sizeof(d->socket), "%s/dfccld.sock", d->dir);
 		snprintf(d->log, sizeof(d->log), "%s/dfccld.log", d->dir);
 	}
@@ -151,6 +154,8 @@ static int daemon_vstart(struct daemon_proc *d, const struct daemon_opts *o, uns
 			unsetenv("NOTIFY_SOCKET");
 			unsetenv("WATCHDOG_USEC");
 		}
+		if (o->run_as > 0 && (setgroups(0, NULL) < 0 || setgid(o->run_as) < 0 || setuid(o->run_as) < 0))
+			_exit(126);
 		unsetenv("WATCHDOG_PID");
 		unsetenv("LISTEN_FDS");
 		unsetenv("LISTEN_PID");
@@ -267,12 +272,8 @@ pid_t child_run(int (*fn)(void *arg, int rank), void *arg, int rank)
 
 int daemon_by_algo(const struct daemon_proc *d, uint64_t *out)
 {
-	struct raw_client c;
 	memset(out, 0, DFCCL_ALGO_COUNT_ * sizeof(out[0]));
-	if (raw_connect(&c, d->socket, DFCCL_PROTO_MIN_VERSION, DFCCL_PROTO_VERSION, NULL) < 0)
-		return -1;
-	dfccl_envelope *r = raw_query(&c, DFCCL__V1__QUERY_KIND__QUERY_STATS);
-	raw_close(&c);
+	dfccl_envelope *r = daemon_query(d, DFCCL__V1__QUERY_KIND__QUERY_STATS);
 	if (!r)
 		return -1;
 	const Dfccl__V1__QueryReply *q = r->query_reply;
@@ -372,6 +373,16 @@ void raw_close(struct raw_client *c)
 		close(c->fd);
 	c->fd = -1;
 	frame_reader_free(&c->rd);
+}
+
+dfccl_envelope *daemon_query(const struct daemon_proc *d, int kind)
+{
+	struct raw_client c;
+	if (raw_connect(&c, d->socket, DFCCL_PROTO_MIN_VERSION, DFCCL_PROTO_VERSION, NULL) < 0)
+		return NULL;
+	dfccl_envelope *r = raw_query(&c, kind);
+	raw_close(&c);
+	return r;
 }
 
 dfccl_envelope *raw_query(struct raw_client *c, int kind)

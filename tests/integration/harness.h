@@ -26,6 +26,7 @@ struct daemon_opts {
 	int listen_fd;        /* > 0: hand this listening socket over as systemd would (fd 3) */
 	const char *listen_path; /* where listen_fd is bound: clients connect there */
 	int reuse;            /* start again in d's folder, on its socket, appending to its log (a restart) */
+	uid_t run_as;         /* > 0: the daemon runs as this uid (and gid), without groups */
 };
 
 int daemon_start_with(struct daemon_proc *d, const struct daemon_opts *o, unsigned ndev, ...);
@@ -84,6 +85,9 @@ dfccl_envelope *raw_attach(struct raw_client *c, uint32_t device, uint32_t sq_en
 
 /* A status/stats/... query; NULL on failure. */
 dfccl_envelope *raw_query(struct raw_client *c, int kind);
+
+/* The same on a connection of its own to d (the caller frees the reply). */
+dfccl_envelope *daemon_query(const struct daemon_proc *d, int kind);
 
 /* Collectives the daemon's engines started per algorithm (out[a] for enum
  * dfccl_algo a, DFCCL_ALGO_COUNT_ entries), summed over the devices.

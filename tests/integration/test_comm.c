@@ -114,10 +114,7 @@ static void wait_ready(int fd, int n)
 
 static dfccl_envelope *query(struct daemon_proc *d, int kind)
 {
-	struct raw_client c;
-	assert_int_equal(raw_connect(&c, d->socket, DFCCL_PROTO_MIN_VERSION, DFCCL_PROTO_VERSION, NULL), 0);
-	dfccl_envelope *r = raw_query(&c, kind);
-	raw_close(&c);
+	dfccl_envelope *r = daemon_query(d, kind);
 	assert_non_null(r);
 	return r;
 }

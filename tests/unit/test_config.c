@@ -20,6 +20,7 @@
 
 #include "config.h"
 #include "log.h"
+#include "worker_user.h"
 
 /* Writes text to a fresh temporary file; the path goes to path[64]. */
 static void write_conf(char *path, const char *text)
@@ -69,6 +70,7 @@ static void test_defaults(void **state)
 	assert_int_equal(c.channels, 8);
 	assert_int_equal(c.kernel_idle_us, 200);
 	assert_int_equal(c.shutdown_grace_ms, 2000);
+	assert_int_equal(c.worker_user, WORKER_USER_AUTO);
 
 	/* Setting each default again through config_set must succeed: that is
 	 * the bounds check the table applies to every other source. */
@@ -90,7 +92,7 @@ static void test_defaults(void **state)
 		n++;
 	}
 	fclose(dump);
-	assert_int_equal(n, 36);
+	assert_int_equal(n, 37);
 	assert_memory_equal(&c, &d, sizeof(c));
 }
 
@@ -128,6 +130,14 @@ static void test_set_good(void **state)
 	assert_int_equal(c.log_level, LOG_LEVEL_ERR);
 	assert_int_equal(config_set(&c, "log-target", "journal", err, sizeof(err)), 0);
 	assert_int_equal(c.log_target, LOG_TARGET_JOURNAL);
+	static const struct {
+		const char *text;
+		int value;
+	} worker_users[] = {{"job", WORKER_USER_JOB}, {"daemon", WORKER_USER_DAEMON}, {"auto", WORKER_USER_AUTO}};
+	for (unsigned i = 0; i < sizeof(worker_users) / sizeof(worker_users[0]); i++) {
+		assert_int_equal(config_set(&c, "worker-user", worker_users[i].text, err, sizeof(err)), 0);
+		assert_int_equal(c.worker_user, worker_users[i].value);
+	}
 	assert_int_equal(config_set(&c, "sq-entries", "16", err, sizeof(err)), 0);
 	assert_int_equal(c.sq_entries, 16);
 	assert_int_equal(config_set(&c, "sq-entries", "65536", err, sizeof(err)), 0);
@@ -196,6 +206,8 @@ static void test_set_bad(void **state)
 	/* The unused slots of the level table are not a way to set level 0. */
 	expect_set("log-level", "", -EINVAL);
 	expect_set("log-target", "syslog", -EINVAL);
+	expect_set("worker-user", "root", -EINVAL);
+	expect_set("worker-user", "1000", -EINVAL);
 
 	char longpath[200];
 	memset(longpath, 'a', sizeof(longpath) - 1);
