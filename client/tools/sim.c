@@ -83,6 +83,9 @@ struct gpu_state {
 	uint8_t run;
 	int64_t next_skip; /* pick index of the next skip (first candidate skipped) */
 	int64_t sync_at;   /* pick count before which the next random sync comes */
+	int64_t sync_next; /* the earlier of sync_at and the next recorded one */
+	const int32_t *order; /* the GPU's expected order */
+	int32_t *A;           /* its taken-ahead positions */
 	struct rng skip, sync;
 };
 
@@ -168,11 +171,6 @@ struct sim_work *sim_work_new(const struct sim_layout *l)
 
 /* ---------------------------------------------------------------- picks (fast engine) */
 
-static inline int32_t *gpu_A(struct sim_work *w, int h)
-{
-	return w->A + w->l->gpu_off[h];
-}
-
 /* Moves ptr past the entries of A that follow it. */
 static inline void absorb(struct gpu_state *s, int32_t *A)
 {
@@ -220,25 +218,33 @@ static int32_t skip_depth(struct gpu_state *s, double p)
 	return d;
 }
 
-static int32_t pick(struct sim_work *w, int h, double p)
+static int32_t pick_slow(struct gpu_state *s, double lq, double p)
 {
-	struct gpu_state *s = &w->st[h];
 	int32_t pos;
 	if (s->picks == s->next_skip && s->n - s->picks >= 2) {
-		pos = take_at(s, gpu_A(w, h), skip_depth(s, p));
-		s->next_skip = s->picks + 1 + rng_geometric(&s->skip, w->lq_skip);
+		pos = take_at(s, s->A, skip_depth(s, p));
+		s->next_skip = s->picks + 1 + rng_geometric(&s->skip, lq);
 	} else {
-		pos = take_head(s, gpu_A(w, h));
+		pos = take_head(s, s->A);
 	}
 	s->picks++;
 	return pos;
 }
 
-/* k in-order picks at once (no skip among them). */
-static void advance(struct sim_work *w, int h, int64_t k)
+/* The next pick's position in the expected order. */
+static inline int32_t pick(struct sim_work *w, struct gpu_state *s, double p)
 {
-	struct gpu_state *s = &w->st[h];
-	int32_t *A = gpu_A(w, h);
+	if (__builtin_expect(s->picks != s->next_skip && s->nA == 0, 1)) {
+		s->picks++;
+		return s->ptr++;
+	}
+	return pick_slow(s, w->lq_skip, p);
+}
+
+/* k in-order picks at once (no skip among them). */
+static void advance(struct gpu_state *s, int64_t k)
+{
+	int32_t *A = s->A;
 	s->picks += (int32_t)k;
 	while (k > 0) {
 		int64_t room = s->nA ? A[0] - s->ptr : k;
@@ -247,6 +253,18 @@ static void advance(struct sim_work *w, int h, int64_t k)
 		k -= t;
 		absorb(s, A);
 	}
+}
+
+static inline int32_t recorded_sync(const struct sim_layout *l, int h, int32_t rec)
+{
+	int64_t at = l->sync_off[h] + rec;
+	return at < l->sync_off[h + 1] ? l->sync_at[at] : INT32_MAX;
+}
+
+static inline void next_sync(const struct sim_layout *l, int h, struct gpu_state *s)
+{
+	int64_t rec = recorded_sync(l, h, s->rec);
+	s->sync_next = rec < s->sync_at ? rec : s->sync_at;
 }
 
 static void gpu_start(struct sim_work *w, const struct sim_params *p, uint64_t round, int h)
@@ -263,13 +281,10 @@ static void gpu_start(struct sim_work *w, const struct sim_params *p, uint64_t r
 	int64_t first = rng_geometric(&s->skip, w->lq_skip);
 	s->next_skip = first < s->n - 1 ? first : SIM_INF;
 	s->sync_at = p->model == SIM_SYNC ? rng_geometric(&s->sync, w->lq_sync) : SIM_INF;
+	s->order = l->order + l->gpu_off[h];
+	s->A = w->A + l->gpu_off[h];
+	next_sync(l, h, s);
 	s->run = s->n ? RUN_ACTIVE : RUN_FINISHED;
-}
-
-static inline int32_t recorded_sync(const struct sim_layout *l, int h, int32_t rec)
-{
-	int64_t at = l->sync_off[h] + rec;
-	return at < l->sync_off[h + 1] ? l->sync_at[at] : INT32_MAX;
 }
 
 /*
@@ -283,22 +298,22 @@ static bool sync_in_hole(struct sim_work *w, const struct sim_params *p, uint64_
 	struct gpu_state *s = &w->st[h];
 	gpu_start(w, p, round, h);
 	for (;;) {
-		int64_t rec = recorded_sync(l, h, s->rec);
-		int64_t at = rec < s->sync_at ? rec : s->sync_at;
+		int64_t at = s->sync_next;
 		if (at < s->n && at <= s->next_skip) {
-			advance(w, h, at - s->picks);
+			advance(s, at - s->picks);
 			if (s->nA)
 				return true;
-			if (at == rec)
+			if (recorded_sync(l, h, s->rec) == at)
 				s->rec++;
 			else
 				s->sync_at = at + rng_geometric(&s->sync, w->lq_sync);
+			next_sync(l, h, s);
 			continue;
 		}
 		if (s->next_skip >= s->n - 1)
 			return false;
-		advance(w, h, s->next_skip - s->picks);
-		pick(w, h, p->disorder);
+		advance(s, s->next_skip - s->picks);
+		pick(w, s, p->disorder);
 	}
 }
 
@@ -313,7 +328,7 @@ static bool has_invoked(struct sim_work *w, int m, int32_t c, int mi)
 		return false;
 	if (e < s->ptr)
 		return true;
-	const int32_t *A = gpu_A(w, m);
+	const int32_t *A = s->A;
 	for (int32_t i = 0; i < s->nA && A[i] <= e; i++)
 		if (A[i] == e)
 			return true;
@@ -323,10 +338,9 @@ static bool has_invoked(struct sim_work *w, int m, int32_t c, int mi)
 /* GPU h's invoked collectives that are not done, into buf; their count. */
 static int32_t undone_of(struct sim_work *w, int h, int32_t *buf)
 {
-	const struct sim_layout *l = w->l;
 	struct gpu_state *s = &w->st[h];
-	const int32_t *order = l->order + l->gpu_off[h];
-	const int32_t *A = gpu_A(w, h);
+	const int32_t *order = s->order;
+	const int32_t *A = s->A;
 	int32_t n = 0;
 	while (s->lw < s->ptr && w->cnt[order[s->lw]] == 0)
 		s->lw++;
@@ -545,6 +559,42 @@ static bool incomplete(struct sim_work *w, int k, struct sim_report *rep)
 	return false;
 }
 
+/* One pick and invocation of GPU h (synchronization model). */
+static inline void invoke_next(struct sim_work *w, struct gpu_state *s, double p, int *unfinished)
+{
+	int32_t c = s->order[pick(w, s, p)];
+	s->undone++;
+	if (--w->cnt[c] == 0)
+		complete(w, c);
+	if (s->picks == s->n) {
+		s->run = RUN_FINISHED;
+		(*unfinished)--;
+	}
+}
+
+/*
+ * With no GPU suspended, every active GPU invokes one collective per sweep
+ * until the first synchronization comes due, and nothing looks at the state
+ * in between: those sweeps are done GPU by GPU. Returns how many.
+ */
+static int64_t quiet_sweeps(struct sim_work *w, const int32_t *gpus, int ng, double p, int *unfinished)
+{
+	int64_t t = SIM_INF;
+	for (int i = 0; i < ng; i++) {
+		struct gpu_state *s = &w->st[gpus[i]];
+		if (s->run == RUN_ACTIVE && s->sync_next - s->picks < t)
+			t = s->sync_next - s->picks;
+	}
+	if (t <= 0 || t == SIM_INF)
+		return 0;
+	for (int i = 0; i < ng; i++) {
+		struct gpu_state *s = &w->st[gpus[i]];
+		for (int64_t k = 0; k < t && s->run == RUN_ACTIVE; k++)
+			invoke_next(w, s, p, unfinished);
+	}
+	return t;
+}
+
 static bool step_sync_model(struct sim_work *w, const struct sim_params *p, int k, struct sim_report *rep)
 {
 	const struct sim_layout *l = w->l;
@@ -555,6 +605,11 @@ static bool step_sync_model(struct sim_work *w, const struct sim_params *p, int 
 	for (int i = 0; i < ng; i++)
 		unfinished += w->st[gpus[i]].run != RUN_FINISHED;
 	for (int64_t sweep = 0; unfinished; sweep++) {
+		if (!w->nsusp) {
+			sweep += quiet_sweeps(w, gpus, ng, p->disorder, &unfinished);
+			if (!unfinished)
+				break;
+		}
 		bool stepped = false;
 		for (int i = 0; i < ng; i++) {
 			int h = gpus[i];
@@ -562,31 +617,22 @@ static bool step_sync_model(struct sim_work *w, const struct sim_params *p, int 
 			if (s->run != RUN_ACTIVE)
 				continue;
 			stepped = true;
-			bool sync = false;
-			if (recorded_sync(l, h, s->rec) == s->picks) {
-				s->rec++;
-				sync = true;
-			} else if (s->sync_at == s->picks) {
-				s->sync_at = s->picks + rng_geometric(&s->sync, w->lq_sync);
-				sync = true;
-			}
-			if (sync) {
-				if (sync_step(w, p, h, rep)) {
-					if (rep) {
-						rep->sweep = sweep;
-						rep->gpu = h;
-					}
-					return true;
-				}
+			if (s->sync_next != s->picks) {
+				invoke_next(w, s, p->disorder, &unfinished);
 				continue;
 			}
-			int32_t c = l->order[l->gpu_off[h] + pick(w, h, p->disorder)];
-			s->undone++;
-			if (--w->cnt[c] == 0)
-				complete(w, c);
-			if (s->picks == s->n) {
-				s->run = RUN_FINISHED;
-				unfinished--;
+			/* A recorded synchronization first, then a random one. */
+			if (recorded_sync(l, h, s->rec) == s->picks)
+				s->rec++;
+			else
+				s->sync_at = s->picks + rng_geometric(&s->sync, w->lq_sync);
+			next_sync(l, h, s);
+			if (sync_step(w, p, h, rep)) {
+				if (rep) {
+					rep->sweep = sweep;
+					rep->gpu = h;
+				}
+				return true;
 			}
 		}
 		if (!stepped) {
@@ -631,7 +677,7 @@ static bool step_single_queue(struct sim_work *w, const struct sim_params *p, in
 			if (s->run == RUN_FINISHED)
 				continue;
 			if (s->held < 0)
-				s->held = pick(w, h, p->disorder);
+				s->held = pick(w, s, p->disorder);
 			int64_t at = l->gpu_off[h] + s->held;
 			int32_t c = l->order[at];
 			int g = l->coll_group[c];
@@ -686,8 +732,9 @@ static bool fast_component(struct sim_work *w, const struct sim_params *p, uint6
 	int ng = l->comp_goff[k + 1] - l->comp_goff[k];
 	/* Components whose orders agree and that nothing disturbs cannot
 	 * deadlock; the shortcut's verdict depends on timing, so it always
-	 * steps. */
-	bool need = !l->consistent || (p->model == SIM_SYNC && p->decision == SIM_SHORTCUT);
+	 * steps, and so does a trace, whose replay reports where it ends. */
+	bool need = !l->consistent || l->order_kind == SIM_ORDER_TRACE ||
+	            (p->model == SIM_SYNC && p->decision == SIM_SHORTCUT);
 	if (p->model == SIM_SINGLE_QUEUE) {
 		for (int i = 0; i < ng; i++) {
 			gpu_start(w, p, round, gpus[i]);
