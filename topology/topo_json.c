@@ -314,8 +314,7 @@ int topo_json_parse(const char *text, struct topo_model **out, char *err, size_t
 	return rc;
 }
 
-/* Reads a whole file, with a sentence naming it on failure. */
-static int read_file(const char *path, char **text, char *err, size_t errlen)
+int topo_json_read_file(const char *path, char **text, char *err, size_t errlen)
 {
 	FILE *f = fopen(path, "re");
 	if (!f) {
@@ -366,7 +365,7 @@ int topo_json_load_file(const char *path, struct topo_model **out, char *err, si
 {
 	char *text;
 	*out = NULL;
-	int rc = read_file(path, &text, err, errlen);
+	int rc = topo_json_read_file(path, &text, err, errlen);
 	if (rc < 0)
 		return rc;
 	rc = topo_json_parse(text, out, err, errlen);
@@ -569,7 +568,7 @@ int topo_json_apply_tuning(struct topo_select_table *t, const char *text, char *
 int topo_json_load_tuning(struct topo_select_table *t, const char *path, char **text_out, char *err, size_t errlen)
 {
 	char *text;
-	int rc = read_file(path, &text, err, errlen);
+	int rc = topo_json_read_file(path, &text, err, errlen);
 	if (rc < 0)
 		return rc;
 	rc = topo_json_apply_tuning(t, text, err, errlen);

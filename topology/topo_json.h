@@ -73,6 +73,11 @@ json_t *topo_json_select_table(const struct topo_select_table *t);
 int topo_json_apply_tuning(struct topo_select_table *t, const char *text, char *err, size_t errlen);
 int topo_json_load_tuning(struct topo_select_table *t, const char *path, char **text_out, char *err, size_t errlen);
 
+/* Reads a whole file into a NUL-terminated buffer (*text, malloc'd);
+ * returns 0 or a negative errno with a sentence naming the file in err.
+ * (Every JSON file the tools load is read with it.) */
+int topo_json_read_file(const char *path, char **text, char *err, size_t errlen);
+
 /* The whole topology document as compact text (malloc'd; NULL on failure). */
 char *topo_json_document(const struct topo_model *m, const struct topo_ring *rings, unsigned nrings,
                          const struct topo_tree *trees, unsigned ntrees, const struct topo_select_table *t);

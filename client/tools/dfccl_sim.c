@@ -24,6 +24,7 @@
 
 #include "sim.h"
 #include "tool.h"
+#include "topo_json.h"
 
 static const char usage[] =
     "Usage: dfccl-sim --policy 3d --tp N --dp N --pp N --colls-tp N --colls-dp N [OPTIONS]\n"
@@ -438,11 +439,14 @@ static int replay_trace(const struct opts *o, const struct sim_layout *l)
 	json_t *j = json_pack("{s:s,s:i,s:i,s:I,s:I,s:b,s:{},s:{}}", "layout", l->desc, "ranks", l->ngpus, "groups",
 	                      l->ngroups, "collectives", (json_int_t)l->ncolls, "synchronizations", (json_int_t)nsync,
 	                      "consistent", l->consistent, "single_queue", "sync");
-	if (!o->json)
-		printf("trace: %d ranks, %d groups, %lld collectives, %lld synchronizations; the orders %s\n", l->ngpus,
-		       l->ngroups, (long long)l->ncolls, (long long)nsync,
-		       l->consistent ? "agree with one common order" : "admit no common order");
-	bool any = false;
+	if (!o->json) {
+		printf("trace: %d ranks, %d groups, %lld collectives, %lld synchronizations\n", l->ngpus, l->ngroups,
+		       (long long)l->ncolls, (long long)nsync);
+		printf("one stream per rank for all groups: %s\n",
+		       l->consistent ? "no deadlock (the orders agree with one common order)"
+		                     : "DEADLOCK (the orders admit no common order)");
+	}
+	bool any = !l->consistent;
 	for (int m = 0; m < 2; m++) {
 		struct sim_params p = o->p;
 		p.model = (enum sim_model)m;
@@ -463,7 +467,9 @@ static int replay_trace(const struct opts *o, const struct sim_layout *l)
 			json_array_append_new(inv, json_integer(invoked[h]));
 		json_object_set_new(jm, "invoked", inv);
 		if (!o->json) {
-			printf("%s: %s\n", m ? "sync model (recorded synchronizations)" : "single-queue model", text);
+			printf("%s: %s\n",
+			       m ? "sync model (recorded synchronizations)" : "single-queue model (a queue per group on each rank)",
+			       text);
 			if (dead) {
 				printf("  invoked by then:");
 				for (int h = 0; h < l->ngpus; h++)
@@ -490,8 +496,8 @@ static int load_layout(const struct opts *o, struct sim_layout **l)
 	int rc;
 	if (o->trace || o->groups) {
 		const char *path = o->trace ? o->trace : o->groups;
-		char *text = sim_read_file(path, err, sizeof(err));
-		if (!text) {
+		char *text = NULL;
+		if (topo_json_read_file(path, &text, err, sizeof(err))) {
 			fprintf(stderr, "dfccl-sim: %s\n", err);
 			return TOOL_EXIT_USAGE;
 		}

@@ -541,6 +541,27 @@ static void report_stall(struct sim_work *w, int k, struct sim_report *rep)
 	}
 }
 
+static bool incomplete(struct sim_work *w, int k, struct sim_report *rep);
+
+/* The end of a component's round that found every GPU left waiting. */
+static bool stalled(struct sim_work *w, int k, int64_t sweep, struct sim_report *rep)
+{
+	if (rep) {
+		report_stall(w, k, rep);
+		rep->sweep = sweep;
+		rep->gpu = -1;
+	}
+	return true;
+}
+
+/* The end of a component's round in which every GPU invoked everything. */
+static bool finished(struct sim_work *w, int k, struct sim_report *rep)
+{
+	if (w->l->coll_names)
+		incomplete(w, k, rep);
+	return false;
+}
+
 static bool incomplete(struct sim_work *w, int k, struct sim_report *rep)
 {
 	const struct sim_layout *l = w->l;
@@ -635,18 +656,10 @@ static bool step_sync_model(struct sim_work *w, const struct sim_params *p, int 
 				return true;
 			}
 		}
-		if (!stepped) {
-			if (rep) {
-				report_stall(w, k, rep);
-				rep->sweep = sweep;
-				rep->gpu = -1;
-			}
-			return true;
-		}
+		if (!stepped)
+			return stalled(w, k, sweep, rep);
 	}
-	if (l->coll_names)
-		incomplete(w, k, rep);
-	return false;
+	return finished(w, k, rep);
 }
 
 /* ---------------------------------------------------------------- single-queue model (fast) */
@@ -708,18 +721,10 @@ static bool step_single_queue(struct sim_work *w, const struct sim_params *p, in
 				unfinished--;
 			}
 		}
-		if (!progress && unfinished) {
-			if (rep) {
-				report_stall(w, k, rep);
-				rep->sweep = sweep;
-				rep->gpu = -1;
-			}
-			return true;
-		}
+		if (!progress && unfinished)
+			return stalled(w, k, sweep, rep);
 	}
-	if (l->coll_names)
-		incomplete(w, k, rep);
-	return false;
+	return finished(w, k, rep);
 }
 
 /* ---------------------------------------------------------------- the fast engine */

@@ -10,14 +10,17 @@
  * disorder probability (never the last one), taking the first it does not
  * skip. Two models say what invoking means:
  *
- * Single queue (one stream per GPU): a GPU may invoke its next collective
- * in a group only after the group's current collective has been invoked by
- * all of the group's GPUs (until then the GPU waits, holding its pick). If
- * the GPUs of a group have invoked different collectives that are not yet
- * done, that is a deadlock; so is a sweep in which every GPU that is not
- * finished waits (a cycle through several groups). The rounds that
- * deadlock are exactly those whose per-GPU orders admit no common
- * execution order.
+ * Single queue (as the published simulator has it): each group runs its
+ * collectives one at a time, in the order its GPUs invoke them. A GPU may
+ * invoke its next collective in a group only after the group's current
+ * collective has been invoked by all of the group's GPUs (until then the
+ * GPU waits, holding its pick). If the GPUs of a group have invoked
+ * different collectives that are not yet done, that is a deadlock; so is a
+ * sweep in which every GPU that is not finished waits (a cycle of waits
+ * through several groups). Collectives of different groups do not wait for
+ * each other here; whether one stream per GPU shared by all groups would
+ * deadlock is whether the per-GPU orders admit one common order (the
+ * layout's `consistent`, which a trace replay reports as well).
  *
  * Synchronization: at each step, with the sync probability, the GPU
  * synchronizes instead of invoking: it is suspended until every collective

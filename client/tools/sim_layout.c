@@ -88,6 +88,14 @@ void sim_builder_free(struct sim_builder *b)
 	free(b);
 }
 
+/* A failure's return, with the sentence for running out of memory. */
+static int failed(int rc, char *err, size_t errlen)
+{
+	if (rc == -ENOMEM)
+		snprintf(err, errlen, "out of memory");
+	return rc;
+}
+
 static int cmp_i32(const void *a, const void *b)
 {
 	int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
@@ -452,10 +460,8 @@ int sim_layout_finish(struct sim_builder *b, enum sim_order order, struct sim_la
 		rc = layout_common(l);
 	sim_builder_free(b);
 	if (rc) {
-		if (rc == -ENOMEM)
-			snprintf(err, errlen, "out of memory");
 		sim_layout_free(l);
-		return rc;
+		return failed(rc, err, errlen);
 	}
 	snprintf(l->desc, sizeof(l->desc), "free grouping, %d groups", l->ngroups);
 	*out = l;
@@ -488,10 +494,8 @@ int sim_layout_3d(int tp, int dp, int pp, int32_t colls_tp, int32_t colls_dp, en
 	rc = rc < 0 ? rc : 0;
 	free(gpus);
 	if (rc) {
-		if (rc == -ENOMEM)
-			snprintf(err, errlen, "out of memory");
 		sim_builder_free(b);
-		return rc;
+		return failed(rc, err, errlen);
 	}
 	rc = sim_layout_finish(b, order, out, err, errlen);
 	if (!rc)
@@ -587,9 +591,7 @@ int sim_layout_free_json(const char *text, enum sim_order order, struct sim_layo
 	json_decref(root);
 	if (rc) {
 		sim_builder_free(b);
-		if (rc == -ENOMEM)
-			snprintf(err, errlen, "out of memory");
-		return rc;
+		return failed(rc, err, errlen);
 	}
 	return sim_layout_finish(b, order, out, err, errlen);
 }
@@ -928,10 +930,8 @@ int sim_layout_trace_json(const char *text, struct sim_layout **out, char *err, 
 	json_decref(root);
 	sim_builder_free(b);
 	if (rc) {
-		if (rc == -ENOMEM)
-			snprintf(err, errlen, "out of memory");
 		sim_layout_free(l);
-		return rc;
+		return failed(rc, err, errlen);
 	}
 	*out = l;
 	return 0;
@@ -945,39 +945,4 @@ void sim_coll_name(const struct sim_layout *l, int32_t c, char *buf, size_t len)
 	}
 	int g = l->coll_group[c];
 	snprintf(buf, len, "g%d#%d", g, (int)(c - l->grp_first[g]));
-}
-
-char *sim_read_file(const char *path, char *err, size_t errlen)
-{
-	FILE *f = fopen(path, "r");
-	if (!f) {
-		snprintf(err, errlen, "%s: %s", path, strerror(errno));
-		return NULL;
-	}
-	size_t cap = 1 << 16, n = 0;
-	char *buf = malloc(cap);
-	while (buf) {
-		n += fread(buf + n, 1, cap - 1 - n, f);
-		if (n < cap - 1)
-			break;
-		char *nb = realloc(buf, cap * 2);
-		if (!nb) {
-			free(buf);
-			buf = NULL;
-			break;
-		}
-		buf = nb;
-		cap *= 2;
-	}
-	if (buf && ferror(f)) {
-		snprintf(err, errlen, "%s: read error", path);
-		free(buf);
-		buf = NULL;
-	} else if (!buf) {
-		snprintf(err, errlen, "%s: out of memory", path);
-	} else {
-		buf[n] = 0;
-	}
-	fclose(f);
-	return buf;
 }

@@ -162,7 +162,4 @@ static inline int32_t sim_eidx(const struct sim_layout *l, int32_t c, int mi)
 /* Writes a collective's name ("g3#17", or the trace's) to buf. */
 void sim_coll_name(const struct sim_layout *l, int32_t c, char *buf, size_t len);
 
-/* Reads a whole file into a NUL-terminated buffer (free it); NULL with err set. */
-char *sim_read_file(const char *path, char *err, size_t errlen);
-
 #endif /* DFCCL_SIM_LAYOUT_H */
