@@ -977,9 +977,22 @@ bool sim_round(const struct sim_layout *l, const struct sim_params *p, uint64_t 
 		dead = literal_round(w, p, round);
 		if (rep && dead)
 			rep->verdict = SIM_STALL; /* the literal engine reports no detail */
-	} else {
+	} else if (!rep) {
 		for (int k = 0; k < l->ncomps && !dead; k++)
-			dead = fast_component(w, p, round, k, rep);
+			dead = fast_component(w, p, round, k, NULL);
+	} else {
+		/* A report runs every component, so that it says how far each
+		 * GPU got; it keeps the first deadlock (or incomplete end). */
+		for (int k = 0; k < l->ncomps; k++) {
+			struct sim_report r = {.verdict = SIM_DONE};
+			bool d = fast_component(w, p, round, k, &r);
+			if ((d && !dead) || (rep->verdict == SIM_DONE && r.verdict != SIM_DONE && !dead)) {
+				int32_t *keep = rep->invoked;
+				*rep = r;
+				rep->invoked = keep;
+			}
+			dead |= d;
+		}
 	}
 	if (rep && rep->invoked)
 		for (int h = 0; h < l->ngpus; h++)
