@@ -45,9 +45,10 @@ static const char usage[] =
     "                           a GPU's expected order: the lists of its groups\n"
     "                           round-robin (default), or one group after another\n"
     "      --trace FILE         per-rank invocation orders recorded from a job (JSON:\n"
-    "                           {\"ranks\": [[\"a\", \"b\", \"sync\"], [\"b\", \"a\"]]} or flight-\n"
-    "                           recorder entries {\"comm\": C, \"seq\": N}); replays them\n"
-    "                           through both models and says where they deadlock\n"
+    "                           {\"ranks\": [[\"a\", \"b\", \"sync\"], [\"b\", \"a\"]]}, entries\n"
+    "                           {\"comm\": C, \"seq\": N}, or dfccld's flight-recorder dumps,\n"
+    "                           `dfcclctl dump COMM --json`, one --trace per communicator);\n"
+    "                           replays them and says whether and where they deadlock\n"
     "Model:\n"
     "      --model single-queue|sync\n"
     "                           one stream per GPU (default), or synchronizations\n"
@@ -74,8 +75,12 @@ static const char usage[] =
     "\n"
     "Exit status: 0 done, 1 --expect failed or a trace deadlocks, 2 usage or input.\n";
 
+#define MAX_TRACES 256
+
 struct opts {
 	const char *policy, *groups, *trace;
+	const char *traces[MAX_TRACES]; /* --trace, once per file */
+	int ntraces;
 	long tp, dp, pp, colls_tp, colls_dp;
 	enum sim_order order;
 	struct sim_params p;
@@ -214,7 +219,9 @@ static int parse_opt(struct opts *o, int c, const char *arg)
 		o->groups = arg;
 		return 0;
 	case OPT_TRACE:
-		o->trace = arg;
+		if (o->ntraces == MAX_TRACES)
+			return usage_error("at most %s --trace files", "256");
+		o->trace = o->traces[o->ntraces++] = arg;
 		return 0;
 	case OPT_ORDER:
 		if ((e = parse_enum(arg, order_names, 2)) < 0)
@@ -490,14 +497,52 @@ static int replay_trace(const struct opts *o, const struct sim_layout *l)
 
 /* ---------------------------------------------------------------- main */
 
+/* The text of the --trace files: one file as it is, several (flight-recorder
+ * dumps, one per communicator) as one JSON list. */
+static char *trace_text(const struct opts *o, char *err, size_t errlen)
+{
+	char *all = NULL;
+	size_t len = 0;
+	for (int i = 0; i < o->ntraces; i++) {
+		char *text = NULL;
+		if (topo_json_read_file(o->traces[i], &text, err, errlen)) {
+			free(all);
+			return NULL;
+		}
+		if (o->ntraces == 1)
+			return text;
+		size_t n = strlen(text);
+		char *bigger = realloc(all, len + n + 3);
+		if (!bigger) {
+			free(text);
+			free(all);
+			snprintf(err, errlen, "out of memory");
+			return NULL;
+		}
+		all = bigger;
+		all[len++] = i ? ',' : '[';
+		memcpy(all + len, text, n);
+		len += n;
+		all[len] = 0;
+		free(text);
+	}
+	all[len++] = ']';
+	all[len] = 0;
+	return all;
+}
+
 static int load_layout(const struct opts *o, struct sim_layout **l)
 {
 	char err[512];
 	int rc;
 	if (o->trace || o->groups) {
-		const char *path = o->trace ? o->trace : o->groups;
+		const char *what = o->ntraces > 1 ? "the --trace files" : o->trace ? o->trace : o->groups;
 		char *text = NULL;
-		if (topo_json_read_file(path, &text, err, sizeof(err))) {
+		if (o->trace)
+			text = trace_text(o, err, sizeof(err));
+		else if (topo_json_read_file(o->groups, &text, err, sizeof(err)))
+			text = NULL;
+		if (!text) {
 			fprintf(stderr, "dfccl-sim: %s\n", err);
 			return TOOL_EXIT_USAGE;
 		}
@@ -505,7 +550,7 @@ static int load_layout(const struct opts *o, struct sim_layout **l)
 		              : sim_layout_free_json(text, o->order, l, err, sizeof(err));
 		free(text);
 		if (rc) {
-			fprintf(stderr, "dfccl-sim: %s: %s\n", path, err);
+			fprintf(stderr, "dfccl-sim: %s: %s\n", what, err);
 			return TOOL_EXIT_USAGE;
 		}
 		return 0;

@@ -887,12 +887,165 @@ static int layout_trace_orders(struct sim_layout *l, struct sim_builder *b)
 	return 0;
 }
 
+/* ---------------------------------------------------------------- flight-recorder dumps */
+
+/*
+ * dfccld's flight-recorder dumps (`dfcclctl dump COMM --json`, or the files
+ * the daemon writes) hold, per communicator, each rank's last collectives
+ * with their sequence number and submission time. A rank of the job is a
+ * client process (its session, else its pid and device), and its order
+ * across communicators is the order of submission times. Those are watch
+ * ticks, so collectives of different communicators submitted within one
+ * tick keep the order (communicator id, sequence): a replay of such a tie
+ * may find an inversion the job did not have, or miss one. Sequence numbers
+ * older than some rank of the communicator still holds are dropped (its
+ * ring overwrote them, and they had completed); point-to-point records are
+ * not collectives of the whole group and are left out.
+ */
+struct dump_event {
+	int proc;
+	int64_t t;
+	int64_t comm, seq;
+};
+
+static bool is_dump(json_t *j)
+{
+	return json_is_object(j) && json_object_get(j, "records") && json_object_get(j, "comm_id");
+}
+
+static int cmp_dump_event(const void *a, const void *b)
+{
+	const struct dump_event *x = a, *y = b;
+	if (x->proc != y->proc)
+		return (x->proc > y->proc) - (x->proc < y->proc);
+	if (x->t != y->t)
+		return (x->t > y->t) - (x->t < y->t);
+	if (x->comm != y->comm)
+		return (x->comm > y->comm) - (x->comm < y->comm);
+	return (x->seq > y->seq) - (x->seq < y->seq);
+}
+
+/* The process a communicator rank belongs to, numbered by first appearance. */
+static int dump_proc(json_t *procs, json_t *dump, int64_t rank)
+{
+	char key[96];
+	json_t *r, *ranks = json_object_get(dump, "ranks");
+	size_t i;
+	snprintf(key, sizeof(key), "c%lld:r%lld", (long long)json_integer_value(json_object_get(dump, "comm_id")),
+	         (long long)rank);
+	json_array_foreach(ranks, i, r) {
+		if (json_integer_value(json_object_get(r, "rank")) != rank)
+			continue;
+		json_int_t sid = json_integer_value(json_object_get(r, "session_id"));
+		if (sid)
+			snprintf(key, sizeof(key), "s%lld", (long long)sid);
+		else
+			snprintf(key, sizeof(key), "p%lld:d%lld", (long long)json_integer_value(json_object_get(r, "pid")),
+			         (long long)json_integer_value(json_object_get(r, "device")));
+		break;
+	}
+	json_t *at = json_object_get(procs, key);
+	if (!at) {
+		json_object_set_new(procs, key, json_integer((json_int_t)json_object_size(procs)));
+		at = json_object_get(procs, key);
+	}
+	return (int)json_integer_value(at);
+}
+
+static bool dump_collective(json_t *rec)
+{
+	const char *op = json_string_value(json_object_get(rec, "op"));
+	return !op || (strcmp(op, "send") && strcmp(op, "recv"));
+}
+
+/* The oldest sequence every rank of the dump still holds. */
+static int64_t dump_window(json_t *dump)
+{
+	json_t *oldest = json_object(), *rec;
+	size_t i;
+	json_array_foreach(json_object_get(dump, "records"), i, rec) {
+		if (!dump_collective(rec))
+			continue;
+		char rk[24];
+		snprintf(rk, sizeof(rk), "%lld", (long long)json_integer_value(json_object_get(rec, "rank")));
+		json_int_t seq = json_integer_value(json_object_get(rec, "seq"));
+		json_t *o = json_object_get(oldest, rk);
+		if (!o || seq < json_integer_value(o))
+			json_object_set_new(oldest, rk, json_integer(seq));
+	}
+	int64_t lo = 0;
+	const char *k;
+	json_t *v;
+	json_object_foreach(oldest, k, v)
+		if (json_integer_value(v) > lo)
+			lo = json_integer_value(v);
+	json_decref(oldest);
+	return lo;
+}
+
+/* Dumps (one, or a list) as {"ranks": [[{"comm": C, "seq": N}, ...], ...]}. */
+static int dumps_to_trace(json_t *root, json_t **out, char *err, size_t errlen)
+{
+	json_t *dumps = is_dump(root) ? json_pack("[O]", root) : json_incref(root), *d, *rec;
+	json_t *procs = json_object();
+	size_t n = 0, cap = 1024, i, k;
+	struct dump_event *ev = malloc(cap * sizeof(*ev));
+	int rc = dumps && procs && ev ? 0 : -ENOMEM;
+	json_array_foreach(dumps, i, d) {
+		if (rc)
+			break;
+		if (!is_dump(d)) {
+			rc = fail(err, errlen, -EINVAL, "entry %zu is not a flight-recorder dump (no \"comm_id\" and \"records\")", i);
+			break;
+		}
+		int64_t lo = dump_window(d), comm = json_integer_value(json_object_get(d, "comm_id"));
+		json_array_foreach(json_object_get(d, "records"), k, rec) {
+			int64_t seq = json_integer_value(json_object_get(rec, "seq"));
+			if (!dump_collective(rec) || seq < lo)
+				continue;
+			if (n == cap) {
+				struct dump_event *bigger = realloc(ev, 2 * cap * sizeof(*ev));
+				if (!bigger) {
+					rc = -ENOMEM;
+					break;
+				}
+				ev = bigger;
+				cap *= 2;
+			}
+			ev[n++] = (struct dump_event){dump_proc(procs, d, json_integer_value(json_object_get(rec, "rank"))),
+			                              json_integer_value(json_object_get(rec, "submit_ms")), comm, seq};
+		}
+	}
+	if (!rc) {
+		qsort(ev, n, sizeof(*ev), cmp_dump_event);
+		json_t *ranks = json_array();
+		for (size_t p = 0; p < json_object_size(procs); p++)
+			json_array_append_new(ranks, json_array());
+		for (size_t e = 0; e < n; e++)
+			json_array_append_new(json_array_get(ranks, (size_t)ev[e].proc),
+			                      json_pack("{s:I,s:I}", "comm", (json_int_t)ev[e].comm, "seq", (json_int_t)ev[e].seq));
+		*out = json_pack("{s:o}", "ranks", ranks);
+	}
+	free(ev);
+	json_decref(procs);
+	json_decref(dumps);
+	return rc;
+}
+
 int sim_layout_trace_json(const char *text, struct sim_layout **out, char *err, size_t errlen)
 {
 	json_error_t je;
 	json_t *root = json_loads(text, 0, &je);
 	if (!root)
 		return fail(err, errlen, -EINVAL, "not JSON: %s (line %d)", je.text, je.line);
+	if (is_dump(root) || is_dump(json_array_get(root, 0))) {
+		json_t *orders = NULL;
+		int rc = dumps_to_trace(root, &orders, err, errlen);
+		json_decref(root);
+		if (rc)
+			return failed(rc, err, errlen);
+		root = orders;
+	}
 	json_t *ranks = trace_ranks(root);
 	struct trace t = {.index = json_object(), .groups = json_object()};
 	struct sim_builder *b = sim_builder_new();

@@ -135,6 +135,10 @@ int sim_layout_free_json(const char *text, enum sim_order order, struct sim_layo
  *   "sync", {"sync": true} or {"op": "sync"}
  *                                  a device synchronization.
  * Other keys of an event object ("op", "bytes", ...) are ignored.
+ * The text may instead be dfccld's flight-recorder dump of a communicator
+ * (`dfcclctl dump COMM --json`), or a list of such dumps, one per
+ * communicator of the job: each client process becomes a rank, its
+ * collectives ordered by submission time (see sim_layout.c).
  */
 int sim_layout_trace_json(const char *text, struct sim_layout **out, char *err, size_t errlen);
 

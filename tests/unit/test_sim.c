@@ -433,6 +433,46 @@ static void test_sequences_flight_recorder(void **state)
 	sim_layout_free(l);
 }
 
+static void test_flight_recorder_dumps(void **state)
+{
+	/* Two communicators' dumps as dfcclctl prints them. Processes (by
+	 * session) become ranks in order of appearance: session 5 is rank 0.
+	 * Session 5 submitted comm 11 #3 at 5 ms and comm 12 #0 at 7 ms,
+	 * session 6 comm 12 #0 at 4 ms and comm 11 #3 at 9 ms: opposite orders
+	 * across communicators. Comm 11 #2 is only in session 5's ring (6's
+	 * overwrote it): dropped. The send is not a collective of the group. */
+	struct sim_layout *l = layout_trace(
+	    "[{\"comm_id\": 11, \"nranks\": 2, \"ranks\": [{\"rank\": 0, \"device\": 0, \"session_id\": 5, \"pid\": 100},"
+	    " {\"rank\": 1, \"device\": 1, \"session_id\": 6, \"pid\": 101}],"
+	    " \"records\": [{\"rank\": 0, \"op\": \"allreduce\", \"seq\": 2, \"submit_ms\": 1},"
+	    " {\"rank\": 0, \"op\": \"allreduce\", \"seq\": 3, \"submit_ms\": 5},"
+	    " {\"rank\": 1, \"op\": \"allreduce\", \"seq\": 3, \"submit_ms\": 9},"
+	    " {\"rank\": 1, \"op\": \"send\", \"seq\": 0, \"submit_ms\": 2}]},"
+	    " {\"comm_id\": 12, \"nranks\": 2, \"ranks\": [{\"rank\": 0, \"device\": 1, \"session_id\": 6, \"pid\": 101},"
+	    " {\"rank\": 1, \"device\": 0, \"session_id\": 5, \"pid\": 100}],"
+	    " \"records\": [{\"rank\": 1, \"op\": \"allgather\", \"seq\": 0, \"submit_ms\": 7},"
+	    " {\"rank\": 0, \"op\": \"allgather\", \"seq\": 0, \"submit_ms\": 4}]}]");
+	assert_int_equal(l->ngpus, 2);
+	assert_int_equal(l->ngroups, 2);
+	assert_int_equal(l->ncolls, 2);
+	char a[32], b[32];
+	sim_coll_name(l, l->order[l->gpu_off[0]], a, sizeof(a));
+	sim_coll_name(l, l->order[l->gpu_off[0] + 1], b, sizeof(b));
+	assert_string_equal(a, "11#3");
+	assert_string_equal(b, "12#0");
+	sim_coll_name(l, l->order[l->gpu_off[1]], a, sizeof(a));
+	assert_string_equal(a, "12#0");
+	assert_false(l->consistent);
+	struct sim_report rep = {0};
+	assert_int_equal(replay(l, SIM_SINGLE_QUEUE, SIM_EXACT, &rep), SIM_DONE);
+	sim_layout_free(l);
+
+	struct sim_layout *bad = NULL;
+	char err[256] = "";
+	assert_int_not_equal(sim_layout_trace_json("[{\"comm_id\": 1, \"records\": []}, [\"a\"]]", &bad, err, sizeof(err)), 0);
+	assert_non_null(strstr(err, "entry 1 is not a flight-recorder dump"));
+}
+
 static void test_statistics(void **state)
 {
 	double lo, hi;
@@ -463,6 +503,7 @@ int main(void)
 	    cmocka_unit_test(test_sequences_single_queue),
 	    cmocka_unit_test(test_sequences_sync),
 	    cmocka_unit_test(test_sequences_flight_recorder),
+	    cmocka_unit_test(test_flight_recorder_dumps),
 	    cmocka_unit_test(test_statistics),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
