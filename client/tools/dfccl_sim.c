@@ -65,7 +65,7 @@ static const char usage[] =
     "      --engine fast|literal\n"
     "                           literal draws every pick, as the published simulator\n"
     "                           does (slow; a reference)\n"
-    "      --expect R           compare with the ratio R (0.0121 or 1.21%%); exit 1 when\n"
+    "      --expect R           compare with the ratio R (0.0121 or 1.21%); exit 1 when\n"
     "                           they differ by more than 3 standard errors\n"
     "      --expect-rounds N    rounds behind R (default 32000; 0: R is exact)\n"
     "      --json               one JSON object on stdout\n"
@@ -248,7 +248,10 @@ static int parse_opt(struct opts *o, int c, const char *arg)
 		return parse_prob(arg, &o->p.disorder) ? 0 : usage_error("--disorder must be a probability, not '%s'", arg);
 	case OPT_SYNC:
 		o->sync_given = true;
-		return parse_prob(arg, &o->p.sync) ? 0 : usage_error("--sync must be a probability, not '%s'", arg);
+		/* At 1 every step synchronizes and no GPU ever invokes anything. */
+		return parse_prob(arg, &o->p.sync) && o->p.sync < 1
+		           ? 0
+		           : usage_error("--sync must be a probability below 1, not '%s'", arg);
 	case OPT_EXPECT:
 		return parse_prob(arg, &o->expect) ? 0 : usage_error("--expect must be a ratio, not '%s'", arg);
 	case OPT_ROUNDS:

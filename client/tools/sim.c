@@ -1036,6 +1036,8 @@ int sim_run(const struct sim_layout *l, const struct sim_params *p, uint64_t rou
             sim_progress_fn *progress, void *arg, struct sim_result *res)
 {
 	struct run r = {.l = l, .p = p, .rounds = rounds};
+	if (p->model == SIM_SYNC && !(p->sync < 1))
+		return -EINVAL; /* every step would synchronize: no round ends */
 	if (threads < 1)
 		threads = 1;
 	pthread_t *tid = calloc((size_t)threads, sizeof(*tid));

@@ -104,7 +104,8 @@ struct sim_work *sim_work_new(const struct sim_layout *l);
 void sim_work_free(struct sim_work *w);
 
 /* Runs round number `round` (its randomness depends on seed and round only);
- * returns true when it deadlocks. rep may be NULL. */
+ * returns true when it deadlocks. rep may be NULL. The sync probability
+ * must be below 1. */
 bool sim_round(const struct sim_layout *l, const struct sim_params *p, uint64_t round, struct sim_work *w,
                struct sim_report *rep);
 
@@ -117,7 +118,9 @@ struct sim_result {
 typedef void sim_progress_fn(uint64_t done, uint64_t total, uint64_t deadlocks, double seconds, void *arg);
 
 /* Runs rounds 0 .. rounds-1 on `threads` threads; the counts do not depend
- * on the thread count. Returns 0 or a negative errno. */
+ * on the thread count. Returns 0, -EINVAL for a sync probability of 1 in
+ * the synchronization model (no round would end), or another negative
+ * errno. */
 int sim_run(const struct sim_layout *l, const struct sim_params *p, uint64_t rounds, int threads,
             sim_progress_fn *progress, void *arg, struct sim_result *res);
 

@@ -9,6 +9,7 @@
  * within sampling error on layouts where every shortcut of the fast one is
  * at work.
  */
+#include <errno.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -308,6 +309,9 @@ static void test_threads_do_not_matter(void **state)
 	assert_int_equal(sim_run(l, &prm, 3000, 3, NULL, NULL, &b), 0);
 	assert_int_equal(a.deadlocks, b.deadlocks);
 	assert_true(a.deadlocks > 0);
+	/* Every step synchronizing would never end a round: refused. */
+	prm.sync = 1;
+	assert_int_equal(sim_run(l, &prm, 10, 1, NULL, NULL, &a), -EINVAL);
 	sim_layout_free(l);
 }
 
