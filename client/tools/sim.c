@@ -70,6 +70,9 @@ static void rng_seed(struct rng *r, const struct sim_params *p, uint64_t round, 
 
 /* ---------------------------------------------------------------- work */
 
+/* A GPU in a round: active -> suspended (it synchronized with collectives
+ * not done) -> active (the last of them completed), active -> finished (it
+ * invoked its last collective). */
 enum gpu_run { RUN_ACTIVE, RUN_SUSPENDED, RUN_FINISHED };
 
 struct gpu_state {

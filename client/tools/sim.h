@@ -104,8 +104,9 @@ struct sim_work *sim_work_new(const struct sim_layout *l);
 void sim_work_free(struct sim_work *w);
 
 /* Runs round number `round` (its randomness depends on seed and round only);
- * returns true when it deadlocks. rep may be NULL. The sync probability
- * must be below 1. */
+ * returns true when it deadlocks. rep may be NULL; the literal engine fills
+ * only its verdict (SIM_STALL for any deadlock). The sync probability must
+ * be below 1. */
 bool sim_round(const struct sim_layout *l, const struct sim_params *p, uint64_t round, struct sim_work *w,
                struct sim_report *rep);
 
