@@ -220,9 +220,11 @@ static void test_collective_flood(void **state)
 	struct daemon_proc *d = *state;
 	if (!need_root())
 		skip();
-	/* Each side is the faster of two runs: the machine running the test
-	 * is shared, and a slow run of either would be noise, not a finding. */
-	uint64_t alone = victim_run();
+	/* Each side is the fastest of three runs: the machine running the
+	 * test is shared, and a slow run of either would be noise, not a
+	 * finding. */
+	uint64_t alone = victim_run(), first = victim_run();
+	alone = first < alone ? first : alone;
 	uint64_t rss_before = workers_rss(d);
 
 	struct flooder f;
@@ -237,8 +239,11 @@ static void test_collective_flood(void **state)
 	char byte;
 	assert_int_equal(read(ready[0], &byte, 1), 1);
 
-	uint64_t flooded = victim_run(), again = victim_run();
-	flooded = again < flooded ? again : flooded;
+	uint64_t flooded = victim_run();
+	for (int i = 0; i < 2; i++) {
+		uint64_t again = victim_run();
+		flooded = again < flooded ? again : flooded;
+	}
 	uint64_t rss_during = workers_rss(d);
 	assert_int_equal(write(go[1], "gg", 2), 2);
 	assert_int_equal(child_wait(f0, 60000), 0);
@@ -248,7 +253,7 @@ static void test_collective_flood(void **state)
 		close(go[i]);
 	}
 	/* The daemon serves on after the flooder left. */
-	again = victim_run();
+	uint64_t again = victim_run();
 	alone = again < alone ? again : alone;
 	double ratio = (double)flooded / (double)alone;
 	fprintf(stderr, "victim: %llu ms alone, %llu ms beside the flooder (ratio %.2f); workers' RSS %llu -> %llu KiB\n",
