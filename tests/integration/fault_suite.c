@@ -190,26 +190,41 @@ static void note_error(struct shared *sh, int rank, dfcclResult_t r)
 	}
 }
 
+/*
+ * Sets rank `rank` up (device, communicators, buffers), runs its batches
+ * until one fails and records when: 0 with *r that failure, or 1 when the
+ * rank fails (a wrong result, no error, or an error before any fault).
+ */
+static int run_until_fault(struct shared *sh, struct rank_job *j, int rank, uint64_t *it, dfcclResult_t *r)
+{
+	memset(j, 0, sizeof(*j));
+	if (dfcclSetDevice(rank % sh->ndev) != dfcclSuccess || job_init(sh, j, sh->ids, rank) != dfcclSuccess ||
+	    job_alloc(j, sh->ncomms) != dfcclSuccess)
+		RFAIL("set-up: %s", dfcclGetLastError(NULL));
+	atomic_fetch_add(&sh->running, 1);
+	*it = 0;
+	int bad = 0;
+	*r = run_batches(sh, j, rank, it, -1, mix(sh->seed ^ (uint64_t)rank), &bad);
+	if (bad)
+		return 1;
+	if (*r == dfcclSuccess)
+		RFAIL("no error within %d ms of running", RUN_MS);
+	note_error(sh, rank, *r);
+	if (!atomic_load(&sh->fault_ns))
+		RFAIL("error %d before any fault: %s", *r, dfcclGetLastError(NULL));
+	return 0;
+}
+
 /* A rank of a kill trial. */
 static int kill_rank(void *arg, int rank)
 {
 	struct shared *sh = arg;
 	struct rank_job j;
-	memset(&j, 0, sizeof(j));
-	if (dfcclSetDevice(rank % sh->ndev) != dfcclSuccess || job_init(sh, &j, sh->ids, rank) != dfcclSuccess ||
-	    job_alloc(&j, sh->ncomms) != dfcclSuccess)
-		RFAIL("set-up: %s", dfcclGetLastError(NULL));
-	atomic_fetch_add(&sh->running, 1);
-	uint64_t it = 0;
+	uint64_t it;
 	int bad = 0;
-	dfcclResult_t r = run_batches(sh, &j, rank, &it, -1, mix(sh->seed ^ (uint64_t)rank), &bad);
-	if (bad)
+	dfcclResult_t r;
+	if (run_until_fault(sh, &j, rank, &it, &r))
 		return 1;
-	if (r == dfcclSuccess)
-		RFAIL("no error within %d ms of running", RUN_MS);
-	note_error(sh, rank, r);
-	if (!atomic_load(&sh->fault_ns))
-		RFAIL("error %d before any fault: %s", r, dfcclGetLastError(NULL));
 	/* Drop the dead rank from every communicator and go on. */
 	int victim = atomic_load(&sh->victim);
 	struct rank_job small = j;
@@ -242,21 +257,11 @@ static int restart_rank(void *arg, int rank)
 {
 	struct shared *sh = arg;
 	struct rank_job j;
-	memset(&j, 0, sizeof(j));
-	if (dfcclSetDevice(rank % sh->ndev) != dfcclSuccess || job_init(sh, &j, sh->ids, rank) != dfcclSuccess ||
-	    job_alloc(&j, sh->ncomms) != dfcclSuccess)
-		RFAIL("set-up: %s", dfcclGetLastError(NULL));
-	atomic_fetch_add(&sh->running, 1);
-	uint64_t it = 0;
+	uint64_t it;
 	int bad = 0;
-	dfcclResult_t r = run_batches(sh, &j, rank, &it, -1, mix(sh->seed ^ (uint64_t)rank), &bad);
-	if (bad)
+	dfcclResult_t r;
+	if (run_until_fault(sh, &j, rank, &it, &r))
 		return 1;
-	if (r == dfcclSuccess)
-		RFAIL("no error within %d ms of running", RUN_MS);
-	note_error(sh, rank, r);
-	if (!atomic_load(&sh->fault_ns))
-		RFAIL("error %d before the daemon was killed: %s", r, dfcclGetLastError(NULL));
 	if (r != dfcclDaemonUnavailable)
 		RFAIL("the daemon's death gave %d (%s), expected dfcclDaemonUnavailable", r, dfcclGetLastError(NULL));
 	for (int k = 0; k < sh->ncomms; k++)

@@ -206,24 +206,32 @@ static int revoke_rank(void *arg, int rank)
 	return 0;
 }
 
-static void test_revoke(void **state)
+/* Runs nprocs processes of fn (ranks 0..nprocs-1) over a fresh job of
+ * nranks whose ready_fd/go_fd are the two ends of one pipe (one rank
+ * writes, another reads), and waits for every one to succeed. */
+static void run_piped(int (*fn)(void *, int), int nranks, int nprocs)
 {
-	(void)state;
-	struct job j = {.nranks = 2};
+	struct job j = {.nranks = nranks};
 	assert_int_equal(dfcclGetUniqueId(&j.id), dfcclSuccess);
-	/* Rank 0 writes into the pipe once its collective hangs; rank 1 then
-	 * revokes. */
 	int pfd[2];
 	assert_int_equal(pipe(pfd), 0);
 	j.go_fd = pfd[0];
 	j.ready_fd = pfd[1];
-	pid_t p[2];
-	for (int r = 0; r < 2; r++)
-		p[r] = child_run(revoke_rank, &j, r);
-	for (int r = 0; r < 2; r++)
+	pid_t p[8];
+	for (int r = 0; r < nprocs; r++)
+		p[r] = child_run(fn, &j, r);
+	for (int r = 0; r < nprocs; r++)
 		assert_int_equal(child_wait(p[r], 30000), 0);
 	close(pfd[0]);
 	close(pfd[1]);
+}
+
+/* Rank 0 writes into the pipe once its collective hangs; rank 1 then
+ * revokes. */
+static void test_revoke(void **state)
+{
+	(void)state;
+	run_piped(revoke_rank, 2, 2);
 }
 
 /* ------------------------------------------------------------ split */
@@ -442,19 +450,7 @@ static int grow_rank(void *arg, int rank)
 static void test_grow(void **state)
 {
 	(void)state;
-	struct job j = {.nranks = 2};
-	assert_int_equal(dfcclGetUniqueId(&j.id), dfcclSuccess);
-	int pfd[2];
-	assert_int_equal(pipe(pfd), 0);
-	j.go_fd = pfd[0];
-	j.ready_fd = pfd[1];
-	pid_t p[3];
-	for (int r = 0; r < 3; r++)
-		p[r] = child_run(grow_rank, &j, r);
-	for (int r = 0; r < 3; r++)
-		assert_int_equal(child_wait(p[r], 30000), 0);
-	close(pfd[0]);
-	close(pfd[1]);
+	run_piped(grow_rank, 2, 3);
 }
 
 /* ------------------------------------------------------------ dfcclctl abort */
