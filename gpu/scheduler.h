@@ -58,8 +58,16 @@ struct sched_queue {
  * refused with DFCCL_CQ_LIMIT. So a queue pair always finds a place for its
  * first SCHED_QP_GUARANTEE collectives while fewer than SCHED_RESERVE /
  * SCHED_QP_GUARANTEE queue pairs hold theirs (the supervisor's
- * max-qps-per-uid keeps one user below that), and an engine never holds
- * more than SCHED_MAX_TASKS tasks.
+ * max-qps-per-uid keeps one user below that).
+ *
+ * Beyond its room (but within max_inflight) a queue pair's entry is still
+ * admitted when another rank already posted its instance
+ * (dfccl_comm_peer_posted): ranks that submit more collectives than their
+ * guarantee, in different orders, would otherwise wait for each other's
+ * entries forever while other sessions fill the shared part. Such entries
+ * count against the parts like any other (which may then go over), so an
+ * engine holds at most SCHED_MAX_TASKS tasks plus those, each of which
+ * completes an instance its peers wait on.
  */
 #define SCHED_QP_GUARANTEE 4u
 #define SCHED_RESERVE (SCHED_MAX_TASKS / 2)
@@ -89,9 +97,9 @@ static inline DFCCL_HD uint32_t sched_admit_room(uint32_t inflight, uint32_t res
 		return 0;
 	uint32_t room;
 	if (sched_admit_reserved(inflight)) {
+		uint32_t left = reserve_used < SCHED_RESERVE ? SCHED_RESERVE - reserve_used : 0;
 		room = SCHED_QP_GUARANTEE - inflight;
-		if (room > SCHED_RESERVE - reserve_used)
-			room = reserve_used < SCHED_RESERVE ? SCHED_RESERVE - reserve_used : 0;
+		room = room < left ? room : left;
 	} else {
 		room = shared_used < SCHED_SHARED ? SCHED_SHARED - shared_used : 0;
 	}

@@ -81,6 +81,12 @@ int sq_pending(const struct sq_queue *q)
 
 unsigned sq_take(struct sq_queue *q, struct dfccl_sqe *out, unsigned max)
 {
+	return sq_take_if(q, out, max, NULL, NULL);
+}
+
+unsigned sq_take_if(struct sq_queue *q, struct dfccl_sqe *out, unsigned max,
+                    int (*want)(void *ctx, const struct dfccl_sqe *e), void *ctx)
+{
 	uint64_t tail = sq_tail_clamped(q);
 	unsigned got = 0;
 	for (uint64_t s = q->head; s <= tail && got < max; s++) {
@@ -91,6 +97,8 @@ unsigned sq_take(struct sq_queue *q, struct dfccl_sqe *out, unsigned max)
 		if (atomic_load_explicit(A64(&e->arm), memory_order_acquire) != s)
 			continue; /* not armed yet: later entries may be */
 		memcpy(&out[got], e, sizeof(*e));
+		if (want && !want(ctx, &out[got]))
+			continue; /* stays armed: a later call may take it */
 		q->taken[slot] = s;
 		got++;
 	}

@@ -266,4 +266,39 @@ static inline DFCCL_HD struct dfccl_p2p_box *dfccl_comm_box(void *region, uint32
 	return (struct dfccl_p2p_box *)((char *)region + DFCCL_COMM_P2P_OFFSET(n)) + idx;
 }
 
+/*
+ * Whether a rank other than the submitter of entry e (not yet checked) has
+ * posted the instance e names, in the region of its communicator of n
+ * ranks: a collective's post, or for a receive the sender's mailbox. An
+ * engine admits such an entry even when its queue pair has no room left
+ * (scheduler.h), since it completes an instance that holds other ranks'
+ * places rather than holding one of its own; without that, ranks that
+ * submit more collectives than their guarantee in different orders could
+ * wait for each other's entries forever while other sessions fill the
+ * shared part. Sends (whose receivers post nothing) answer 0.
+ */
+static inline DFCCL_HD int dfccl_comm_peer_posted(void *region, uint32_t n, const struct dfccl_sqe *e)
+{
+	uint64_t key = e->comm_seq;
+	if (key == 0 || e->rank >= n)
+		return 0;
+	if (e->opcode == DFCCL_OP_RECV)
+		return e->peer < n && e->peer != e->rank &&
+		       *(volatile uint64_t *)&dfccl_comm_box(region, n, e->peer, e->rank, key)->key == key;
+	if (e->opcode == DFCCL_OP_SEND || e->opcode == DFCCL_OP_NOP || e->opcode >= DFCCL_OP_COUNT_)
+		return 0;
+	int registered = (e->flags & DFCCL_SQE_F_REGISTERED) != 0;
+	if (registered && e->coll_id >= DFCCL_COMM_MAX_COLLS)
+		return 0;
+	for (uint32_t r = 0; r < n; r++) {
+		if (r == e->rank)
+			continue;
+		struct dfccl_rank_post *p = registered ? dfccl_comm_reg_post(region, n, e->coll_id, key, r)
+		                                       : dfccl_comm_post(region, n, key, r);
+		if (*(volatile uint64_t *)&p->key == key)
+			return 1;
+	}
+	return 0;
+}
+
 #endif /* DFCCL_COMM_H */

@@ -543,6 +543,13 @@ static void serve_entry(struct host_engine *e, struct sq_queue *q, const struct 
  * while it holds max_inflight tasks its entries are refused. Returns how
  * many entries it took.
  */
+/* sq_take_if's test: another rank posted the entry's instance. */
+static int peer_posted(void *ctx, const struct dfccl_sqe *sqe)
+{
+	struct host_comm *c = comm_find(ctx, sqe->comm_id, NULL);
+	return c && dfccl_comm_peer_posted(c->hdr, c->nranks, sqe);
+}
+
 static unsigned serve_queue(struct host_engine *e, uint32_t k)
 {
 	struct dfccl_sqe batch[TAKE_BATCH];
@@ -552,9 +559,17 @@ static unsigned serve_queue(struct host_engine *e, uint32_t k)
 		struct sq_queue *q = hq->q;
 		int full = hq->inflight >= e->max_inflight;
 		uint32_t room = full ? TAKE_BATCH : qp_room(e, hq);
-		if (room == 0)
-			return total;
-		unsigned got = sq_take(q, batch, room < TAKE_BATCH ? room : TAKE_BATCH);
+		unsigned got;
+		if (room == 0) {
+			/* Beyond the room, within max_inflight: the entries whose
+			 * instance a peer posted (dfccl_comm_peer_posted). */
+			uint32_t own = e->max_inflight - hq->inflight;
+			got = sq_take_if(q, batch, own < TAKE_BATCH ? own : TAKE_BATCH, peer_posted, e);
+			for (unsigned i = 0; i < got; i++)
+				serve_entry(e, q, &batch[i], DFCCL_CQ_OK);
+			return total + got;
+		}
+		got = sq_take(q, batch, room < TAKE_BATCH ? room : TAKE_BATCH);
 		if (got == 0)
 			return total;
 		for (unsigned i = 0; i < got; i++)

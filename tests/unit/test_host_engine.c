@@ -56,7 +56,7 @@
 #define QN 2048u      /* entries per test queue */
 #define MAX_ENG 4u
 #define MAX_Q 16u
-#define MAX_REGIONS 8u
+#define MAX_REGIONS 24u
 #define MAX_REGS 8192u
 #define MAX_N 8u
 #define ROUND_CAP 200000u
@@ -1277,6 +1277,55 @@ static void test_fair_admission(void **state)
 	sim_free(&s);
 }
 
+/*
+ * Two ranks sharing a device submit more collectives than their guarantee,
+ * on as many communicators, in opposite orders, while flooders hold the
+ * shared part: each rank's admitted collectives wait for the other's, which
+ * lie beyond its room. They complete because an entry whose instance a
+ * peer posted is admitted anyway (dfccl_comm_peer_posted), each checked
+ * against its reference; the flooders still hold only what they may.
+ */
+static void test_admission_keeps_any_order(void **state)
+{
+	(void)state;
+	enum { NFLOOD = 3, FLOOD = 400, K = 3 * SCHED_QP_GUARANTEE };
+	struct sim s;
+	sim_init_served(&s, 2, SCHED_MAX_INFLIGHT);
+	unsigned victim[2] = {sim_queue(&s, 0, 1), sim_queue(&s, 0, 2)};
+	unsigned peer = sim_queue(&s, 1, 20);
+	for (unsigned f = 0; f < NFLOOD; f++) {
+		unsigned ranks[2] = {sim_queue(&s, 0, 10 + f), peer};
+		sim_comm(&s, 101 + f, 2, ranks);
+		for (unsigned k = 0; k < FLOOD; k++)
+			submit_simple(&s, ranks[0], 101 + f, k + 1, 0, 4);
+	}
+	sim_spin(&s, 40);
+	assert_int_equal(host_engine_pending(s.eng[0]), NFLOOD * SCHED_QP_GUARANTEE + SCHED_SHARED);
+	static struct coll c[K];
+	for (unsigned k = 0; k < K; k++) {
+		sim_comm(&s, 300 + k, 2, victim);
+		c[k] = (struct coll){.id = 40 + k, .op = DFCCL_OP_ALLREDUCE, .dt = 2, .n = 2, .count = 64 + k};
+		memcpy(c[k].q, victim, sizeof(victim));
+		coll_prepare(&s, &c[k]);
+	}
+	for (unsigned k = 0; k < K; k++) {
+		coll_submit_rank(&s, &c[k], 0, 300 + k, 1, 0, 0);
+		coll_submit_rank(&s, &c[K - 1 - k], 1, 300 + K - 1 - k, 1, 0, 0);
+	}
+	for (unsigned round = 0; round < ROUND_CAP && !sim_completed(&s, victim[1], c[0].seq[1]); round++)
+		sim_spin(&s, 1);
+	for (unsigned k = 0; k < K; k++) {
+		for (unsigned round = 0; round < ROUND_CAP && !sim_completed(&s, victim[0], c[k].seq[0]); round++)
+			sim_spin(&s, 1);
+		coll_check(&s, &c[k]);
+	}
+	for (unsigned f = 0; f < NFLOOD; f++)
+		for (unsigned e = 0; e < 2; e++)
+			host_engine_comm_abort(s.eng[e], 101 + f, DFCCL_CQ_ABORTED);
+	sim_drive(&s);
+	sim_free(&s);
+}
+
 /* Aborting a communicator completes its tasks with the status, now and
  * later, on this engine and (through the region) on the others, while
  * another communicator of the same ranks keeps working. */
@@ -1606,6 +1655,7 @@ int main(void)
 	    cmocka_unit_test(test_backlog),
 	    cmocka_unit_test(test_inflight_limit),
 	    cmocka_unit_test(test_fair_admission),
+	    cmocka_unit_test(test_admission_keeps_any_order),
 	    cmocka_unit_test(test_abort),
 	    cmocka_unit_test(test_inconsistent_posts),
 	    cmocka_unit_test(test_mismatch),
