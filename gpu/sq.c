@@ -81,15 +81,15 @@ int sq_pending(const struct sq_queue *q)
 
 unsigned sq_take(struct sq_queue *q, struct dfccl_sqe *out, unsigned max)
 {
-	return sq_take_if(q, out, max, NULL, NULL);
+	return sq_take_if(q, out, max, NULL, NULL, UINT32_MAX);
 }
 
 unsigned sq_take_if(struct sq_queue *q, struct dfccl_sqe *out, unsigned max,
-                    int (*want)(void *ctx, const struct dfccl_sqe *e), void *ctx)
+                    int (*want)(void *ctx, const struct dfccl_sqe *e), void *ctx, unsigned looks)
 {
 	uint64_t tail = sq_tail_clamped(q);
 	unsigned got = 0;
-	for (uint64_t s = q->head; s <= tail && got < max; s++) {
+	for (uint64_t s = q->head; s <= tail && got < max && looks > 0; s++) {
 		uint32_t slot = DFCCL_QP_SLOT(s, q->n);
 		if (q->taken[slot] == s)
 			continue;
@@ -97,6 +97,7 @@ unsigned sq_take_if(struct sq_queue *q, struct dfccl_sqe *out, unsigned max,
 		if (atomic_load_explicit(A64(&e->arm), memory_order_acquire) != s)
 			continue; /* not armed yet: later entries may be */
 		memcpy(&out[got], e, sizeof(*e));
+		looks--;
 		if (want && !want(ctx, &out[got]))
 			continue; /* stays armed: a later call may take it */
 		q->taken[slot] = s;

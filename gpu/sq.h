@@ -55,9 +55,10 @@ void sq_queue_close(struct sq_queue *q);
 unsigned sq_take(struct sq_queue *q, struct dfccl_sqe *out, unsigned max);
 
 /* As sq_take, but only the armed entries for which want(ctx, entry) holds
- * (called on a copy); the others stay armed in the queue. */
+ * (called on a copy), looking at no more than `looks` armed entries; the
+ * others stay armed in the queue. */
 unsigned sq_take_if(struct sq_queue *q, struct dfccl_sqe *out, unsigned max,
-                    int (*want)(void *ctx, const struct dfccl_sqe *e), void *ctx);
+                    int (*want)(void *ctx, const struct dfccl_sqe *e), void *ctx, unsigned looks);
 
 /* Whether any entry is submitted but not yet taken (armed or not). */
 int sq_pending(const struct sq_queue *q);

@@ -543,6 +543,10 @@ static void serve_entry(struct host_engine *e, struct sq_queue *q, const struct 
  * while it holds max_inflight tasks its entries are refused. Returns how
  * many entries it took.
  */
+/* Entries beyond a queue pair's room looked at per pass for a posted peer:
+ * a flooder's full queue must not cost every pass a scan. */
+#define BEYOND_ROOM_LOOKS 16u
+
 /* sq_take_if's test: another rank posted the entry's instance. */
 static int peer_posted(void *ctx, const struct dfccl_sqe *sqe)
 {
@@ -564,7 +568,7 @@ static unsigned serve_queue(struct host_engine *e, uint32_t k)
 			/* Beyond the room, within max_inflight: the entries whose
 			 * instance a peer posted (dfccl_comm_peer_posted). */
 			uint32_t own = e->max_inflight - hq->inflight;
-			got = sq_take_if(q, batch, own < TAKE_BATCH ? own : TAKE_BATCH, peer_posted, e);
+			got = sq_take_if(q, batch, own < TAKE_BATCH ? own : TAKE_BATCH, peer_posted, e, BEYOND_ROOM_LOOKS);
 			for (unsigned i = 0; i < got; i++)
 				serve_entry(e, q, &batch[i], DFCCL_CQ_OK);
 			return total + got;
