@@ -269,11 +269,44 @@ dfcclResult_t dfcclCommDeregister(const dfcclComm_t comm, void *handle);
  * registered with the daemon, whole, the first time a call names it, once;
  * a buffer must lie inside one cudaMalloc allocation or one cuMemMap
  * mapping. Memory pools (cudaMallocAsync), managed memory and VMM
- * allocations not exportable that way fail with dfcclNotSupported. In this
- * release `stream` must be NULL: the daemon's kernel reads the buffers with
- * no order to the caller's streams, so the work that writes the send buffer
- * must be complete (synchronize its stream) before the call, and the
- * receive buffer may be read once dfcclCommSynchronize returns.
+ * allocations not exportable that way fail with dfcclNotSupported.
+ *
+ * Two forms, chosen by `stream`:
+ *
+ * Stream-ordered (stream is a cudaStream_t, also cudaStreamPerThread), as
+ * NCCL's: the collective starts after the work queued on the stream before
+ * the call and the work queued after it starts once the collective has
+ * completed; the CPU never waits for the GPU. libdfccl writes the
+ * submission entry from the CPU and queues two operations on the stream: a
+ * write that arms the entry, and a wait for its completion word. The call
+ * waits only for a free slot of the submission queue (at most
+ * DFCCL_QUEUE_WAIT_MS, default 60000, then dfcclTimeout). Ordering is
+ * NCCL's: a later call on the same stream starts after the earlier one
+ * completed, so a stream that waits for a collective its peers never issue
+ * waits, as with NCCL; collectives on different streams or communicators
+ * never wait for each other, in whatever order the ranks issue them.
+ * The GPU runs the streams of a process on a few hardware queues
+ * (CUDA_DEVICE_MAX_CONNECTIONS), each in submission order, and a stream that
+ * waits for a collective stalls its queue: streams that carry collectives
+ * in different orders on different ranks are independent only while each
+ * has a queue of its own. libdfccl therefore sets CUDA_DEVICE_MAX_CONNECTIONS
+ * to 32 (the most) when it is loaded, unless the environment sets it; a
+ * process that sets 1 orders all its streams, as NCCL then does.
+ * Inside dfcclGroupStart/End, every stream arms all of its collectives of
+ * the group, then waits for all of them. A collective that fails completes
+ * all the same (the stream goes on, the output is undefined): the failure is
+ * reported by dfcclCommGetAsyncError and dfcclCommSynchronize, with its
+ * sentence in dfcclGetLastError. Needs the CUDA driver (with the daemon's
+ * CUDA engine, or any engine whose buffers the GPU can reach); capture into
+ * CUDA graphs is not supported: the entry is written by the CPU at the
+ * call, so a replayed graph would re-arm a stale entry.
+ *
+ * Callback form (stream NULL), DFCCL's: the daemon's kernel reads the
+ * buffers with no order to the caller's streams, so the work that writes
+ * the send buffer must be complete (synchronize its stream) before the
+ * call, and the receive buffer may be read once dfcclCommSynchronize
+ * returns. Such calls never make a stream of the caller wait, so they stay
+ * safe in any order and across cudaDeviceSynchronize.
  */
 
 dfcclResult_t dfcclAllReduce(const void *sendbuff, void *recvbuff, size_t count,

@@ -19,11 +19,13 @@
 #include "errors.h"
 #include "mem.h"
 #include "qp.h"
+#include "stream.h"
 
 /* One call, ready to submit. */
 struct coll_op {
 	struct dfcclComm *comm;
 	struct dfccl_sqe sqe;
+	dfcclStream_t stream; /* NULL: armed by the CPU, completed through the communicator */
 };
 
 /* What one collective call asked for. */
@@ -122,10 +124,10 @@ static dfcclResult_t coll_check(const struct coll_args *a)
 
 	if (!comm)
 		return errors_set(dfcclInvalidArgument, "%s: comm is NULL", name);
-	if (a->stream)
-		return errors_set(dfcclNotSupported, "%s: stream-ordered submission is not supported yet; pass a NULL "
-		                  "stream after synchronizing the work that writes the buffers (the call then returns "
-		                  "once submitted, and dfcclCommSynchronize waits for it)", name);
+	if (a->stream && !cudrv_streams_usable())
+		return errors_set(dfcclNotSupported, "%s: a stream-ordered call needs the CUDA driver: %s; pass a NULL "
+		                  "stream instead (the call then returns once submitted, and dfcclCommSynchronize "
+		                  "waits for it)", name, cudrv_last_error());
 	size_t elem = coll_dtype_size(a->dtype);
 	if (elem == 0)
 		return errors_set(dfcclInvalidArgument, "%s: unknown data type %d", name, a->dtype);
@@ -180,6 +182,7 @@ static dfcclResult_t coll_prepare(const struct coll_args *a, struct coll_op *op,
 	struct dfccl_sqe *e = &op->sqe;
 	memset(op, 0, sizeof(*op));
 	op->comm = comm;
+	op->stream = a->stream;
 	e->comm_id = comm->id;
 	e->rank = (uint32_t)comm->rank;
 	e->count = a->count;
@@ -197,14 +200,15 @@ static dfcclResult_t coll_prepare(const struct coll_args *a, struct coll_op *op,
 	return dfcclSuccess;
 }
 
-/* Submits a prepared entry as a tracked, asynchronous one. */
+/* Submits a prepared entry as a tracked, asynchronous one; with `arm`,
+ * unarmed, for a stream to arm (req_submit). */
 static dfcclResult_t coll_submit(struct dfcclComm *comm, const struct dfccl_sqe *e, dfcclCallback_t callback,
-                                 void *user_arg, struct req **handle)
+                                 void *user_arg, struct req **handle, struct qp_stream_arm *arm)
 {
 	struct req *r = req_new(e->opcode, callback, user_arg, handle != NULL);
 	if (!r)
 		return errors_set(dfcclSystemError, "out of memory");
-	dfcclResult_t res = req_submit(&comm->tracker, comm->qp, e, r);
+	dfcclResult_t res = req_submit(&comm->tracker, comm->qp, e, r, arm);
 	if (res == dfcclSuccess && handle)
 		*handle = r;
 	return res;
@@ -212,19 +216,48 @@ static dfcclResult_t coll_submit(struct dfcclComm *comm, const struct dfccl_sqe 
 
 /*
  * Submits ops[0..n) in order, without waiting: each gets its key now, in
- * call order. Stops at the first failure (the queue pair died), whose
- * sentence stays the last error.
+ * call order. Stream-ordered ones are posted unarmed, and their streams
+ * arm them all and then wait for them all. Stops submitting at the first
+ * failure (the queue pair died, or stayed full), whose sentence stays the
+ * last error; what was posted before is still armed and waited for.
  */
 static dfcclResult_t coll_run(struct coll_op *ops, size_t n)
 {
-	for (size_t i = 0; i < n; i++) {
+	struct stream_batch b = {0};
+	dfcclResult_t r = dfcclSuccess;
+	for (size_t i = 0; i < n && r == dfcclSuccess; i++) {
 		struct coll_op *op = &ops[i];
+		if (!op->stream) {
+			op->sqe.comm_seq = comm_next_seq(op->comm, op->sqe.opcode, (int)op->sqe.peer);
+			r = coll_submit(op->comm, &op->sqe, NULL, NULL, NULL, NULL);
+			continue;
+		}
+		if (!b.items && !(b.items = calloc(n - i, sizeof(*b.items)))) {
+			r = errors_set(dfcclSystemError, "out of memory");
+			break;
+		}
+		if (stream_batch_crowded(&b, op->comm->qp) && (r = stream_batch_arm(&b)) != dfcclSuccess)
+			break;
+		/* A slot first, bounded: a call that gives up has used no key,
+		 * so the communicator's later calls still match the peers'. */
+		if ((r = qp_wait_free(op->comm->qp, qp_queue_wait_ms())) != dfcclSuccess)
+			break;
 		op->sqe.comm_seq = comm_next_seq(op->comm, op->sqe.opcode, (int)op->sqe.peer);
-		dfcclResult_t r = coll_submit(op->comm, &op->sqe, NULL, NULL, NULL);
-		if (r != dfcclSuccess)
-			return r;
+		struct stream_item *it = &b.items[b.n];
+		it->stream = op->stream;
+		it->qp = op->comm->qp;
+		r = coll_submit(op->comm, &op->sqe, NULL, NULL, NULL, &it->arm);
+		if (r == dfcclSuccess)
+			b.n++;
 	}
-	return dfcclSuccess;
+	if (b.n > 0) {
+		char first[1024];
+		snprintf(first, sizeof(first), "%s", errors_last());
+		dfcclResult_t rf = stream_batch_finish(&b);
+		r = r != dfcclSuccess ? errors_set(r, "%s", first) : rf;
+	}
+	free(b.items);
+	return r;
 }
 
 static dfcclResult_t coll_group_add(const struct coll_op *op)
@@ -366,7 +399,12 @@ static dfcclResult_t coll_alltoall(const char *send, char *recv, size_t count, d
 	char *own_dst = recv + (size_t)comm->rank * block;
 	const char *own_src = send + (size_t)comm->rank * block;
 	struct cudrv_ptr_info pi;
-	if (cudrv_pointer_info(own_dst, &pi) == 1 || cudrv_pointer_info(own_src, &pi) == 1) {
+	if (stream) {
+		/* In the stream's order, as the rest of the exchange. */
+		if (cudrv_copy_async(own_dst, own_src, block, stream, comm->device) < 0)
+			return errors_set(dfcclUnhandledCudaError, "AllToAll: cannot queue the copy of the rank's own block "
+			                  "on the stream: %s", cudrv_last_error());
+	} else if (cudrv_pointer_info(own_dst, &pi) == 1 || cudrv_pointer_info(own_src, &pi) == 1) {
 		if (cudrv_copy(own_dst, own_src, block, pi.device) < 0)
 			return errors_set(dfcclUnhandledCudaError, "AllToAll: cannot copy the rank's own block: %s",
 			                  cudrv_last_error());
@@ -489,7 +527,7 @@ dfcclResult_t dfcclRunCollective(dfcclComm_t comm, int collId, const void *sendb
 		op.sqe.flags |= DFCCL_SQE_F_PRIORITY;
 		op.sqe.priority = d.priority;
 	}
-	return coll_submit(comm, &op.sqe, callback, userArg, (struct req **)request);
+	return coll_submit(comm, &op.sqe, callback, userArg, (struct req **)request, NULL);
 }
 
 dfcclResult_t dfcclWait(dfcclRequest_t request)

@@ -69,6 +69,11 @@ static void drv_load(void)
 	    {"cuMemMap", offsetof(struct cudrv_ops, mem_map), false},
 	    {"cuMemUnmap", offsetof(struct cudrv_ops, mem_unmap), false},
 	    {"cuMemSetAccess", offsetof(struct cudrv_ops, mem_set_access), false},
+	    {"cuMemHostRegister_v2", offsetof(struct cudrv_ops, mem_host_register), true},
+	    {"cuMemHostUnregister", offsetof(struct cudrv_ops, mem_host_unregister), true},
+	    {"cuMemHostGetDevicePointer_v2", offsetof(struct cudrv_ops, mem_host_get_device_pointer), true},
+	    {"cuStreamBatchMemOp_v2", offsetof(struct cudrv_ops, stream_batch_mem_op), true},
+	    {"cuMemcpyAsync", offsetof(struct cudrv_ops, memcpy_async), true},
 	};
 	void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
 	if (!lib)
@@ -286,6 +291,33 @@ int cudrv_copy(void *dst, const void *src, size_t bytes, int device)
 	return r == CUDA_SUCCESS ? 0 : drv_fail(ops, call, r);
 }
 
+struct drv_copy_async_arg {
+	void *dst;
+	const void *src;
+	size_t bytes;
+	CUstream stream;
+};
+
+static CUresult drv_copy_async_call(const struct cudrv_ops *ops, void *arg)
+{
+	struct drv_copy_async_arg *a = arg;
+	return ops->memcpy_async((CUdeviceptr)(uintptr_t)a->dst, (CUdeviceptr)(uintptr_t)a->src, a->bytes, a->stream);
+}
+
+int cudrv_copy_async(void *dst, const void *src, size_t bytes, void *stream, int device)
+{
+	const struct cudrv_ops *ops = drv();
+	if (!ops || !ops->memcpy_async) {
+		snprintf(drv_err, sizeof(drv_err), "the CUDA driver (libcuda.so.1) with cuMemcpyAsync cannot be loaded");
+		return -ENODEV;
+	}
+	struct drv_copy_async_arg arg = {dst, src, bytes, (CUstream)stream};
+	struct drv_call c = {"cuMemcpyAsync", drv_copy_async_call, &arg};
+	const char *call;
+	CUresult r = drv_with_context(ops, device, &c, &call);
+	return r == CUDA_SUCCESS ? 0 : drv_fail(ops, call, r);
+}
+
 int cudrv_init(void)
 {
 	const struct cudrv_ops *ops = drv_required();
@@ -484,4 +516,116 @@ void cudrv_vmm_release(unsigned long long handle)
 	const struct cudrv_ops *ops = handle ? drv() : NULL;
 	if (ops)
 		ops->mem_release(handle);
+}
+
+/* ---------------------------------------------------------------- streams */
+
+static const struct cudrv_ops *drv_streams(void)
+{
+	const struct cudrv_ops *ops = drv();
+	if (ops && ops->mem_host_register && ops->mem_host_unregister && ops->mem_host_get_device_pointer &&
+	    ops->stream_batch_mem_op)
+		return ops;
+	snprintf(drv_err, sizeof(drv_err), "%s", ops ? "the CUDA driver lacks stream memory operations "
+	         "(cuStreamBatchMemOp_v2, cuMemHostRegister_v2)" : "the CUDA driver (libcuda.so.1) cannot be loaded");
+	return NULL;
+}
+
+bool cudrv_streams_usable(void)
+{
+	return drv_streams() != NULL;
+}
+
+struct drv_host_arg {
+	void *p;
+	size_t bytes;
+	uintptr_t *dev;
+	const char *failed;
+};
+
+static CUresult drv_host_register_call(const struct cudrv_ops *ops, void *arg)
+{
+	struct drv_host_arg *a = arg;
+	a->failed = "cuMemHostRegister";
+	CUresult r = ops->mem_host_register(a->p, a->bytes, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
+	if (r != CUDA_SUCCESS)
+		return r;
+	CUdeviceptr d = 0;
+	a->failed = "cuMemHostGetDevicePointer";
+	r = ops->mem_host_get_device_pointer(&d, a->p, 0);
+	if (r != CUDA_SUCCESS) {
+		ops->mem_host_unregister(a->p);
+		return r;
+	}
+	*a->dev = (uintptr_t)d;
+	return CUDA_SUCCESS;
+}
+
+int cudrv_host_register(void *p, size_t bytes, int device, uintptr_t *dev)
+{
+	const struct cudrv_ops *ops = drv_streams();
+	if (!ops)
+		return -ENODEV;
+	struct drv_host_arg arg = {p, bytes, dev, ""};
+	struct drv_call c = {"cuMemHostRegister", drv_host_register_call, &arg};
+	const char *call;
+	CUresult r = drv_with_context(ops, device, &c, &call);
+	return r == CUDA_SUCCESS ? 0 : drv_fail(ops, call == c.name ? arg.failed : call, r);
+}
+
+static CUresult drv_host_unregister_call(const struct cudrv_ops *ops, void *arg)
+{
+	return ops->mem_host_unregister(((struct drv_host_arg *)arg)->p);
+}
+
+void cudrv_host_unregister(void *p, int device)
+{
+	const struct cudrv_ops *ops = drv_streams();
+	if (!ops)
+		return;
+	struct drv_host_arg arg = {p, 0, NULL, ""};
+	struct drv_call c = {"cuMemHostUnregister", drv_host_unregister_call, &arg};
+	const char *call;
+	drv_with_context(ops, device, &c, &call);
+}
+
+struct drv_memop_arg {
+	CUstream stream;
+	unsigned n;
+	CUstreamBatchMemOpParams *params;
+};
+
+static CUresult drv_memop_call(const struct cudrv_ops *ops, void *arg)
+{
+	struct drv_memop_arg *a = arg;
+	return ops->stream_batch_mem_op(a->stream, a->n, a->params, 0);
+}
+
+int cudrv_stream_ops(void *stream, const struct cudrv_stream_op *ops_in, unsigned n, int device, unsigned *queued)
+{
+	*queued = 0;
+	const struct cudrv_ops *ops = drv_streams();
+	if (!ops)
+		return -ENODEV;
+	CUstreamBatchMemOpParams params[CUDRV_STREAM_OPS_MAX];
+	while (*queued < n) {
+		unsigned k = n - *queued < CUDRV_STREAM_OPS_MAX ? n - *queued : CUDRV_STREAM_OPS_MAX;
+		memset(params, 0, k * sizeof(params[0]));
+		for (unsigned i = 0; i < k; i++) {
+			const struct cudrv_stream_op *o = &ops_in[*queued + i];
+			/* The write's parameters have the wait's layout. */
+			params[i].waitValue.operation = o->wait ? CU_STREAM_MEM_OP_WAIT_VALUE_64 : CU_STREAM_MEM_OP_WRITE_VALUE_64;
+			params[i].waitValue.address = (CUdeviceptr)o->address;
+			params[i].waitValue.value64 = o->value;
+			params[i].waitValue.flags = o->wait ? CU_STREAM_WAIT_VALUE_GEQ : 0;
+		}
+		struct drv_memop_arg arg = {(CUstream)stream, k, params};
+		struct drv_call c = {"cuStreamBatchMemOp", drv_memop_call, &arg};
+		const char *call;
+		CUresult r = drv_with_context(ops, device, &c, &call);
+		if (r != CUDA_SUCCESS)
+			return drv_fail(ops, call, r);
+		*queued += k;
+	}
+	return 0;
 }

@@ -98,6 +98,22 @@ enum { CU_MEM_ALLOCATION_TYPE_PINNED = 1 };
 enum { CU_MEM_LOCATION_TYPE_DEVICE = 1 };
 enum { CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3 };
 enum { CU_MEM_ALLOC_GRANULARITY_MINIMUM = 0 };
+typedef struct CUstream_st *CUstream;
+enum { CU_MEMHOSTREGISTER_PORTABLE = 0x01, CU_MEMHOSTREGISTER_DEVICEMAP = 0x02 };
+enum { CU_STREAM_MEM_OP_WAIT_VALUE_64 = 4, CU_STREAM_MEM_OP_WRITE_VALUE_64 = 5 };
+enum { CU_STREAM_WAIT_VALUE_GEQ = 0 };
+/* cuda.h's CUstreamBatchMemOpParams for the 64-bit wait and write
+ * operations, the only ones used: one 48-byte union member. */
+typedef union CUstreamBatchMemOpParams_union {
+	struct {
+		int operation;
+		CUdeviceptr address;
+		unsigned long long value64;
+		unsigned int flags;
+		CUdeviceptr alias;
+	} waitValue;
+	unsigned long long pad[6];
+} CUstreamBatchMemOpParams;
 #endif /* CUDA_VERSION */
 
 /* Bytes of a legacy CUDA IPC handle (CU_IPC_HANDLE_SIZE). */
@@ -215,6 +231,13 @@ struct cudrv_ops {
 	                    unsigned long long flags);
 	CUresult (*mem_unmap)(CUdeviceptr ptr, size_t size);
 	CUresult (*mem_set_access)(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count);
+	/* Stream-ordered submission; optional (a driver without them has no
+	 * stream-ordered calls, everything else works). */
+	CUresult (*mem_host_register)(void *p, size_t bytes, unsigned flags);
+	CUresult (*mem_host_unregister)(void *p);
+	CUresult (*mem_host_get_device_pointer)(CUdeviceptr *dev, void *p, unsigned flags);
+	CUresult (*stream_batch_mem_op)(CUstream stream, unsigned count, CUstreamBatchMemOpParams *ops, unsigned flags);
+	CUresult (*memcpy_async)(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream);
 };
 
 /*
@@ -224,6 +247,52 @@ struct cudrv_ops {
  * errno (cudrv_last_error says why).
  */
 int cudrv_copy(void *dst, const void *src, size_t bytes, int device);
+
+/*
+ * Stream-ordered submission (client/lib/qp.c): a GPU stream writes a 64-bit
+ * word of host memory after the work queued before it, and waits until
+ * another such word reaches a value, so that the work queued after it runs
+ * only then. The memory is the queue-pair region, which every process maps
+ * from one memfd.
+ */
+
+/* Whether this process can make stream-ordered calls: a driver with the
+ * calls above. Never initialises the driver. */
+bool cudrv_streams_usable(void);
+
+/*
+ * Registers [p, p + bytes) (page-aligned host memory) with the driver for
+ * every context (portable, device-mapped) and gives the address by which a
+ * stream of device `device` names it. Returns 0 or a negative errno.
+ */
+int cudrv_host_register(void *p, size_t bytes, int device, uintptr_t *dev);
+
+/* Undoes cudrv_host_register. */
+void cudrv_host_unregister(void *p, int device);
+
+/* One operation on a stream: a write of `value`, or a wait until the word
+ * is at least `value` (as 64-bit numbers that wrap: (int64_t)(word - value)
+ * >= 0). */
+struct cudrv_stream_op {
+	bool wait;
+	uintptr_t address; /* from cudrv_host_register */
+	uint64_t value;
+};
+
+/* The most operations cudrv_stream_ops queues with one driver call. */
+#define CUDRV_STREAM_OPS_MAX 256u
+
+/*
+ * Queues ops[0..n) on `stream` (a CUstream / cudaStream_t of device
+ * `device`), in order, with as few driver calls as the driver allows (one
+ * per CUDRV_STREAM_OPS_MAX). Returns 0 or a negative errno; after a failure
+ * a prefix of the operations may have been queued (*queued says how many).
+ */
+int cudrv_stream_ops(void *stream, const struct cudrv_stream_op *ops, unsigned n, int device, unsigned *queued);
+
+/* As cudrv_copy, queued on `stream` (a CUstream of device `device`)
+ * instead: the copy happens in the stream's order. */
+int cudrv_copy_async(void *dst, const void *src, size_t bytes, void *stream, int device);
 
 /* Makes every later call use ops (borrowed; NULL: the real driver again).
  * For unit tests, before any thread queries the driver. */

@@ -17,6 +17,7 @@
 #include "qp.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,10 +26,14 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cudrv.h"
 #include "errors.h"
 #include "queue.h"
 
-#define QP_SPINS 256u               /* polls before the first sleep */
+#define QP_SPINS 256u               /* polls before the first sleep, at least */
+#define QP_SPIN_NS 50000ull         /* and for at least this long: a small collective on the daemon kernel
+                                     * completes within it, and the engine's wake-up of a sleeper costs
+                                     * more than the spin */
 #define QP_SLEEP_MIN_NS 1000ull     /* first sleep: 1 us */
 #define QP_SLEEP_MAX_NS 1000000ull  /* longest sleep: 1 ms */
 
@@ -114,6 +119,7 @@ dfcclResult_t qp_map(int memfd, int doorbell, uint64_t region_size, uint32_t dev
 	q->qp_id = h->qp_id;
 	q->doorbell = doorbell;
 	q->lost = lost;
+	pthread_mutex_init(&q->stream_lock, NULL);
 	close(memfd);
 	*out = q;
 	return dfcclSuccess;
@@ -135,6 +141,9 @@ void qp_free(struct qp *q)
 {
 	if (!q)
 		return;
+	if (q->dev_base)
+		cudrv_host_unregister(q->hdr, (int)q->device);
+	pthread_mutex_destroy(&q->stream_lock);
 	munmap(q->hdr, q->size);
 	close(q->doorbell);
 	free(q->tickets);
@@ -179,6 +188,7 @@ struct qp_cond {
 	uint32_t slot;
 	uint64_t prev;
 	struct qp_ticket *ticket;
+	uint64_t deadline_ns; /* give up then (CLOCK_MONOTONIC); 0: never */
 };
 
 bool qp_test(struct qp *q, struct qp_ticket *t)
@@ -221,6 +231,14 @@ void qp_backoff_pause(struct qp_backoff *b)
 {
 	if (b->spins < QP_SPINS) {
 		b->spins++;
+		/* Past the count, keep spinning until the time is up too. */
+		if (b->spins == QP_SPINS) {
+			uint64_t now = monotonic_ns();
+			if (!b->spin_until)
+				b->spin_until = now + QP_SPIN_NS;
+			if (now < b->spin_until)
+				b->spins -= 32;
+		}
 		if (b->q)
 			b->mark = queue_completion_mark(b->q->hdr);
 		cpu_relax();
@@ -256,6 +274,7 @@ void qp_backoff_end(struct qp_backoff *b)
 void qp_backoff_reset(struct qp_backoff *b)
 {
 	b->spins = 0;
+	b->spin_until = 0;
 	b->delay_ns = 0;
 }
 
@@ -278,6 +297,13 @@ static dfcclResult_t qp_poll(struct qp *q, const struct qp_cond *c)
 			if (r != dfcclSuccess)
 				break;
 			qp_heartbeat(q);
+			if (c->deadline_ns && monotonic_ns() > c->deadline_ns) {
+				r = errors_set(dfcclTimeout, "the submission queue of device %u stayed full for %llu ms: its "
+				               "entry %llu has not completed (the stream that arms it may be blocked, or "
+				               "dfccld stopped taking entries; dfcclctl queues shows the queue)", q->device,
+				               (unsigned long long)qp_queue_wait_ms(), (unsigned long long)c->prev);
+				break;
+			}
 		}
 		qp_backoff_pause(&b);
 	}
@@ -297,7 +323,40 @@ static void qp_ring(struct qp *q)
 	} while (n < 0 && errno == EINTR);
 }
 
-dfcclResult_t qp_submit(struct qp *q, const struct dfccl_sqe *e, struct qp_ticket *t)
+static uint64_t qp_wait_ms;
+static pthread_once_t qp_wait_once = PTHREAD_ONCE_INIT;
+
+static void qp_wait_read(void)
+{
+	const char *v = getenv("DFCCL_QUEUE_WAIT_MS");
+	char *end = NULL;
+	unsigned long long x = v ? strtoull(v, &end, 10) : 0;
+	qp_wait_ms = v && *v && end && !*end && x > 0 ? x : QP_QUEUE_WAIT_MS_DEFAULT;
+}
+
+uint64_t qp_queue_wait_ms(void)
+{
+	pthread_once(&qp_wait_once, qp_wait_read);
+	return qp_wait_ms;
+}
+
+dfcclResult_t qp_wait_free(struct qp *q, uint64_t wait_ms)
+{
+	uint64_t s = __atomic_load_n(&q->hdr->sq_tail, __ATOMIC_ACQUIRE) + 1;
+	if (s <= q->entries)
+		return dfcclSuccess;
+	struct qp_cond c = {.slot = DFCCL_QP_SLOT(s, q->entries), .prev = s - q->entries};
+	if (wait_ms)
+		c.deadline_ns = monotonic_ns() + wait_ms * 1000000ull;
+	return qp_poll(q, &c);
+}
+
+/*
+ * Takes the next sequence number, waits for its slot, and writes every
+ * field of the entry but `arm` under ticket t. The engine ignores the slot
+ * until arm == seq, and arm still holds the previous lap's number.
+ */
+static dfcclResult_t qp_post(struct qp *q, const struct dfccl_sqe *e, struct qp_ticket *t)
 {
 	dfcclResult_t r = qp_health(q);
 	if (r != dfcclSuccess)
@@ -316,22 +375,85 @@ dfcclResult_t qp_submit(struct qp *q, const struct dfccl_sqe *e, struct qp_ticke
 	*t = (struct qp_ticket){.seq = s};
 	__atomic_store_n(&q->tickets[slot], t, __ATOMIC_RELEASE);
 
-	/* Everything but `arm` first; the engine ignores the slot until arm ==
-	 * seq == s, and arm still holds the previous lap's number. */
 	struct dfccl_sqe tmp = *e;
 	tmp.seq = s;
 	struct dfccl_sqe *d = &q->sq[slot];
 	memcpy((char *)d + sizeof(d->arm), (const char *)&tmp + sizeof(tmp.arm), sizeof(tmp) - sizeof(tmp.arm));
+	return dfcclSuccess;
+}
+
+/* Rings unless the engine is polling. After a sequentially consistent
+ * store of `arm` (or of anything the engine must notice), the load of
+ * engine_state below is not reordered before it. */
+static void qp_ring_if_idle(struct qp *q)
+{
+	if (__atomic_load_n(&q->hdr->engine_state, __ATOMIC_SEQ_CST) != DFCCL_ENGINE_POLLING)
+		qp_ring(q);
+}
+
+void qp_arm(struct qp *q, uint64_t seq)
+{
 	/* Arm, then read engine_state, with a full barrier between them: a
 	 * sequentially consistent store and load are never reordered with each
 	 * other (xchg on x86, stlr/ldar on Arm), which is the fence the protocol
 	 * asks for, in a form the thread sanitizer understands. The engine
 	 * publishes SLEEPING, fences, and scans once more before it sleeps, so
 	 * either it sees this entry or we see that it sleeps and ring. The store
-	 * also releases the fields written above. */
-	__atomic_store_n(&d->arm, s, __ATOMIC_SEQ_CST);
-	if (__atomic_load_n(&q->hdr->engine_state, __ATOMIC_SEQ_CST) != DFCCL_ENGINE_POLLING)
-		qp_ring(q);
+	 * also releases the fields written before. */
+	__atomic_store_n(&q->sq[DFCCL_QP_SLOT(seq, q->entries)].arm, seq, __ATOMIC_SEQ_CST);
+	qp_ring_if_idle(q);
+}
+
+dfcclResult_t qp_submit(struct qp *q, const struct dfccl_sqe *e, struct qp_ticket *t)
+{
+	dfcclResult_t r = qp_post(q, e, t);
+	if (r != dfcclSuccess)
+		return r;
+	qp_arm(q, t->seq);
+	qp_heartbeat(q);
+	return dfcclSuccess;
+}
+
+/* Registers the region with the driver once, for the streams of any
+ * context of this process. */
+static dfcclResult_t qp_stream_map(struct qp *q)
+{
+	if (__atomic_load_n(&q->dev_base, __ATOMIC_ACQUIRE))
+		return dfcclSuccess;
+	dfcclResult_t r = dfcclSuccess;
+	pthread_mutex_lock(&q->stream_lock);
+	if (!q->dev_base) {
+		uintptr_t dev;
+		if (cudrv_host_register(q->hdr, q->size, (int)q->device, &dev) < 0)
+			r = errors_set(dfcclUnhandledCudaError, "cannot register the queue pair of device %u with the CUDA "
+			               "driver for stream-ordered calls: %s", q->device, cudrv_last_error());
+		else
+			__atomic_store_n(&q->dev_base, dev, __ATOMIC_RELEASE);
+	}
+	pthread_mutex_unlock(&q->stream_lock);
+	return r;
+}
+
+dfcclResult_t qp_submit_unarmed(struct qp *q, const struct dfccl_sqe *e, struct qp_ticket *t,
+                                struct qp_stream_arm *arm)
+{
+	dfcclResult_t r = qp_stream_map(q);
+	if (r != dfcclSuccess)
+		return r;
+	struct dfccl_sqe tmp = *e;
+	tmp.flags |= DFCCL_SQE_F_STREAM_ARMED;
+	r = qp_post(q, &tmp, t);
+	if (r != dfcclSuccess)
+		return r;
+	uint32_t slot = DFCCL_QP_SLOT(t->seq, q->entries);
+	uintptr_t base = q->dev_base;
+	arm->seq = t->seq;
+	arm->arm_addr = base + (uintptr_t)((char *)&q->sq[slot].arm - (char *)q->hdr);
+	arm->cw_addr = base + (uintptr_t)((char *)&q->cw[slot] - (char *)q->hdr);
+	/* The engine must watch the queue until the stream arms the entry;
+	 * a sleeping one is told now (the stream cannot ring). The store of
+	 * the tail above was sequentially consistent. */
+	qp_ring_if_idle(q);
 	qp_heartbeat(q);
 	return dfcclSuccess;
 }

@@ -25,6 +25,7 @@
 #ifndef DFCCL_CLIENT_QP_H
 #define DFCCL_CLIENT_QP_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -52,6 +53,8 @@ struct qp {
 	const int *lost;   /* nonzero once the owner's connection to the daemon is gone */
 	struct qp_ticket **tickets; /* [entries], atomic: the occupant of each slot */
 	uint64_t *reaped;  /* [entries], atomic: last sequence number of each slot whose status was read */
+	uintptr_t dev_base; /* atomic: the region's address for GPU streams once registered (0: not yet) */
+	pthread_mutex_t stream_lock; /* serialises that registration */
 };
 
 /*
@@ -72,6 +75,44 @@ void qp_free(struct qp *q);
  */
 dfcclResult_t qp_submit(struct qp *q, const struct dfccl_sqe *e, struct qp_ticket *t);
 
+/* Arms entry seq of q from the CPU (and rings the doorbell if the engine
+ * sleeps): the entry was posted with qp_submit_unarmed. */
+void qp_arm(struct qp *q, uint64_t seq);
+
+/*
+ * Stream-ordered submission. qp_submit_unarmed posts a copy of e with
+ * DFCCL_SQE_F_STREAM_ARMED and leaves it unarmed: the caller makes a GPU
+ * stream write arm->seq to arm->arm_addr after the work queued before, and
+ * wait until the word at arm->cw_addr is at least
+ * DFCCL_CW_MAKE(arm->seq, 0) before the work queued after (cudrv.h). The
+ * first such call registers the region with the CUDA driver. The ticket is
+ * tracked as qp_submit's. Call qp_wait_free first: the slot of an entry
+ * must come free through a stream that arms an earlier one, which may
+ * never happen.
+ */
+struct qp_stream_arm {
+	uint64_t seq;
+	uintptr_t arm_addr; /* device address of the entry's arm word */
+	uintptr_t cw_addr;  /* device address of its completion word */
+};
+
+dfcclResult_t qp_submit_unarmed(struct qp *q, const struct dfccl_sqe *e, struct qp_ticket *t,
+                                struct qp_stream_arm *arm);
+
+/*
+ * Waits until the next entry's slot is free, without taking it, for at most
+ * wait_ms (0: as long as the queue pair lives): an entry whose stream never
+ * arms it, or an engine that stopped taking entries, then ends in
+ * dfcclTimeout with a sentence, and nothing was posted. Another thread may
+ * take the slot meanwhile; the submission then waits as qp_submit does.
+ */
+dfcclResult_t qp_wait_free(struct qp *q, uint64_t wait_ms);
+
+/* How long a stream-ordered submission waits for a free slot:
+ * DFCCL_QUEUE_WAIT_MS, else QP_QUEUE_WAIT_MS_DEFAULT. */
+#define QP_QUEUE_WAIT_MS_DEFAULT 60000ull
+uint64_t qp_queue_wait_ms(void);
+
 /* Waits for the entry of ticket t to complete; its DFCCL_CQ_* status is then
  * in t->status. */
 dfcclResult_t qp_wait(struct qp *q, struct qp_ticket *t);
@@ -89,7 +130,8 @@ bool qp_test(struct qp *q, struct qp_ticket *t);
 bool qp_abandon(struct qp *q, struct qp_ticket *t);
 
 /*
- * How every waiter of libdfccl waits: QP_SPINS polls with a pause, then
+ * How every waiter of libdfccl waits: QP_SPINS polls with a pause (and
+ * for QP_SPIN_NS at least), then
  * sleeps that double from 1 us to 1 ms, so a waiter costs nothing on a
  * machine with fewer cores than ranks. Start from QP_BACKOFF_INIT; start
  * again after progress.
@@ -107,14 +149,15 @@ bool qp_abandon(struct qp *q, struct qp_ticket *t);
  */
 struct qp_backoff {
 	unsigned spins;
+	uint64_t spin_until; /* CLOCK_MONOTONIC ns when spinning ends (0: not started) */
 	uint64_t delay_ns;
 	struct qp *q;       /* the queue pair whose completions end the wait, or NULL */
 	uint32_t mark;      /* futex value seen before the caller's last check */
 	bool waiting;       /* counted in q's waiters */
 };
 
-#define QP_BACKOFF_INIT {0, 0, NULL, 0, false}
-#define QP_BACKOFF_ON(qp) {0, 0, (qp), 0, false}
+#define QP_BACKOFF_INIT {0, 0, 0, NULL, 0, false}
+#define QP_BACKOFF_ON(qp) {0, 0, 0, (qp), 0, false}
 
 void qp_backoff_pause(struct qp_backoff *b);
 

@@ -350,7 +350,8 @@ dfcclResult_t req_tracker_sync(struct req_tracker *t, bool wait)
 	}
 }
 
-dfcclResult_t req_submit(struct req_tracker *t, struct qp *q, const struct dfccl_sqe *e, struct req *r)
+dfcclResult_t req_submit(struct req_tracker *t, struct qp *q, const struct dfccl_sqe *e, struct req *r,
+                         struct qp_stream_arm *arm)
 {
 	struct req_poller *p = t->poller;
 	r->qp = q;
@@ -360,7 +361,7 @@ dfcclResult_t req_submit(struct req_tracker *t, struct qp *q, const struct dfccl
 		poller_watch_locked(p, 1);
 		pthread_mutex_unlock(&p->lock);
 	}
-	dfcclResult_t res = qp_submit(q, e, &r->ticket);
+	dfcclResult_t res = arm ? qp_submit_unarmed(q, e, &r->ticket, arm) : qp_submit(q, e, &r->ticket);
 	if (res != dfcclSuccess) {
 		if (r->callback)
 			poller_unwatch(p, 1);

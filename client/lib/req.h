@@ -115,9 +115,12 @@ void req_unref(struct req *r);
 
 /*
  * Submits entry e for r on q and lists r in t. On failure r is freed (the
- * handle's reference included) and the result returned.
+ * handle's reference included) and the result returned. With `arm`, the
+ * entry is posted unarmed for a GPU stream to arm (qp_submit_unarmed, which
+ * fills *arm); else the CPU arms it at once.
  */
-dfcclResult_t req_submit(struct req_tracker *t, struct qp *q, const struct dfccl_sqe *e, struct req *r);
+dfcclResult_t req_submit(struct req_tracker *t, struct qp *q, const struct dfccl_sqe *e, struct req *r,
+                         struct qp_stream_arm *arm);
 
 /* True once r is complete (its result then in r->result); never blocks. */
 bool req_test(struct req *r);

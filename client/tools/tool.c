@@ -447,27 +447,36 @@ bool tool_inplace(int coll, void *buf, size_t count, int dtype, int rank, const 
 dfcclResult_t tool_issue(int coll, const void *send, void *recv, size_t count, int dtype, int op, int root,
                          dfcclComm_t comm)
 {
+	return tool_issue_on(coll, send, recv, count, dtype, op, root, comm, NULL);
+}
+
+dfcclResult_t tool_issue_on(int coll, const void *send, void *recv, size_t count, int dtype, int op, int root,
+                            dfcclComm_t comm, dfcclStream_t stream)
+{
 	dfcclDataType_t t = (dfcclDataType_t)dtype;
 	dfcclRedOp_t o = (dfcclRedOp_t)op;
 	switch (coll) {
-	case TOOL_ALLREDUCE: return dfcclAllReduce(send, recv, count, t, o, comm, NULL);
-	case TOOL_ALLGATHER: return dfcclAllGather(send, recv, count, t, comm, NULL);
-	case TOOL_REDUCESCATTER: return dfcclReduceScatter(send, recv, count, t, o, comm, NULL);
-	case TOOL_BROADCAST: return dfcclBroadcast(send, recv, count, t, root, comm, NULL);
-	case TOOL_REDUCE: return dfcclReduce(send, recv, count, t, o, root, comm, NULL);
-	case TOOL_ALLTOALL: return dfcclAllToAll(send, recv, count, t, comm, NULL);
+	case TOOL_ALLREDUCE: return dfcclAllReduce(send, recv, count, t, o, comm, stream);
+	case TOOL_ALLGATHER: return dfcclAllGather(send, recv, count, t, comm, stream);
+	case TOOL_REDUCESCATTER: return dfcclReduceScatter(send, recv, count, t, o, comm, stream);
+	case TOOL_BROADCAST: return dfcclBroadcast(send, recv, count, t, root, comm, stream);
+	case TOOL_REDUCE: return dfcclReduce(send, recv, count, t, o, root, comm, stream);
+	case TOOL_ALLTOALL: return dfcclAllToAll(send, recv, count, t, comm, stream);
 	default: break;
 	}
 	int n = 0, rank = 0;
 	dfcclCommCount(comm, &n);
 	dfcclCommUserRank(comm, &rank);
+	/* One rank has nobody to talk to: its "message" is its own, which the
+	 * CPU can copy only when nothing is stream-ordered. */
+	if (n == 1 && stream)
+		return dfcclInvalidUsage;
 	dfcclGroupStart();
 	if (n > 1) {
-		dfcclSend(send, count, t, (rank + 1) % n, comm, NULL);
-		dfcclRecv(recv, count, t, (rank + n - 1) % n, comm, NULL);
+		dfcclSend(send, count, t, (rank + 1) % n, comm, stream);
+		dfcclRecv(recv, count, t, (rank + n - 1) % n, comm, stream);
 	}
 	dfcclResult_t r = dfcclGroupEnd();
-	/* One rank has nobody to talk to: its "message" is its own. */
 	if (n == 1 && r == dfcclSuccess && recv != send)
 		memmove(recv, send, count * tool_dtype_size(dtype));
 	return r;

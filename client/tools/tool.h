@@ -128,6 +128,11 @@ size_t tool_check(int coll, const void *recv, size_t count, int dtype, int op, i
 dfcclResult_t tool_issue(int coll, const void *send, void *recv, size_t count, int dtype, int op, int root,
                          dfcclComm_t comm);
 
+/* The same on `stream` (NULL: tool_issue): stream-ordered. A one-rank
+ * TOOL_SENDRECV has no stream-ordered form here (dfcclInvalidUsage). */
+dfcclResult_t tool_issue_on(int coll, const void *send, void *recv, size_t count, int dtype, int op, int root,
+                            dfcclComm_t comm, dfcclStream_t stream);
+
 /* Where an in-place call's send buffer lies inside recv (NCCL's rule:
  * all-gather sends from recv + rank * count, reduce-scatter receives into
  * send + rank * count, which is expressed here as the send buffer being

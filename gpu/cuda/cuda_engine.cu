@@ -37,6 +37,9 @@ extern "C" {
 /* While the kernel runs, the worker looks for completions to wake sleepers
  * and for the kernel's exit this often. */
 #define CE_RUNNING_PAUSE_NS 20000ull
+/* Longest pause between looks at entries a stream has still to arm, while
+ * the kernel is not running: the delay it adds to such a call. */
+#define CE_UNARMED_PAUSE_NS 10000ull
 /* Counters of struct dk_block_stats that go to the statistics page. */
 #define CE_NCOUNTERS DK_NCOUNTERS
 /* A kernel that does not park within this long is stuck: fatal. */
@@ -206,9 +209,15 @@ static void ce_launch(struct cuda_engine *e)
 	__atomic_fetch_add(&e->stats->kernel_launches, 1, __ATOMIC_RELAXED);
 }
 
-/* Whether some queue pair has an armed entry the kernel has not taken. */
-static int ce_armed(struct cuda_engine *e)
+/* What the queue pairs hold that the kernel has not taken. */
+enum { CE_QUEUES_EMPTY = 0, CE_QUEUES_UNARMED = 1, CE_QUEUES_ARMED = 2 };
+
+/* CE_QUEUES_ARMED if some queue pair has an armed entry the kernel has not
+ * taken; else CE_QUEUES_UNARMED if some entry is posted but not armed yet
+ * (a stream will arm it, and cannot ring the doorbell); else EMPTY. */
+static int ce_queues(struct cuda_engine *e)
 {
+	int found = CE_QUEUES_EMPTY;
 	for (uint32_t i = 0; i < e->nqps; i++) {
 		struct sq_queue *q = e->qps[i].q;
 		if (!q || sq_qp_state(q) != DFCCL_QP_ACTIVE)
@@ -221,11 +230,18 @@ static int ce_armed(struct cuda_engine *e)
 			head = tail - q->n + 1;
 		if (head == 0)
 			head = 1;
-		for (uint64_t s = head; s <= tail && s < head + q->n; s++)
+		for (uint64_t s = head; s <= tail && s < head + q->n; s++) {
 			if (__atomic_load_n(&q->sq[DFCCL_QP_SLOT(s, q->n)].arm, __ATOMIC_ACQUIRE) == s)
-				return 1;
+				return CE_QUEUES_ARMED;
+			found = CE_QUEUES_UNARMED;
+		}
 	}
-	return 0;
+	return found;
+}
+
+static int ce_armed(struct cuda_engine *e)
+{
+	return ce_queues(e) == CE_QUEUES_ARMED;
 }
 
 /* Wakes clients sleeping on a completion count the kernel moved, and copies
@@ -726,7 +742,12 @@ static int ce_busy(void *impl, uint64_t *pause_ns)
 {
 	struct cuda_engine *e = (struct cuda_engine *)impl;
 	*pause_ns = CE_RUNNING_PAUSE_NS;
-	return e->running;
+	if (e->running)
+		return 1;
+	/* Entries that a stream will arm: watch them from here, as the
+	 * kernel is gone and nobody rings once the stream arms one. */
+	*pause_ns = CE_UNARMED_PAUSE_NS;
+	return ce_queues(e) != CE_QUEUES_EMPTY;
 }
 
 static int ce_sleep(void *impl)

@@ -460,6 +460,9 @@ void host_engine_queue_gone(struct host_engine *e, struct sq_queue *q)
 /* A blocked engine polls again after at most this long: its tasks wait on
  * peers in other workers, and nothing wakes this one when they move. */
 #define HOST_BLOCKED_PAUSE_NS 200000ull
+/* While an entry waits for the stream that arms it (and cannot ring),
+ * the queues are looked at this often. */
+#define HOST_UNARMED_PAUSE_NS 20000ull
 
 static int ops_qp_add(void *impl, struct sq_queue *q, char *err, size_t errlen)
 {
@@ -601,8 +604,17 @@ static unsigned ops_poll(void *impl)
 
 static int ops_busy(void *impl, uint64_t *pause_ns)
 {
+	struct host_engine *e = impl;
 	*pause_ns = HOST_BLOCKED_PAUSE_NS;
-	return host_engine_pending(impl) > 0;
+	if (host_engine_pending(e) > 0)
+		return 1;
+	/* Posted but not armed: a stream-ordered entry, whose stream arms it
+	 * without a doorbell. */
+	*pause_ns = HOST_UNARMED_PAUSE_NS;
+	for (uint32_t k = 0; k < e->nqps; k++)
+		if (sq_qp_state(e->qps[k].q) == DFCCL_QP_ACTIVE && sq_pending(e->qps[k].q))
+			return 1;
+	return 0;
 }
 
 static void set_states(struct host_engine *e, uint32_t st)

@@ -9,6 +9,10 @@
 #     (DFCCL_ALGO), each of which must have run; quick again on the other
 #     kinds of device buffer (--buffers): VMM allocations exported as file
 #     descriptors, and dfcclMemAlloc's device memory, which the daemon owns;
+#   - the same sweep stream-ordered (test_cuda_coll --stream: each call on a
+#     CUDA stream between a kernel, the copy that writes its send data and a
+#     copy of its output, both checked), and program A with one stream per
+#     communicator in conflicting orders;
 #   - the DFCCL deadlock programs A (8 communicators) and B (8 registered
 #     collectives with host synchronizations between them), which must
 #     complete with correct results and make the daemon preempt, on
@@ -80,6 +84,15 @@ run_suite() {
 	fi
 	step "collectives: 2 ranks sharing GPU 0" 300 "${coll[@]}" ${quick:+"$quick"} --nranks 2 --gpus 0,0
 	step "collectives: 4 ranks sharing GPU 0" 300 "${coll[@]}" --quick --nranks 4 --gpus 0,0,0,0
+
+	# Stream-ordered calls between the ranks' own kernels and copies; one
+	# stream per communicator in program A, issued in conflicting orders.
+	step "stream-ordered collectives: 2 ranks on GPUs $pair" 300 "${coll[@]}" --stream --quick --nranks 2 \
+		--gpus "$pair"
+	step "stream-ordered collectives: 3 ranks sharing GPU 0" 300 "${coll[@]}" --stream --quick --nranks 3 \
+		--gpus 0,0,0
+	step "stream-ordered deadlock program A: 8 communicators on 8 streams, 2 ranks on GPUs $pair" 300 \
+		"${coll[@]}" --stream --deadlock A --comms 8 --iters 50 --nranks 2 --gpus "$pair"
 	if [ "$ngpu" -gt 2 ]; then
 		all=$(seq -s, 0 $((ngpu - 1)))
 		step "collectives: $ngpu ranks on GPUs $all" 300 "${coll[@]}" --quick --nranks "$ngpu" --gpus "$all"

@@ -29,3 +29,16 @@ extern "C" cudaError_t spin_kernel_launch(uint64_t *heartbeat, const uint32_t *s
 	spin_kernel<<<blocks, 32, 0, stream>>>(heartbeat, stop, (uint64_t)max_seconds * 1000000000ull);
 	return cudaGetLastError();
 }
+
+static __global__ void delay_kernel(uint64_t ns)
+{
+	uint64_t start = spin_clock_ns();
+	while (spin_clock_ns() - start < ns)
+		__nanosleep(1000);
+}
+
+extern "C" cudaError_t delay_kernel_launch(unsigned microseconds, cudaStream_t stream)
+{
+	delay_kernel<<<1, 1, 0, stream>>>((uint64_t)microseconds * 1000ull);
+	return cudaGetLastError();
+}

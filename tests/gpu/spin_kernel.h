@@ -1,7 +1,8 @@
 /*
- * A kernel of a test client's own that keeps running on the GPU, as a
- * trainer's compute does, for the fault tests: a client killed while it
- * runs is the case that, under MPS, poisons every context on that GPU.
+ * Kernels of a test client's own. The spinning kernel keeps running on the
+ * GPU, as a trainer's compute does, for the fault tests: a client killed
+ * while it runs is the case that, under MPS, poisons every context on that
+ * GPU.
  *
  * Thread 0 of block 0 adds one to *heartbeat (host memory mapped into the
  * GPU) about every microsecond, so another process that shares the page
@@ -23,6 +24,10 @@ extern "C" {
  * device addresses of mapped host memory. */
 cudaError_t spin_kernel_launch(uint64_t *heartbeat, const uint32_t *stop, unsigned max_seconds, unsigned blocks,
                                cudaStream_t stream);
+
+/* One thread that only waits `microseconds` on the GPU's clock: stands for
+ * a compute kernel that keeps a stream busy. */
+cudaError_t delay_kernel_launch(unsigned microseconds, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

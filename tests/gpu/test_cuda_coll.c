@@ -26,6 +26,17 @@
  * the reference, that the bytes around the output kept their canary value,
  * and that an out-of-place send buffer is unchanged.
  *
+ * --stream makes the calls stream-ordered (NCCL's form): each collective
+ * goes on a non-blocking CUDA stream of the rank's between a kernel that
+ * keeps the stream busy for a while followed by the copy that writes the
+ * send data (the send buffer held other bytes until then), and a copy of
+ * the output window into pinned memory queued right after the call; the
+ * rank then synchronizes the stream. The result is checked as above, and
+ * the copy taken on the stream must equal the final output: an entry the
+ * daemon took before its stream armed it reads the wrong send data, and a
+ * stream that did not wait for the collective copies the output too early.
+ * Cases on dfcclMemAllocHost buffers stay in the NULL-stream form.
+ *
  * --deadlock A|B runs the DFCCL deadlock programs: every iteration each rank
  * issues one float all-reduce on each of K communicators (A) or K registered
  * collectives of one communicator (B), in a permutation of its own, and only
@@ -71,6 +82,7 @@
 #include "dfccl.h"
 #include "gputest.h"
 #include "membuf.h"
+#include "spin_kernel.h"
 #include "tool.h"
 
 #define PROG "test_cuda_coll"
@@ -110,6 +122,10 @@ static const char usage[] =
     "                        default cudamalloc\n"
     "      --host-buffers    every buffer from dfcclMemAllocHost and no CUDA at all (checks\n"
     "                        this program against the host engine)\n"
+    "      --stream          stream-ordered calls: the sweep and program A put each\n"
+    "                        collective on a CUDA stream between a kernel, the copy of\n"
+    "                        its send data and a copy of its output, and check both\n"
+    "                        (program A: one stream per communicator)\n"
     "      --deadlock A|B    the deadlock program instead of the sweep: A, all-reduces on\n"
     "                        K communicators (NULL stream, then dfcclCommSynchronize on\n"
     "                        each); B, K registered collectives of one communicator\n"
@@ -136,7 +152,7 @@ struct config {
 	int nranks;
 	struct tool_devices gpus; /* rank r on gpus.dev[r % gpus.n] */
 	uint64_t seed;
-	bool quick, host_buffers, print_pattern;
+	bool quick, host_buffers, print_pattern, stream;
 	int buffers; /* enum membuf_kind of the device buffers (--buffers) */
 	int avg_ulps;
 	unsigned timeout_s;
@@ -652,15 +668,21 @@ static void placement_release(struct placement *p)
 struct staging {
 	unsigned char *before, *after;         /* the output window as written and as read back */
 	unsigned char *send, *send_after;      /* an out-of-place send buffer, likewise */
+	/* --stream: pinned, so that copies on the stream never block the CPU */
+	unsigned char *pin_send;               /* the send data the stream writes */
+	unsigned char *pin_out;                /* the output window the stream copies right after the call */
 };
 
-static int staging_open(struct staging *s, size_t max_send, size_t max_out)
+static int staging_open(struct staging *s, size_t max_send, size_t max_out, bool stream)
 {
 	size_t win = CANARY_BYTES + max_out + CANARY_BYTES;
 	s->before = malloc(win);
 	s->after = malloc(win);
 	s->send = malloc(max_send);
 	s->send_after = malloc(max_send);
+	if (stream && (!CUDA_OK(cudaMallocHost((void **)&s->pin_send, max_send ? max_send : 1)) ||
+	               !CUDA_OK(cudaMallocHost((void **)&s->pin_out, win))))
+		return -1;
 	if (s->before && s->after && s->send && s->send_after)
 		return 0;
 	gputest_say("out of memory for %zu-byte host images", win);
@@ -673,6 +695,10 @@ static void staging_close(struct staging *s)
 	free(s->after);
 	free(s->send);
 	free(s->send_after);
+	if (s->pin_send)
+		cudaFreeHost(s->pin_send);
+	if (s->pin_out)
+		cudaFreeHost(s->pin_out);
 	memset(s, 0, sizeof(*s));
 }
 
@@ -682,6 +708,7 @@ struct rank_ctx {
 	const struct config *cfg;
 	int rank, gpu, ncomms;
 	dfcclComm_t comms[MAX_COMMS];
+	cudaStream_t streams[MAX_COMMS]; /* --stream: one per communicator */
 	struct arena arenas[ARENA_COUNT];
 	uint64_t checks, failures;
 };
@@ -905,6 +932,58 @@ static dfcclResult_t case_issue(const struct ccase *c, const struct placement *p
 	return tool_issue(c->coll, p->send, p->recv, c->count, c->dtype, c->op, c->root, comm);
 }
 
+/* How long the kernel before each stream-ordered collective keeps its
+ * stream busy. */
+#define STREAM_DELAY_US 100u
+
+/*
+ * The stream-ordered form of a case whose buffers case_upload wrote: the
+ * send data is overwritten with other bytes now, and written again on the
+ * stream, after a kernel; the collective follows on the stream, then a
+ * copy of the output window into s->pin_out. Nothing here waits for the
+ * GPU. Returns the call's result (-1 as dfcclSystemError for a CUDA call
+ * that failed, which says so).
+ */
+static dfcclResult_t stream_issue(const struct rank_ctx *x, const struct ccase *c, const struct placement *p,
+                                  struct staging *s, cudaStream_t st, dfcclComm_t comm)
+{
+	struct case_sizes z = sizes_of(c, x->cfg->nranks);
+	size_t win = p->front + z.out_bytes + p->back;
+	const unsigned char *good = c->inplace ? s->before + p->front + (size_t)(p->send - p->out) : s->send;
+	bool sends = p->send && z.send_bytes > 0;
+	if (sends) {
+		memcpy(s->pin_send, good, z.send_bytes);
+		/* On this stream alone, and waited for: the rank's other streams
+		 * may be waiting for collectives the peers have not issued yet. */
+		if (!CUDA_OK(cudaMemsetAsync(p->send, 0x5a, z.send_bytes, st)) || !CUDA_OK(cudaStreamSynchronize(st)))
+			return dfcclSystemError;
+	}
+	if (!CUDA_OK(delay_kernel_launch(STREAM_DELAY_US, st)) ||
+	    (sends && !CUDA_OK(cudaMemcpyAsync(p->send, s->pin_send, z.send_bytes, cudaMemcpyDefault, st))))
+		return dfcclSystemError;
+	dfcclResult_t r = tool_issue_on(c->coll, p->send, p->recv, c->count, c->dtype, c->op, c->root, comm,
+	                                (dfcclStream_t)st);
+	if (r == dfcclSuccess && !CUDA_OK(cudaMemcpyAsync(s->pin_out, p->out - p->front, win, cudaMemcpyDefault, st)))
+		return dfcclSystemError;
+	return r;
+}
+
+/* After case_verify of a stream-ordered case: the copy the stream took
+ * right after the call must be the final output. */
+static void stream_verify(struct rank_ctx *x, const struct ccase *c, const struct placement *p,
+                          const struct staging *s)
+{
+	struct case_sizes z = sizes_of(c, x->cfg->nranks);
+	size_t win = p->front + z.out_bytes + p->back;
+	size_t d = first_difference(s->pin_out, s->after, win);
+	if (d == win)
+		return;
+	case_fail(x, c, "the copy of the output queued on the stream right after the call differs from the final "
+	          "output at byte %zu (0x%02x, then 0x%02x): the stream did not wait for the collective", d,
+	          s->pin_out[d], s->after[d]);
+	x->failures++;
+}
+
 /* Runs and checks one case; -1 when the collective itself failed (the
  * communicator is then unusable and the rank stops). */
 static int sweep_run_case(struct rank_ctx *x, const struct ccase *planned, struct staging *s)
@@ -921,9 +1000,19 @@ static int sweep_run_case(struct rank_ctx *x, const struct ccase *planned, struc
 		goto out;
 	case_describe(x, c, what, sizeof(what));
 	watchdog_arm(x->cfg->timeout_s, what);
-	dfcclResult_t r = case_issue(c, &p, x->comms[0]);
-	if (r == dfcclSuccess)
-		r = dfcclCommSynchronize(x->comms[0]);
+	bool streamed = x->cfg->stream && c->arena != ARENA_HOST;
+	dfcclResult_t r;
+	if (streamed) {
+		r = stream_issue(x, c, &p, s, x->streams[0], x->comms[0]);
+		if (r == dfcclSuccess && !CUDA_OK(cudaStreamSynchronize(x->streams[0])))
+			r = dfcclSystemError;
+		if (r == dfcclSuccess)
+			DFCCL_OK(dfcclCommGetAsyncError(x->comms[0], &r));
+	} else {
+		r = case_issue(c, &p, x->comms[0]);
+		if (r == dfcclSuccess)
+			r = dfcclCommSynchronize(x->comms[0]);
+	}
 	watchdog_disarm();
 	if (r != dfcclSuccess) {
 		gputest_say("FAIL %s: the collective failed: %s: %s", what, dfcclGetErrorString(r), dfcclGetLastError(NULL));
@@ -932,6 +1021,8 @@ static int sweep_run_case(struct rank_ctx *x, const struct ccase *planned, struc
 		goto out;
 	}
 	rc = case_verify(x, c, &p, s);
+	if (rc == 0 && streamed)
+		stream_verify(x, c, &p, s);
 out:
 	placement_release(&p);
 	return rc;
@@ -962,7 +1053,7 @@ static int sweep_rank(struct rank_ctx *x)
 		all_send = ms > all_send ? ms : all_send;
 		all_out = mo > all_out ? mo : all_out;
 	}
-	if (staging_open(&s, all_send, all_out) < 0)
+	if (staging_open(&s, all_send, all_out, cfg->stream) < 0)
 		goto out;
 	for (size_t i = 0; i < l.n; i++)
 		if (sweep_run_case(x, &l.v[i], &s) < 0)
@@ -1078,8 +1169,10 @@ static struct ccase deadlock_case(const struct config *cfg, int it, int k)
 /* Issues collective k of the iteration: an all-reduce on communicator k
  * (program A) or a run of registered collective k (program B). */
 static dfcclResult_t deadlock_issue(struct rank_ctx *x, const struct ccase *c, const struct placement *p, int k,
-                                    dfcclRequest_t *req)
+                                    dfcclRequest_t *req, struct staging *s)
 {
+	if (x->cfg->deadlock == 'A' && x->cfg->stream)
+		return stream_issue(x, c, p, s, x->streams[k], x->comms[k]);
 	if (x->cfg->deadlock == 'A')
 		return case_issue(c, p, x->comms[k]);
 	dfcclCollDesc_t d = {dfcclCollAllReduce, c->count, dfcclFloat32, dfcclSum, 0, 0};
@@ -1101,7 +1194,9 @@ static dfcclResult_t deadlock_issue(struct rank_ctx *x, const struct ccase *c, c
  * registered runs matched by (id, run number); the device-wide
  * synchronization between submissions waits only for this process's own
  * GPU work, and none of it waits on a collective, since the daemon kernel
- * runs in the daemon's own context.
+ * runs in the daemon's own context. With --stream, A's all-reduces go on a
+ * stream per communicator: each stream waits only for its own, and the
+ * streams are synchronized in a fixed order.
  */
 static int deadlock_iteration(struct rank_ctx *x, int it, int *orders, struct staging *st)
 {
@@ -1125,7 +1220,7 @@ static int deadlock_iteration(struct rank_ctx *x, int it, int *orders, struct st
 	watchdog_arm(cfg->timeout_s, what);
 	for (; issued < K && r == dfcclSuccess; issued++) {
 		int k = orders[x->rank * K + issued];
-		r = deadlock_issue(x, &c[k], &p[k], k, &req[k]);
+		r = deadlock_issue(x, &c[k], &p[k], k, &req[k], &st[k]);
 		if (r == dfcclSuccess && cfg->deadlock == 'B' && !cfg->host_buffers && host_synchronize() < 0)
 			return -1;
 	}
@@ -1136,6 +1231,8 @@ static int deadlock_iteration(struct rank_ctx *x, int it, int *orders, struct st
 	}
 	/* Waited for in a fixed order, whatever the order of submission. */
 	for (int k = 0; k < K; k++) {
+		if (cfg->stream && !CUDA_OK(cudaStreamSynchronize(x->streams[k])))
+			return -1;
 		r = cfg->deadlock == 'A' ? dfcclCommSynchronize(x->comms[k]) : dfcclWait(req[k]);
 		if (r != dfcclSuccess) {
 			gputest_say("iteration %d: collective %d (%zu floats) failed: %s: %s", it, k, c[k].count,
@@ -1144,9 +1241,12 @@ static int deadlock_iteration(struct rank_ctx *x, int it, int *orders, struct st
 		}
 	}
 	watchdog_disarm();
-	for (int k = 0; k < K; k++)
+	for (int k = 0; k < K; k++) {
 		if (case_verify(x, &c[k], &p[k], &st[k]) < 0)
 			return -1;
+		if (cfg->stream)
+			stream_verify(x, &c[k], &p[k], &st[k]);
+	}
 	return 0;
 }
 
@@ -1160,7 +1260,7 @@ static int deadlock_rank(struct rank_ctx *x)
 	                          cfg->max_bytes, cfg->max_bytes, K, NULL) < 0)
 		goto out;
 	for (int k = 0; k < K; k++)
-		if (staging_open(&st[k], cfg->max_bytes, cfg->max_bytes) < 0)
+		if (staging_open(&st[k], cfg->max_bytes, cfg->max_bytes, cfg->stream) < 0)
 			goto out;
 	for (; it < cfg->iters; it++)
 		if (deadlock_iteration(x, it, orders, st) < 0)
@@ -1194,7 +1294,8 @@ static int rank_main(int rank, void *arg)
 		return TOOL_EXIT_FAIL;
 	/* Every rank joins in the same order: each join waits for all ranks. */
 	for (int k = 0; k < x.ncomms; k++)
-		if (!DFCCL_OK(dfcclCommInitRank(&x.comms[k], cfg->nranks, cfg->ids[k], rank)))
+		if (!DFCCL_OK(dfcclCommInitRank(&x.comms[k], cfg->nranks, cfg->ids[k], rank)) ||
+		    (cfg->stream && !CUDA_OK(cudaStreamCreateWithFlags(&x.streams[k], cudaStreamNonBlocking))))
 			goto out;
 	rc = cfg->deadlock ? deadlock_rank(&x) : sweep_rank(&x);
 out:
@@ -1221,6 +1322,7 @@ static int parse_options(int argc, char **argv, struct config *cfg)
 	    {"min-bytes", required_argument, NULL, 'a'}, {"max-bytes", required_argument, NULL, 'b'},
 	    {"print-pattern", no_argument, NULL, 'p'},  {"timeout", required_argument, NULL, 't'},
 	    {"buffers", required_argument, NULL, 'B'},  {"help", no_argument, NULL, 'h'},
+	    {"stream", no_argument, NULL, 'O'},
 	    {NULL, 0, NULL, 0},
 	};
 	long v;
@@ -1249,6 +1351,7 @@ static int parse_options(int argc, char **argv, struct config *cfg)
 			cfg->avg_ulps = (int)v;
 			break;
 		case 'H': cfg->host_buffers = true; break;
+		case 'O': cfg->stream = true; break;
 		case 'B':
 			cfg->buffers = -1;
 			for (size_t k = 0; k < sizeof(buffer_kinds) / sizeof(buffer_kinds[0]); k++)
@@ -1294,6 +1397,9 @@ static int parse_options(int argc, char **argv, struct config *cfg)
 	if (cfg->host_buffers && cfg->buffers != MEMBUF_DEVICE)
 		return gputest_usage_error("--host-buffers takes no device buffers: drop --buffers",
 		                           membuf_kind_name(cfg->buffers));
+	if (cfg->stream && (cfg->host_buffers || cfg->deadlock == 'B'))
+		return gputest_usage_error("--stream takes GPU buffers and the sweep or program A, not",
+		                           cfg->host_buffers ? "--host-buffers" : "--deadlock B");
 	if (cfg->print_pattern && !cfg->deadlock)
 		return gputest_usage_error("--print-pattern needs", "--deadlock");
 	return -1;

@@ -35,6 +35,11 @@ SAME_TYPE(cuMemAddressFree, mem_address_free);
 SAME_TYPE(cuMemMap, mem_map);
 SAME_TYPE(cuMemUnmap, mem_unmap);
 SAME_TYPE(cuMemSetAccess, mem_set_access);
+SAME_TYPE(cuMemHostRegister, mem_host_register);
+SAME_TYPE(cuMemHostUnregister, mem_host_unregister);
+SAME_TYPE(cuMemHostGetDevicePointer, mem_host_get_device_pointer);
+SAME_TYPE(cuStreamBatchMemOp, stream_batch_mem_op);
+SAME_TYPE(cuMemcpyAsync, memcpy_async);
 
 _Static_assert(CU_IPC_HANDLE_SIZE == CUDRV_IPC_HANDLE_BYTES, "a legacy IPC handle has 64 bytes");
 
@@ -66,4 +71,9 @@ const char *const cuda_h_symbols[] = {
     NAME(cuMemMap),
     NAME(cuMemUnmap),
     NAME(cuMemSetAccess),
+    NAME(cuMemHostRegister),
+    NAME(cuMemHostUnregister),
+    NAME(cuMemHostGetDevicePointer),
+    NAME(cuStreamBatchMemOp),
+    NAME(cuMemcpyAsync),
 };

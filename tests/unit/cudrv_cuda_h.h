@@ -22,7 +22,11 @@
 	    sizeof(CUmemGenericAllocationHandle), sizeof(CUmemAllocationHandleType), sizeof(CUmemLocation),         \
 	    sizeof(CUmemAccessDesc), offsetof(CUmemAccessDesc, flags), sizeof(CUmemAllocationProp),                  \
 	    offsetof(CUmemAllocationProp, requestedHandleTypes), offsetof(CUmemAllocationProp, location),            \
-	    offsetof(CUmemAllocationProp, win32HandleMetaData)
+	    offsetof(CUmemAllocationProp, win32HandleMetaData), CU_MEMHOSTREGISTER_PORTABLE,                        \
+	    CU_MEMHOSTREGISTER_DEVICEMAP, CU_STREAM_MEM_OP_WAIT_VALUE_64, CU_STREAM_MEM_OP_WRITE_VALUE_64,           \
+	    CU_STREAM_WAIT_VALUE_GEQ, sizeof(CUstreamBatchMemOpParams),                                              \
+	    offsetof(CUstreamBatchMemOpParams, waitValue.address), offsetof(CUstreamBatchMemOpParams, waitValue.value64), \
+	    offsetof(CUstreamBatchMemOpParams, waitValue.flags)
 
 /* CUDRV_CHECKED_VALUES as cuda.h defines them. */
 extern const long cuda_h_values[];

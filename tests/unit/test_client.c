@@ -570,7 +570,7 @@ static struct req *submit_one(struct qp_fixture *f, struct req_tracker *t, uint3
 	struct dfccl_sqe e = sqe_status(status);
 	struct req *r = req_new(DFCCL_OP_ALLREDUCE, cb, arg, handle);
 	assert_non_null(r);
-	assert_int_equal(req_submit(t, f->q, &e, r), dfcclSuccess);
+	assert_int_equal(req_submit(t, f->q, &e, r, NULL), dfcclSuccess);
 	return r;
 }
 

@@ -1,0 +1,123 @@
+/*
+ * Stream-ordered submission; see stream.h.
+ */
+#include "stream.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "cudrv.h"
+#include "errors.h"
+
+/* Before main, and so before the application can initialise CUDA: the
+ * driver reads the variable once, when it starts. */
+__attribute__((constructor)) static void stream_connections(void)
+{
+	setenv("CUDA_DEVICE_MAX_CONNECTIONS", STREAM_CUDA_CONNECTIONS, 0);
+}
+
+enum { BATCH_ARMS = 1, BATCH_WAITS = 2 };
+
+/* Queues on `stream`, in order, the arms of the items of [from, n) on it
+ * (with BATCH_ARMS), then their waits (BATCH_WAITS), in one driver call
+ * where they fit. Returns 0, or -1 with the driver's reason in
+ * cudrv_last_error. */
+static int batch_queue(const struct stream_batch *b, size_t from, dfcclStream_t stream, int what)
+{
+	struct cudrv_stream_op ops[CUDRV_STREAM_OPS_MAX];
+	unsigned k = 0, done;
+	int device = 0;
+	for (int pass = BATCH_ARMS; pass <= BATCH_WAITS; pass++) {
+		if (!(what & pass))
+			continue;
+		for (size_t i = from; i < b->n; i++) {
+			const struct stream_item *it = &b->items[i];
+			if (it->stream != stream)
+				continue;
+			device = (int)it->qp->device;
+			ops[k++] = pass == BATCH_WAITS
+			               ? (struct cudrv_stream_op){true, it->arm.cw_addr, DFCCL_CW_MAKE(it->arm.seq, 0)}
+			               : (struct cudrv_stream_op){false, it->arm.arm_addr, it->arm.seq};
+			if (k == CUDRV_STREAM_OPS_MAX) {
+				if (cudrv_stream_ops(stream, ops, k, device, &done) < 0)
+					return -1;
+				k = 0;
+			}
+		}
+	}
+	return k > 0 && cudrv_stream_ops(stream, ops, k, device, &done) < 0 ? -1 : 0;
+}
+
+/* Whether item i is the first of [from, i] on its stream. */
+static bool batch_first(const struct stream_batch *b, size_t from, size_t i)
+{
+	for (size_t j = from; j < i; j++)
+		if (b->items[j].stream == b->items[i].stream)
+			return false;
+	return true;
+}
+
+/* stream_batch_arm, and with `wait` (when none was armed before) every
+ * item's wait after the arms of its stream. */
+static dfcclResult_t batch_arm(struct stream_batch *b, bool wait)
+{
+	dfcclResult_t r = dfcclSuccess;
+	size_t from = b->armed;
+	for (size_t i = from; i < b->n; i++) {
+		if (!batch_first(b, from, i))
+			continue;
+		if (batch_queue(b, from, b->items[i].stream, wait ? BATCH_ARMS | BATCH_WAITS : BATCH_ARMS) == 0)
+			continue;
+		for (size_t j = from; j < b->n; j++)
+			if (b->items[j].stream == b->items[i].stream)
+				qp_arm(b->items[j].qp, b->items[j].arm.seq);
+		if (r == dfcclSuccess)
+			r = errors_set(dfcclUnhandledCudaError, "cannot queue a stream-ordered collective on its stream: %s; "
+			               "it was started without waiting for the stream's earlier work, so its result may "
+			               "be wrong: abort the communicator", cudrv_last_error());
+	}
+	b->armed = b->n;
+	return r;
+}
+
+/* Queues every item's wait, stream by stream, once all are armed. */
+static dfcclResult_t batch_wait(struct stream_batch *b)
+{
+	dfcclResult_t r = dfcclSuccess;
+	for (size_t i = 0; i < b->n; i++) {
+		if (!batch_first(b, 0, i) || batch_queue(b, 0, b->items[i].stream, BATCH_WAITS) == 0)
+			continue;
+		if (r == dfcclSuccess)
+			r = errors_set(dfcclUnhandledCudaError, "cannot make the stream wait for its collective: %s; the "
+			               "work queued after it may run before the collective completes",
+			               cudrv_last_error());
+	}
+	return r;
+}
+
+bool stream_batch_crowded(const struct stream_batch *b, const struct qp *q)
+{
+	size_t on_q = 0;
+	for (size_t i = b->armed; i < b->n; i++)
+		on_q += b->items[i].qp == q;
+	return on_q >= q->entries / 2;
+}
+
+
+dfcclResult_t stream_batch_arm(struct stream_batch *b)
+{
+	return batch_arm(b, false);
+}
+
+dfcclResult_t stream_batch_finish(struct stream_batch *b)
+{
+	if (b->n == 0)
+		return dfcclSuccess;
+	/* Arms and waits in one batch per stream, unless some arms had to go
+	 * ahead (a group larger than half a queue). */
+	bool together = b->armed == 0;
+	dfcclResult_t ra = batch_arm(b, together);
+	dfcclResult_t rw = together ? dfcclSuccess : batch_wait(b);
+	return ra != dfcclSuccess ? ra : rw;
+}

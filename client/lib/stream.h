@@ -1,0 +1,62 @@
+/*
+ * Stream-ordered submission: the stream operations of a set of entries
+ * posted unarmed (qp_submit_unarmed) for their GPU streams to arm.
+ *
+ * Model. For each entry, its stream gets a write that arms it (after the
+ * work queued on the stream before) and a wait for its completion word (the
+ * work queued after waits for it). A batch collects the entries of one
+ * call, or of one group: each stream arms all of its entries, then waits
+ * for all of them, in one driver call where they fit, so the daemon sees a
+ * group's entries together. A batch larger than half a queue arms what it
+ * has before it posts more (stream_batch_crowded), since a later entry's
+ * slot may be held by an earlier one that only its arm can complete.
+ *
+ * Streams and the GPU's hardware queues. The driver maps streams onto a
+ * number of hardware work queues (CUDA_DEVICE_MAX_CONNECTIONS, 8 unless set)
+ * and a queue runs its work in submission order. A wait for a collective
+ * stalls its queue, and with it the work of every other stream mapped there,
+ * arms included: streams that carry collectives in different orders on
+ * different ranks complete only while each of them has a queue of its own.
+ * So the library raises the default to the most the driver allows (32)
+ * when the process starts, unless the environment sets it.
+ */
+#ifndef DFCCL_CLIENT_STREAM_H
+#define DFCCL_CLIENT_STREAM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "dfccl.h"
+#include "qp.h"
+
+struct stream_batch {
+	struct stream_item {
+		dfcclStream_t stream;
+		struct qp *qp;
+		struct qp_stream_arm arm; /* filled by qp_submit_unarmed */
+	} *items;     /* room for every entry the batch may get */
+	size_t n;     /* entries posted */
+	size_t armed; /* items[0..armed) have their arms queued (or were armed by the CPU) */
+};
+
+/* Whether posting one more entry on q could wait for a slot whose entry is
+ * among the items not armed yet: then arm them first (stream_batch_arm). */
+bool stream_batch_crowded(const struct stream_batch *b, const struct qp *q);
+
+/*
+ * Queues the arms of every item not armed yet, stream by stream. A stream
+ * the driver refuses gets its entries armed by the CPU instead, so that
+ * the peers' halves never wait for them; the result then says that those
+ * collectives ran without waiting for the stream's earlier work.
+ */
+dfcclResult_t stream_batch_arm(struct stream_batch *b);
+
+/* Ends the batch: arms what is not armed yet and queues every wait, in one
+ * driver call per stream when nothing was armed before. */
+dfcclResult_t stream_batch_finish(struct stream_batch *b);
+
+/* The CUDA_DEVICE_MAX_CONNECTIONS this library asks for when the
+ * environment names none. */
+#define STREAM_CUDA_CONNECTIONS "32"
+
+#endif /* DFCCL_CLIENT_STREAM_H */
