@@ -290,8 +290,10 @@ dfcclResult_t dfcclCommDeregister(const dfcclComm_t comm, void *handle);
  * waits for a collective stalls its queue: streams that carry collectives
  * in different orders on different ranks are independent only while each
  * has a queue of its own. libdfccl therefore sets CUDA_DEVICE_MAX_CONNECTIONS
- * to 32 (the most) when it is loaded, unless the environment sets it; a
- * process that sets 1 orders all its streams, as NCCL then does.
+ * to 16 when it is loaded, unless the environment sets it; a process that
+ * sets 1 orders all its streams, as NCCL then does. Under MPS all clients
+ * of a GPU share one pool of queues: with more than four processes on one
+ * GPU set it lower (8 served eight processes on an H100).
  * Inside dfcclGroupStart/End, every stream arms all of its collectives of
  * the group, then waits for all of them. A collective that fails completes
  * all the same (the stream goes on, the output is undefined): the failure is

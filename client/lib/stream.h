@@ -17,8 +17,11 @@
  * stalls its queue, and with it the work of every other stream mapped there,
  * arms included: streams that carry collectives in different orders on
  * different ranks complete only while each of them has a queue of its own.
- * So the library raises the default to the most the driver allows (32)
- * when the process starts, unless the environment sets it.
+ * So the library raises the default to 16 when the process starts, unless
+ * the environment sets it. Not more: under MPS the connections of every
+ * client of a GPU come from one pool, and on the H100 four clients of 32
+ * (or eight of 16) already failed to create their contexts, while four of
+ * 16 and eight of 8 worked.
  */
 #ifndef DFCCL_CLIENT_STREAM_H
 #define DFCCL_CLIENT_STREAM_H
@@ -57,6 +60,6 @@ dfcclResult_t stream_batch_finish(struct stream_batch *b);
 
 /* The CUDA_DEVICE_MAX_CONNECTIONS this library asks for when the
  * environment names none. */
-#define STREAM_CUDA_CONNECTIONS "32"
+#define STREAM_CUDA_CONNECTIONS "16"
 
 #endif /* DFCCL_CLIENT_STREAM_H */

@@ -75,6 +75,7 @@ struct ce_comm {
 	uint64_t comm_id;   /* 0: free slot */
 	void *region;
 	char *conn;         /* device memory: the connectors of this device's ranks, one after the other */
+	void *sync;         /* device memory: the protocol words, when every rank is here (dk_comm.sync) */
 	uint32_t gen;
 };
 
@@ -608,9 +609,11 @@ static void ce_comm_release(struct ce_comm *c)
 {
 	cudaHostUnregister(c->region);
 	cudaFree(c->conn);
+	cudaFree(c->sync);
 	c->comm_id = 0;
 	c->region = NULL;
 	c->conn = NULL;
+	c->sync = NULL;
 }
 
 static int ce_comm_add(void *impl, uint64_t comm_id, uint32_t nranks, const struct engine_member *members,
@@ -658,6 +661,15 @@ static int ce_comm_add(void *impl, uint64_t comm_id, uint32_t nranks, const stru
 		for (uint32_t r = 0; rc == cudaSuccess && r < nranks; r++)
 			d->conn[r] = c->conn + CE_CONN_RANK_BYTES * r;
 		d->conn_all = rc == cudaSuccess;
+		/* And the protocol words, starting as the region has them. */
+		what = "allocate its protocol words on";
+		if (rc == cudaSuccess)
+			rc = cudaMalloc(&c->sync, DFCCL_COMM_SYNC_BYTES(nranks));
+		if (rc == cudaSuccess)
+			rc = cudaMemcpyAsync(c->sync, region, DFCCL_COMM_SYNC_BYTES(nranks), cudaMemcpyHostToDevice,
+			                     e->ctl_stream);
+		if (rc == cudaSuccess)
+			rc = cudaStreamSynchronize(e->ctl_stream);
 	}
 	if (rc != cudaSuccess) {
 		cudaGetLastError();
@@ -670,6 +682,8 @@ static int ce_comm_add(void *impl, uint64_t comm_id, uint32_t nranks, const stru
 		return -ENOMEM;
 	}
 	d->hdr = (struct dfccl_comm_header *)dev;
+	d->sync = c->sync ? (struct dfccl_comm_header *)c->sync : d->hdr;
+	d->mirror = (int64_t)((char *)d->hdr - (char *)d->sync);
 	int bad = ce_put(e, OFF(comms[i]), d, sizeof(*d)) < 0 || ce_put32(e, OFF(comms[i].live), 1) < 0;
 	free(d);
 	if (bad) {

@@ -74,10 +74,6 @@ __device__ __forceinline__ uint32_t ld_acq_sys32(const uint32_t *p)
 	return v;
 }
 
-__device__ __forceinline__ void fence_acq_rel_sys(void)
-{
-	asm volatile("fence.acq_rel.sys;" ::: "memory");
-}
 
 __device__ __forceinline__ void st_rel_sys(uint64_t *p, uint64_t v)
 {
@@ -92,6 +88,53 @@ __device__ __forceinline__ void st_rel_sys32(uint32_t *p, uint32_t v)
 template <typename T> __device__ __forceinline__ T vload(const T *p)
 {
 	return *(const volatile T *)p;
+}
+
+/*
+ * A communicator's protocol words (posts, channel words, mailboxes). Where
+ * every rank is on this GPU they are in device memory (dk_comm.sync), only
+ * this kernel reads them, and GPU scope orders them with the ranks' data:
+ * a release there costs no PCIe round trip. Each store is then repeated,
+ * plainly, into the region in host memory (dk_comm.mirror), which the
+ * supervisor watches for timeouts and diagnostics. Elsewhere the words are
+ * the host region's, at system scope.
+ */
+__device__ __forceinline__ uint64_t sync_load(const dk_comm *cm, const uint64_t *p)
+{
+	uint64_t v;
+	if (vload(&cm->mirror))
+		asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+	else
+		asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+	return v;
+}
+
+__device__ __forceinline__ void sync_store(const dk_comm *cm, uint64_t *p, uint64_t v)
+{
+	int64_t m = vload(&cm->mirror);
+	if (m) {
+		asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+		*(volatile uint64_t *)((char *)p + m) = v;
+	} else {
+		asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+	}
+}
+
+/* A plain store of a protocol word (published by a later sync_store). */
+__device__ __forceinline__ void sync_put(const dk_comm *cm, uint64_t *p, uint64_t v)
+{
+	int64_t m = vload(&cm->mirror);
+	*(volatile uint64_t *)p = v;
+	if (m)
+		*(volatile uint64_t *)((char *)p + m) = v;
+}
+
+__device__ __forceinline__ void sync_fence(const dk_comm *cm)
+{
+	if (vload(&cm->mirror))
+		asm volatile("fence.acq_rel.gpu;" ::: "memory");
+	else
+		asm volatile("fence.acq_rel.sys;" ::: "memory");
 }
 
 __device__ __forceinline__ uint64_t now_ns(void)
@@ -477,7 +520,7 @@ __device__ uint32_t entry_accept(dk_ctx &c, uint32_t qi, dk_qp *q, const dfccl_s
 	t->status = DFCCL_CQ_OK;
 	t->chdone = 0;
 	t->arrival = ++st->arrivals;
-	void *region = vload(&cm->hdr);
+	void *region = vload(&cm->sync);
 	uint64_t nslots;
 	if (sqe_is_p2p(e->opcode)) {
 		int sending = e->opcode == DFCCL_OP_SEND;
@@ -597,7 +640,7 @@ __device__ uint32_t read_queues(dk_ctx &c)
 					break;
 				uint32_t ci;
 				dk_comm *pc = comm_find(st, e.comm_id, &ci);
-				if (!pc || !dfccl_comm_peer_posted(vload(&pc->hdr), vload(&pc->nranks), &e))
+				if (!pc || !dfccl_comm_peer_posted(vload(&pc->sync), vload(&pc->nranks), &e))
 					continue;
 			}
 			if (status == DFCCL_CQ_OK && e.opcode != DFCCL_OP_NOP && at_limit)
@@ -690,7 +733,7 @@ __device__ uint32_t posts_take(dk_task *t, dk_comm *cm)
 {
 	if (t->opcode == DFCCL_OP_RECV) {
 		const dfccl_p2p_box *x = t->box;
-		if (ld_acq_sys(&x->key) != t->key || vload(&x->count) != t->count || vload(&x->dtype) != t->dtype)
+		if (sync_load(cm, &x->key) != t->key || vload(&x->count) != t->count || vload(&x->dtype) != t->dtype)
 			return DFCCL_CQ_BAD_ENTRY;
 		t->post[0].send_reg = vload(&x->send_reg);
 		t->post[0].send_off = vload(&x->send_off);
@@ -904,7 +947,7 @@ __device__ dk_cond cond_of(const dk_task *t, uint32_t ch, uint32_t step, dk_comm
 	case DK_SLOT: w.word = &t->posts[0].done, w.target = t->slot_free; break;
 	case DK_POSTS: w.word = &t->posts[0].key, w.target = t->key; break;
 	case DK_SYNC1:
-		w.word = dfccl_comm_chan(vload(&cm->hdr), n, t->slot, 0, ch);
+		w.word = dfccl_comm_chan(vload(&cm->sync), n, t->slot, 0, ch);
 		w.stride = DFCCL_COMM_MAX_CHANNELS;
 		w.target = DFCCL_PROGRESS(t->key, 1);
 		break;
@@ -926,11 +969,11 @@ __device__ bool cond_ready(const dk_task *t, dk_chan_ctx *x, const dk_cond &w, c
                            uint32_t ch, uint32_t *blocker)
 {
 	if (as) {
-		void *region = vload(&cm->hdr);
+		void *region = vload(&cm->sync);
 		uint32_t n = vload(&cm->nranks);
 		for (uint32_t k = x->wait_rank; k < as->nwait; k++) {
 			const uint64_t *word = dfccl_comm_chan(region, n, t->slot, as->wait[k], ch);
-			if (ld_acq_sys(word) < DFCCL_PROGRESS(t->key, as->phase[k])) {
+			if (sync_load(cm, word) < DFCCL_PROGRESS(t->key, as->phase[k])) {
 				x->wait_rank = k;
 				*blocker = as->wait[k];
 				return false;
@@ -940,7 +983,7 @@ __device__ bool cond_ready(const dk_task *t, dk_chan_ctx *x, const dk_cond &w, c
 		return true;
 	}
 	for (uint32_t r = x->wait_rank; r < w.n; r++) {
-		if (ld_acq_sys(w.word + (uint64_t)r * w.stride) < w.target) {
+		if (sync_load(cm, w.word + (uint64_t)r * w.stride) < w.target) {
 			x->wait_rank = r;
 			*blocker = w.n == 1 ? t->peer : r;
 			return false;
@@ -1019,11 +1062,9 @@ __device__ int chan_wait(dk_ctx &c, dk_task *t, uint32_t ch, dk_comm *cm, uint32
 	return rc;
 }
 
-/* Posts this rank's part of the instance (channel 0, thread 0). */
-__device__ void post(dk_task *t, dk_comm *cm)
+/* The fields of this rank's post but its key. */
+__device__ void post_fields(volatile dfccl_rank_post *vp, const dk_task *t)
 {
-	dfccl_rank_post *p = &t->posts[t->rank];
-	volatile dfccl_rank_post *vp = p;
 	vp->send_off = t->send_off;
 	vp->recv_off = t->recv_off;
 	vp->count = t->count;
@@ -1031,22 +1072,40 @@ __device__ void post(dk_task *t, dk_comm *cm)
 	vp->recv_reg = t->recv_reg;
 	vp->shape = shape_of(t);
 	vp->root = sqe_has_root(t->opcode) ? t->peer : 0;
-	/* Plain stores, then one fence before the key: each release store to
-	 * host memory would wait for a PCIe round trip of its own. */
-	for (uint32_t ch = 0; ch < t->nch; ch++)
-		*(volatile uint64_t *)dfccl_comm_chan(vload(&cm->hdr), vload(&cm->nranks), t->slot, t->rank, ch) = DFCCL_PROGRESS(t->key, 0);
 	vp->progress = DFCCL_PROGRESS(t->key, 0);
-	st_rel_sys(&p->key, t->key);
 }
 
-__device__ void box_post(dk_task *t)
+/* Posts this rank's part of the instance (channel 0, thread 0). */
+__device__ void post(dk_task *t, dk_comm *cm)
 {
-	volatile dfccl_p2p_box *b = t->box;
+	dfccl_rank_post *p = &t->posts[t->rank];
+	int64_t m = vload(&cm->mirror);
+	post_fields(p, t);
+	if (m)
+		post_fields((dfccl_rank_post *)((char *)p + m), t);
+	/* Plain stores, then one release of the key: each release store to
+	 * host memory would wait for a PCIe round trip of its own. */
+	for (uint32_t ch = 0; ch < t->nch; ch++)
+		sync_put(cm, dfccl_comm_chan(vload(&cm->sync), vload(&cm->nranks), t->slot, t->rank, ch),
+		         DFCCL_PROGRESS(t->key, 0));
+	sync_store(cm, &p->key, t->key);
+}
+
+__device__ void box_fields(volatile dfccl_p2p_box *b, const dk_task *t)
+{
 	b->send_off = t->send_off;
 	b->count = t->count;
 	b->send_reg = t->send_reg;
 	b->dtype = t->dtype;
-	st_rel_sys(&t->box->key, t->key);
+}
+
+__device__ void box_post(dk_task *t, dk_comm *cm)
+{
+	int64_t m = vload(&cm->mirror);
+	box_fields(t->box, t);
+	if (m)
+		box_fields((dfccl_p2p_box *)((char *)t->box + m), t);
+	sync_store(cm, &t->box->key, t->key);
 }
 
 /*
@@ -1130,18 +1189,18 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 			if (x->step == DK_AWORK) {
 				/* Algorithm step done: the ranks that wait for it see it. */
 				x->astep++;
-				st_rel_sys(dfccl_comm_chan(vload(&cm->hdr), n, t->slot, t->rank, ch),
+				sync_store(cm, dfccl_comm_chan(vload(&cm->sync), n, t->slot, t->rank, ch),
 				           DFCCL_PROGRESS(t->key, x->astep));
 				x->step = x->astep < t->alg[ch].nsteps ? DK_AWAIT : DK_CHDONE;
 				continue;
 			}
 			if (t->opcode == DFCCL_OP_RECV) {
-				st_rel_sys(&t->box->ack, t->key);
+				sync_store(cm, &t->box->ack, t->key);
 				x->step = DK_CHDONE;
 				continue;
 			}
 			if (t->opcode == DFCCL_OP_ALLREDUCE && x->step == DK_WORK1) {
-				st_rel_sys(dfccl_comm_chan(vload(&cm->hdr), n, t->slot, t->rank, ch), DFCCL_PROGRESS(t->key, 1));
+				sync_store(cm, dfccl_comm_chan(vload(&cm->sync), n, t->slot, t->rank, ch), DFCCL_PROGRESS(t->key, 1));
 				x->step = DK_SYNC1;
 			} else {
 				x->step = DK_CHDONE;
@@ -1152,7 +1211,7 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 			/* The last channel of this rank to get here finishes the task;
 			 * its release of `done` covers the other channels' writes,
 			 * which the fence orders before their count. */
-			fence_acq_rel_sys();
+			sync_fence(cm);
 			uint32_t done = atomicAdd(&t->chdone, 1u) + 1;
 			if (done < t->nch) {
 				sh.ret = R_CHDONE;
@@ -1163,7 +1222,7 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 				sh.ret = R_FREE;
 				return A_RETURN;
 			}
-			st_rel_sys(&t->posts[t->rank].done, t->key);
+			sync_store(cm, &t->posts[t->rank].done, t->key);
 			x->step = DK_FINISH;
 			*progressed = true;
 			continue;
@@ -1234,7 +1293,7 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 		case DK_SYNC1: x->step = DK_WORK2; break;
 		case DK_AWAIT: x->step = DK_AWORK; break;
 		case DK_BOX_FREE:
-			box_post(t);
+			box_post(t, cm);
 			x->step = DK_BOX_ACK;
 			break;
 		case DK_BOX_ACK: x->step = DK_CHDONE; break;

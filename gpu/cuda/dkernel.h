@@ -88,6 +88,10 @@ struct dk_comm {
 	uint32_t nranks;                  /* host */
 	uint32_t abort_status;            /* host: nonzero once aborted here */
 	struct dfccl_comm_header *hdr;    /* host: the region's synchronisation part as the GPU sees it */
+	struct dfccl_comm_header *sync;   /* host: where the kernel's protocol words live: hdr, or (every
+	                                   * rank on this GPU) a copy in device memory, whose words the
+	                                   * kernel also stores into hdr for the supervisor's watch */
+	int64_t mirror;                   /* host: (char *)hdr - (char *)sync; 0 when sync is hdr */
 	uint64_t session[DFCCL_COMM_MAX_RANKS]; /* host: by rank */
 	uint32_t device[DFCCL_COMM_MAX_RANKS];  /* host: by rank */
 	char *conn[DFCCL_COMM_MAX_RANKS];       /* host: by rank, device memory (NULL: not here) */

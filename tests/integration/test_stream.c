@@ -49,6 +49,7 @@
 #include "cudrv.h"
 #include "dfccl.h"
 #include "harness.h"
+#include "stream.h"
 
 /* ------------------------------------------------------------ the fake stream */
 
@@ -445,7 +446,8 @@ static int rank_group(void *arg, int rank)
 	CHECK(sa && sb, "no stream");
 	/* The library asked the driver for a hardware queue per stream. */
 	const char *conn = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
-	CHECK(conn && !strcmp(conn, "32"), "CUDA_DEVICE_MAX_CONNECTIONS is %s, expected 32", conn ? conn : "unset");
+	CHECK(conn && !strcmp(conn, STREAM_CUDA_CONNECTIONS), "CUDA_DEVICE_MAX_CONNECTIONS is %s, expected %s",
+	      conn ? conn : "unset", STREAM_CUDA_CONNECTIONS);
 	enum { N = 6, COUNT = 64 };
 	float *in[N], *out[N];
 	for (int i = 0; i < N; i++) {
