@@ -97,6 +97,7 @@ struct cuda_engine {
 	uint32_t ncomms;        /* communicator slots below this may be in use */
 	int running;
 	int resume;             /* the kernel left with tasks in flight: launch it again */
+	char *trace_path;       /* DK_TRACE_ENV: where the kernel's trace goes at the end */
 	char fatal[256];
 };
 
@@ -796,6 +797,36 @@ static const char *ce_fatal(void *impl)
 	return e->fatal[0] ? e->fatal : NULL;
 }
 
+/* Writes the kernel's event trace (dkernel.h) as text: a line per event,
+ * block, nanoseconds since the first event of the trace, event, argument. */
+static void ce_trace_write(struct cuda_engine *e)
+{
+	static const char *const names[DK_EV_COUNT_] = DK_TRACE_NAMES;
+	struct dk_trace *t = (struct dk_trace *)malloc(sizeof(*t));
+	FILE *f = NULL;
+	if (!t || cudaMemcpy(t, e->params.trace, sizeof(*t), cudaMemcpyDeviceToHost) != cudaSuccess ||
+	    !(f = fopen(e->trace_path, "w"))) {
+		fprintf(stderr, "GPU %u: cannot write the kernel's trace to %s\n", e->cfg.device, e->trace_path);
+		free(t);
+		return;
+	}
+	uint64_t t0 = UINT64_MAX;
+	for (uint32_t b = 0; b < DK_MAX_BLOCKS; b++)
+		for (uint64_t i = t->n[b] > DK_TRACE_EVENTS ? t->n[b] - DK_TRACE_EVENTS : 0; i < t->n[b]; i++) {
+			uint64_t ts = t->rec[b][i & (DK_TRACE_EVENTS - 1u)].t_ns;
+			t0 = ts < t0 ? ts : t0;
+		}
+	fprintf(f, "# block ns event arg (GPU %u)\n", e->cfg.device);
+	for (uint32_t b = 0; b < DK_MAX_BLOCKS; b++)
+		for (uint64_t i = t->n[b] > DK_TRACE_EVENTS ? t->n[b] - DK_TRACE_EVENTS : 0; i < t->n[b]; i++) {
+			const struct dk_trace_rec *r = &t->rec[b][i & (DK_TRACE_EVENTS - 1u)];
+			fprintf(f, "%u %llu %s %u\n", b, (unsigned long long)(r->t_ns - t0),
+			        r->event < DK_EV_COUNT_ ? names[r->event] : "?", r->arg);
+		}
+	fclose(f);
+	free(t);
+}
+
 static void ce_free(void *impl)
 {
 	struct cuda_engine *e = (struct cuda_engine *)impl;
@@ -823,6 +854,10 @@ static void ce_free(void *impl)
 	for (uint32_t i = 0; i < DK_MAX_QPS; i++)
 		if (e->qps[i].q)
 			ce_qp_release(&e->qps[i]);
+	if (e->params.trace && !e->fatal[0])
+		ce_trace_write(e);
+	cudaFree(e->params.trace);
+	free(e->trace_path);
 	cudaFree(e->dst);
 	cudaFreeHost(e->host);
 	if (e->kstream)
@@ -907,6 +942,18 @@ extern "C" int cuda_engine_ops_new(const struct engine_config *cfg, const struct
 	e->params.chan_bytes = CE_CHAN_BYTES;
 	e->params.algo = cfg->algo;
 	e->params.max_inflight = sched_max_inflight(cfg->max_inflight);
+	const char *trace = getenv(DK_TRACE_ENV);
+	if (trace && *trace) {
+		/* A developer's trace: without memory for it the worker runs
+		 * untraced, and says so. */
+		if (cudaMalloc((void **)&e->params.trace, sizeof(struct dk_trace)) != cudaSuccess ||
+		    cudaMemset(e->params.trace, 0, sizeof(struct dk_trace)) != cudaSuccess || !(e->trace_path = strdup(trace))) {
+			cudaGetLastError();
+			cudaFree(e->params.trace);
+			e->params.trace = NULL;
+			fprintf(stderr, "GPU %u: no memory for the kernel's trace; running untraced\n", cfg->device);
+		}
+	}
 	*ops = &cuda_ops;
 	*impl = e;
 	return 0;

@@ -358,6 +358,19 @@ struct dk_ctx {
 	uint32_t b;
 };
 
+/* Records an event of thread 0 of this block (dkernel.h, DK_TRACE_ENV). */
+__device__ __forceinline__ void trace(const dk_ctx &c, uint32_t event, uint32_t arg)
+{
+	dk_trace *tr = c.p.trace;
+	if (!tr)
+		return;
+	uint64_t i = tr->n[c.b]++;
+	dk_trace_rec *r = &tr->rec[c.b][i & (DK_TRACE_EVENTS - 1u)];
+	r->t_ns = now_ns();
+	r->event = event;
+	r->arg = arg;
+}
+
 /* Stores the counters that changed: the writes cross PCIe, and a stream of
  * them from every block would delay the reads the scheduling waits on. */
 __device__ void stats_flush(dk_ctx &c)
@@ -378,6 +391,7 @@ __device__ void stats_flush(dk_ctx &c)
 __device__ void complete(dk_ctx &c, dk_qp *q, uint64_t seq, uint32_t status)
 {
 	uint32_t slot = DFCCL_QP_SLOT(seq, vload(&q->n));
+	trace(c, DK_EV_COMPLETE, status);
 	/* A release store at system scope: the results before the word. */
 	st_rel_sys(&vload(&q->cw)[slot], DFCCL_CW_MAKE(seq, status));
 	while (atomicCAS(&q->lock, 0, 1) != 0)
@@ -1144,6 +1158,7 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 	}
 	for (;;) {
 		uint32_t status = DFCCL_CQ_OK;
+		trace(c, DK_EV_STEP, ti << 16 | x->step);
 		switch (x->step) {
 		case DK_WORK1:
 		case DK_WORK2:
@@ -1180,6 +1195,7 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 				}
 				uint64_t bytes = sh.op.elems * t->dsize;
 				*budget = bytes < *budget ? *budget - bytes : 0;
+				trace(c, DK_EV_DATA, bytes < 0xffffffffu ? (uint32_t)bytes : 0xffffffffu);
 				return A_DATA;
 			}
 			x->pos = 0;
@@ -1254,6 +1270,7 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 			continue;
 		}
 		if (rc == 0) {
+			trace(c, DK_EV_PREEMPT, ti << 16 | x->step);
 			sh.ret = *progressed ? R_PROGRESS : R_BLOCKED;
 			return A_RETURN;
 		}
@@ -1349,12 +1366,17 @@ __global__ void __launch_bounds__(DK_THREADS) dk_main(dk_params p)
 	for (;;) {
 		if (tid == 0) {
 			bool found = false;
-			if (c.b == 0 && read_queues(c) > 0)
-				found = true;
+			trace(c, DK_EV_LOOP, sh.q.n);
+			if (c.b == 0) {
+				uint32_t got = read_queues(c);
+				trace(c, DK_EV_QUEUES, got);
+				found = got > 0;
+			}
 			dk_inbox *ib = &st->inbox[c.b];
 			uint32_t tail = vload(&ib->tail);
 			while (ib->head != tail && sh.q.n < SCHED_MAX_TASKS) {
 				uint32_t ti = vload(&ib->idx[ib->head % DK_MAX_TASKS]);
+				trace(c, DK_EV_TASK, ti);
 				sched_insert(&p.sched, &sh.q, st->states[c.b], ti);
 				ib->head++;
 				found = true;

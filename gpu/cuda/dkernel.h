@@ -230,6 +230,42 @@ struct dk_params {
 	uint64_t chan_bytes;     /* a collective gets one channel per this many bytes, up to `blocks` */
 	uint32_t algo;           /* enum dfccl_algo: for entries without a hint (the `algo` setting) */
 	uint32_t max_inflight;   /* tasks one queue pair may hold (sched_max_inflight) */
+	struct dk_trace *trace;  /* device memory, or NULL: the blocks' event trace (DK_TRACE_ENV) */
+};
+
+/*
+ * The kernel's event trace, for finding where its time goes: with
+ * DFCCL_DK_TRACE=FILE in a CUDA worker's environment, thread 0 of every
+ * block records its events, with the GPU's clock, into a ring of its own in
+ * device memory (no PCIe traffic while it runs), and the worker writes the
+ * rings to FILE as text when it ends. A developer's tool: it slows nothing
+ * when unset.
+ */
+#define DK_TRACE_ENV "DFCCL_DK_TRACE"
+#define DK_TRACE_EVENTS 65536u /* per block, a power of two: the last ones are kept */
+
+enum dk_trace_event {
+	DK_EV_LOOP = 0,    /* the top of the block's loop; arg: tasks in its queue */
+	DK_EV_QUEUES,      /* block 0 read the queue pairs; arg: entries taken */
+	DK_EV_TASK,        /* a new task reached this block; arg: its index */
+	DK_EV_STEP,        /* a channel reached a step; arg: task << 16 | step */
+	DK_EV_PREEMPT,     /* a wait gave up; arg: task << 16 | step */
+	DK_EV_DATA,        /* a piece of data was moved; arg: bytes (saturated) */
+	DK_EV_COMPLETE,    /* an entry completed; arg: its status */
+	DK_EV_COUNT_
+};
+
+#define DK_TRACE_NAMES {"loop", "queues", "task", "step", "preempt", "data", "complete"}
+
+struct dk_trace_rec {
+	uint64_t t_ns;  /* %globaltimer */
+	uint32_t event; /* enum dk_trace_event */
+	uint32_t arg;
+};
+
+struct dk_trace {
+	uint64_t n[DK_MAX_BLOCKS]; /* events recorded by each block so far */
+	struct dk_trace_rec rec[DK_MAX_BLOCKS][DK_TRACE_EVENTS];
 };
 
 /* The registration table's first probe for reg_id. */
