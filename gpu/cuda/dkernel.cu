@@ -67,12 +67,6 @@ __device__ __forceinline__ uint64_t ld_acq_sys(const uint64_t *p)
 	return v;
 }
 
-__device__ __forceinline__ uint32_t ld_acq_sys32(const uint32_t *p)
-{
-	uint32_t v;
-	asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-	return v;
-}
 
 
 __device__ __forceinline__ void st_rel_sys(uint64_t *p, uint64_t v)
@@ -409,18 +403,26 @@ __device__ void complete(dk_ctx &c, dk_qp *q, uint64_t seq, uint32_t status)
 }
 
 /* Fails every rank of a communicator through its region's word (a plain
- * store: every writer stores some failure, and any of them will do). */
+ * store: every writer stores some failure, and any of them will do), and
+ * this GPU's tasks of it through its table entry. */
 __device__ void comm_fail(dk_comm *cm, uint32_t status)
 {
+	atomicCAS(&cm->abort_status, 0u, status);
 	uint64_t *w = &vload(&cm->hdr)->aborted;
 	if (ld_acq_sys(w) == 0)
 		st_rel_sys(w, status);
 }
 
+/*
+ * The failure status of a communicator, or 0. Its table entry has what the
+ * supervisor (through the worker) and this kernel said; the region's word
+ * in host memory adds what the kernels of other GPUs said, so it is read
+ * (a PCIe round trip) only for communicators that span GPUs.
+ */
 __device__ uint32_t comm_aborted(dk_comm *cm)
 {
 	uint32_t a = vload(&cm->abort_status);
-	if (a)
+	if (a || vload(&cm->mirror))
 		return a;
 	return dfccl_comm_abort_status(ld_acq_sys(&vload(&cm->hdr)->aborted));
 }
@@ -611,8 +613,13 @@ __device__ uint32_t read_queues(dk_ctx &c)
 		dfccl_sqe *sq = vload(&q->sq);
 		volatile uint64_t *taken = vload(&q->taken);
 		uint64_t head = vload(&q->head), h = head;
+		/* Both words in one PCIe round trip: the state's load is not
+		 * ordered before the tail's acquire, and needs no order (a pair
+		 * closed a moment ago has its entries taken, as one closed a
+		 * moment later would). */
+		uint32_t qstate = vload(&hdr->qp_state);
 		uint64_t tail = ld_acq_sys(&hdr->sq_tail);
-		if (tail < head || ld_acq_sys32(&hdr->qp_state) != DFCCL_QP_ACTIVE)
+		if (tail < head || qstate != DFCCL_QP_ACTIVE)
 			continue;
 		/* The client owns the tail: never look further than one lap. */
 		if (tail >= head + n)
@@ -685,7 +692,9 @@ __device__ uint32_t read_queues(dk_ctx &c)
 			h++;
 		if (h != head) {
 			*(volatile uint64_t *)&q->head = h;
-			st_rel_sys(&hdr->sq_head, h);
+			/* For the client's and dfcclctl's information only: a plain
+			 * store, which waits for nothing. */
+			*(volatile uint64_t *)&hdr->sq_head = h;
 		}
 	}
 	return got;

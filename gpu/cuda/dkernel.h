@@ -86,7 +86,7 @@ struct dk_comm {
 	uint32_t gen;                     /* host */
 	uint64_t comm_id;                 /* host */
 	uint32_t nranks;                  /* host */
-	uint32_t abort_status;            /* host: nonzero once aborted here */
+	uint32_t abort_status;            /* host, and the kernel (comm_fail): nonzero once aborted here */
 	struct dfccl_comm_header *hdr;    /* host: the region's synchronisation part as the GPU sees it */
 	struct dfccl_comm_header *sync;   /* host: where the kernel's protocol words live: hdr, or (every
 	                                   * rank on this GPU) a copy in device memory, whose words the
