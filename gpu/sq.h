@@ -34,6 +34,7 @@ struct sq_queue {
 	uint32_t n;           /* entries: from the engine's own record, not the header */
 	uint32_t qp_id;
 	uint64_t session_id;
+	uint32_t uid;         /* the session's user: set by the opener before an engine serves q (0 after open) */
 	struct dfccl_sqe *sq;
 	uint64_t *cw;
 	uint64_t *taken;      /* per slot: the sequence number last taken from it */

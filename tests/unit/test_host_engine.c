@@ -27,9 +27,10 @@
  * pattern with each algorithm forced;
  * registered collectives in different orders per rank;
  * priority order; more tasks than the task queue holds; fair admission
- * through the engine interface (a flooder refused past max-inflight, and
- * flooders within it that leave a victim its place, with memory given back
- * when they drain); abort,
+ * through the engine interface (a flooder refused past max-inflight, the
+ * sessions of one uid refused past the uid's limit, and flooders within the
+ * limits that leave a victim its place, with memory given back when they
+ * drain); abort,
  * inconsistent posts, a lost queue, a removed communicator, and every
  * submit-time check.
  */
@@ -151,8 +152,9 @@ static void sim_init(struct sim *s, unsigned neng, const struct sched_params *p)
 	sim_init_algo(s, neng, p, DFCCL_ALGO_AUTO);
 }
 
-/* A queue pair of session `session` on engine `eng`; returns its index. */
-static unsigned sim_queue(struct sim *s, unsigned eng, uint64_t session)
+/* A queue pair of session `session` of user `uid` on engine `eng`; returns
+ * its index. */
+static unsigned sim_queue_uid(struct sim *s, unsigned eng, uint64_t session, uint32_t uid)
 {
 	assert_true(s->nq < MAX_Q);
 	struct tq *t = &s->qs[s->nq];
@@ -163,10 +165,17 @@ static unsigned sim_queue(struct sim *s, unsigned eng, uint64_t session)
 	queue_header_init(t->map, s->nq + 1, eng, QN);
 	char err[128];
 	assert_int_equal(sq_queue_open(&t->q, t->map, size, s->nq + 1, session, err, sizeof(err)), 0);
+	t->q.uid = uid;
 	t->eng = eng;
 	if (s->ops)
 		assert_int_equal(s->ops->qp_add(s->eng[eng], &t->q, err, sizeof(err)), 0);
 	return s->nq++;
+}
+
+/* A queue pair of session `session`, all of one user, on engine `eng`. */
+static unsigned sim_queue(struct sim *s, unsigned eng, uint64_t session)
+{
+	return sim_queue_uid(s, eng, session, 0);
 }
 
 /* A communicator of n ranks, rank r served by queue rank_q[r]. */
@@ -1164,14 +1173,16 @@ static void test_backlog(void **state)
 }
 
 /* Engines behind the worker's interface (host_engine_ops_new), with a
- * per-queue-pair limit of max_inflight. */
-static void sim_init_served(struct sim *s, unsigned neng, uint32_t max_inflight)
+ * per-queue-pair limit of max_inflight and a per-uid one of max_uid (0:
+ * the default). */
+static void sim_init_served(struct sim *s, unsigned neng, uint32_t max_inflight, uint32_t max_uid)
 {
 	memset(s, 0, sizeof(*s));
 	s->neng = neng;
 	for (unsigned i = 0; i < neng; i++) {
 		struct engine_config cfg = {.device = i, .sched = small_spins, .stats = &s->stats[i],
-		                            .reg_lookup = reg_lookup, .max_inflight = max_inflight};
+		                            .reg_lookup = reg_lookup, .max_inflight = max_inflight,
+		                            .max_inflight_uid = max_uid};
 		void *impl;
 		assert_int_equal(host_engine_ops_new(&cfg, &s->ops, &impl), 0);
 		s->eng[i] = impl;
@@ -1200,7 +1211,7 @@ static void test_inflight_limit(void **state)
 	(void)state;
 	enum { LIMIT = 64, FLOOD = 100 };
 	struct sim s;
-	sim_init_served(&s, 2, LIMIT);
+	sim_init_served(&s, 2, LIMIT, 0);
 	unsigned victim[2] = {sim_queue(&s, 0, 1), sim_queue(&s, 1, 2)};
 	unsigned flood[2] = {sim_queue(&s, 0, 10), sim_queue(&s, 1, 11)};
 	sim_comm(&s, 77, 2, victim);
@@ -1228,6 +1239,70 @@ static void test_inflight_limit(void **state)
 }
 
 /*
+ * The sessions of one uid flood engine 0 with collectives their peer never
+ * joins, each within max-inflight but together past the uid's limit: the
+ * uid's tasks stop at its limit, the entry past it is refused with
+ * DFCCL_CQ_LIMIT_UID (its communicator fails, so its other tasks end too),
+ * while the other flooding session keeps what it holds and another uid's
+ * collectives complete with the right data. Once the flood is aborted the
+ * uid is admitted again, counted right after a queue pair of another uid
+ * left the engine.
+ */
+static void test_uid_limit(void **state)
+{
+	(void)state;
+	enum { LIMIT = 100, UID_LIMIT = 150, FLOOD = 90, FLOOD_UID = 7 };
+	struct sim s;
+	sim_init_served(&s, 2, LIMIT, UID_LIMIT);
+	unsigned victim[2] = {sim_queue_uid(&s, 0, 1, 9), sim_queue_uid(&s, 1, 2, 9)};
+	unsigned peer = sim_queue_uid(&s, 1, 20, 8);
+	unsigned fq[2] = {sim_queue_uid(&s, 0, 10, FLOOD_UID), sim_queue_uid(&s, 0, 11, FLOOD_UID)};
+	sim_comm(&s, 77, 2, victim);
+	uint64_t seq[2][FLOOD];
+	for (unsigned round = 0; round < 2; round++) {
+		uint64_t done[2] = {q_completed(&s.qs[fq[0]]), q_completed(&s.qs[fq[1]])};
+		for (unsigned f = 0; f < 2; f++) {
+			unsigned ranks[2] = {fq[f], peer};
+			sim_comm(&s, 101 + 2 * round + f, 2, ranks);
+			for (unsigned k = 0; k < FLOOD; k++)
+				seq[f][k] = submit_simple(&s, fq[f], 101 + 2 * round + f, k + 1, 0, 4);
+		}
+		for (unsigned r = 0; r < 50; r++) {
+			sim_spin(&s, 1);
+			assert_true(host_engine_pending(s.eng[0]) <= UID_LIMIT);
+		}
+		/* The flooder served first holds all it submitted; the other got
+		 * what the uid's limit left, and the rest was refused. */
+		unsigned held = q_completed(&s.qs[fq[0]]) == done[0] ? 0 : 1, refused = 1 - held;
+		assert_int_equal(q_completed(&s.qs[fq[held]]), done[held]);
+		for (unsigned k = 0; k < FLOOD; k++)
+			assert_int_equal(sim_status(&s, fq[refused], seq[refused][k]), DFCCL_CQ_LIMIT_UID);
+		assert_int_equal(host_engine_pending(s.eng[0]), FLOOD);
+		struct coll c = {.id = 1 + round, .op = DFCCL_OP_ALLREDUCE, .dt = 2, .n = 2, .count = 1000};
+		memcpy(c.q, victim, sizeof(victim));
+		coll_prepare(&s, &c);
+		coll_submit_rank(&s, &c, 0, 77 + round, 1, 0, 0);
+		coll_submit_rank(&s, &c, 1, 77 + round, 1, 0, 0);
+		for (unsigned r = 0; r < ROUND_CAP && !sim_completed(&s, victim[0], c.seq[0]); r++)
+			sim_spin(&s, 1);
+		coll_check(&s, &c);
+		for (unsigned e = 0; e < 2; e++)
+			host_engine_comm_abort(s.eng[e], 101 + 2 * round + held, DFCCL_CQ_ABORTED);
+		sim_spin(&s, 2);
+		assert_int_equal(host_engine_pending(s.eng[0]), 0);
+		/* The victim's first queue pair leaves: its uid was the engine's
+		 * first, so the flooders' uid moves into its place (and the
+		 * flooders' queue pairs change places in the engine). */
+		if (round == 0) {
+			s.ops->qp_del(s.eng[0], &s.qs[victim[0]].q);
+			victim[0] = sim_queue_uid(&s, 0, 3, 9);
+			sim_comm(&s, 78, 2, victim);
+		}
+	}
+	sim_free(&s);
+}
+
+/*
  * Flooders that stay within their limit but whose peers never join: each
  * holds what admission gives it and the rest waits in its own submission
  * queue, the engine never holds more than its task queue, and a victim
@@ -1240,7 +1315,7 @@ static void test_fair_admission(void **state)
 	(void)state;
 	enum { NFLOOD = 3, FLOOD = 400, VICTIM = 10 };
 	struct sim s;
-	sim_init_served(&s, 2, SCHED_MAX_INFLIGHT);
+	sim_init_served(&s, 2, SCHED_MAX_INFLIGHT, 0);
 	unsigned victim[2] = {sim_queue(&s, 0, 1), sim_queue(&s, 1, 2)};
 	unsigned peer = sim_queue(&s, 1, 20);
 	unsigned fq[NFLOOD];
@@ -1290,7 +1365,7 @@ static void test_admission_keeps_any_order(void **state)
 	(void)state;
 	enum { NFLOOD = 3, FLOOD = 400, K = 3 * SCHED_QP_GUARANTEE };
 	struct sim s;
-	sim_init_served(&s, 2, SCHED_MAX_INFLIGHT);
+	sim_init_served(&s, 2, SCHED_MAX_INFLIGHT, 0);
 	unsigned victim[2] = {sim_queue(&s, 0, 1), sim_queue(&s, 0, 2)};
 	unsigned peer = sim_queue(&s, 1, 20);
 	for (unsigned f = 0; f < NFLOOD; f++) {
@@ -1654,6 +1729,7 @@ int main(void)
 	    cmocka_unit_test(test_priority_order),
 	    cmocka_unit_test(test_backlog),
 	    cmocka_unit_test(test_inflight_limit),
+	    cmocka_unit_test(test_uid_limit),
 	    cmocka_unit_test(test_fair_admission),
 	    cmocka_unit_test(test_admission_keeps_any_order),
 	    cmocka_unit_test(test_abort),
