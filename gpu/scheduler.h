@@ -71,6 +71,21 @@ struct sched_queue {
  * engine holds at most SCHED_MAX_TASKS tasks plus those, each of which
  * completes an instance its peers wait on, and no uid holds more than its
  * limit.
+ *
+ * Why any order still completes. Take tasks that are all blocked while
+ * other sessions hold the shared part. Each has posted its instance
+ * (collectives their key, sends their message, receives their `want`:
+ * proto/dfccl_comm.h) and waits for the other ranks' parts of it, or waits
+ * to post until an earlier instance of its communicator that uses the same
+ * slot or mailbox is over, which the same holds for. The other ranks'
+ * entries of a posted instance, once armed, read as peer-posted to their
+ * engines, which take them beyond the room: an engine looks at
+ * SCHED_BEYOND_LOOKS entries beyond the room per pass, each pass resuming
+ * where the last stopped (sched_look_start), so every armed entry is looked
+ * at within a bounded number of passes. Only the limits end this, with an
+ * error that names them. Sends are why receives post `want`: without it,
+ * two ranks whose admitted tasks are receives from each other and whose
+ * sends lie beyond the room would wait for each other forever.
  */
 #define SCHED_QP_GUARANTEE 4u
 #define SCHED_RESERVE (SCHED_MAX_TASKS / 2)
@@ -172,6 +187,13 @@ static inline DFCCL_HD struct sched_admission sched_admit(const struct sched_lim
  * whose instance a peer posted: a flooder's full queue must not cost every
  * pass a scan. */
 #define SCHED_BEYOND_LOOKS 16u
+
+/* Where a pass looking beyond the room starts: where the last one stopped
+ * (look), unless that is outside the entries not yet taken [head, tail]. */
+static inline DFCCL_HD uint64_t sched_look_start(uint64_t look, uint64_t head, uint64_t tail)
+{
+	return look > head && look <= tail ? look : head;
+}
 
 /* Defaults measured for the host engine; DFCCL used 100,000 for the head
  * and 20x after success on GPUs. */

@@ -28,9 +28,10 @@
  * registered collectives in different orders per rank;
  * priority order; more tasks than the task queue holds; fair admission
  * through the engine interface (a flooder refused past max-inflight, the
- * sessions of one uid refused past the uid's limit, and flooders within the
+ * sessions of one uid refused past the uid's limit, flooders within the
  * limits that leave a victim its place, with memory given back when they
- * drain); abort,
+ * drain, and collectives and sends/receives in opposite orders that
+ * complete beyond the room); abort,
  * inconsistent posts, a lost queue, a removed communicator, and every
  * submit-time check.
  */
@@ -57,7 +58,7 @@
 #define QN 2048u      /* entries per test queue */
 #define MAX_ENG 4u
 #define MAX_Q 16u
-#define MAX_REGIONS 24u
+#define MAX_REGIONS 64u
 #define MAX_REGS 8192u
 #define MAX_N 8u
 #define ROUND_CAP 200000u
@@ -1303,6 +1304,35 @@ static void test_uid_limit(void **state)
 }
 
 /*
+ * Flooders on engine 0 (sessions 10.., communicators 101..) whose peer on
+ * engine 1 never joins, each submitting `each` all-reduces: they take their
+ * guarantees and the whole shared part, and the rest of their entries wait
+ * in their queues. Returns the first flooder's queue; the others follow.
+ */
+static unsigned flood_engine0(struct sim *s, unsigned nflood, unsigned each)
+{
+	unsigned peer = sim_queue(s, 1, 20);
+	unsigned first = s->nq;
+	for (unsigned f = 0; f < nflood; f++) {
+		unsigned ranks[2] = {sim_queue(s, 0, 10 + f), peer};
+		sim_comm(s, 101 + f, 2, ranks);
+		for (unsigned k = 0; k < each; k++)
+			submit_simple(s, ranks[0], 101 + f, k + 1, 0, 4);
+	}
+	sim_spin(s, 40);
+	assert_int_equal(host_engine_pending(s->eng[0]), nflood * SCHED_QP_GUARANTEE + SCHED_SHARED);
+	return first;
+}
+
+/* Ends flood_engine0's flood. */
+static void flood_end(struct sim *s, unsigned nflood)
+{
+	for (unsigned f = 0; f < nflood; f++)
+		for (unsigned e = 0; e < 2; e++)
+			host_engine_comm_abort(s->eng[e], 101 + f, DFCCL_CQ_ABORTED);
+}
+
+/*
  * Flooders that stay within their limit but whose peers never join: each
  * holds what admission gives it and the rest waits in its own submission
  * queue, the engine never holds more than its task queue, and a victim
@@ -1317,23 +1347,11 @@ static void test_fair_admission(void **state)
 	struct sim s;
 	sim_init_served(&s, 2, SCHED_MAX_INFLIGHT, 0);
 	unsigned victim[2] = {sim_queue(&s, 0, 1), sim_queue(&s, 1, 2)};
-	unsigned peer = sim_queue(&s, 1, 20);
-	unsigned fq[NFLOOD];
-	for (unsigned f = 0; f < NFLOOD; f++) {
-		fq[f] = sim_queue(&s, 0, 10 + f);
-		unsigned ranks[2] = {fq[f], peer};
-		sim_comm(&s, 101 + f, 2, ranks);
-	}
 	sim_comm(&s, 77, 2, victim);
-	for (unsigned f = 0; f < NFLOOD; f++)
-		for (unsigned k = 0; k < FLOOD; k++)
-			submit_simple(&s, fq[f], 101 + f, k + 1, 0, 4);
-	sim_spin(&s, 40);
-	/* Each flooder's guarantee from the reserve, and the shared part. */
-	assert_int_equal(host_engine_pending(s.eng[0]), NFLOOD * SCHED_QP_GUARANTEE + SCHED_SHARED);
+	unsigned fq = flood_engine0(&s, NFLOOD, FLOOD);
 	assert_true(host_engine_capacity(s.eng[0]) <= SCHED_MAX_TASKS);
 	for (unsigned f = 0; f < NFLOOD; f++)
-		assert_int_equal(q_completed(&s.qs[fq[f]]), 0); /* waiting, not refused */
+		assert_int_equal(q_completed(&s.qs[fq + f]), 0); /* waiting, not refused */
 	for (unsigned k = 0; k < VICTIM; k++) {
 		struct coll c = {.id = 10 + k, .op = DFCCL_OP_ALLREDUCE, .dt = 2, .n = 2, .count = 256};
 		memcpy(c.q, victim, sizeof(victim));
@@ -1344,38 +1362,42 @@ static void test_fair_admission(void **state)
 			sim_spin(&s, 1);
 		coll_check(&s, &c);
 	}
-	for (unsigned f = 0; f < NFLOOD; f++)
-		for (unsigned e = 0; e < 2; e++)
-			host_engine_comm_abort(s.eng[e], 101 + f, DFCCL_CQ_ABORTED);
+	flood_end(&s, NFLOOD);
 	sim_drive(&s);
 	assert_true(host_engine_capacity(s.eng[0]) <= 64);
 	sim_free(&s);
 }
 
+/* Rounds a test of admission beyond the room waits for an entry: far more
+ * than it takes, far fewer than ROUND_CAP, since a hang spins through all
+ * of them with the flooders' tasks in the queue. */
+#define ADMIT_ROUNDS 20000u
+
+/* Spins until entry seq of queue qi completed or ADMIT_ROUNDS passed. */
+static void spin_until(struct sim *s, unsigned qi, uint64_t seq)
+{
+	for (unsigned round = 0; round < ADMIT_ROUNDS && !sim_completed(s, qi, seq); round++)
+		sim_spin(s, 1);
+}
+
 /*
- * Two ranks sharing a device submit more collectives than their guarantee,
- * on as many communicators, in opposite orders, while flooders hold the
- * shared part: each rank's admitted collectives wait for the other's, which
- * lie beyond its room. They complete because an entry whose instance a
- * peer posted is admitted anyway (dfccl_comm_peer_posted), each checked
- * against its reference; the flooders still hold only what they may.
+ * Two ranks sharing a device submit more collectives than their guarantee
+ * and than one pass looks at beyond it, on as many communicators, in
+ * opposite orders, while flooders hold the shared part: each rank's
+ * admitted collectives wait for the other's, which lie beyond its room.
+ * They complete because an entry whose instance a peer posted is admitted
+ * anyway (dfccl_comm_peer_posted), and each pass looks further along the
+ * queue; each is checked against its reference, and the flooders still
+ * hold only what they may.
  */
 static void test_admission_keeps_any_order(void **state)
 {
 	(void)state;
-	enum { NFLOOD = 3, FLOOD = 400, K = 3 * SCHED_QP_GUARANTEE };
+	enum { NFLOOD = 3, FLOOD = 400, K = 2 * (SCHED_QP_GUARANTEE + SCHED_BEYOND_LOOKS) };
 	struct sim s;
 	sim_init_served(&s, 2, SCHED_MAX_INFLIGHT, 0);
 	unsigned victim[2] = {sim_queue(&s, 0, 1), sim_queue(&s, 0, 2)};
-	unsigned peer = sim_queue(&s, 1, 20);
-	for (unsigned f = 0; f < NFLOOD; f++) {
-		unsigned ranks[2] = {sim_queue(&s, 0, 10 + f), peer};
-		sim_comm(&s, 101 + f, 2, ranks);
-		for (unsigned k = 0; k < FLOOD; k++)
-			submit_simple(&s, ranks[0], 101 + f, k + 1, 0, 4);
-	}
-	sim_spin(&s, 40);
-	assert_int_equal(host_engine_pending(s.eng[0]), NFLOOD * SCHED_QP_GUARANTEE + SCHED_SHARED);
+	flood_engine0(&s, NFLOOD, FLOOD);
 	static struct coll c[K];
 	for (unsigned k = 0; k < K; k++) {
 		sim_comm(&s, 300 + k, 2, victim);
@@ -1387,16 +1409,74 @@ static void test_admission_keeps_any_order(void **state)
 		coll_submit_rank(&s, &c[k], 0, 300 + k, 1, 0, 0);
 		coll_submit_rank(&s, &c[K - 1 - k], 1, 300 + K - 1 - k, 1, 0, 0);
 	}
-	for (unsigned round = 0; round < ROUND_CAP && !sim_completed(&s, victim[1], c[0].seq[1]); round++)
-		sim_spin(&s, 1);
+	spin_until(&s, victim[1], c[0].seq[1]);
 	for (unsigned k = 0; k < K; k++) {
-		for (unsigned round = 0; round < ROUND_CAP && !sim_completed(&s, victim[0], c[k].seq[0]); round++)
-			sim_spin(&s, 1);
+		spin_until(&s, victim[0], c[k].seq[0]);
 		coll_check(&s, &c[k]);
 	}
-	for (unsigned f = 0; f < NFLOOD; f++)
-		for (unsigned e = 0; e < 2; e++)
-			host_engine_comm_abort(s.eng[e], 101 + f, DFCCL_CQ_ABORTED);
+	assert_true(host_engine_pending(s.eng[0]) <= NFLOOD * SCHED_QP_GUARANTEE + SCHED_SHARED);
+	flood_end(&s, NFLOOD);
+	sim_drive(&s);
+	sim_free(&s);
+}
+
+/*
+ * The same for sends and receives: two ranks sharing a device each submit
+ * receives from the other first, on communicators of their own, and then
+ * the sends the other waits for, while flooders hold the shared part. So
+ * each rank's admitted tasks are receives, and the sends they wait for lie
+ * beyond the other's room. A waiting receive stores `want`, which makes its
+ * send read as peer-posted; without it both ranks would wait forever.
+ * Every message arrives intact.
+ */
+static void test_admission_keeps_p2p_any_order(void **state)
+{
+	(void)state;
+	enum { NFLOOD = 3, FLOOD = 400, K = 2 * SCHED_QP_GUARANTEE, DT = 2 /* int32 */ };
+	struct sim s;
+	sim_init_served(&s, 2, SCHED_MAX_INFLIGHT, 0);
+	unsigned rq[2] = {sim_queue(&s, 0, 1), sim_queue(&s, 0, 2)};
+	flood_engine0(&s, NFLOOD, FLOOD);
+	/* Message m on communicator 300 + m: rank 1 sends it to rank 0 for
+	 * m < K, rank 0 to rank 1 for the others. */
+	struct {
+		uint32_t from, sreg, rreg;
+		uint64_t count, sseq, rseq;
+	} m[2 * K];
+	for (unsigned k = 0; k < 2 * K; k++) {
+		sim_comm(&s, 300 + k, 2, rq);
+		m[k].from = k < K ? 1 : 0;
+		m[k].count = 16 + k;
+		m[k].sreg = reg_new(s.qs[rq[m[k].from]].q.session_id, m[k].count * 4);
+		m[k].rreg = reg_new(s.qs[rq[1 - m[k].from]].q.session_id, m[k].count * 4);
+		for (uint64_t j = 0; j < m[k].count; j++)
+			put_small(DT, reg_ptr(m[k].sreg) + j * 4, vin(700 + k, m[k].from, j, DT));
+	}
+	/* Each rank: its receives (the other's sends) first, then its sends. */
+	for (uint32_t r = 0; r < 2; r++)
+		for (int sending = 0; sending < 2; sending++)
+			for (unsigned k = 0; k < 2 * K; k++) {
+				if ((m[k].from == r) != sending)
+					continue;
+				struct dfccl_sqe e = {.comm_id = 300 + k, .comm_seq = 1, .count = m[k].count, .dtype = DT,
+				                      .rank = r, .peer = 1 - r,
+				                      .opcode = sending ? DFCCL_OP_SEND : DFCCL_OP_RECV};
+				if (sending) {
+					e.send_reg = m[k].sreg;
+					m[k].sseq = sim_submit(&s, rq[r], &e);
+				} else {
+					e.recv_reg = m[k].rreg;
+					m[k].rseq = sim_submit(&s, rq[r], &e);
+				}
+			}
+	for (unsigned k = 0; k < 2 * K; k++) {
+		spin_until(&s, rq[1 - m[k].from], m[k].rseq);
+		spin_until(&s, rq[m[k].from], m[k].sseq);
+		assert_int_equal(sim_status(&s, rq[m[k].from], m[k].sseq), DFCCL_CQ_OK);
+		assert_int_equal(sim_status(&s, rq[1 - m[k].from], m[k].rseq), DFCCL_CQ_OK);
+		assert_memory_equal(reg_ptr(m[k].rreg), reg_ptr(m[k].sreg), m[k].count * 4);
+	}
+	flood_end(&s, NFLOOD);
 	sim_drive(&s);
 	sim_free(&s);
 }
@@ -1732,6 +1812,7 @@ int main(void)
 	    cmocka_unit_test(test_uid_limit),
 	    cmocka_unit_test(test_fair_admission),
 	    cmocka_unit_test(test_admission_keeps_any_order),
+	    cmocka_unit_test(test_admission_keeps_p2p_any_order),
 	    cmocka_unit_test(test_abort),
 	    cmocka_unit_test(test_inconsistent_posts),
 	    cmocka_unit_test(test_mismatch),

@@ -287,6 +287,19 @@ static void test_admission_limits(void **state)
 	assert_int_equal(qp[0], luid - (PER - 1) * SCHED_QP_GUARANTEE);
 }
 
+/* Looks beyond the room resume where the last stopped, within the entries
+ * not yet taken. */
+static void test_look_start(void **state)
+{
+	(void)state;
+	assert_int_equal(sched_look_start(0, 5, 40), 5);
+	assert_int_equal(sched_look_start(21, 5, 40), 21);
+	assert_int_equal(sched_look_start(40, 5, 40), 40);
+	assert_int_equal(sched_look_start(41, 5, 40), 5); /* past the tail: from the head again */
+	assert_int_equal(sched_look_start(3, 5, 40), 5);  /* behind the head */
+	assert_int_equal(sched_look_start(5, 5, 4), 5);   /* nothing to take */
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -294,7 +307,7 @@ int main(void)
 	    cmocka_unit_test(test_remove_keeps_order), cmocka_unit_test(test_thresholds),
 	    cmocka_unit_test(test_stickiness),  cmocka_unit_test(test_queue_full),
 	    cmocka_unit_test(test_drain_threshold), cmocka_unit_test(test_admission),
-	    cmocka_unit_test(test_admission_limits),
+	    cmocka_unit_test(test_admission_limits), cmocka_unit_test(test_look_start),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
