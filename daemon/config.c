@@ -116,6 +116,9 @@ static const struct setting settings[] = {
      "a connection that has not said Hello after this long is closed"},
     {"max-inflight-per-session", T_INT, F(max_inflight_per_session), 1, 512, "256", NULL,
      "collectives one client may have in a device's engine at once; more are refused with a limit error"},
+    {"max-inflight-per-uid", T_INT, F(max_inflight_per_uid), 1, 4096, "1024", NULL,
+     "collectives one user's clients may have in a device's engine at once, together; more are refused with a "
+     "limit error"},
     {"max-regs-per-session", T_INT, F(max_regs_per_session), 1, 1 << 20, "4096", NULL,
      "memory registrations one client connection may hold at once"},
     {"max-regs-per-uid", T_INT, F(max_regs_per_uid), 1, 1 << 24, "16384", NULL,

@@ -50,6 +50,7 @@ struct dfccld_config {
 	char flight_recorder_dir[256];   /* where a timed-out communicator's recorder is written ("": nowhere) */
 	int64_t hello_timeout_ms;          /* a connection that never says Hello is closed after this */
 	int64_t max_inflight_per_session;  /* collectives one queue pair may have in a device's engine */
+	int64_t max_inflight_per_uid;      /* collectives the queue pairs of one uid may have in a device's engine */
 	int64_t max_regs_per_session;
 	int64_t max_regs_per_uid;
 	int64_t max_comms_per_session;

@@ -145,6 +145,7 @@ static void attach_qp(struct worker_state *w, const Dfccl__V1__WorkerAttachQp *a
 		free(p);
 		return;
 	}
+	p->q.uid = a->uid;
 	rc = engine_qp_add(w->eng, &p->q, err, sizeof(err));
 	if (rc < 0) {
 		log_err("worker", "device %u: the engine cannot serve queue pair %u: %s", w->device, a->qp_id, err);
@@ -158,8 +159,8 @@ static void attach_qp(struct worker_state *w, const Dfccl__V1__WorkerAttachQp *a
 	epoll_ctl(w->ep, EPOLL_CTL_ADD, p->efd, &ev);
 	p->next = w->qps;
 	w->qps = p;
-	log_debug("worker", "device %u: attached queue pair %u (session %llu, %u entries)", w->device, a->qp_id,
-	          (unsigned long long)a->session_id, p->q.n);
+	log_debug("worker", "device %u: attached queue pair %u (session %llu of uid %u, %u entries)", w->device,
+	          a->qp_id, (unsigned long long)a->session_id, a->uid, p->q.n);
 }
 
 static void detach_qp(struct worker_state *w, uint32_t qp_id)
@@ -656,6 +657,7 @@ int worker_main(unsigned device, const struct worker_ident *id, const struct dfc
 	    .channels = (uint32_t)cfg->channels,
 	    .kernel_idle_ns = (uint64_t)cfg->kernel_idle_us * 1000u,
 	    .max_inflight = (uint32_t)cfg->max_inflight_per_session,
+	    .max_inflight_uid = (uint32_t)cfg->max_inflight_per_uid,
 	};
 	if (!id->parked &&
 	    engine_new(engine == DFCCLD_ENGINE_CUDA ? ENGINE_CUDA : ENGINE_HOST, &ec, &w.eng, err, sizeof(err)) < 0) {

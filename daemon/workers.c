@@ -174,6 +174,7 @@ static void worker_send_qp(struct worker *wk, struct qp_rec *q)
 	a.qp_id = q->qp_id;
 	a.session_id = q->session_id;
 	a.region_size = q->size;
+	a.uid = q->cred.uid;
 	Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
 	env.body_case = DFCCL__V1__ENVELOPE__BODY_WORKER_ATTACH_QP;
 	env.worker_attach_qp = &a;
@@ -582,7 +583,7 @@ static int worker_spawn(struct worker *wk)
 	static const char *const passed[] = {"log-level", "log-target", "spin-head",
 	                                     "spin-other", "stick-mult", "spin-max",
 	                                     "algo",      "channels",   "kernel-idle-us",
-	                                     "max-inflight-per-session"};
+	                                     "max-inflight-per-session", "max-inflight-per-uid"};
 	enum { NPASSED = sizeof(passed) / sizeof(passed[0]) };
 	char devbuf[16], uidbuf[16], gidbuf[16], values[NPASSED][64], flags[NPASSED][32];
 	snprintf(devbuf, sizeof(devbuf), "%u", wk->device);

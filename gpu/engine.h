@@ -57,6 +57,7 @@ struct engine_config {
 	uint32_t channels;                /* cuda: blocks of the daemon kernel */
 	uint64_t kernel_idle_ns;          /* cuda: idle time before the daemon kernel quits */
 	uint32_t max_inflight;            /* collectives of one queue pair in the engine (0: the most, scheduler.h) */
+	uint32_t max_inflight_uid;        /* collectives of one uid's queue pairs in the engine (0: the default) */
 };
 
 /* A rank of a communicator, as WorkerCommAdd describes it. */
@@ -76,8 +77,9 @@ struct engine;
 int engine_new(int kind, const struct engine_config *cfg, struct engine **out, char *err, size_t errlen);
 void engine_free(struct engine *e);
 
-/* A queue pair opened by the worker (sq_queue_open); the engine serves it
- * until engine_qp_del, after which it completes nothing more on it. */
+/* A queue pair opened by the worker (sq_queue_open, q->uid set); the
+ * engine serves it until engine_qp_del, after which it completes nothing
+ * more on it. */
 int engine_qp_add(struct engine *e, struct sq_queue *q, char *err, size_t errlen);
 
 /* The queue pair goes away (its session ended): its tasks are dropped

@@ -52,32 +52,86 @@ struct sched_queue {
  * while it holds fewer tasks than it may, and otherwise leaves them in the
  * client's own submission queue (whose slots the client's library waits
  * for): half the task queue is a reserve from which each queue pair may
- * hold SCHED_QP_GUARANTEE tasks, the other half is shared, and no queue
- * pair holds more than max_inflight (the max-inflight-per-session setting).
- * An entry that arrives while its queue pair already holds max_inflight is
- * refused with DFCCL_CQ_LIMIT. So a queue pair always finds a place for its
- * first SCHED_QP_GUARANTEE collectives while fewer than SCHED_RESERVE /
+ * hold SCHED_QP_GUARANTEE tasks, the other half is shared, no queue pair
+ * holds more than its limit (the max-inflight-per-session setting), and the
+ * queue pairs of one uid hold no more than theirs together
+ * (max-inflight-per-uid). An entry that arrives while its queue pair, or
+ * its uid, already holds its limit is refused with DFCCL_CQ_LIMIT, or
+ * DFCCL_CQ_LIMIT_UID. So a queue pair always finds a place for its first
+ * SCHED_QP_GUARANTEE collectives while fewer than SCHED_RESERVE /
  * SCHED_QP_GUARANTEE queue pairs hold theirs (the supervisor's
  * max-qps-per-uid keeps one user below that).
  *
- * Beyond its room (but within max_inflight) a queue pair's entry is still
+ * Beyond its room (but within both limits) a queue pair's entry is still
  * admitted when another rank already posted its instance
  * (dfccl_comm_peer_posted): ranks that submit more collectives than their
  * guarantee, in different orders, would otherwise wait for each other's
  * entries forever while other sessions fill the shared part. Such entries
  * count against the parts like any other (which may then go over), so an
  * engine holds at most SCHED_MAX_TASKS tasks plus those, each of which
- * completes an instance its peers wait on.
+ * completes an instance its peers wait on, and no uid holds more than its
+ * limit.
+ *
+ * Why any order still completes. Take tasks that are all blocked while
+ * other sessions hold the shared part. Each has posted its instance
+ * (collectives their key, sends their message, receives their `want`:
+ * proto/dfccl_comm.h) and waits for the other ranks' parts of it, or waits
+ * to post until an earlier instance of its communicator that uses the same
+ * slot or mailbox is over, which the same holds for. The other ranks'
+ * entries of a posted instance, once armed, read as peer-posted to their
+ * engines, which take them beyond the room: an engine looks at
+ * SCHED_BEYOND_LOOKS entries beyond the room per pass, each pass resuming
+ * where the last stopped (sched_look_start), so every armed entry is looked
+ * at within a bounded number of passes. Only the limits end this, with an
+ * error that names them. Sends are why receives post `want`: without it,
+ * two ranks whose admitted tasks are receives from each other and whose
+ * sends lie beyond the room would wait for each other forever.
  */
 #define SCHED_QP_GUARANTEE 4u
 #define SCHED_RESERVE (SCHED_MAX_TASKS / 2)
 #define SCHED_SHARED (SCHED_MAX_TASKS - SCHED_RESERVE)
 #define SCHED_MAX_INFLIGHT SCHED_SHARED
+/* One uid's tasks: as many as the task queue holds by default. Fair
+ * admission alone keeps a uid's share below that (its queue pairs'
+ * guarantees and the shared part, while it has fewer than SCHED_RESERVE /
+ * SCHED_QP_GUARANTEE queue pairs), so the default refuses only what goes
+ * beyond the room, and bounds it; a smaller setting caps a user's share. */
+#define SCHED_DEFAULT_INFLIGHT_UID SCHED_MAX_TASKS
+#define SCHED_MAX_INFLIGHT_UID (4u * SCHED_MAX_TASKS)
+
+/* The limits as an engine applies them. */
+struct sched_limits {
+	uint32_t qp;  /* tasks one queue pair may hold (max-inflight-per-session) */
+	uint32_t uid; /* tasks the queue pairs of one uid may hold together (max-inflight-per-uid) */
+};
+
+/* What holds tasks when a queue pair's entries are looked at. */
+struct sched_load {
+	uint32_t qp;      /* the queue pair's tasks in the engine */
+	uint32_t uid;     /* the tasks of every queue pair of its uid */
+	uint32_t reserve; /* the engine's tasks charged to the reserve (sched_admit_reserved) */
+	uint32_t shared;  /* the engine's tasks charged to the shared part */
+};
+
+/* What the queue pair's entries may do now. */
+struct sched_admission {
+	uint32_t refuse; /* DFCCL_CQ_OK, or the DFCCL_CQ_LIMIT* status its entries are refused with */
+	uint32_t room;   /* entries that may enter */
+	uint32_t beyond; /* with room 0: entries whose instance a peer posted that may still enter */
+};
 
 /* max-inflight-per-session as an engine applies it (0: the most). */
 static inline DFCCL_HD uint32_t sched_max_inflight(uint32_t setting)
 {
 	return setting && setting < SCHED_MAX_INFLIGHT ? setting : SCHED_MAX_INFLIGHT;
+}
+
+/* max-inflight-per-uid as an engine applies it (0: the default). */
+static inline DFCCL_HD uint32_t sched_max_inflight_uid(uint32_t setting)
+{
+	if (!setting)
+		return SCHED_DEFAULT_INFLIGHT_UID;
+	return setting < SCHED_MAX_INFLIGHT_UID ? setting : SCHED_MAX_INFLIGHT_UID;
 }
 
 /* Whether the next task of a queue pair that holds `inflight` counts
@@ -87,9 +141,15 @@ static inline DFCCL_HD int sched_admit_reserved(uint32_t inflight)
 	return inflight < SCHED_QP_GUARANTEE;
 }
 
+static inline DFCCL_HD uint32_t sched_min(uint32_t a, uint32_t b)
+{
+	return a < b ? a : b;
+}
+
 /* How many more entries of a queue pair holding `inflight` tasks may enter
  * an engine whose tasks use reserve_used of the reserve and shared_used of
- * the shared part. */
+ * the shared part, the queue pair's limit being max_inflight (its uid's is
+ * sched_admit's). */
 static inline DFCCL_HD uint32_t sched_admit_room(uint32_t inflight, uint32_t reserve_used, uint32_t shared_used,
                                                  uint32_t max_inflight)
 {
@@ -98,12 +158,41 @@ static inline DFCCL_HD uint32_t sched_admit_room(uint32_t inflight, uint32_t res
 	uint32_t room;
 	if (sched_admit_reserved(inflight)) {
 		uint32_t left = reserve_used < SCHED_RESERVE ? SCHED_RESERVE - reserve_used : 0;
-		room = SCHED_QP_GUARANTEE - inflight;
-		room = room < left ? room : left;
+		room = sched_min(SCHED_QP_GUARANTEE - inflight, left);
 	} else {
 		room = shared_used < SCHED_SHARED ? SCHED_SHARED - shared_used : 0;
 	}
-	return room < max_inflight - inflight ? room : max_inflight - inflight;
+	return sched_min(room, max_inflight - inflight);
+}
+
+/* The whole admission decision for a queue pair's next entries. */
+static inline DFCCL_HD struct sched_admission sched_admit(const struct sched_limits *l, const struct sched_load *n)
+{
+	struct sched_admission a = {DFCCL_CQ_OK, 0, 0};
+	if (n->qp >= l->qp) {
+		a.refuse = DFCCL_CQ_LIMIT;
+		return a;
+	}
+	if (n->uid >= l->uid) {
+		a.refuse = DFCCL_CQ_LIMIT_UID;
+		return a;
+	}
+	uint32_t left = sched_min(l->qp - n->qp, l->uid - n->uid);
+	a.room = sched_min(sched_admit_room(n->qp, n->reserve, n->shared, l->qp), left);
+	a.beyond = a.room ? 0 : left;
+	return a;
+}
+
+/* Entries beyond a queue pair's room an engine looks at per pass for one
+ * whose instance a peer posted: a flooder's full queue must not cost every
+ * pass a scan. */
+#define SCHED_BEYOND_LOOKS 16u
+
+/* Where a pass looking beyond the room starts: where the last one stopped
+ * (look), unless that is outside the entries not yet taken [head, tail]. */
+static inline DFCCL_HD uint64_t sched_look_start(uint64_t look, uint64_t head, uint64_t tail)
+{
+	return look > head && look <= tail ? look : head;
 }
 
 /* Defaults measured for the host engine; DFCCL used 100,000 for the head

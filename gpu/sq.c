@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "queue.h"
+#include "scheduler.h"
 #include "sqe_check.h"
 
 #define A64(p) ((_Atomic uint64_t *)(p))
@@ -79,17 +80,15 @@ int sq_pending(const struct sq_queue *q)
 	return sq_tail_clamped(q) >= q->head;
 }
 
-unsigned sq_take(struct sq_queue *q, struct dfccl_sqe *out, unsigned max)
+/* Takes from `from` on, as sq_take_if says; returns how many, and in *end
+ * the sequence number after the last one looked at. */
+static unsigned take_from(struct sq_queue *q, uint64_t from, uint64_t tail, struct dfccl_sqe *out, unsigned max,
+                          int (*want)(void *ctx, const struct dfccl_sqe *e), void *ctx, unsigned looks,
+                          uint64_t *end)
 {
-	return sq_take_if(q, out, max, NULL, NULL, UINT32_MAX);
-}
-
-unsigned sq_take_if(struct sq_queue *q, struct dfccl_sqe *out, unsigned max,
-                    int (*want)(void *ctx, const struct dfccl_sqe *e), void *ctx, unsigned looks)
-{
-	uint64_t tail = sq_tail_clamped(q);
 	unsigned got = 0;
-	for (uint64_t s = q->head; s <= tail && got < max && looks > 0; s++) {
+	uint64_t s;
+	for (s = from; s <= tail && got < max && looks > 0; s++) {
 		uint32_t slot = DFCCL_QP_SLOT(s, q->n);
 		if (q->taken[slot] == s)
 			continue;
@@ -103,12 +102,36 @@ unsigned sq_take_if(struct sq_queue *q, struct dfccl_sqe *out, unsigned max,
 		q->taken[slot] = s;
 		got++;
 	}
-	/* Advance head over the contiguous run of taken entries. */
+	*end = s;
+	return got;
+}
+
+/* Advances head over the contiguous run of taken entries. */
+static void advance_head(struct sq_queue *q, uint64_t tail)
+{
 	while (q->head <= tail && q->taken[DFCCL_QP_SLOT(q->head, q->n)] == q->head)
 		q->head++;
 	atomic_store_explicit(A64(&q->hdr->sq_head), q->head, memory_order_release);
+}
+
+unsigned sq_take(struct sq_queue *q, struct dfccl_sqe *out, unsigned max)
+{
+	uint64_t tail = sq_tail_clamped(q), end;
+	unsigned got = take_from(q, q->head, tail, out, max, NULL, NULL, UINT32_MAX, &end);
+	advance_head(q, tail);
 	return got;
 }
+
+unsigned sq_take_if(struct sq_queue *q, struct dfccl_sqe *out, unsigned max,
+                    int (*want)(void *ctx, const struct dfccl_sqe *e), void *ctx, unsigned looks)
+{
+	uint64_t tail = sq_tail_clamped(q), end;
+	unsigned got = take_from(q, sched_look_start(q->look, q->head, tail), tail, out, max, want, ctx, looks, &end);
+	q->look = end <= tail ? end : 0; /* past the tail: the next call starts at the head */
+	advance_head(q, tail);
+	return got;
+}
+
 
 static uint32_t check_range(const struct sq_queue *q, uint32_t reg_id, uint64_t off, uint64_t bytes, int required,
                             sq_reg_lookup_fn lookup, void *ctx)

@@ -34,10 +34,12 @@ struct sq_queue {
 	uint32_t n;           /* entries: from the engine's own record, not the header */
 	uint32_t qp_id;
 	uint64_t session_id;
+	uint32_t uid;         /* the session's user: set by the opener before an engine serves q (0 after open) */
 	struct dfccl_sqe *sq;
 	uint64_t *cw;
 	uint64_t *taken;      /* per slot: the sequence number last taken from it */
 	uint64_t head;        /* lowest sequence number not yet taken */
+	uint64_t look;        /* sq_take_if: where its next look starts (sched_look_start) */
 };
 
 /*
@@ -56,7 +58,9 @@ unsigned sq_take(struct sq_queue *q, struct dfccl_sqe *out, unsigned max);
 
 /* As sq_take, but only the armed entries for which want(ctx, entry) holds
  * (called on a copy), looking at no more than `looks` armed entries; the
- * others stay armed in the queue. */
+ * others stay armed in the queue. Each call starts where the last one
+ * stopped looking (back at the head once it reached the tail), so however
+ * long the queue, every armed entry is looked at within a few calls. */
 unsigned sq_take_if(struct sq_queue *q, struct dfccl_sqe *out, unsigned max,
                     int (*want)(void *ctx, const struct dfccl_sqe *e), void *ctx, unsigned looks);
 

@@ -33,8 +33,13 @@
  *
  * Send/receive use mailboxes per ordered pair (src -> dst): the sender
  * waits until the mailbox's `ack` >= key - DFCCL_COMM_P2P_SLOTS, posts its
- * buffer and stores `key`; the receiver waits for `key`, copies, and stores
- * `ack` = key; the sender completes once `ack` >= key.
+ * buffer and stores `key`; the receiver waits for the same, stores `want` =
+ * key (it waits for that message: what the sender's engine admits a send
+ * for, see dfccl_comm_peer_posted), waits for `key`, copies, and stores
+ * `ack` = key; the sender completes once `ack` >= key. Since the receiver
+ * stores `want` only once the mailbox's previous message is acknowledged,
+ * `want` only grows, and a message nobody has sent yet reads `want` == key
+ * exactly while its receive waits.
  */
 #ifndef DFCCL_COMM_H
 #define DFCCL_COMM_H
@@ -94,7 +99,8 @@ struct dfccl_p2p_box {
 	uint64_t count;    /* sender: elements */
 	uint32_t send_reg; /* sender */
 	uint32_t dtype;    /* sender: to detect mismatches */
-	uint64_t reserved[3];
+	uint64_t want;     /* receiver: the message number a receive waits for (release) */
+	uint64_t reserved[2];
 };
 
 struct dfccl_comm_header {
@@ -142,6 +148,7 @@ DFCCL_STATIC_ASSERT(offsetof(struct dfccl_rank_post, key) == 0, "post key offset
 DFCCL_STATIC_ASSERT(offsetof(struct dfccl_rank_post, done) == 16, "post done offset");
 DFCCL_STATIC_ASSERT(offsetof(struct dfccl_rank_post, send_reg) == 48, "post send_reg offset");
 DFCCL_STATIC_ASSERT(offsetof(struct dfccl_p2p_box, ack) == 8, "box ack offset");
+DFCCL_STATIC_ASSERT(offsetof(struct dfccl_p2p_box, want) == 40, "box want offset");
 DFCCL_STATIC_ASSERT(offsetof(struct dfccl_comm_header, aborted) == 32, "aborted offset");
 DFCCL_STATIC_ASSERT(offsetof(struct dfccl_rank_post, shape) == 56, "post shape offset");
 DFCCL_STATIC_ASSERT(sizeof(struct dfccl_comm_plan) == 576, "plan size");
@@ -269,13 +276,13 @@ static inline DFCCL_HD struct dfccl_p2p_box *dfccl_comm_box(void *region, uint32
 /*
  * Whether a rank other than the submitter of entry e (not yet checked) has
  * posted the instance e names, in the region of its communicator of n
- * ranks: a collective's post, or for a receive the sender's mailbox. An
- * engine admits such an entry even when its queue pair has no room left
- * (scheduler.h), since it completes an instance that holds other ranks'
- * places rather than holding one of its own; without that, ranks that
- * submit more collectives than their guarantee in different orders could
- * wait for each other's entries forever while other sessions fill the
- * shared part. Sends (whose receivers post nothing) answer 0.
+ * ranks: a collective's post, for a receive the sender's message, for a
+ * send the receiver's `want`. An engine admits such an entry even when its
+ * queue pair has no room left (scheduler.h), since it completes an
+ * instance that holds other ranks' places rather than holding one of its
+ * own; without that, ranks that submit more collectives than their
+ * guarantee in different orders could wait for each other's entries
+ * forever while other sessions fill the shared part.
  */
 static inline DFCCL_HD int dfccl_comm_peer_posted(void *region, uint32_t n, const struct dfccl_sqe *e)
 {
@@ -285,7 +292,10 @@ static inline DFCCL_HD int dfccl_comm_peer_posted(void *region, uint32_t n, cons
 	if (e->opcode == DFCCL_OP_RECV)
 		return e->peer < n && e->peer != e->rank &&
 		       *(volatile uint64_t *)&dfccl_comm_box(region, n, e->peer, e->rank, key)->key == key;
-	if (e->opcode == DFCCL_OP_SEND || e->opcode == DFCCL_OP_NOP || e->opcode >= DFCCL_OP_COUNT_)
+	if (e->opcode == DFCCL_OP_SEND)
+		return e->peer < n && e->peer != e->rank &&
+		       *(volatile uint64_t *)&dfccl_comm_box(region, n, e->rank, e->peer, key)->want == key;
+	if (e->opcode == DFCCL_OP_NOP || e->opcode >= DFCCL_OP_COUNT_)
 		return 0;
 	int registered = (e->flags & DFCCL_SQE_F_REGISTERED) != 0;
 	if (registered && e->coll_id >= DFCCL_COMM_MAX_COLLS)

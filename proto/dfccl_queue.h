@@ -163,7 +163,8 @@ enum dfccl_cq_status {
 	DFCCL_CQ_NOT_SUPPORTED = 12,
 	DFCCL_CQ_MISMATCH = 13,    /* the ranks' entries disagree (count, operation, type, root, algorithm) */
 	DFCCL_CQ_LIMIT = 14,       /* the session has max-inflight-per-session collectives in the engine already */
-	DFCCL_CQ_STATUS_COUNT_ = 15
+	DFCCL_CQ_LIMIT_UID = 15,   /* the session's uid has max-inflight-per-uid collectives in the engine already */
+	DFCCL_CQ_STATUS_COUNT_ = 16
 };
 
 #define DFCCL_CW_STATUS_BITS 16u

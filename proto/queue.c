@@ -149,6 +149,9 @@ const char *queue_status_string(uint32_t status)
 	    [DFCCL_CQ_MISMATCH] = "the ranks disagree on this collective (count, type, operation, root or algorithm)",
 	    [DFCCL_CQ_LIMIT] = ("this client already has as many collectives in the device's engine as dfccld allows "
 	                        "(setting max-inflight-per-session); wait for some to complete before submitting more"),
+	    [DFCCL_CQ_LIMIT_UID] = ("this user's clients already have as many collectives in the device's engine as dfccld "
+	                            "allows one user (setting max-inflight-per-uid); wait for some to complete before "
+	                            "submitting more"),
 	};
 	if (status >= DFCCL_CQ_STATUS_COUNT_)
 		return "unknown completion status";

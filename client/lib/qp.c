@@ -513,6 +513,7 @@ dfcclResult_t qp_status_result(uint32_t status, unsigned opcode)
 		r = dfcclInvalidUsage;
 		break;
 	case DFCCL_CQ_LIMIT:
+	case DFCCL_CQ_LIMIT_UID:
 		r = dfcclSystemError; /* as the supervisor's resource limits */
 		break;
 	default:

@@ -11,8 +11,9 @@
  *   for every step of the algorithm -> FINISH.
  *   send: BOX_FREE (wait until the receiver acknowledged the mailbox's
  *   previous message, then post) -> BOX_ACK (wait for the acknowledgement).
- *   recv: BOX_KEY (wait for the sender's post, check it) -> WORK1 (copy,
- *   then acknowledge).
+ *   recv: BOX_WANT (wait until this rank acknowledged the mailbox's
+ *   previous message, then store `want`) -> BOX_KEY (wait for the sender's
+ *   post, check it) -> WORK1 (copy, then acknowledge).
  *
  * Every wait is one predicate, "word >= target" over one word or over the
  * same word of every rank's post, so one spin loop serves them all. Words
@@ -47,6 +48,7 @@ enum coll_step {
 	STEP_BOX_FREE,
 	STEP_BOX_ACK,
 	STEP_BOX_KEY,
+	STEP_BOX_WANT,
 	STEP_AWAIT,
 	STEP_AWORK,
 };
@@ -147,7 +149,7 @@ void host_coll_init(struct host_task *t, struct host_comm *c, struct sq_queue *q
 	if (coll_is_p2p(e->opcode)) {
 		int sending = e->opcode == DFCCL_OP_SEND;
 		t->box = dfccl_comm_box(c->hdr, n, sending ? e->rank : e->peer, sending ? e->peer : e->rank, t->key);
-		t->step = sending ? STEP_BOX_FREE : STEP_BOX_KEY;
+		t->step = sending ? STEP_BOX_FREE : STEP_BOX_WANT;
 		nslots = DFCCL_COMM_P2P_SLOTS;
 	} else if (e->flags & DFCCL_SQE_F_REGISTERED) {
 		t->posts = dfccl_comm_reg_post(c->hdr, n, e->coll_id, t->key, 0);
@@ -221,7 +223,8 @@ static struct coll_cond coll_cond_of(const struct host_task *t)
 	case STEP_POSTS: w.word = &t->posts[0].key, w.target = t->key; break;
 	case STEP_SYNC1: w.word = &t->posts[0].progress, w.target = DFCCL_PROGRESS(t->key, 1); break;
 	case STEP_FINISH: w.word = &t->posts[0].done, w.target = t->key; break;
-	case STEP_BOX_FREE: w.word = &t->box->ack, w.n = 1, w.target = t->slot_free; break;
+	case STEP_BOX_FREE:
+	case STEP_BOX_WANT: w.word = &t->box->ack, w.n = 1, w.target = t->slot_free; break;
 	case STEP_BOX_ACK: w.word = &t->box->ack, w.n = 1, w.target = t->key; break;
 	case STEP_AWAIT: {
 		const struct algo_step *p = &t->cur;
@@ -273,8 +276,12 @@ static int coll_wait(const struct host_coll_env *env, struct host_task *t, uint3
 			break;
 		}
 		/* A rank this engine hosts can only move when this engine runs
-		 * its task: spinning on it would just burn the threshold. */
-		uint32_t blocker = w.listed ? w.rankv[t->wait_rank] : w.n == 1 ? t->peer : t->wait_rank;
+		 * its task: spinning on it would just burn the threshold. A
+		 * receive waiting to store `want` waits for this very rank. */
+		uint32_t blocker = w.listed               ? w.rankv[t->wait_rank]
+		                   : t->step == STEP_BOX_WANT ? t->rank
+		                   : w.n == 1                 ? t->peer
+		                                              : t->wait_rank;
 		if (spins >= threshold || t->comm->members[blocker].device == env->device) {
 			rc = 0;
 			break;
@@ -660,6 +667,10 @@ enum host_step host_coll_step(const struct host_coll_env *env, struct host_task 
 		case STEP_BOX_FREE:
 			box_post(t);
 			t->step = STEP_BOX_ACK;
+			break;
+		case STEP_BOX_WANT:
+			store_rel(&t->box->want, t->key);
+			t->step = STEP_BOX_KEY;
 			break;
 		default: /* STEP_FINISH, STEP_BOX_ACK */
 			if (t->step == STEP_FINISH)

@@ -38,9 +38,18 @@
 
 enum task_where { TASK_FREE = 0, TASK_QUEUED = 1, TASK_BACKLOG = 2 };
 
+/* A uid with queue pairs served here: admission limits their tasks
+ * together (scheduler.h). */
+struct host_uid {
+	uint32_t uid;
+	uint32_t nqps;     /* its served queue pairs */
+	uint32_t inflight; /* their tasks in the engine */
+};
+
 struct host_qp {
 	struct sq_queue *q;
 	uint32_t inflight; /* its tasks in the engine */
+	uint32_t uid;      /* its uid's index in the engine's uids */
 };
 
 struct host_engine {
@@ -61,7 +70,9 @@ struct host_engine {
 
 	struct host_qp *qps; /* the queue pairs served by host_engine_ops_new's poll */
 	uint32_t nqps, qps_cap;
-	uint32_t max_inflight;
+	struct host_uid *uids; /* the uids of the served queue pairs */
+	uint32_t nuids, uids_cap;
+	struct sched_limits limits;
 	uint32_t reserve_used; /* sum over qps of min(inflight, SCHED_QP_GUARANTEE) */
 	uint32_t shared_used;  /* sum over qps of the rest of inflight */
 
@@ -99,7 +110,8 @@ int host_engine_new(const struct host_engine_config *cfg, struct host_engine **o
 	e->env.device = cfg->device;
 	e->env.visit_bytes = HOST_VISIT_BYTES;
 	e->algo = cfg->algo;
-	e->max_inflight = sched_max_inflight(cfg->max_inflight);
+	e->limits.qp = sched_max_inflight(cfg->max_inflight);
+	e->limits.uid = sched_max_inflight_uid(cfg->max_inflight_uid);
 	e->backlog_head = e->backlog_tail = NO_TASK;
 	*out = e;
 	return 0;
@@ -113,6 +125,7 @@ void host_engine_free(struct host_engine *e)
 		free(e->comms[i]);
 	free(e->comms);
 	free(e->qps);
+	free(e->uids);
 	free(e->tasks);
 	free(e->states);
 	free(e->free_list);
@@ -231,11 +244,12 @@ static struct host_qp *qp_find(struct host_engine *e, const struct sq_queue *q)
 }
 
 /* A task of hq entered the engine: from the reserve while hq holds fewer
- * than its guarantee, else from the shared part. */
+ * than its guarantee, else from the shared part; and its uid's. */
 static void qp_charge(struct host_engine *e, struct host_qp *hq)
 {
 	if (!hq)
 		return;
+	e->uids[hq->uid].inflight++;
 	if (sched_admit_reserved(hq->inflight++))
 		e->reserve_used++;
 	else
@@ -246,16 +260,21 @@ static void qp_uncharge(struct host_engine *e, struct host_qp *hq)
 {
 	if (!hq)
 		return;
+	e->uids[hq->uid].inflight--;
 	if (sched_admit_reserved(--hq->inflight))
 		e->reserve_used--;
 	else
 		e->shared_used--;
 }
 
-/* How many more of hq's entries may enter the engine now. */
-static uint32_t qp_room(const struct host_engine *e, const struct host_qp *hq)
+/* What hq's entries may do now. */
+static struct sched_admission qp_admit(const struct host_engine *e, const struct host_qp *hq)
 {
-	return sched_admit_room(hq->inflight, e->reserve_used, e->shared_used, e->max_inflight);
+	struct sched_load load = {.qp = hq->inflight,
+	                          .uid = e->uids[hq->uid].inflight,
+	                          .reserve = e->reserve_used,
+	                          .shared = e->shared_used};
+	return sched_admit(&e->limits, &load);
 }
 
 static void task_release(struct host_engine *e, uint32_t idx)
@@ -464,6 +483,43 @@ void host_engine_queue_gone(struct host_engine *e, struct sq_queue *q)
  * the queues are looked at this often. */
 #define HOST_UNARMED_PAUSE_NS 20000ull
 
+/* Counts a served queue pair of uid; *index: the uid's in e->uids. */
+static int uid_ref(struct host_engine *e, uint32_t uid, uint32_t *index)
+{
+	for (uint32_t i = 0; i < e->nuids; i++)
+		if (e->uids[i].uid == uid) {
+			e->uids[i].nqps++;
+			*index = i;
+			return 0;
+		}
+	if (e->nuids == e->uids_cap) {
+		uint32_t cap = e->uids_cap ? 2 * e->uids_cap : 4;
+		struct host_uid *p = realloc(e->uids, cap * sizeof(*p));
+		if (!p)
+			return -ENOMEM;
+		e->uids = p;
+		e->uids_cap = cap;
+	}
+	e->uids[e->nuids] = (struct host_uid){.uid = uid, .nqps = 1};
+	*index = e->nuids++;
+	return 0;
+}
+
+/* A queue pair of the uid at index went away, with its tasks: the uid is
+ * forgotten with its last one (the last uid moves into its place). */
+static void uid_unref(struct host_engine *e, uint32_t index)
+{
+	if (--e->uids[index].nqps)
+		return;
+	uint32_t last = --e->nuids;
+	if (index == last)
+		return;
+	e->uids[index] = e->uids[last];
+	for (uint32_t k = 0; k < e->nqps; k++)
+		if (e->qps[k].uid == last)
+			e->qps[k].uid = index;
+}
+
 static int ops_qp_add(void *impl, struct sq_queue *q, char *err, size_t errlen)
 {
 	struct host_engine *e = impl;
@@ -476,7 +532,10 @@ static int ops_qp_add(void *impl, struct sq_queue *q, char *err, size_t errlen)
 		e->qps = p;
 		e->qps_cap = cap;
 	}
-	e->qps[e->nqps++] = (struct host_qp){.q = q};
+	uint32_t uid;
+	if (uid_ref(e, q->uid, &uid) < 0)
+		return -ENOMEM;
+	e->qps[e->nqps++] = (struct host_qp){.q = q, .uid = uid};
 	sq_set_engine_state(q, DFCCL_ENGINE_POLLING);
 	return 0;
 }
@@ -487,7 +546,9 @@ static void ops_qp_del(void *impl, struct sq_queue *q)
 	host_engine_queue_gone(e, q);
 	for (uint32_t i = 0; i < e->nqps; i++)
 		if (e->qps[i].q == q) {
+			uint32_t uid = e->qps[i].uid;
 			e->qps[i] = e->qps[--e->nqps];
+			uid_unref(e, uid);
 			break;
 		}
 }
@@ -540,16 +601,6 @@ static void serve_entry(struct host_engine *e, struct sq_queue *q, const struct 
 		host_engine_refuse(e, q, sqe, st != DFCCL_CQ_OK ? st : limit);
 }
 
-/*
- * Takes what is armed in one queue pair, as far as admission allows
- * (host_engine.h): entries beyond the pair's room wait in its queue, and
- * while it holds max_inflight tasks its entries are refused. Returns how
- * many entries it took.
- */
-/* Entries beyond a queue pair's room looked at per pass for a posted peer:
- * a flooder's full queue must not cost every pass a scan. */
-#define BEYOND_ROOM_LOOKS 16u
-
 /* sq_take_if's test: another rank posted the entry's instance. */
 static int peer_posted(void *ctx, const struct dfccl_sqe *sqe)
 {
@@ -557,6 +608,13 @@ static int peer_posted(void *ctx, const struct dfccl_sqe *sqe)
 	return c && dfccl_comm_peer_posted(c->hdr, c->nranks, sqe);
 }
 
+/*
+ * Takes what is armed in one queue pair, as far as admission allows
+ * (scheduler.h): entries beyond the pair's room wait in its queue, but for
+ * those whose instance a peer posted, and while the pair or its uid holds
+ * its limit the pair's entries are refused. Returns how many entries it
+ * took.
+ */
 static unsigned serve_queue(struct host_engine *e, uint32_t k)
 {
 	struct dfccl_sqe batch[TAKE_BATCH];
@@ -564,23 +622,21 @@ static unsigned serve_queue(struct host_engine *e, uint32_t k)
 	for (;;) {
 		struct host_qp *hq = &e->qps[k];
 		struct sq_queue *q = hq->q;
-		int full = hq->inflight >= e->max_inflight;
-		uint32_t room = full ? TAKE_BATCH : qp_room(e, hq);
+		struct sched_admission a = qp_admit(e, hq);
 		unsigned got;
-		if (room == 0) {
-			/* Beyond the room, within max_inflight: the entries whose
-			 * instance a peer posted (dfccl_comm_peer_posted). */
-			uint32_t own = e->max_inflight - hq->inflight;
-			got = sq_take_if(q, batch, own < TAKE_BATCH ? own : TAKE_BATCH, peer_posted, e, BEYOND_ROOM_LOOKS);
+		if (a.room == 0 && a.refuse == DFCCL_CQ_OK) {
+			got = sq_take_if(q, batch, a.beyond < TAKE_BATCH ? a.beyond : TAKE_BATCH, peer_posted, e,
+			                 SCHED_BEYOND_LOOKS);
 			for (unsigned i = 0; i < got; i++)
 				serve_entry(e, q, &batch[i], DFCCL_CQ_OK);
 			return total + got;
 		}
-		got = sq_take(q, batch, room < TAKE_BATCH ? room : TAKE_BATCH);
+		/* Refused entries are taken as they come: each is answered. */
+		got = sq_take(q, batch, a.refuse != DFCCL_CQ_OK || a.room > TAKE_BATCH ? TAKE_BATCH : a.room);
 		if (got == 0)
 			return total;
 		for (unsigned i = 0; i < got; i++)
-			serve_entry(e, q, &batch[i], full ? DFCCL_CQ_LIMIT : DFCCL_CQ_OK);
+			serve_entry(e, q, &batch[i], a.refuse);
 		total += got;
 	}
 }
@@ -673,6 +729,7 @@ int host_engine_ops_new(const struct engine_config *cfg, const struct engine_ops
 	    .reg_ctx = cfg->reg_ctx,
 	    .algo = cfg->algo,
 	    .max_inflight = cfg->max_inflight,
+	    .max_inflight_uid = cfg->max_inflight_uid,
 	};
 	struct host_engine *e;
 	int rc = host_engine_new(&hc, &e);

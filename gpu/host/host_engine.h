@@ -42,10 +42,13 @@ struct host_engine_config {
 	void *reg_ctx;
 	uint32_t algo;                       /* enum dfccl_algo: for entries without a hint */
 	uint32_t max_inflight;               /* tasks one served queue pair may hold (0: SCHED_MAX_INFLIGHT) */
+	uint32_t max_inflight_uid;           /* tasks the served queue pairs of one uid (sq_queue.uid) may hold
+	                                      * together (0: SCHED_DEFAULT_INFLIGHT_UID) */
 };
 
-/* Fair admission of a served queue pair's entries: scheduler.h
- * (sched_admit_room), the daemon kernel's policy too. */
+/* Fair admission of a served queue pair's entries, and the limits per
+ * queue pair and per uid: scheduler.h (sched_admit), the daemon kernel's
+ * policy too. */
 
 int host_engine_new(const struct host_engine_config *cfg, struct host_engine **out);
 void host_engine_free(struct host_engine *e);

@@ -1,17 +1,19 @@
 /*
  * Fuzz target for the host engine's admission (gpu/host/host_engine.c),
  * behind the worker's interface: the input is the script of a hostile node,
- * many queue pairs of many sessions on two engines, flooded with entries
+ * many queue pairs of many sessions of three users on two engines, flooded
+ * with entries
  * (all-reduces on communicators whose peers may never post, and garbage),
  * communicators aborted, queue pairs going away and coming back, between
  * engine polls.
  *
  * After every step neither engine holds more tasks than its task queue, nor
- * more task storage. At the end every communicator is aborted and every
+ * more task storage, nor more than its three users' limits allow. At the end every communicator is aborted and every
  * queue pair removed: both engines must then be empty and have given their
  * task storage back (and ASan sees every allocation freed).
  *
- * Script: byte 0 sets max-inflight; then one operation per byte, its low
+ * Script: byte 0 sets max-inflight and max-inflight-uid; then one operation
+ * per byte, its low
  * three bits the kind and its high bits the queue pair or communicator,
  * some followed by argument bytes.
  */
@@ -25,7 +27,8 @@
 #include "queue.h"
 
 #define NENG 2u
-#define NQP 16u       /* queue pair k: engine k % 2, session 100 + k */
+#define NQP 16u       /* queue pair k: engine k % 2, session 100 + k, uid (k / 2) % NUID */
+#define NUID 3u
 #define NCOMM 8u      /* communicator c: ranks on queue pairs 2c (engine 0) and 2c + 1 (engine 1) */
 #define QN 64u        /* small, so floods wrap the submission queues */
 #define REG_BYTES 4096u
@@ -67,8 +70,10 @@ static int qp_open(struct node *n, unsigned k)
 	memset(p->map, 0, size);
 	queue_header_init(p->map, k + 1, k % NENG, QN);
 	char err[128];
-	if (sq_queue_open(&p->q, p->map, size, k + 1, session_of(k), err, sizeof(err)) < 0 ||
-	    n->ops->qp_add(n->eng[k % NENG], &p->q, err, sizeof(err)) < 0)
+	if (sq_queue_open(&p->q, p->map, size, k + 1, session_of(k), err, sizeof(err)) < 0)
+		abort();
+	p->q.uid = (k / 2) % NUID;
+	if (n->ops->qp_add(n->eng[k % NENG], &p->q, err, sizeof(err)) < 0)
 		abort();
 	p->open = 1;
 	return 0;
@@ -126,10 +131,11 @@ static void submit_allreduce(struct qp *p, unsigned k, uint8_t count)
 	submit(p, &e);
 }
 
-static void check_bounds(const struct node *n)
+static void check_bounds(const struct node *n, uint32_t max_uid)
 {
 	for (unsigned e = 0; e < NENG; e++)
-		if (host_engine_pending(n->eng[e]) > SCHED_MAX_TASKS || host_engine_capacity(n->eng[e]) > SCHED_MAX_TASKS)
+		if (host_engine_pending(n->eng[e]) > SCHED_MAX_TASKS || host_engine_capacity(n->eng[e]) > SCHED_MAX_TASKS ||
+		    host_engine_pending(n->eng[e]) > NUID * max_uid)
 			abort();
 }
 
@@ -173,7 +179,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	/* Short spins: a blocked task costs little, so many inputs run. */
 	struct engine_config cfg = {.sched = {.spin_head = 64, .spin_other = 4, .stick_mult = 4, .spin_max = 1024},
 	                            .reg_lookup = reg_lookup,
-	                            .max_inflight = data[0] % SCHED_MAX_INFLIGHT + 1};
+	                            .max_inflight = data[0] % SCHED_MAX_INFLIGHT + 1,
+	                            .max_inflight_uid = data[0] * 7u % (2 * SCHED_MAX_INFLIGHT) + 1};
 	for (unsigned e = 0; e < NENG; e++) {
 		cfg.device = e;
 		if (host_engine_ops_new(&cfg, &n.ops, &n.eng[e]) < 0)
@@ -227,10 +234,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			}
 			break;
 		}
-		check_bounds(&n);
+		check_bounds(&n, cfg.max_inflight_uid);
 	}
 	poll_all(&n, 16);
-	check_bounds(&n);
+	check_bounds(&n, cfg.max_inflight_uid);
 	finish(&n);
 	return 0;
 }

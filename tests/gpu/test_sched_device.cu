@@ -3,8 +3,9 @@
  * headers are written once for both engines. This test compiles them as
  * CUDA device code and checks on a GPU that the device's decisions equal
  * the host's for the same inputs: queue order under FIFO and priority,
- * thresholds by queue position, stickiness after progress, and the
- * completion-word encoding a GPU stream will wait on.
+ * thresholds by queue position, stickiness after progress, admission with
+ * its limits per queue pair and per uid, and the completion-word encoding a
+ * GPU stream will wait on.
  * Exits 77 (skipped) where no GPU can be used.
  */
 #include <cstdio>
@@ -18,7 +19,9 @@
 #include "scheduler.h"
 
 #define NTASKS 64
-#define NOUT (NTASKS + NTASKS + 8)
+#define NADMIT 4
+#define ADMIT_OUT (NTASKS + NTASKS + 8) /* where the admission decisions start */
+#define NOUT (ADMIT_OUT + 3 * NADMIT + 2)
 
 /* Runs the same sequence of policy decisions on host or device. */
 __host__ __device__ static void policy_run(uint32_t order, const int32_t *prio, uint32_t *out)
@@ -55,6 +58,19 @@ __host__ __device__ static void policy_run(uint32_t order, const int32_t *prio, 
 	out[2 * NTASKS + 5] = (uint32_t)(DFCCL_COMM_REGION_SIZE(8) >> 12);
 	out[2 * NTASKS + 6] = (uint32_t)sizeof(struct dfccl_sqe);
 	out[2 * NTASKS + 7] = (uint32_t)sizeof(struct dfccl_rank_post);
+	/* Admission: a fresh queue pair, one its uid's limit holds back, one at
+	 * its uid's limit, one beyond the shared part's room. */
+	struct sched_limits l = {100, 300};
+	const uint32_t loads[NADMIT][4] = {{0, 0, 0, 0}, {4, 290, 0, 0}, {50, 300, 0, 0}, {10, 200, 0, SCHED_SHARED}};
+	for (uint32_t k = 0; k < NADMIT; k++) {
+		struct sched_load n = {loads[k][0], loads[k][1], loads[k][2], loads[k][3]};
+		struct sched_admission a = sched_admit(&l, &n);
+		out[ADMIT_OUT + 3 * k] = a.refuse;
+		out[ADMIT_OUT + 3 * k + 1] = a.room;
+		out[ADMIT_OUT + 3 * k + 2] = a.beyond;
+	}
+	out[ADMIT_OUT + 3 * NADMIT] = (uint32_t)sched_look_start(41, 5, 40);
+	out[ADMIT_OUT + 3 * NADMIT + 1] = sched_max_inflight_uid(0);
 }
 
 __global__ void policy_kernel(uint32_t order, const int32_t *prio, uint32_t *out)
@@ -103,6 +119,14 @@ int main()
 			failures++;
 		if (order == SCHED_PRIORITY && prio[host[0]] != 2)
 			failures++;
+		/* ... and so are the admission decisions (tests/unit/test_sched.c). */
+		static const uint32_t admit_want[3 * NADMIT + 2] = {
+		    DFCCL_CQ_OK, SCHED_QP_GUARANTEE, 0, DFCCL_CQ_OK, 10, 0, DFCCL_CQ_LIMIT_UID, 0, 0, DFCCL_CQ_OK, 0, 90, 5,
+		    SCHED_DEFAULT_INFLIGHT_UID};
+		if (memcmp(host + ADMIT_OUT, admit_want, sizeof(admit_want)) != 0) {
+			fprintf(stderr, "the host's admission decisions are not the expected ones\n");
+			failures++;
+		}
 		printf("order %s: head task %u (priority %d), head threshold %u, tail threshold %u\n",
 		       order ? "priority" : "fifo", host[0], prio[host[0]], host[NTASKS], host[2 * NTASKS - 1]);
 	}

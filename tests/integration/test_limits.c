@@ -9,6 +9,10 @@
  *   error; the victim's results are right and its run takes at most twice as
  *   long as the same run without the flooder (measured here, as a ratio);
  *   the workers' resident memory grows by less than FLOOD_RSS_BOUND.
+ * - The same with a flooder of several sessions (ranks of one job), each
+ *   within max-inflight-per-session but together past max-inflight-per-uid:
+ *   the flood ends with the error naming the per-uid limit, and the victim
+ *   keeps its latency and its results.
  * - Registration flood: registrations past max-regs-per-session, and past
  *   the descriptor budget under a low RLIMIT_NOFILE, are refused with the
  *   setting named, while a client of another uid still connects, attaches
@@ -23,6 +27,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <poll.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -47,6 +52,11 @@
 #define FLOODER_UID 40002
 #define FLOOD_ENTRIES 30000     /* the attack grew a worker by ~0.9 KB per entry */
 #define FLOOD_HELD 200          /* stuck collectives the flooder keeps, within its limit */
+#define UID_SESSION_LIMIT "120" /* max-inflight-per-session of the per-uid flood's daemon */
+#define UID_LIMIT "160"         /* its max-inflight-per-uid */
+#define UID_FLOOD_RANKS 4       /* the per-uid flooder's ranks: the even ones, on device 0, flood */
+#define UID_FLOOD_ENTRIES 100   /* each flooding rank's: within its own limit, past the uid's together */
+#define UID_FLOOD_HELD 75       /* stuck collectives each keeps, within both limits */
 #define FLOOD_RSS_BOUND (16 << 20)
 #define VICTIM_ITERS 600
 #define VICTIM_COUNT 4096
@@ -65,12 +75,12 @@ static int become(uid_t uid)
 	return setgroups(0, NULL) == 0 && setgid(uid) == 0 && setuid(uid) == 0 ? 0 : -1;
 }
 
-static dfcclResult_t init_rank(dfcclComm_t *comm, const dfcclUniqueId *id, int rank)
+static dfcclResult_t init_rank(dfcclComm_t *comm, int nranks, const dfcclUniqueId *id, int rank)
 {
 	dfcclResult_t r = dfcclSetDevice(rank % 2); /* for dfcclMemAlloc too */
 	if (r != dfcclSuccess)
 		return r;
-	return dfcclCommInitRank(comm, 2, *id, rank);
+	return dfcclCommInitRank(comm, nranks, *id, rank);
 }
 
 /* ------------------------------------------------------------ the victim */
@@ -88,7 +98,7 @@ static int victim_main(void *arg, int rank)
 	if (become(VICTIM_UID) < 0)
 		RANK_FAIL("cannot become uid %d: %s", VICTIM_UID, strerror(errno));
 	dfcclComm_t comm;
-	if (init_rank(&comm, &v->id, rank) != dfcclSuccess)
+	if (init_rank(&comm, 2, &v->id, rank) != dfcclSuccess)
 		RANK_FAIL("init: %s", dfcclGetLastError(NULL));
 	float *send, *recv;
 	if (dfcclMemAlloc((void **)&send, VICTIM_COUNT * sizeof(float)) != dfcclSuccess ||
@@ -135,15 +145,19 @@ static uint64_t victim_run(void)
 
 struct flooder {
 	dfcclUniqueId a, b;
-	int ready_fd; /* rank 0 writes one byte once it holds its stuck collectives */
-	int go_fd;    /* both ranks read one byte before they leave */
+	int nranks;          /* ranks of the flooding job: the even ones (on device 0) flood */
+	int entries;         /* all-reduces each flooding rank submits on communicator a */
+	int held;            /* stuck ones each keeps on communicator b, within the limits */
+	const char *setting; /* the limit the flood must end at */
+	int ready_fd;        /* each flooding rank writes one byte once it holds its stuck collectives */
+	int go_fd;           /* every rank reads one byte before it leaves */
 };
 
 /*
- * Rank 0 submits FLOOD_ENTRIES all-reduces on communicator a, which rank 1
- * never joins in (the issue's attack): they must end with the limit error.
- * Then it keeps FLOOD_HELD stuck ones on communicator b, within its limit,
- * until told to go.
+ * The even ranks submit `entries` all-reduces on communicator a, which the
+ * odd ones never join in (the issue's attack): they must end with the
+ * error naming `setting`. Then each keeps `held` stuck ones on
+ * communicator b until told to go.
  */
 static int flooder_main(void *arg, int rank)
 {
@@ -151,22 +165,23 @@ static int flooder_main(void *arg, int rank)
 	if (become(FLOODER_UID) < 0)
 		RANK_FAIL("cannot become uid %d: %s", FLOODER_UID, strerror(errno));
 	dfcclComm_t a, b;
-	if (init_rank(&a, &f->a, rank) != dfcclSuccess || init_rank(&b, &f->b, rank) != dfcclSuccess)
+	if (init_rank(&a, f->nranks, &f->a, rank) != dfcclSuccess || init_rank(&b, f->nranks, &f->b, rank) != dfcclSuccess)
 		RANK_FAIL("init: %s", dfcclGetLastError(NULL));
 	float *buf;
 	if (dfcclMemAlloc((void **)&buf, 64 * sizeof(float)) != dfcclSuccess)
 		RANK_FAIL("alloc: %s", dfcclGetLastError(NULL));
 	char byte = 'x';
-	if (rank == 0) {
-		for (int i = 0; i < FLOOD_ENTRIES; i++) {
+	if (rank % 2 == 0) {
+		for (int i = 0; i < f->entries; i++) {
 			dfcclResult_t r = dfcclAllReduce(buf, buf, 64, dfcclFloat, dfcclSum, a, NULL);
 			if (r != dfcclSuccess && r != dfcclSystemError)
 				RANK_FAIL("submission %d: %s", i, dfcclGetLastError(a));
 		}
 		dfcclResult_t r = dfcclCommSynchronize(a);
-		if (r != dfcclSystemError || !strstr(dfcclGetLastError(a), "max-inflight-per-session"))
-			RANK_FAIL("the flood ended with %d (%s), not the limit error", r, dfcclGetLastError(a));
-		for (int i = 0; i < FLOOD_HELD; i++)
+		if (r != dfcclSystemError || !strstr(dfcclGetLastError(a), f->setting))
+			RANK_FAIL("the flood ended with %d (%s), not the error naming %s", r, dfcclGetLastError(a),
+			          f->setting);
+		for (int i = 0; i < f->held; i++)
 			if (dfcclAllReduce(buf, buf, 64, dfcclFloat, dfcclSum, b, NULL) != dfcclSuccess)
 				RANK_FAIL("held submission %d: %s", i, dfcclGetLastError(b));
 		if (write(f->ready_fd, &byte, 1) != 1)
@@ -226,38 +241,62 @@ static uint64_t victim_runs(int n)
 	return best;
 }
 
-static void test_collective_flood(void **state)
+/* Reads one byte of fd within ms milliseconds; 0 when it came. */
+static int read_byte_within(int fd, int ms)
 {
-	struct daemon_proc *d = *state;
-	if (!need_root())
-		skip();
+	struct pollfd p = {.fd = fd, .events = POLLIN};
+	char byte;
+	return poll(&p, 1, ms) == 1 && read(fd, &byte, 1) == 1 ? 0 : -1;
+}
+
+/*
+ * The victim runs alone, then beside flooder f (whose communicators' ids
+ * are made here) once it holds its stuck collectives, then alone again
+ * after it left: its time beside the flooder is at most twice its time
+ * alone, and the workers' memory grows by less than FLOOD_RSS_BOUND.
+ */
+static void victim_beside(struct daemon_proc *d, struct flooder *f)
+{
 	/* Each side is the fastest of five runs: the machine running the test
 	 * is shared (2 cores, tests in parallel), and a slow run of either
 	 * would be noise, not a finding. */
 	uint64_t alone = victim_runs(4);
 	uint64_t rss_before = workers_rss(d);
 
-	struct flooder f;
 	int ready[2], go[2];
-	assert_int_equal(dfcclGetUniqueId(&f.a), dfcclSuccess);
-	assert_int_equal(dfcclGetUniqueId(&f.b), dfcclSuccess);
+	assert_int_equal(dfcclGetUniqueId(&f->a), dfcclSuccess);
+	assert_int_equal(dfcclGetUniqueId(&f->b), dfcclSuccess);
 	assert_int_equal(pipe(ready), 0);
 	assert_int_equal(pipe(go), 0);
-	f.ready_fd = ready[1];
-	f.go_fd = go[0];
-	pid_t f0 = child_run(flooder_main, &f, 0), f1 = child_run(flooder_main, &f, 1);
-	char byte;
-	assert_int_equal(read(ready[0], &byte, 1), 1);
+	f->ready_fd = ready[1];
+	f->go_fd = go[0];
+	pid_t pids[UID_FLOOD_RANKS];
+	assert_true(f->nranks <= UID_FLOOD_RANKS);
+	for (int r = 0; r < f->nranks; r++)
+		pids[r] = child_run(flooder_main, f, r);
+	/* A flooder that fails closes its end: no wait for a byte that cannot
+	 * come. One whose flood never ends (no limit reached) is waited for a
+	 * minute, and then ended with the others. */
+	close(ready[1]);
+	for (int r = 0; r < f->nranks; r += 2) {
+		if (read_byte_within(ready[0], 60000) == 0)
+			continue;
+		for (int k = 0; k < f->nranks; k++) {
+			kill(pids[k], SIGKILL);
+			child_wait(pids[k], 10000);
+		}
+		fail_msg("the flooding ranks did not all reach the limit error naming %s", f->setting);
+	}
 
 	uint64_t flooded = victim_runs(5);
 	uint64_t rss_during = workers_rss(d);
-	assert_int_equal(write(go[1], "gg", 2), 2);
-	assert_int_equal(child_wait(f0, 60000), 0);
-	assert_int_equal(child_wait(f1, 60000), 0);
-	for (int i = 0; i < 2; i++) {
-		close(ready[i]);
-		close(go[i]);
-	}
+	for (int r = 0; r < f->nranks; r++)
+		assert_int_equal(write(go[1], "g", 1), 1);
+	for (int r = 0; r < f->nranks; r++)
+		assert_int_equal(child_wait(pids[r], 60000), 0);
+	close(ready[0]);
+	close(go[0]);
+	close(go[1]);
 	/* The daemon serves on after the flooder left. */
 	uint64_t again = victim_run();
 	alone = again < alone ? again : alone;
@@ -267,6 +306,43 @@ static void test_collective_flood(void **state)
 	        (unsigned long long)rss_during >> 10);
 	assert_true(ratio <= 2.0);
 	assert_true(rss_during < rss_before + FLOOD_RSS_BOUND);
+}
+
+static void test_collective_flood(void **state)
+{
+	if (!need_root())
+		skip();
+	struct flooder f = {.nranks = 2, .entries = FLOOD_ENTRIES, .held = FLOOD_HELD,
+	                    .setting = "max-inflight-per-session"};
+	victim_beside(*state, &f);
+}
+
+static int setup_uid_limits(void **state)
+{
+	struct daemon_proc *d = calloc(1, sizeof(*d));
+	if (!d || daemon_start(d, 2, "--max-inflight-per-session", UID_SESSION_LIMIT, "--max-inflight-per-uid",
+	                       UID_LIMIT, NULL) < 0) {
+		free(d);
+		return -1;
+	}
+	*state = d;
+	return 0;
+}
+
+/* A flooding job of several sessions, each within its own limit, reaches
+ * its uid's together. */
+static void test_uid_flood(void **state)
+{
+	if (!need_root())
+		skip();
+	/* The premise: each session stays within its limit, the uid does not,
+	 * and what the flooders keep afterwards is within both. */
+	const int per_session = atoi(UID_SESSION_LIMIT), per_uid = atoi(UID_LIMIT), flooding = UID_FLOOD_RANKS / 2;
+	assert_true(UID_FLOOD_ENTRIES < per_session && flooding * UID_FLOOD_ENTRIES > per_uid);
+	assert_true(flooding * UID_FLOOD_HELD < per_uid);
+	struct flooder f = {.nranks = UID_FLOOD_RANKS, .entries = UID_FLOOD_ENTRIES, .held = UID_FLOOD_HELD,
+	                    .setting = "max-inflight-per-uid"};
+	victim_beside(*state, &f);
 }
 
 /* Registers one byte of a fresh memfd on device 0; returns the reply. */
@@ -485,6 +561,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test_setup_teardown(test_collective_flood, setup, daemon_teardown),
+	    cmocka_unit_test_setup_teardown(test_uid_flood, setup_uid_limits, daemon_teardown),
 	    cmocka_unit_test(test_registration_count),
 	    cmocka_unit_test(test_descriptor_budget),
 	    cmocka_unit_test_setup_teardown(test_reader_stops, setup, daemon_teardown),

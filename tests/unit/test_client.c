@@ -474,6 +474,7 @@ static void test_qp_status_mapping(void **state)
 	    {DFCCL_CQ_NOT_SUPPORTED, dfcclNotSupported},
 	    {DFCCL_CQ_MISMATCH, dfcclInvalidUsage},
 	    {DFCCL_CQ_LIMIT, dfcclSystemError},
+	    {DFCCL_CQ_LIMIT_UID, dfcclSystemError},
 	    {DFCCL_CQ_BAD_REG, dfcclInvalidArgument},
 	    {DFCCL_CQ_OUT_OF_RANGE, dfcclInvalidArgument},
 	    {DFCCL_CQ_BAD_ENTRY, dfcclInvalidArgument},

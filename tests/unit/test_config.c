@@ -71,6 +71,8 @@ static void test_defaults(void **state)
 	assert_int_equal(c.kernel_idle_us, 200);
 	assert_int_equal(c.shutdown_grace_ms, 2000);
 	assert_int_equal(c.worker_user, WORKER_USER_AUTO);
+	assert_int_equal(c.max_inflight_per_session, 256);
+	assert_int_equal(c.max_inflight_per_uid, 1024);
 
 	/* Setting each default again through config_set must succeed: that is
 	 * the bounds check the table applies to every other source. */
@@ -92,7 +94,7 @@ static void test_defaults(void **state)
 		n++;
 	}
 	fclose(dump);
-	assert_int_equal(n, 37);
+	assert_int_equal(n, 38);
 	assert_memory_equal(&c, &d, sizeof(c));
 }
 

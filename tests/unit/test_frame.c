@@ -217,6 +217,7 @@ static void test_roundtrip_worker_messages(void **state)
 	wa.qp_id = 2;
 	wa.session_id = 8;
 	wa.region_size = 8192;
+	wa.uid = 40001;
 	env.body_case = DFCCL__V1__ENVELOPE__BODY_WORKER_ATTACH_QP;
 	env.worker_attach_qp = &wa;
 	roundtrip(&env);

@@ -27,9 +27,11 @@
  * pattern with each algorithm forced;
  * registered collectives in different orders per rank;
  * priority order; more tasks than the task queue holds; fair admission
- * through the engine interface (a flooder refused past max-inflight, and
- * flooders within it that leave a victim its place, with memory given back
- * when they drain); abort,
+ * through the engine interface (a flooder refused past max-inflight, the
+ * sessions of one uid refused past the uid's limit, flooders within the
+ * limits that leave a victim its place, with memory given back when they
+ * drain, and collectives and sends/receives in opposite orders that
+ * complete beyond the room); abort,
  * inconsistent posts, a lost queue, a removed communicator, and every
  * submit-time check.
  */
@@ -56,7 +58,7 @@
 #define QN 2048u      /* entries per test queue */
 #define MAX_ENG 4u
 #define MAX_Q 16u
-#define MAX_REGIONS 24u
+#define MAX_REGIONS 64u
 #define MAX_REGS 8192u
 #define MAX_N 8u
 #define ROUND_CAP 200000u
@@ -151,8 +153,9 @@ static void sim_init(struct sim *s, unsigned neng, const struct sched_params *p)
 	sim_init_algo(s, neng, p, DFCCL_ALGO_AUTO);
 }
 
-/* A queue pair of session `session` on engine `eng`; returns its index. */
-static unsigned sim_queue(struct sim *s, unsigned eng, uint64_t session)
+/* A queue pair of session `session` of user `uid` on engine `eng`; returns
+ * its index. */
+static unsigned sim_queue_uid(struct sim *s, unsigned eng, uint64_t session, uint32_t uid)
 {
 	assert_true(s->nq < MAX_Q);
 	struct tq *t = &s->qs[s->nq];
@@ -163,10 +166,17 @@ static unsigned sim_queue(struct sim *s, unsigned eng, uint64_t session)
 	queue_header_init(t->map, s->nq + 1, eng, QN);
 	char err[128];
 	assert_int_equal(sq_queue_open(&t->q, t->map, size, s->nq + 1, session, err, sizeof(err)), 0);
+	t->q.uid = uid;
 	t->eng = eng;
 	if (s->ops)
 		assert_int_equal(s->ops->qp_add(s->eng[eng], &t->q, err, sizeof(err)), 0);
 	return s->nq++;
+}
+
+/* A queue pair of session `session`, all of one user, on engine `eng`. */
+static unsigned sim_queue(struct sim *s, unsigned eng, uint64_t session)
+{
+	return sim_queue_uid(s, eng, session, 0);
 }
 
 /* A communicator of n ranks, rank r served by queue rank_q[r]. */
@@ -1164,14 +1174,16 @@ static void test_backlog(void **state)
 }
 
 /* Engines behind the worker's interface (host_engine_ops_new), with a
- * per-queue-pair limit of max_inflight. */
-static void sim_init_served(struct sim *s, unsigned neng, uint32_t max_inflight)
+ * per-queue-pair limit of max_inflight and a per-uid one of max_uid (0:
+ * the default). */
+static void sim_init_served(struct sim *s, unsigned neng, uint32_t max_inflight, uint32_t max_uid)
 {
 	memset(s, 0, sizeof(*s));
 	s->neng = neng;
 	for (unsigned i = 0; i < neng; i++) {
 		struct engine_config cfg = {.device = i, .sched = small_spins, .stats = &s->stats[i],
-		                            .reg_lookup = reg_lookup, .max_inflight = max_inflight};
+		                            .reg_lookup = reg_lookup, .max_inflight = max_inflight,
+		                            .max_inflight_uid = max_uid};
 		void *impl;
 		assert_int_equal(host_engine_ops_new(&cfg, &s->ops, &impl), 0);
 		s->eng[i] = impl;
@@ -1200,7 +1212,7 @@ static void test_inflight_limit(void **state)
 	(void)state;
 	enum { LIMIT = 64, FLOOD = 100 };
 	struct sim s;
-	sim_init_served(&s, 2, LIMIT);
+	sim_init_served(&s, 2, LIMIT, 0);
 	unsigned victim[2] = {sim_queue(&s, 0, 1), sim_queue(&s, 1, 2)};
 	unsigned flood[2] = {sim_queue(&s, 0, 10), sim_queue(&s, 1, 11)};
 	sim_comm(&s, 77, 2, victim);
@@ -1228,6 +1240,99 @@ static void test_inflight_limit(void **state)
 }
 
 /*
+ * The sessions of one uid flood engine 0 with collectives their peer never
+ * joins, each within max-inflight but together past the uid's limit: the
+ * uid's tasks stop at its limit, the entry past it is refused with
+ * DFCCL_CQ_LIMIT_UID (its communicator fails, so its other tasks end too),
+ * while the other flooding session keeps what it holds and another uid's
+ * collectives complete with the right data. Once the flood is aborted the
+ * uid is admitted again, counted right after a queue pair of another uid
+ * left the engine.
+ */
+static void test_uid_limit(void **state)
+{
+	(void)state;
+	enum { LIMIT = 100, UID_LIMIT = 150, FLOOD = 90, FLOOD_UID = 7 };
+	struct sim s;
+	sim_init_served(&s, 2, LIMIT, UID_LIMIT);
+	unsigned victim[2] = {sim_queue_uid(&s, 0, 1, 9), sim_queue_uid(&s, 1, 2, 9)};
+	unsigned peer = sim_queue_uid(&s, 1, 20, 8);
+	unsigned fq[2] = {sim_queue_uid(&s, 0, 10, FLOOD_UID), sim_queue_uid(&s, 0, 11, FLOOD_UID)};
+	sim_comm(&s, 77, 2, victim);
+	uint64_t seq[2][FLOOD];
+	for (unsigned round = 0; round < 2; round++) {
+		uint64_t done[2] = {q_completed(&s.qs[fq[0]]), q_completed(&s.qs[fq[1]])};
+		for (unsigned f = 0; f < 2; f++) {
+			unsigned ranks[2] = {fq[f], peer};
+			sim_comm(&s, 101 + 2 * round + f, 2, ranks);
+			for (unsigned k = 0; k < FLOOD; k++)
+				seq[f][k] = submit_simple(&s, fq[f], 101 + 2 * round + f, k + 1, 0, 4);
+		}
+		for (unsigned r = 0; r < 50; r++) {
+			sim_spin(&s, 1);
+			assert_true(host_engine_pending(s.eng[0]) <= UID_LIMIT);
+		}
+		/* The flooder served first holds all it submitted; the other got
+		 * what the uid's limit left, and the rest was refused. */
+		unsigned held = q_completed(&s.qs[fq[0]]) == done[0] ? 0 : 1, refused = 1 - held;
+		assert_int_equal(q_completed(&s.qs[fq[held]]), done[held]);
+		for (unsigned k = 0; k < FLOOD; k++)
+			assert_int_equal(sim_status(&s, fq[refused], seq[refused][k]), DFCCL_CQ_LIMIT_UID);
+		assert_int_equal(host_engine_pending(s.eng[0]), FLOOD);
+		struct coll c = {.id = 1 + round, .op = DFCCL_OP_ALLREDUCE, .dt = 2, .n = 2, .count = 1000};
+		memcpy(c.q, victim, sizeof(victim));
+		coll_prepare(&s, &c);
+		coll_submit_rank(&s, &c, 0, 77 + round, 1, 0, 0);
+		coll_submit_rank(&s, &c, 1, 77 + round, 1, 0, 0);
+		for (unsigned r = 0; r < ROUND_CAP && !sim_completed(&s, victim[0], c.seq[0]); r++)
+			sim_spin(&s, 1);
+		coll_check(&s, &c);
+		for (unsigned e = 0; e < 2; e++)
+			host_engine_comm_abort(s.eng[e], 101 + 2 * round + held, DFCCL_CQ_ABORTED);
+		sim_spin(&s, 2);
+		assert_int_equal(host_engine_pending(s.eng[0]), 0);
+		/* The victim's first queue pair leaves: its uid was the engine's
+		 * first, so the flooders' uid moves into its place (and the
+		 * flooders' queue pairs change places in the engine). */
+		if (round == 0) {
+			s.ops->qp_del(s.eng[0], &s.qs[victim[0]].q);
+			victim[0] = sim_queue_uid(&s, 0, 3, 9);
+			sim_comm(&s, 78, 2, victim);
+		}
+	}
+	sim_free(&s);
+}
+
+/*
+ * Flooders on engine 0 (sessions 10.., communicators 101..) whose peer on
+ * engine 1 never joins, each submitting `each` all-reduces: they take their
+ * guarantees and the whole shared part, and the rest of their entries wait
+ * in their queues. Returns the first flooder's queue; the others follow.
+ */
+static unsigned flood_engine0(struct sim *s, unsigned nflood, unsigned each)
+{
+	unsigned peer = sim_queue(s, 1, 20);
+	unsigned first = s->nq;
+	for (unsigned f = 0; f < nflood; f++) {
+		unsigned ranks[2] = {sim_queue(s, 0, 10 + f), peer};
+		sim_comm(s, 101 + f, 2, ranks);
+		for (unsigned k = 0; k < each; k++)
+			submit_simple(s, ranks[0], 101 + f, k + 1, 0, 4);
+	}
+	sim_spin(s, 40);
+	assert_int_equal(host_engine_pending(s->eng[0]), nflood * SCHED_QP_GUARANTEE + SCHED_SHARED);
+	return first;
+}
+
+/* Ends flood_engine0's flood. */
+static void flood_end(struct sim *s, unsigned nflood)
+{
+	for (unsigned f = 0; f < nflood; f++)
+		for (unsigned e = 0; e < 2; e++)
+			host_engine_comm_abort(s->eng[e], 101 + f, DFCCL_CQ_ABORTED);
+}
+
+/*
  * Flooders that stay within their limit but whose peers never join: each
  * holds what admission gives it and the rest waits in its own submission
  * queue, the engine never holds more than its task queue, and a victim
@@ -1240,25 +1345,13 @@ static void test_fair_admission(void **state)
 	(void)state;
 	enum { NFLOOD = 3, FLOOD = 400, VICTIM = 10 };
 	struct sim s;
-	sim_init_served(&s, 2, SCHED_MAX_INFLIGHT);
+	sim_init_served(&s, 2, SCHED_MAX_INFLIGHT, 0);
 	unsigned victim[2] = {sim_queue(&s, 0, 1), sim_queue(&s, 1, 2)};
-	unsigned peer = sim_queue(&s, 1, 20);
-	unsigned fq[NFLOOD];
-	for (unsigned f = 0; f < NFLOOD; f++) {
-		fq[f] = sim_queue(&s, 0, 10 + f);
-		unsigned ranks[2] = {fq[f], peer};
-		sim_comm(&s, 101 + f, 2, ranks);
-	}
 	sim_comm(&s, 77, 2, victim);
-	for (unsigned f = 0; f < NFLOOD; f++)
-		for (unsigned k = 0; k < FLOOD; k++)
-			submit_simple(&s, fq[f], 101 + f, k + 1, 0, 4);
-	sim_spin(&s, 40);
-	/* Each flooder's guarantee from the reserve, and the shared part. */
-	assert_int_equal(host_engine_pending(s.eng[0]), NFLOOD * SCHED_QP_GUARANTEE + SCHED_SHARED);
+	unsigned fq = flood_engine0(&s, NFLOOD, FLOOD);
 	assert_true(host_engine_capacity(s.eng[0]) <= SCHED_MAX_TASKS);
 	for (unsigned f = 0; f < NFLOOD; f++)
-		assert_int_equal(q_completed(&s.qs[fq[f]]), 0); /* waiting, not refused */
+		assert_int_equal(q_completed(&s.qs[fq + f]), 0); /* waiting, not refused */
 	for (unsigned k = 0; k < VICTIM; k++) {
 		struct coll c = {.id = 10 + k, .op = DFCCL_OP_ALLREDUCE, .dt = 2, .n = 2, .count = 256};
 		memcpy(c.q, victim, sizeof(victim));
@@ -1269,38 +1362,42 @@ static void test_fair_admission(void **state)
 			sim_spin(&s, 1);
 		coll_check(&s, &c);
 	}
-	for (unsigned f = 0; f < NFLOOD; f++)
-		for (unsigned e = 0; e < 2; e++)
-			host_engine_comm_abort(s.eng[e], 101 + f, DFCCL_CQ_ABORTED);
+	flood_end(&s, NFLOOD);
 	sim_drive(&s);
 	assert_true(host_engine_capacity(s.eng[0]) <= 64);
 	sim_free(&s);
 }
 
+/* Rounds a test of admission beyond the room waits for an entry: far more
+ * than it takes, far fewer than ROUND_CAP, since a hang spins through all
+ * of them with the flooders' tasks in the queue. */
+#define ADMIT_ROUNDS 20000u
+
+/* Spins until entry seq of queue qi completed or ADMIT_ROUNDS passed. */
+static void spin_until(struct sim *s, unsigned qi, uint64_t seq)
+{
+	for (unsigned round = 0; round < ADMIT_ROUNDS && !sim_completed(s, qi, seq); round++)
+		sim_spin(s, 1);
+}
+
 /*
- * Two ranks sharing a device submit more collectives than their guarantee,
- * on as many communicators, in opposite orders, while flooders hold the
- * shared part: each rank's admitted collectives wait for the other's, which
- * lie beyond its room. They complete because an entry whose instance a
- * peer posted is admitted anyway (dfccl_comm_peer_posted), each checked
- * against its reference; the flooders still hold only what they may.
+ * Two ranks sharing a device submit more collectives than their guarantee
+ * and than one pass looks at beyond it, on as many communicators, in
+ * opposite orders, while flooders hold the shared part: each rank's
+ * admitted collectives wait for the other's, which lie beyond its room.
+ * They complete because an entry whose instance a peer posted is admitted
+ * anyway (dfccl_comm_peer_posted), and each pass looks further along the
+ * queue; each is checked against its reference, and the flooders still
+ * hold only what they may.
  */
 static void test_admission_keeps_any_order(void **state)
 {
 	(void)state;
-	enum { NFLOOD = 3, FLOOD = 400, K = 3 * SCHED_QP_GUARANTEE };
+	enum { NFLOOD = 3, FLOOD = 400, K = 2 * (SCHED_QP_GUARANTEE + SCHED_BEYOND_LOOKS) };
 	struct sim s;
-	sim_init_served(&s, 2, SCHED_MAX_INFLIGHT);
+	sim_init_served(&s, 2, SCHED_MAX_INFLIGHT, 0);
 	unsigned victim[2] = {sim_queue(&s, 0, 1), sim_queue(&s, 0, 2)};
-	unsigned peer = sim_queue(&s, 1, 20);
-	for (unsigned f = 0; f < NFLOOD; f++) {
-		unsigned ranks[2] = {sim_queue(&s, 0, 10 + f), peer};
-		sim_comm(&s, 101 + f, 2, ranks);
-		for (unsigned k = 0; k < FLOOD; k++)
-			submit_simple(&s, ranks[0], 101 + f, k + 1, 0, 4);
-	}
-	sim_spin(&s, 40);
-	assert_int_equal(host_engine_pending(s.eng[0]), NFLOOD * SCHED_QP_GUARANTEE + SCHED_SHARED);
+	flood_engine0(&s, NFLOOD, FLOOD);
 	static struct coll c[K];
 	for (unsigned k = 0; k < K; k++) {
 		sim_comm(&s, 300 + k, 2, victim);
@@ -1312,16 +1409,74 @@ static void test_admission_keeps_any_order(void **state)
 		coll_submit_rank(&s, &c[k], 0, 300 + k, 1, 0, 0);
 		coll_submit_rank(&s, &c[K - 1 - k], 1, 300 + K - 1 - k, 1, 0, 0);
 	}
-	for (unsigned round = 0; round < ROUND_CAP && !sim_completed(&s, victim[1], c[0].seq[1]); round++)
-		sim_spin(&s, 1);
+	spin_until(&s, victim[1], c[0].seq[1]);
 	for (unsigned k = 0; k < K; k++) {
-		for (unsigned round = 0; round < ROUND_CAP && !sim_completed(&s, victim[0], c[k].seq[0]); round++)
-			sim_spin(&s, 1);
+		spin_until(&s, victim[0], c[k].seq[0]);
 		coll_check(&s, &c[k]);
 	}
-	for (unsigned f = 0; f < NFLOOD; f++)
-		for (unsigned e = 0; e < 2; e++)
-			host_engine_comm_abort(s.eng[e], 101 + f, DFCCL_CQ_ABORTED);
+	assert_true(host_engine_pending(s.eng[0]) <= NFLOOD * SCHED_QP_GUARANTEE + SCHED_SHARED);
+	flood_end(&s, NFLOOD);
+	sim_drive(&s);
+	sim_free(&s);
+}
+
+/*
+ * The same for sends and receives: two ranks sharing a device each submit
+ * receives from the other first, on communicators of their own, and then
+ * the sends the other waits for, while flooders hold the shared part. So
+ * each rank's admitted tasks are receives, and the sends they wait for lie
+ * beyond the other's room. A waiting receive stores `want`, which makes its
+ * send read as peer-posted; without it both ranks would wait forever.
+ * Every message arrives intact.
+ */
+static void test_admission_keeps_p2p_any_order(void **state)
+{
+	(void)state;
+	enum { NFLOOD = 3, FLOOD = 400, K = 2 * SCHED_QP_GUARANTEE, DT = 2 /* int32 */ };
+	struct sim s;
+	sim_init_served(&s, 2, SCHED_MAX_INFLIGHT, 0);
+	unsigned rq[2] = {sim_queue(&s, 0, 1), sim_queue(&s, 0, 2)};
+	flood_engine0(&s, NFLOOD, FLOOD);
+	/* Message m on communicator 300 + m: rank 1 sends it to rank 0 for
+	 * m < K, rank 0 to rank 1 for the others. */
+	struct {
+		uint32_t from, sreg, rreg;
+		uint64_t count, sseq, rseq;
+	} m[2 * K];
+	for (unsigned k = 0; k < 2 * K; k++) {
+		sim_comm(&s, 300 + k, 2, rq);
+		m[k].from = k < K ? 1 : 0;
+		m[k].count = 16 + k;
+		m[k].sreg = reg_new(s.qs[rq[m[k].from]].q.session_id, m[k].count * 4);
+		m[k].rreg = reg_new(s.qs[rq[1 - m[k].from]].q.session_id, m[k].count * 4);
+		for (uint64_t j = 0; j < m[k].count; j++)
+			put_small(DT, reg_ptr(m[k].sreg) + j * 4, vin(700 + k, m[k].from, j, DT));
+	}
+	/* Each rank: its receives (the other's sends) first, then its sends. */
+	for (uint32_t r = 0; r < 2; r++)
+		for (int sending = 0; sending < 2; sending++)
+			for (unsigned k = 0; k < 2 * K; k++) {
+				if ((m[k].from == r) != sending)
+					continue;
+				struct dfccl_sqe e = {.comm_id = 300 + k, .comm_seq = 1, .count = m[k].count, .dtype = DT,
+				                      .rank = r, .peer = 1 - r,
+				                      .opcode = sending ? DFCCL_OP_SEND : DFCCL_OP_RECV};
+				if (sending) {
+					e.send_reg = m[k].sreg;
+					m[k].sseq = sim_submit(&s, rq[r], &e);
+				} else {
+					e.recv_reg = m[k].rreg;
+					m[k].rseq = sim_submit(&s, rq[r], &e);
+				}
+			}
+	for (unsigned k = 0; k < 2 * K; k++) {
+		spin_until(&s, rq[1 - m[k].from], m[k].rseq);
+		spin_until(&s, rq[m[k].from], m[k].sseq);
+		assert_int_equal(sim_status(&s, rq[m[k].from], m[k].sseq), DFCCL_CQ_OK);
+		assert_int_equal(sim_status(&s, rq[1 - m[k].from], m[k].rseq), DFCCL_CQ_OK);
+		assert_memory_equal(reg_ptr(m[k].rreg), reg_ptr(m[k].sreg), m[k].count * 4);
+	}
+	flood_end(&s, NFLOOD);
 	sim_drive(&s);
 	sim_free(&s);
 }
@@ -1654,8 +1809,10 @@ int main(void)
 	    cmocka_unit_test(test_priority_order),
 	    cmocka_unit_test(test_backlog),
 	    cmocka_unit_test(test_inflight_limit),
+	    cmocka_unit_test(test_uid_limit),
 	    cmocka_unit_test(test_fair_admission),
 	    cmocka_unit_test(test_admission_keeps_any_order),
+	    cmocka_unit_test(test_admission_keeps_p2p_any_order),
 	    cmocka_unit_test(test_abort),
 	    cmocka_unit_test(test_inconsistent_posts),
 	    cmocka_unit_test(test_mismatch),

@@ -3,7 +3,8 @@
  * order of the task queue (FIFO by arrival; by priority, FIFO among equals),
  * the spin thresholds (head of the queue against later positions, the raise
  * after progress, its cap and its reset on preemption), removal keeping the
- * order of the rest, and a full queue refusing an insert.
+ * order of the rest, a full queue refusing an insert, and fair admission
+ * with its limits per queue pair and per uid.
  *
  * Expected orders are written out by hand, not derived from sched_before.
  */
@@ -204,6 +205,101 @@ static void test_admission(void **state)
 	assert_int_equal(shared, SCHED_SHARED);
 }
 
+static struct sched_admission admit(uint32_t lqp, uint32_t luid, uint32_t qp, uint32_t uid, uint32_t reserve,
+                                uint32_t shared)
+{
+	struct sched_limits l = {.qp = lqp, .uid = luid};
+	struct sched_load n = {.qp = qp, .uid = uid, .reserve = reserve, .shared = shared};
+	return sched_admit(&l, &n);
+}
+
+/* The decision with both limits: refused at either limit (the queue
+ * pair's named first), room within both, and beyond the room as much as
+ * both limits leave. */
+static void test_admission_limits(void **state)
+{
+	(void)state;
+	assert_int_equal(sched_max_inflight_uid(0), SCHED_DEFAULT_INFLIGHT_UID);
+	assert_int_equal(sched_max_inflight_uid(9), 9);
+	assert_int_equal(sched_max_inflight_uid(1u << 30), SCHED_MAX_INFLIGHT_UID);
+	struct sched_admission a = admit(100, 300, 0, 0, 0, 0);
+	assert_int_equal(a.refuse, DFCCL_CQ_OK);
+	assert_int_equal(a.room, 4);
+	a = admit(100, 300, 4, 50, 0, 0);
+	assert_int_equal(a.room, 96);
+	/* the uid's limit leaves less than the queue pair's */
+	a = admit(100, 300, 4, 290, 0, 0);
+	assert_int_equal(a.room, 10);
+	a = admit(100, 300, 2, 299, 0, 0);
+	assert_int_equal(a.room, 1);
+	/* at a limit: refused, with the status naming it */
+	a = admit(100, 300, 50, 300, 0, 0);
+	assert_int_equal(a.refuse, DFCCL_CQ_LIMIT_UID);
+	assert_int_equal(a.room + a.beyond, 0);
+	a = admit(100, 300, 100, 300, 0, 0);
+	assert_int_equal(a.refuse, DFCCL_CQ_LIMIT);
+	a = admit(100, 300, 120, 120, 0, 0);
+	assert_int_equal(a.refuse, DFCCL_CQ_LIMIT);
+	/* no room in the shared part: beyond it, what the limits leave */
+	a = admit(100, 300, 10, 200, 0, SCHED_SHARED);
+	assert_int_equal(a.refuse, DFCCL_CQ_OK);
+	assert_int_equal(a.room, 0);
+	assert_int_equal(a.beyond, 90);
+	a = admit(100, 300, 10, 295, 0, SCHED_SHARED);
+	assert_int_equal(a.beyond, 5);
+	a = admit(100, 300, 1, 1, SCHED_RESERVE, 0);
+	assert_int_equal(a.room, 0);
+	assert_int_equal(a.beyond, 99);
+	/* with room, nothing is taken beyond it */
+	a = admit(100, 300, 10, 10, 0, 0);
+	assert_true(a.room > 0);
+	assert_int_equal(a.beyond, 0);
+
+	/* 3 uids of 10 queue pairs each take what they may: each uid stops at
+	 * its limit, none of its queue pairs at its own, and the shared part is
+	 * shared between the uids */
+	enum { NUID = 3, PER = 10 };
+	const uint32_t lqp = 100, luid = 120;
+	static uint32_t qp[NUID * PER], uid[NUID];
+	uint32_t reserve = 0, shared = 0;
+	for (int moved = 1; moved;) {
+		moved = 0;
+		for (int q = 0; q < NUID * PER; q++) {
+			a = admit(lqp, luid, qp[q], uid[q / PER], reserve, shared);
+			assert_int_equal(a.refuse == DFCCL_CQ_OK, qp[q] < lqp && uid[q / PER] < luid);
+			for (uint32_t k = 0; k < a.room; k++) {
+				if (sched_admit_reserved(qp[q]++))
+					reserve++;
+				else
+					shared++;
+				uid[q / PER]++;
+				moved = 1;
+			}
+		}
+	}
+	for (int u = 0; u < NUID; u++)
+		assert_int_equal(uid[u], luid);
+	for (int q = 0; q < NUID * PER; q++)
+		assert_true(qp[q] < lqp);
+	assert_int_equal(reserve, NUID * PER * SCHED_QP_GUARANTEE);
+	assert_int_equal(shared, NUID * (luid - PER * SCHED_QP_GUARANTEE));
+	/* each uid's first queue pair took what the uid's limit left */
+	assert_int_equal(qp[0], luid - (PER - 1) * SCHED_QP_GUARANTEE);
+}
+
+/* Looks beyond the room resume where the last stopped, within the entries
+ * not yet taken. */
+static void test_look_start(void **state)
+{
+	(void)state;
+	assert_int_equal(sched_look_start(0, 5, 40), 5);
+	assert_int_equal(sched_look_start(21, 5, 40), 21);
+	assert_int_equal(sched_look_start(40, 5, 40), 40);
+	assert_int_equal(sched_look_start(41, 5, 40), 5); /* past the tail: from the head again */
+	assert_int_equal(sched_look_start(3, 5, 40), 5);  /* behind the head */
+	assert_int_equal(sched_look_start(5, 5, 4), 5);   /* nothing to take */
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -211,6 +307,7 @@ int main(void)
 	    cmocka_unit_test(test_remove_keeps_order), cmocka_unit_test(test_thresholds),
 	    cmocka_unit_test(test_stickiness),  cmocka_unit_test(test_queue_full),
 	    cmocka_unit_test(test_drain_threshold), cmocka_unit_test(test_admission),
+	    cmocka_unit_test(test_admission_limits), cmocka_unit_test(test_look_start),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

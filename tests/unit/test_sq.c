@@ -9,7 +9,8 @@
  * Covered: armed entries are taken in any order and an unarmed one never
  * blocks those behind it; sq_head moves only over contiguous taken entries;
  * a client-written tail beyond one lap is clamped; reopening a queue does not
- * retake old entries; sq_check maps each bad field to its status; and a
+ * retake old entries; a filtered take with few looks resumes where the
+ * last one stopped, so it reaches every entry of a long queue; sq_check maps each bad field to its status; and a
  * client thread and an engine thread run thousands of entries through a
  * small queue (the test to run under TSan).
  */
@@ -222,6 +223,58 @@ static void test_unarmed_head_does_not_block(void **state)
 	assert_int_equal(out[0].seq, 1);
 	assert_int_equal(engine_head(f), 4);
 	assert_false(sq_pending(&f->q));
+}
+
+/* sq_take_if's test: the entry's count is one of the two wanted. */
+static uint64_t wanted[2];
+
+static int count_wanted(void *ctx, const struct dfccl_sqe *e)
+{
+	(void)ctx;
+	return e->count == wanted[0] || e->count == wanted[1];
+}
+
+static uint64_t submit_count(struct client *c, uint64_t count)
+{
+	struct dfccl_sqe t = good_entry();
+	t.count = count;
+	uint64_t s = client_reserve(c);
+	client_write(c, s, &t);
+	client_arm(c, s);
+	return s;
+}
+
+/* Three looks a call over 15 armed entries: the wanted ones, 14th and 2nd,
+ * are found as the looks move on, wrapping to the head past the tail; the
+ * others stay armed for sq_take, and the head moves over what is taken. */
+static void test_take_if_resumes(void **state)
+{
+	struct fixture *f = *state;
+	for (uint64_t k = 1; k <= 15; k++)
+		submit_count(&f->c, 100 + k);
+	wanted[0] = 114;
+	wanted[1] = 0;
+	struct dfccl_sqe out[N];
+	unsigned calls = 0, got = 0;
+	while (got == 0 && calls < 10) {
+		got = sq_take_if(&f->q, out, N, count_wanted, NULL, 3);
+		calls++;
+	}
+	assert_int_equal(got, 1);
+	assert_int_equal(out[0].seq, 14);
+	assert_int_equal(calls, 5); /* looks 1-3, 4-6, 7-9, 10-12, 13-15 */
+	assert_int_equal(engine_head(f), 1);
+	/* Past the tail: the next call looks from the head again. */
+	wanted[1] = 102;
+	assert_int_equal(sq_take_if(&f->q, out, N, count_wanted, NULL, 3), 1);
+	assert_int_equal(out[0].seq, 2);
+	assert_int_equal(engine_head(f), 1);
+	/* The rest, in order, for whoever takes them all. */
+	assert_int_equal(sq_take(&f->q, out, N), 13);
+	assert_int_equal(out[0].seq, 1);
+	assert_int_equal(out[1].seq, 3);
+	assert_int_equal(out[12].seq, 15);
+	assert_int_equal(engine_head(f), 16);
 }
 
 static void test_head_contiguous(void **state)
@@ -690,6 +743,7 @@ int main(void)
 	    T(test_take_in_order),
 	    T(test_take_respects_max),
 	    T(test_unarmed_head_does_not_block),
+	    T(test_take_if_resumes),
 	    T(test_head_contiguous),
 	    T(test_wrong_lap_not_taken),
 	    T(test_tail_clamped),
