@@ -50,6 +50,13 @@ struct ce_qp {
 	uint64_t *taken;    /* device memory */
 	uint64_t last_completed;
 	uint32_t gen;
+	uint32_t uid_slot;  /* its uid's slot in the kernel's uid_inflight */
+};
+
+/* A uid's slot in the kernel's per-uid in-flight counts. */
+struct ce_uid {
+	uint32_t uid;
+	uint32_t nqps; /* queue pairs of this uid served now (0: the slot may be given to another uid) */
 };
 
 struct ce_reg {
@@ -88,6 +95,7 @@ struct cuda_engine {
 	struct dk_host *host_dev;
 	struct dk_params params;
 	struct ce_qp qps[DK_MAX_QPS];
+	struct ce_uid uids[DK_MAX_QPS];
 	struct ce_comm comms[DK_MAX_COMMS];
 	uint8_t reg_used[DK_REG_CAP]; /* mirror of the device table's states */
 	struct ce_reg *regs;
@@ -145,6 +153,15 @@ static int ce_put(struct cuda_engine *e, void *dev, const void *src, size_t byte
 static int ce_put32(struct cuda_engine *e, uint32_t *dev, uint32_t v)
 {
 	return ce_put(e, dev, &v, sizeof(v));
+}
+
+/* Reads a word of the kernel's state (parked or not: it is only read). */
+static int ce_get32(struct cuda_engine *e, const uint32_t *dev, uint32_t *v)
+{
+	cudaError_t rc = cudaMemcpyAsync(v, dev, sizeof(*v), cudaMemcpyDeviceToHost, e->ctl_stream);
+	if (rc == cudaSuccess)
+		rc = cudaStreamSynchronize(e->ctl_stream);
+	return ce_failed(e, rc, "reading the daemon kernel's state");
 }
 
 /* The address of a field of the device state (computed, never dereferenced here). */
@@ -332,6 +349,26 @@ static void ce_qp_release(struct ce_qp *p)
 
 /* ------------------------------------------------------------------ the engine interface */
 
+/*
+ * The slot of uid in the kernel's per-uid counts: the one its other queue
+ * pairs use, else one no queue pair uses and whose count has drained (a
+ * slot is never given to another uid while tasks are charged to it).
+ * DK_MAX_QPS when none is free. With the kernel parked.
+ */
+static uint32_t ce_uid_slot(struct cuda_engine *e, uint32_t uid)
+{
+	uint32_t free_slot = DK_MAX_QPS;
+	for (uint32_t k = 0; k < DK_MAX_QPS; k++) {
+		if (e->uids[k].nqps && e->uids[k].uid == uid)
+			return k;
+		uint32_t charged = 1;
+		if (free_slot == DK_MAX_QPS && !e->uids[k].nqps && ce_get32(e, OFF(uid_inflight[k]), &charged) == 0 &&
+		    charged == 0)
+			free_slot = k;
+	}
+	return free_slot;
+}
+
 static int ce_qp_add(void *impl, struct sq_queue *q, char *err, size_t errlen)
 {
 	struct cuda_engine *e = (struct cuda_engine *)impl;
@@ -344,6 +381,11 @@ static int ce_qp_add(void *impl, struct sq_queue *q, char *err, size_t errlen)
 	}
 	struct ce_qp *p = &e->qps[i];
 	ce_park(e);
+	uint32_t us = ce_uid_slot(e, q->uid);
+	if (us == DK_MAX_QPS) {
+		snprintf(err, errlen, "GPU %u: every per-user count of the daemon kernel is in use", e->cfg.device);
+		return -ENOSPC;
+	}
 	void *dev = NULL;
 	uint64_t *taken = NULL;
 	cudaError_t rc = ce_host_map(q->hdr, q->size, &dev);
@@ -373,6 +415,7 @@ static int ce_qp_add(void *impl, struct sq_queue *q, char *err, size_t errlen)
 	d.cw = (uint64_t *)((char *)dev + DFCCL_QP_CW_OFFSET(q->n));
 	d.taken = taken;
 	d.head = q->head; /* sq_queue_open's view: entries below were handled before */
+	d.uid_slot = us;
 	if (ce_put(e, OFF(qps[i]), &d, sizeof(d)) < 0 || ce_put32(e, OFF(qps[i].live), 1) < 0) {
 		snprintf(err, errlen, "%s", e->fatal);
 		cudaFree(taken);
@@ -381,6 +424,9 @@ static int ce_qp_add(void *impl, struct sq_queue *q, char *err, size_t errlen)
 	}
 	p->q = q;
 	p->taken = taken;
+	p->uid_slot = us;
+	e->uids[us].uid = q->uid;
+	e->uids[us].nqps++;
 	p->last_completed = __atomic_load_n(&q->hdr->completed, __ATOMIC_ACQUIRE);
 	if (i + 1 > e->nqps) {
 		e->nqps = i + 1;
@@ -402,6 +448,7 @@ static void ce_qp_del(void *impl, struct sq_queue *q)
 		 * more. */
 		ce_park(e);
 		ce_put32(e, OFF(qps[i].live), 0);
+		e->uids[p->uid_slot].nqps--;
 		ce_qp_release(p);
 		return;
 	}
@@ -942,6 +989,7 @@ extern "C" int cuda_engine_ops_new(const struct engine_config *cfg, const struct
 	e->params.chan_bytes = CE_CHAN_BYTES;
 	e->params.algo = cfg->algo;
 	e->params.max_inflight = sched_max_inflight(cfg->max_inflight);
+	e->params.max_inflight_uid = sched_max_inflight_uid(cfg->max_inflight_uid);
 	const char *trace = getenv(DK_TRACE_ENV);
 	if (trace && *trace) {
 		/* A developer's trace: without memory for it the worker runs

@@ -460,6 +460,7 @@ __device__ void task_free(dk_state *st, dk_task *t)
 	 * unless the slot serves another one by now (which starts from 0). */
 	dk_qp *q = &st->qps[t->qp];
 	atomicSub(t->reserved_part ? &st->admit_reserve : &st->admit_shared, 1u);
+	atomicSub(&st->uid_inflight[t->uid_slot], 1u);
 	if (vload(&q->live) && vload(&q->gen) == t->qp_gen)
 		atomicSub(&q->inflight, 1u);
 	__threadfence();
@@ -563,7 +564,7 @@ __device__ uint32_t entry_accept(dk_ctx &c, uint32_t qi, dk_qp *q, const dfccl_s
 	                              : (uint8_t)DFCCL_ALGO_DIRECT;
 	if (algo_uses_conn(e->opcode, t->algo) && !vload(&cm->conn_all))
 		t->algo = DFCCL_ALGO_DIRECT;
-	uint32_t first = sqe_is_p2p(e->opcode) ? (e->opcode == DFCCL_OP_SEND ? DK_BOX_FREE : DK_BOX_KEY) : DK_SLOT;
+	uint32_t first = sqe_is_p2p(e->opcode) ? (e->opcode == DFCCL_OP_SEND ? DK_BOX_FREE : DK_BOX_WANT) : DK_SLOT;
 	for (uint32_t ch = 0; ch < t->nch; ch++) {
 		t->ch[ch].step = ch == 0 ? first : DK_POSTS;
 		t->ch[ch].wait_rank = 0;
@@ -575,6 +576,8 @@ __device__ uint32_t entry_accept(dk_ctx &c, uint32_t qi, dk_qp *q, const dfccl_s
 		st->states[ch][ti].boost = 1;
 	}
 	t->reserved_part = (uint8_t)sched_admit_reserved(atomicAdd(&q->inflight, 1u));
+	t->uid_slot = (uint8_t)vload(&q->uid_slot);
+	atomicAdd(&st->uid_inflight[t->uid_slot], 1u);
 	atomicAdd(t->reserved_part ? &st->admit_reserve : &st->admit_shared, 1u);
 	t->state = DK_TASK_LIVE;
 	atomicAdd(&st->live_tasks, 1u);
@@ -590,10 +593,6 @@ __device__ uint32_t entry_accept(dk_ctx &c, uint32_t qi, dk_qp *q, const dfccl_s
 	c.acc.started[t->algo - 1]++;
 	return DFCCL_CQ_OK;
 }
-
-/* Entries beyond a queue pair's room examined per pass for a posted peer:
- * each costs a copy across PCIe. */
-#define DK_BEYOND_ROOM 16u
 
 /* Takes the armed entries of every queue pair. Returns how many. */
 __device__ uint32_t read_queues(dk_ctx &c)
@@ -625,15 +624,18 @@ __device__ uint32_t read_queues(dk_ctx &c)
 		if (tail >= head + n)
 			tail = head + n - 1;
 		/* Fair admission (scheduler.h): entries beyond the pair's room
-		 * stay armed in its queue; at max_inflight they are refused. */
-		uint32_t inflight = vload(&q->inflight);
-		bool at_limit = inflight >= c.p.max_inflight;
-		uint32_t room = at_limit ? 0
-		                         : sched_admit_room(inflight, vload(&st->admit_reserve), vload(&st->admit_shared),
-		                                            c.p.max_inflight);
+		 * stay armed in its queue, but for those whose instance a peer
+		 * posted; at a limit they are refused. A pass that starts with
+		 * no room looks at a few entries, from where the last stopped. */
+		struct sched_limits lim = {c.p.max_inflight, c.p.max_inflight_uid};
+		struct sched_load load = {vload(&q->inflight), vload(&st->uid_inflight[vload(&q->uid_slot)]),
+		                          vload(&st->admit_reserve), vload(&st->admit_shared)};
+		struct sched_admission a = sched_admit(&lim, &load);
+		uint32_t room = a.room, beyond = a.beyond, looks = 0;
+		bool looking = a.refuse == DFCCL_CQ_OK && room == 0;
+		uint64_t start = looking ? sched_look_start(vload(&q->look), head, tail) : head, stopped = 0;
 		bool full = false;
-		uint32_t beyond = 0;
-		for (uint64_t s = head; s <= tail && !full; s++) {
+		for (uint64_t s = start; s <= tail && !full; s++) {
 			uint32_t slot = DFCCL_QP_SLOT(s, n);
 			if (taken[slot] == s)
 				continue;
@@ -654,18 +656,21 @@ __device__ uint32_t read_queues(dk_ctx &c)
 			e.arm = s;
 			uint32_t ti = DK_NO_TASK;
 			dk_comm *cm = NULL;
-			if (status == DFCCL_CQ_OK && e.opcode != DFCCL_OP_NOP && !at_limit && room == 0) {
+			if (status == DFCCL_CQ_OK && e.opcode != DFCCL_OP_NOP && a.refuse == DFCCL_CQ_OK && room == 0) {
 				/* No room: it waits in the queue, unless a peer posted
 				 * its instance (scheduler.h); a few such looks a pass. */
-				if (beyond++ >= DK_BEYOND_ROOM)
+				if (looks++ >= SCHED_BEYOND_LOOKS || beyond == 0) {
+					stopped = s;
 					break;
+				}
 				uint32_t ci;
 				dk_comm *pc = comm_find(st, e.comm_id, &ci);
 				if (!pc || !dfccl_comm_peer_posted(vload(&pc->sync), vload(&pc->nranks), &e))
 					continue;
+				beyond--;
 			}
-			if (status == DFCCL_CQ_OK && e.opcode != DFCCL_OP_NOP && at_limit)
-				status = DFCCL_CQ_LIMIT;
+			if (status == DFCCL_CQ_OK && e.opcode != DFCCL_OP_NOP && a.refuse != DFCCL_CQ_OK)
+				status = a.refuse;
 			if (status == DFCCL_CQ_OK && e.opcode != DFCCL_OP_NOP) {
 				room -= room > 0;
 				status = entry_accept(c, qi, q, &e, &ti, &cm);
@@ -688,6 +693,8 @@ __device__ uint32_t read_queues(dk_ctx &c)
 				comm_fail(cm, status);
 			complete(c, q, s, status);
 		}
+		if (looking)
+			*(volatile uint64_t *)&q->look = stopped; /* 0: past the tail, the head next time */
 		while (h <= tail && taken[DFCCL_QP_SLOT(h, n)] == h)
 			h++;
 		if (h != head) {
@@ -975,7 +982,8 @@ __device__ dk_cond cond_of(const dk_task *t, uint32_t ch, uint32_t step, dk_comm
 		w.target = DFCCL_PROGRESS(t->key, 1);
 		break;
 	case DK_FINISH: w.word = &t->posts[0].done, w.target = t->key; break;
-	case DK_BOX_FREE: w.word = &t->box->ack, w.n = 1, w.target = t->slot_free; break;
+	case DK_BOX_FREE:
+	case DK_BOX_WANT: w.word = &t->box->ack, w.n = 1, w.target = t->slot_free; break;
 	case DK_BOX_ACK: w.word = &t->box->ack, w.n = 1, w.target = t->key; break;
 	default: /* DK_BOX_KEY */ w.word = &t->box->key, w.n = 1, w.target = t->key; break;
 	}
@@ -1321,6 +1329,12 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 		case DK_BOX_FREE:
 			box_post(t, cm);
 			x->step = DK_BOX_ACK;
+			break;
+		case DK_BOX_WANT:
+			/* The mailbox is this message's: its sender, even one
+			 * beyond its engine's room, may come in (scheduler.h). */
+			sync_store(cm, &t->box->want, t->key);
+			x->step = DK_BOX_KEY;
 			break;
 		case DK_BOX_ACK: x->step = DK_CHDONE; break;
 		default: /* DK_FINISH */

@@ -46,7 +46,7 @@ struct dk_qp {
 	uint32_t live;                /* host: 1 while served; written last on add, first on removal */
 	uint32_t gen;                 /* host: changes with every use of the slot */
 	uint32_t n;                   /* host: entries (its own record, not the region's header) */
-	uint32_t reserved0;
+	uint32_t uid_slot;            /* host: its uid's index in dk_state.uid_inflight */
 	uint64_t session_id;          /* host */
 	struct dfccl_qp_header *hdr;  /* host: the region as the GPU sees it */
 	struct dfccl_sqe *sq;         /* host */
@@ -56,6 +56,9 @@ struct dk_qp {
 	uint64_t completed;           /* kernel: completions written, under `lock` */
 	int32_t lock;                 /* kernel: orders completions of several blocks */
 	uint32_t inflight;            /* kernel (host zeroes it on add): its tasks in the kernel (atomic) */
+	uint32_t reserved1;
+	uint64_t look;                /* kernel (host zeroes it on add): where the last look beyond the room
+	                               * stopped (sched_look_start), 0: at the head */
 };
 
 enum dk_reg_state { DK_REG_EMPTY = 0, DK_REG_LIVE = 1, DK_REG_GONE = 2 };
@@ -120,6 +123,7 @@ enum dk_step {
 	DK_BOX_KEY,
 	DK_AWAIT,  /* ring and trees: the waits of algorithm step `astep` */
 	DK_AWORK,  /* ring and trees: its data */
+	DK_BOX_WANT, /* a receive: post `want` once the mailbox's previous message is acknowledged */
 	DK_LEFT,   /* this channel's part is over: not in its block's queue any more */
 };
 
@@ -153,7 +157,8 @@ struct dk_task {
 	uint8_t opcode, dtype, redop, nch;
 	uint8_t algo;       /* enum dfccl_algo, chosen when the entry was taken */
 	uint8_t reserved_part; /* 1: admitted from the reserve, 0: from the shared part (scheduler.h) */
-	uint8_t reserved[2];
+	uint8_t uid_slot;   /* its queue pair's uid_slot, charged while the task lives */
+	uint8_t reserved[1];
 	uint32_t status;    /* completion status once known */
 	struct dfccl_rank_post *posts; /* collectives: the instance's posts, [rank] */
 	struct dfccl_p2p_box *box;     /* send/recv */
@@ -210,6 +215,7 @@ struct dk_state {
 	uint32_t admit_reserve, admit_shared; /* tasks admitted from each part (atomic; scheduler.h) */
 	uint32_t task_cursor; /* block 0: where the search for a free task starts */
 	uint64_t arrivals;    /* block 0 */
+	uint32_t uid_inflight[DK_MAX_QPS]; /* tasks per uid slot (atomic; a uid per queue pair at most) */
 	struct dk_qp qps[DK_MAX_QPS];
 	struct dk_comm comms[DK_MAX_COMMS];
 	struct dk_reg regs[DK_REG_CAP];
@@ -230,6 +236,7 @@ struct dk_params {
 	uint64_t chan_bytes;     /* a collective gets one channel per this many bytes, up to `blocks` */
 	uint32_t algo;           /* enum dfccl_algo: for entries without a hint (the `algo` setting) */
 	uint32_t max_inflight;   /* tasks one queue pair may hold (sched_max_inflight) */
+	uint32_t max_inflight_uid; /* tasks the queue pairs of one uid may hold (sched_max_inflight_uid) */
 	struct dk_trace *trace;  /* device memory, or NULL: the blocks' event trace (DK_TRACE_ENV) */
 };
 
