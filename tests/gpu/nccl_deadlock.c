@@ -18,17 +18,16 @@
  * their kernels), and the program reports "NCCL hung on the permuted
  * pattern (expected)". Should NCCL complete, every result is checked.
  *
- * NCCL is loaded at run time with dlopen (--nccl-lib PATH, else
- * libnccl.so.2 from the library path, else the copy PyTorch's wheel
- * installs), and the few prototypes needed are declared here, so this
- * builds without NCCL's headers.
+ * NCCL is loaded at run time through nccl_lib.h (--nccl-lib PATH, else
+ * $DFCCL_NCCL_LIB or libnccl.so.2 from the library path, else the copy
+ * PyTorch's wheel installs), which declares what it uses, so this builds
+ * without NCCL's headers.
  *
  * Exit status: 0 NCCL completed the pattern with correct results, 3 NCCL
  * hung (expected), 1 an error, 2 usage, 77 skipped (no NCCL, or too few
  * GPUs: NCCL needs one GPU per rank).
  */
 #include <cuda_runtime_api.h>
-#include <dlfcn.h>
 #include <errno.h>
 #include <getopt.h>
 #include <signal.h>
@@ -42,6 +41,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "nccl_lib.h"
+
 #define PROG "nccl_deadlock"
 #define EXIT_FAIL 1
 #define EXIT_USAGE 2
@@ -53,53 +54,17 @@
 /* Where PyTorch's NCCL wheel puts the library on the GPU machines. */
 #define TORCH_NCCL_LIB "/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2"
 
-/* ---------------------------------------------------------------- NCCL, by hand */
+/* ---------------------------------------------------------------- NCCL */
 
-/* The parts of nccl.h this program uses (NCCL 2.x ABI). */
-typedef int ncclResult_t; /* ncclSuccess = 0 */
-typedef struct {
-	char internal[128];
-} ncclUniqueId;
-typedef struct ncclComm *ncclComm_t;
-#define NCCL_FLOAT32 7
-#define NCCL_SUM 0
-
-struct nccl_api {
-	ncclResult_t (*get_unique_id)(ncclUniqueId *id);
-	ncclResult_t (*comm_init_rank)(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank);
-	ncclResult_t (*all_reduce)(const void *send, void *recv, size_t count, int dtype, int op, ncclComm_t comm,
-	                           cudaStream_t stream);
-	ncclResult_t (*comm_destroy)(ncclComm_t comm);
-	ncclResult_t (*comm_abort)(ncclComm_t comm);
-	const char *(*error_string)(ncclResult_t r); /* optional */
-};
-
-static struct nccl_api nccl;
-
-/* Opens NCCL and resolves the API; the path used, or NULL (reason printed). */
+/* Opens NCCL: the file at path, else nccl_lib_open's default, else
+ * PyTorch's copy. The path used, or NULL (reason printed). */
 static const char *nccl_load(const char *path)
 {
-	const char *const tries[] = {path, "libnccl.so.2", TORCH_NCCL_LIB};
-	void *h = NULL;
-	const char *used = NULL;
-	for (unsigned i = 0; i < sizeof(tries) / sizeof(tries[0]) && !h; i++)
-		if (tries[i] && (h = dlopen(tries[i], RTLD_NOW | RTLD_LOCAL)))
-			used = tries[i];
-	if (!h) {
-		printf("SKIPPED: cannot load NCCL (%s): set LD_LIBRARY_PATH or pass --nccl-lib\n", dlerror());
+	if (nccl_lib_open(path) < 0 && (path || nccl_lib_open(TORCH_NCCL_LIB) < 0)) {
+		printf("SKIPPED: %s (or pass --nccl-lib)\n", nccl_lib_error());
 		return NULL;
 	}
-	*(void **)&nccl.get_unique_id = dlsym(h, "ncclGetUniqueId");
-	*(void **)&nccl.comm_init_rank = dlsym(h, "ncclCommInitRank");
-	*(void **)&nccl.all_reduce = dlsym(h, "ncclAllReduce");
-	*(void **)&nccl.comm_destroy = dlsym(h, "ncclCommDestroy");
-	*(void **)&nccl.comm_abort = dlsym(h, "ncclCommAbort");
-	*(void **)&nccl.error_string = dlsym(h, "ncclGetErrorString");
-	if (!nccl.get_unique_id || !nccl.comm_init_rank || !nccl.all_reduce || !nccl.comm_destroy || !nccl.comm_abort) {
-		printf("SKIPPED: %s lacks the NCCL 2 API this program needs\n", used);
-		return NULL;
-	}
-	return used;
+	return nccl_lib_path();
 }
 
 /* ---------------------------------------------------------------- messages and checks */
@@ -123,9 +88,9 @@ static bool cuda_ok(cudaError_t e, const char *what, int line)
 #define NCCL_OK(call) nccl_ok((call), #call, __LINE__)
 static bool nccl_ok(ncclResult_t r, const char *what, int line)
 {
-	if (r != 0)
-		say("line %d: %s: NCCL error %d (%s)", line, what, r, nccl.error_string ? nccl.error_string(r) : "?");
-	return r == 0;
+	if (nccl_lib_check(r, NULL, what) < 0)
+		say("line %d: %s", line, nccl_lib_error());
+	return r == ncclSuccess;
 }
 
 static double now_s(void)
@@ -312,7 +277,7 @@ static int run_iteration(const struct run *run, int rank, int it, double deadlin
 	for (int i = 0; i < p->comms; i++) {
 		int k = order[i];
 		size_t n = (size_t)p->bytes[it * p->comms + k] / 4;
-		if (!NCCL_OK(nccl.all_reduce(s->send[k], s->recv[k], n, NCCL_FLOAT32, NCCL_SUM, s->comms[k], s->stream)))
+		if (!NCCL_OK(nccl.all_reduce(s->send[k], s->recv[k], n, ncclFloat32, ncclSum, s->comms[k], s->stream)))
 			return -1;
 	}
 	int w = stream_wait(s->stream, deadline);
@@ -420,8 +385,8 @@ static const char usage[] =
     "\n"
     "      --pattern FILE  the pattern ('-': standard input)\n"
     "      --timeout S     give up after S seconds (default 20)\n"
-    "      --nccl-lib PATH libnccl.so.2 to load (default: the library path, then\n"
-    "                      " TORCH_NCCL_LIB ")\n"
+    "      --nccl-lib PATH libnccl.so.2 to load (default: $DFCCL_NCCL_LIB, else the\n"
+    "                      library path, then " TORCH_NCCL_LIB ")\n"
     "  -h, --help          this text\n"
     "\n"
     "Exit status: 0 NCCL completed the pattern, 3 NCCL hung (expected), 1 error,\n"
