@@ -1,9 +1,11 @@
 /*
  * dfccl-perf: bandwidth and latency of dfccl collectives, with the flags and
- * columns of nccl-tests so that results compare line by line.
+ * columns of nccl-tests so that results compare line by line, and the same
+ * measurement on NCCL (--backend nccl) for a ratio taken in one run on one
+ * machine.
  *
  * It forks one process per rank; each runs the sweep of bench.h (one
- * communicator, per size WARMUP untimed iterations, a barrier, ITERS timed
+ * communicator, per size WARMUP untimed batches, a barrier, ITERS timed
  * batches of B collectives), out of place and then in place, and rank 0
  * prints its times. With -c 1 every size is also checked on reference data
  * (tool.h); #wrong is the wrong elements summed over the ranks. algbw =
@@ -12,15 +14,26 @@
  * 1. Sizes follow nccl-tests too: the larger buffer of the call (see
  * tool_count_for).
  *
+ * Two modes (bench.h): stream, nccl-tests' way (each collective on a CUDA
+ * stream, timed with CUDA events), and callback, dfccl's host-side form
+ * (NULL-stream calls, each batch waited for with dfcclCommSynchronize).
+ * NCCL has the stream form only.
+ *
  * The send and receive buffers are host memory from dfcclMemAllocHost, or
- * with --mem device, vmm or memalloc GPU memory on each rank's device
- * (cudaMalloc, a VMM allocation exportable as a file descriptor, or
- * dfcclMemAlloc's memory; a build with a CUDA toolkit): the timed
- * collectives are the same NULL-stream calls, and the check copies the
- * reference data in and the result out (membuf.h).
+ * with --mem device, vmm, memalloc or nccl GPU memory on each rank's device
+ * (cudaMalloc, a VMM allocation exportable as a file descriptor,
+ * dfcclMemAlloc's memory, or ncclMemAlloc's; a build with a CUDA toolkit):
+ * the check copies the reference data in and the result out (membuf.h).
+ *
+ * Everything that decides whether the run can happen (options, the NCCL
+ * library, CUDA in this build, the GPUs) is settled in the parent before
+ * any rank starts; the parent never touches CUDA, so the ranks it forks
+ * can (NCCL's unique id is made in the parent too: it starts NCCL's
+ * bootstrap thread there and nothing on a GPU).
  */
 #include <getopt.h>
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +43,7 @@
 #include "dfccl.h"
 #include "dfccl_queue.h"
 #include "membuf.h"
+#include "nccl_lib.h"
 #include "tool.h"
 
 static const char usage[] =
@@ -38,7 +52,8 @@ static const char usage[] =
     "Measures dfccl collectives the way nccl-tests does: one line per size with\n"
     "size, count, type, redop, root, time, algbw, busbw and #wrong, out of place\n"
     "and in place (busbw factors: all-reduce 2(n-1)/n, all-gather, reduce-scatter\n"
-    "and all-to-all (n-1)/n, others 1), and the average bus bandwidth at the end.\n"
+    "and all-to-all (n-1)/n, others 1), and the average bus bandwidth at the end;\n"
+    "with --backend nccl, the same measurement on NCCL.\n"
     "\n"
     "  -b, --minbytes SIZE    smallest size (default 8; K, M, G suffixes)\n"
     "  -e, --maxbytes SIZE    largest size (default 64M)\n"
@@ -48,18 +63,36 @@ static const char usage[] =
     "  -c, --check 0|1        check the results (default 1)\n"
     "      --nranks N         rank processes (default 2), spread over the daemon's devices\n"
     "      --devices LIST     comma-separated devices of the ranks: rank r on the (r mod\n"
-    "                         length)-th (default: rank r on device r mod the daemon's count)\n"
+    "                         length)-th (default: rank r on device r mod the daemon's count;\n"
+    "                         with --backend nccl, rank r on GPU r)\n"
+    "      --backend NAME     dfccl (default), or nccl: the same measurement on NCCL, loaded\n"
+    "                         at run time, one rank process per GPU (no two ranks may share\n"
+    "                         one); needs a build with a CUDA toolkit, not dfccld\n"
+    "      --nccl-lib PATH    the NCCL library to load (default $DFCCL_NCCL_LIB, else\n"
+    "                         libnccl.so.2 from the library path: LD_LIBRARY_PATH)\n"
+    "      --nccl-symmetric   NCCL's buffers from ncclMemAlloc, registered as symmetric\n"
+    "                         windows (ncclCommWindowRegister with NCCL_WIN_COLL_SYMMETRIC,\n"
+    "                         as nccl-tests -R 2); NCCL 2.27 or later\n"
+    "      --mode MODE        stream: every collective on a CUDA stream of the rank's own,\n"
+    "                         the timed iterations back to back between two CUDA events,\n"
+    "                         as nccl-tests; callback: dfccl's host-side form, NULL-stream\n"
+    "                         calls, each iteration waited for with dfcclCommSynchronize,\n"
+    "                         timed on the host clock (dfccl only). Default: stream for GPU\n"
+    "                         buffers and on NCCL, callback for host buffers\n"
     "      --mem KIND         where the buffers are: host (dfcclMemAllocHost, default);\n"
     "                         on the rank's GPU, device (cudaMalloc), vmm (cuMemCreate\n"
-    "                         exportable as a POSIX file descriptor, mapped with cuMemMap)\n"
-    "                         or memalloc (dfcclMemAlloc: device memory the daemon owns);\n"
-    "                         the GPU kinds need the CUDA engine and a build with a CUDA\n"
-    "                         toolkit\n"
+    "                         exportable as a POSIX file descriptor, mapped with cuMemMap),\n"
+    "                         memalloc (dfcclMemAlloc: device memory the daemon owns) or\n"
+    "                         nccl (ncclMemAlloc); the GPU kinds need a build with a CUDA\n"
+    "                         toolkit (and on dfccl the CUDA engine). --backend nccl takes\n"
+    "                         device (its default), vmm or nccl\n"
     "      --dtype TYPE       int8 uint8 int32 uint32 int64 uint64 half float double bfloat16\n"
     "                         (default float)\n"
     "      --op OP            reduction: sum prod max min avg (default sum)\n"
-    "      --batch B          B collectives back to back in one group before each wait\n"
-    "                         (default 1); the time column is per collective\n"
+    "      --batch B          B collectives back to back per iteration (default 1); the\n"
+    "                         time column is per collective\n"
+    "      --group 0|1        1: the B collectives inside one GroupStart/GroupEnd (default;\n"
+    "                         with --batch 1 the plain call, as nccl-tests); 0: B plain calls\n"
     "      --algo NAME        algorithm: auto direct ring tree multitree, where it can run\n"
     "                         the collective (default auto: the daemon's choice; sets\n"
     "                         DFCCL_ALGO in the rank processes)\n"
@@ -68,18 +101,29 @@ static const char usage[] =
     "  -h, --help             this text\n"
     "  -V, --version          the library version\n"
     "\n"
-    "Exit status: 0 success, 1 a collective failed or returned wrong data, 2 usage.\n";
+    "The header says the backend and its library version, the mode, symmetric, batch and\n"
+    "group; so does every --json object.\n"
+    "\n"
+    "Exit status: 0 success, 1 a collective failed or returned wrong data, 2 usage, or\n"
+    "what was asked cannot run here (no NCCL, a build without CUDA, too few GPUs).\n";
 
 struct perf {
 	struct bench_spec spec;
 	bool json;
+	int version;      /* the backend library's version code */
+	char library[80]; /* "dfccl 0.1.0", "NCCL 2.28.9" */
+	char where[4096]; /* NCCL: the file it was loaded from */
 };
 
-static void print_header(const struct bench_spec *s)
+static void print_header(const struct perf *p)
 {
-	printf("# dfccl-perf %s: %d ranks, %s, %s buffers, batch %d, %ld warmup and %ld timed iterations per size\n",
-	       tool_coll_name(s->coll), s->nranks, tool_dtype_name(s->dtype), membuf_kind_name(s->mem), s->batch,
-	       s->warmup, s->iters);
+	const struct bench_spec *s = &p->spec;
+	printf("# dfccl-perf %s: %d ranks, %s, %s buffers, %ld warmup and %ld timed iterations per size\n",
+	       tool_coll_name(s->coll), s->nranks, tool_dtype_name(s->dtype), membuf_kind_name(s->mem), s->warmup,
+	       s->iters);
+	printf("# backend %s (%s%s%s), mode %s, symmetric %d, batch %d, group %d\n", bench_backend_name(s->backend),
+	       p->library, p->where[0] ? " from " : "", p->where, bench_mode_name(s->mode), s->symmetric, s->batch,
+	       !s->ungrouped);
 	printf("#%58s %-31s %-31s\n", "", "out-of-place", "in-place");
 	printf("#%11s %13s %9s %7s %6s %8s %7s %7s %6s %8s %7s %7s %6s\n", "size", "count", "type", "redop", "root",
 	       "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong");
@@ -132,7 +176,7 @@ static int perf_rank(int rank, void *arg)
 	if (r != dfcclSuccess)
 		goto out;
 	if (rank == 0 && !p->json)
-		print_header(s);
+		print_header(p);
 
 	for (unsigned k = 0; k < nsizes; k++) {
 		size_t size = sizes[k].bytes, count = sizes[k].count;
@@ -147,10 +191,13 @@ static int perf_rank(int rank, void *arg)
 		bool reduces = tool_coll_reduces(s->coll);
 		int root = tool_coll_rooted(s->coll) ? s->root : -1;
 		if (p->json) {
-			printf("{\"collective\": \"%s\", \"nranks\": %d, \"mem\": \"%s\", \"batch\": %d, \"size\": %zu, "
-			       "\"count\": %zu, \"type\": \"%s\", \"redop\": \"%s\", \"root\": %d",
-			       tool_coll_name(s->coll), s->nranks, membuf_kind_name(s->mem), s->batch, size, count,
-			       tool_dtype_name(s->dtype),
+			printf("{\"collective\": \"%s\", \"backend\": \"%s\", \"library\": \"%s\", \"version\": %d, "
+			       "\"mode\": \"%s\", \"symmetric\": %s, \"nranks\": %d, \"mem\": \"%s\", \"batch\": %d, "
+			       "\"group\": %d, \"size\": %zu, \"count\": %zu, \"type\": \"%s\", \"redop\": \"%s\", "
+			       "\"root\": %d",
+			       tool_coll_name(s->coll), bench_backend_name(s->backend), p->library, p->version,
+			       bench_mode_name(s->mode), s->symmetric ? "true" : "false", s->nranks, membuf_kind_name(s->mem),
+			       s->batch, !s->ungrouped, size, count, tool_dtype_name(s->dtype),
 			       reduces ? tool_op_name(s->op) : "none", root);
 			json_measure(s, "out_of_place", size, &m[0]);
 			json_measure(s, "in_place", size, &m[1]);
@@ -179,6 +226,149 @@ static int usage_error(const char *what, const char *arg)
 	return TOOL_EXIT_USAGE;
 }
 
+/* A request this run cannot serve, said in full; the exit status. */
+static int refuse(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int refuse(const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	fputs("dfccl-perf: ", stderr);
+	vfprintf(stderr, fmt, ap);
+	fputc('\n', stderr);
+	va_end(ap);
+	return TOOL_EXIT_USAGE;
+}
+
+/* What the options left open: how they were given, before the spec is
+ * completed by perf_settle. */
+struct perf_ask {
+	int mode;              /* enum bench_mode, or -1: the default */
+	bool mem_given;        /* --mem */
+	const char *nccl_path; /* --nccl-lib, or NULL */
+};
+
+/* The buffers by backend: NCCL's defaults, and the kinds each takes. */
+static int perf_settle_mem(struct bench_spec *s, const struct perf_ask *a)
+{
+	bool on_nccl = s->backend == BENCH_NCCL;
+	if (s->symmetric && !on_nccl)
+		return refuse("--nccl-symmetric is NCCL's: it needs --backend nccl");
+	if (on_nccl && !a->mem_given)
+		s->mem = s->symmetric ? MEMBUF_NCCL : MEMBUF_DEVICE;
+	if (s->symmetric && s->mem != MEMBUF_NCCL)
+		return refuse("--nccl-symmetric allocates the buffers with ncclMemAlloc (--mem nccl), not --mem %s",
+		              membuf_kind_name(s->mem));
+	if (on_nccl && s->mem != MEMBUF_DEVICE && s->mem != MEMBUF_VMM && s->mem != MEMBUF_NCCL)
+		return refuse("--backend nccl takes --mem device, vmm or nccl, not --mem %s", membuf_kind_name(s->mem));
+	if (!on_nccl && s->mem == MEMBUF_NCCL)
+		return refuse("--mem nccl (ncclMemAlloc) is for --backend nccl");
+	return 0;
+}
+
+/* NCCL needs a GPU of its own per rank: two ranks on one GPU are refused. */
+static int perf_distinct_gpus(const struct bench_spec *s)
+{
+	for (int r = 1; r < s->nranks; r++) {
+		int dev = tool_rank_device(&s->devices, r, s->nranks);
+		for (int q = 0; q < r; q++)
+			if (tool_rank_device(&s->devices, q, s->nranks) == dev)
+				return refuse("ranks %d and %d would share GPU %d: NCCL needs a GPU of its own per rank "
+				              "(give --devices with %d distinct GPUs, or fewer --nranks)",
+				              q, r, dev, s->nranks);
+	}
+	return 0;
+}
+
+/* GPU buffers, NCCL and the stream form need CUDA in this build. */
+static int perf_need_cuda(const struct bench_spec *s)
+{
+	static const char no_cuda[] = "this build has no CUDA (no CUDA toolkit was found when dfccl was built)";
+	const char *kind = membuf_kind_name(s->mem);
+	if ((membuf_on_gpu(s->mem) || s->mode == BENCH_STREAM) && membuf_require(MEMBUF_DEVICE) < 0) {
+		if (s->backend == BENCH_NCCL)
+			return refuse("--backend nccl runs on GPUs, and %s: rebuild with a toolkit", no_cuda);
+		if (membuf_on_gpu(s->mem))
+			return refuse("--mem %s: %s", kind, membuf_error());
+		return refuse("--mode stream issues the collectives on a CUDA stream, and %s: use --mode callback, or "
+		              "rebuild with a toolkit",
+		              no_cuda);
+	}
+	if (membuf_require(s->mem) < 0)
+		return refuse("--mem %s: %s", kind, membuf_error());
+	return 0;
+}
+
+/* Every rank's GPU must exist (asked in a child: this process stays free
+ * of CUDA for the ranks it forks). */
+static int perf_nccl_gpus(const struct bench_spec *s)
+{
+	int ngpu = membuf_gpu_count();
+	if (ngpu <= 0)
+		return refuse("--backend nccl: CUDA sees no GPU on this machine (no driver or no device)");
+	for (int r = 0; r < s->nranks; r++) {
+		int dev = tool_rank_device(&s->devices, r, s->nranks);
+		if (dev >= ngpu)
+			return refuse("--backend nccl: rank %d would run on GPU %d, and CUDA sees %d GPU%s (one GPU per "
+			              "rank: fewer --nranks, or --devices)",
+			              r, dev, ngpu, ngpu == 1 ? "" : "s");
+	}
+	return 0;
+}
+
+/* Loads NCCL, and records which one for the header. */
+static int perf_open_nccl(struct perf *p, const struct perf_ask *a)
+{
+	struct bench_spec *s = &p->spec;
+	char v[32];
+	if (nccl_lib_open(a->nccl_path) < 0)
+		return refuse("%s%s", nccl_lib_error(), a->nccl_path ? "" : " (or give --nccl-lib PATH)");
+	if (s->symmetric && nccl_lib_need_windows() < 0)
+		return refuse("--nccl-symmetric: %s", nccl_lib_error());
+	p->version = nccl_lib_version();
+	snprintf(p->library, sizeof(p->library), "NCCL %s", nccl_lib_version_name(p->version, v, sizeof(v)));
+	snprintf(p->where, sizeof(p->where), "%s", nccl_lib_path());
+	return 0;
+}
+
+/*
+ * Completes the spec from what was asked, refusing what cannot run, in the
+ * order that says the most useful thing first: the options' own conflicts,
+ * then the NCCL library, CUDA in this build, the GPUs. Then makes the
+ * unique id. Returns -1 when the run can go ahead, else the exit status
+ * (the reason printed).
+ */
+static int perf_settle(struct perf *p, const struct perf_ask *a)
+{
+	struct bench_spec *s = &p->spec;
+	bool on_nccl = s->backend == BENCH_NCCL;
+	int rc;
+	if (on_nccl && a->mode == BENCH_CALLBACK)
+		return refuse("--mode callback is dfccl's host-side form; NCCL has the stream form only (--mode stream, "
+		              "its default)");
+	if ((rc = perf_settle_mem(s, a)) != 0)
+		return rc;
+	s->mode = a->mode >= 0 ? a->mode : on_nccl || membuf_on_gpu(s->mem) ? BENCH_STREAM : BENCH_CALLBACK;
+	if (on_nccl && ((rc = perf_distinct_gpus(s)) != 0 || (rc = perf_open_nccl(p, a)) != 0))
+		return rc;
+	if ((rc = perf_need_cuda(s)) != 0)
+		return rc;
+	if (on_nccl && (rc = perf_nccl_gpus(s)) != 0)
+		return rc;
+	if (on_nccl) {
+		if (nccl_lib_check(nccl.get_unique_id(&s->nccl_id), NULL, "ncclGetUniqueId") == 0)
+			return -1;
+		fprintf(stderr, "dfccl-perf: %s\n", nccl_lib_error());
+		return TOOL_EXIT_FAIL;
+	}
+	dfcclGetVersion(&p->version);
+	snprintf(p->library, sizeof(p->library), "dfccl %d.%d.%d", p->version / 10000, p->version / 100 % 100,
+	         p->version % 100);
+	if (dfcclGetUniqueId(&s->id) == dfcclSuccess)
+		return -1;
+	fprintf(stderr, "dfccl-perf: %s\n", dfcclGetLastError(NULL));
+	return TOOL_EXIT_FAIL;
+}
+
 int main(int argc, char **argv)
 {
 	static const struct option opts[] = {
@@ -190,12 +380,15 @@ int main(int argc, char **argv)
 	    {"json", no_argument, NULL, 'j'},         {"socket", required_argument, NULL, 'S'},
 	    {"help", no_argument, NULL, 'h'},         {"version", no_argument, NULL, 'V'},
 	    {"algo", required_argument, NULL, 'A'},    {"mem", required_argument, NULL, 'M'},
-	    {"devices", required_argument, NULL, 'D'},
+	    {"devices", required_argument, NULL, 'D'}, {"backend", required_argument, NULL, 'K'},
+	    {"mode", required_argument, NULL, 'm'},    {"group", required_argument, NULL, 'G'},
+	    {"nccl-symmetric", no_argument, NULL, 'Y'}, {"nccl-lib", required_argument, NULL, 'L'},
 	    {NULL, 0, NULL, 0},
 	};
 	struct perf p = {.spec = {.name = "dfccl-perf", .dtype = dfcclFloat32, .op = dfcclSum, .nranks = 2, .batch = 1,
 	                          .min_bytes = 8, .max_bytes = 64u << 20, .factor = 2, .iters = 20, .warmup = 5,
 	                          .check = true}};
+	struct perf_ask ask = {.mode = -1};
 	struct bench_spec *s = &p.spec;
 	int rc = tool_standard_options(argc, argv, "dfccl-perf", usage);
 	if (rc >= 0)
@@ -245,6 +438,11 @@ int main(int argc, char **argv)
 				return usage_error("--batch takes a positive number, not", optarg);
 			s->batch = (int)v;
 			break;
+		case 'G':
+			if (!tool_parse_long(optarg, 0, 1, &v))
+				return usage_error("--group takes 0 or 1, not", optarg);
+			s->ungrouped = v == 0;
+			break;
 		case 'j': p.json = true; break;
 		case 'S': setenv("DFCCL_SOCKET", optarg, 1); break;
 		case 'A':
@@ -254,16 +452,23 @@ int main(int argc, char **argv)
 			break;
 		case 'M':
 			if ((s->mem = membuf_kind_parse(optarg)) < 0)
-				return usage_error("--mem takes host, device, vmm or memalloc, not", optarg);
-			if (membuf_require(s->mem) < 0) {
-				fprintf(stderr, "dfccl-perf: --mem %s: %s\n", optarg, membuf_error());
-				return TOOL_EXIT_USAGE;
-			}
+				return usage_error("--mem takes host, device, vmm, memalloc or nccl, not", optarg);
+			ask.mem_given = true;
 			break;
 		case 'D':
 			if (!tool_parse_devices(optarg, &s->devices))
 				return usage_error("--devices takes comma-separated device indices, not", optarg);
 			break;
+		case 'K':
+			if ((s->backend = bench_backend_parse(optarg)) < 0)
+				return usage_error("--backend takes dfccl or nccl, not", optarg);
+			break;
+		case 'm':
+			if ((ask.mode = bench_mode_parse(optarg)) < 0)
+				return usage_error("--mode takes stream or callback, not", optarg);
+			break;
+		case 'Y': s->symmetric = true; break;
+		case 'L': ask.nccl_path = optarg; break;
 		default: return usage_error("unknown option", argv[optind - 1]);
 		}
 	}
@@ -280,9 +485,7 @@ int main(int argc, char **argv)
 		return usage_error("sendrecv needs at least 2 ranks; --nranks", "1");
 	if (s->factor == 1 && s->min_bytes != s->max_bytes)
 		return usage_error("-f 1 repeats one size; give -b equal to -e, not -b", "");
-	if (dfcclGetUniqueId(&s->id) != dfcclSuccess) {
-		fprintf(stderr, "dfccl-perf: %s\n", dfcclGetLastError(NULL));
-		return TOOL_EXIT_FAIL;
-	}
+	if ((rc = perf_settle(&p, &ask)) >= 0)
+		return rc;
 	return tool_run_ranks("dfccl-perf", s->nranks, perf_rank, &p, 30) ? TOOL_EXIT_FAIL : 0;
 }

@@ -18,6 +18,7 @@
 #endif
 
 #include "dfccl.h"
+#include "nccl_lib.h"
 #include "tool.h"
 
 static _Thread_local char membuf_err[320];
@@ -37,7 +38,8 @@ const char *membuf_error(void)
 }
 
 static const char *const kind_names[MEMBUF_NKINDS] = {
-    [MEMBUF_HOST] = "host", [MEMBUF_DEVICE] = "device", [MEMBUF_VMM] = "vmm", [MEMBUF_MEMALLOC] = "memalloc"};
+    [MEMBUF_HOST] = "host", [MEMBUF_DEVICE] = "device", [MEMBUF_VMM] = "vmm", [MEMBUF_MEMALLOC] = "memalloc",
+    [MEMBUF_NCCL] = "nccl"};
 
 const char *membuf_kind_name(int kind)
 {
@@ -54,7 +56,7 @@ int membuf_kind_parse(const char *s)
 
 bool membuf_on_gpu(int kind)
 {
-	return kind == MEMBUF_DEVICE || kind == MEMBUF_VMM || kind == MEMBUF_MEMALLOC;
+	return kind == MEMBUF_DEVICE || kind == MEMBUF_VMM || kind == MEMBUF_MEMALLOC || kind == MEMBUF_NCCL;
 }
 
 /* An allocation of libdfccl's (dfcclMemAlloc or dfcclMemAllocHost). */
@@ -299,6 +301,59 @@ static void vmm_free(void *p)
 	fprintf(stderr, "membuf: %p is no VMM allocation of this process: not freed\n", p);
 }
 
+/* ---------------------------------------------------------------- streams and events */
+
+int membuf_stream_create(membuf_stream_t *s)
+{
+	cudaStream_t cs = NULL;
+	int rc = cuda_check(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+	*s = rc == 0 ? cs : NULL;
+	return rc;
+}
+
+void membuf_stream_destroy(membuf_stream_t s)
+{
+	if (s)
+		cudaStreamDestroy(s);
+}
+
+int membuf_stream_query(membuf_stream_t s)
+{
+	cudaError_t e = cudaStreamQuery(s);
+	if (e == cudaErrorNotReady)
+		return 0;
+	return cuda_check(e, "the work on the stream (cudaStreamQuery)") < 0 ? -1 : 1;
+}
+
+int membuf_event_create(membuf_event_t *e)
+{
+	cudaEvent_t ce = NULL;
+	int rc = cuda_check(cudaEventCreate(&ce), "cudaEventCreate");
+	*e = rc == 0 ? ce : NULL;
+	return rc;
+}
+
+void membuf_event_destroy(membuf_event_t e)
+{
+	if (e)
+		cudaEventDestroy(e);
+}
+
+int membuf_event_record(membuf_event_t e, membuf_stream_t s)
+{
+	return cuda_check(cudaEventRecord(e, s), "cudaEventRecord");
+}
+
+int membuf_event_elapsed(membuf_event_t start, membuf_event_t stop, double *ms)
+{
+	float f = 0;
+	if (cuda_check(cudaEventSynchronize(stop), "cudaEventSynchronize") < 0 ||
+	    cuda_check(cudaEventElapsedTime(&f, start, stop), "cudaEventElapsedTime") < 0)
+		return -1;
+	*ms = f;
+	return 0;
+}
+
 #else /* no CUDA toolkit at build time */
 
 static int no_cuda(void)
@@ -372,9 +427,86 @@ static void vmm_free(void *p)
 	(void)p;
 }
 
+int membuf_stream_create(membuf_stream_t *s)
+{
+	*s = NULL;
+	return no_cuda();
+}
+
+void membuf_stream_destroy(membuf_stream_t s)
+{
+	(void)s;
+}
+
+int membuf_stream_query(membuf_stream_t s)
+{
+	(void)s;
+	return no_cuda();
+}
+
+int membuf_event_create(membuf_event_t *e)
+{
+	*e = NULL;
+	return no_cuda();
+}
+
+void membuf_event_destroy(membuf_event_t e)
+{
+	(void)e;
+}
+
+int membuf_event_record(membuf_event_t e, membuf_stream_t s)
+{
+	(void)e;
+	(void)s;
+	return no_cuda();
+}
+
+int membuf_event_elapsed(membuf_event_t start, membuf_event_t stop, double *ms)
+{
+	(void)start;
+	(void)stop;
+	(void)ms;
+	return no_cuda();
+}
+
 #endif /* DFCCL_HAVE_CUDA */
 
 /* ---------------------------------------------------------------- every kind */
+
+/* ncclMemAlloc's memory, of the NCCL that nccl_lib_open() loaded (no CUDA
+ * call of this module's: NCCL makes them). */
+static int have_nccl_mem(void)
+{
+	if (!nccl_lib_loaded()) {
+		set_error("nccl buffers come from ncclMemAlloc, and NCCL is not loaded in this program");
+		return -1;
+	}
+	if (!nccl.mem_alloc || !nccl.mem_free) {
+		set_error("the NCCL at %s has no ncclMemAlloc (NCCL 2.19 or later has)", nccl_lib_path());
+		return -1;
+	}
+	return 0;
+}
+
+static int ncclmem_alloc(void **p, size_t size)
+{
+	char what[64];
+	if (have_nccl_mem() < 0)
+		return -1;
+	snprintf(what, sizeof(what), "ncclMemAlloc of %zu bytes", size);
+	if (nccl_lib_check(nccl.mem_alloc(p, size), NULL, what) == 0)
+		return 0;
+	set_error("%s", nccl_lib_error());
+	*p = NULL;
+	return -1;
+}
+
+static void ncclmem_free(void *p)
+{
+	if (nccl.mem_free)
+		nccl.mem_free(p);
+}
 
 int membuf_require(int kind)
 {
@@ -382,7 +514,11 @@ int membuf_require(int kind)
 		set_error("unknown kind of memory %d", kind);
 		return -1;
 	}
-	return membuf_on_gpu(kind) ? have_cuda() : 0;
+	if (!membuf_on_gpu(kind))
+		return 0;
+	if (have_cuda() < 0)
+		return -1;
+	return kind == MEMBUF_NCCL ? have_nccl_mem() : 0;
 }
 
 int membuf_use_device(int kind, int device)
@@ -397,6 +533,7 @@ int membuf_alloc(int kind, void **p, size_t size)
 	case MEMBUF_DEVICE: return dev_alloc(p, size);
 	case MEMBUF_VMM: return vmm_alloc(p, size);
 	case MEMBUF_MEMALLOC: return memalloc_alloc(p, size);
+	case MEMBUF_NCCL: return ncclmem_alloc(p, size);
 	default: return dfccl_alloc(dfcclMemAllocHost, "dfcclMemAllocHost", p, size);
 	}
 }
@@ -408,6 +545,7 @@ void membuf_free(int kind, void *p)
 	switch (kind) {
 	case MEMBUF_DEVICE: dev_free(p); break;
 	case MEMBUF_VMM: vmm_free(p); break;
+	case MEMBUF_NCCL: ncclmem_free(p); break;
 	default: dfcclMemFree(p); break;
 	}
 }

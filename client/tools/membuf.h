@@ -12,8 +12,10 @@
  *     access for this GPU, registered by libdfccl through that descriptor;
  *   - memalloc: dfcclMemAlloc's device memory, which the daemon allocates
  *     and owns (CUDA engine only: the host engine's dfcclMemAlloc gives
- *     host memory, which membuf_alloc refuses for this kind).
- * The last three are GPU memory (membuf_on_gpu): the CPU never dereferences
+ *     host memory, which membuf_alloc refuses for this kind);
+ *   - nccl: ncclMemAlloc's memory, which NCCL can register as a symmetric
+ *     window (NCCL loaded with nccl_lib_open first: nccl_lib.h).
+ * The last four are GPU memory (membuf_on_gpu): the CPU never dereferences
  * them.
  *
  * A host buffer is its own image: uploads and downloads do nothing. A GPU
@@ -34,6 +36,10 @@
  * the fork (a CUDA context does not survive fork(), and the children would
  * inherit a broken driver state).
  *
+ * The module also holds the few other CUDA runtime calls of the tools: a
+ * stream of their own for the stream-ordered form of the collectives, and
+ * events that time the work on it.
+ *
  * Functions return 0 or -1; after -1, membuf_error() is a sentence saying
  * what failed, for the caller's message.
  */
@@ -49,18 +55,20 @@ enum membuf_kind {
 	MEMBUF_DEVICE,   /* cudaMalloc */
 	MEMBUF_VMM,      /* cuMemCreate exportable as a POSIX fd, cuMemMap'd */
 	MEMBUF_MEMALLOC, /* dfcclMemAlloc's device memory (CUDA engine) */
+	MEMBUF_NCCL,     /* ncclMemAlloc */
 	MEMBUF_NKINDS
 };
 
-/* "host", "device", "vmm", "memalloc"; the kind or -1. */
+/* "host", "device", "vmm", "memalloc", "nccl"; the kind or -1. */
 const char *membuf_kind_name(int kind);
 int membuf_kind_parse(const char *s);
 
-/* Whether kind is GPU memory (device, vmm, memalloc). */
+/* Whether kind is GPU memory (device, vmm, memalloc, nccl). */
 bool membuf_on_gpu(int kind);
 
 /* 0 if this build can allocate buffers of kind; else -1, and
- * membuf_error() says why (a build without CUDA for GPU memory). */
+ * membuf_error() says why (a build without CUDA for GPU memory, NCCL not
+ * loaded or too old for nccl memory). */
 int membuf_require(int kind);
 
 /* What the last failure of this process's membuf calls was. */
@@ -91,6 +99,25 @@ int membuf_sync(int kind);
  * stays free of CUDA for the ranks it forks; -1 if CUDA cannot be used
  * (no driver, no GPU, or a build without CUDA). */
 int membuf_gpu_count(void);
+
+/*
+ * A stream of the calling thread's CUDA device that does not synchronize
+ * with the legacy default stream (cudaStreamNonBlocking, as nccl-tests
+ * uses), and events on it. membuf_stream_query is 1 once everything issued
+ * on the stream has completed, 0 while not, -1 on an error (of the stream's
+ * work too). membuf_event_elapsed waits for `stop` and gives the
+ * milliseconds from `start` to it. The *_destroy calls take NULL.
+ */
+typedef struct CUstream_st *membuf_stream_t;
+typedef struct CUevent_st *membuf_event_t;
+
+int membuf_stream_create(membuf_stream_t *s);
+void membuf_stream_destroy(membuf_stream_t s);
+int membuf_stream_query(membuf_stream_t s);
+int membuf_event_create(membuf_event_t *e);
+void membuf_event_destroy(membuf_event_t e);
+int membuf_event_record(membuf_event_t e, membuf_stream_t s);
+int membuf_event_elapsed(membuf_event_t start, membuf_event_t stop, double *ms);
 
 /* A buffer and its host image. */
 struct membuf {

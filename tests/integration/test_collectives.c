@@ -18,6 +18,9 @@
  *     orders;
  *   - the tools' --mem and --devices: host buffers on chosen devices, and
  *     GPU buffers refused with a reason where they cannot be had;
+ *   - dfccl-perf's backends and modes: what NCCL and the stream form cannot
+ *     do here refused with the reason, and grouped and ungrouped batches
+ *     on dfccl with the header and JSON that say how they ran;
  *   - a rank SIGKILLed in the middle of a chaos run: the other ranks end
  *     with errors instead of hanging, and the daemon serves a new run.
  * The daemon runs with --host-devices 2, so ranks share devices as they do
@@ -40,6 +43,7 @@
 
 #include "dfccl.h"
 #include "harness.h"
+#include "membuf.h"
 #include "tool.h"
 
 #if !defined(DFCCL_CHAOS_PATH) || !defined(DFCCL_PERF_PATH)
@@ -416,7 +420,8 @@ static void test_tools_memory(void **state)
 			int want_rc = TOOL_EXIT_USAGE;
 #endif
 			if (k == 3) {
-				said = strstr(out, "--mem takes host, device, vmm or memalloc, not") != NULL;
+				said = strstr(out, t == 0 ? "--mem takes host, device, vmm or memalloc, not"
+				                          : "--mem takes host, device, vmm, memalloc or nccl, not") != NULL;
 				want_rc = TOOL_EXIT_USAGE;
 			}
 			if (rc != want_rc || !said)
@@ -426,6 +431,139 @@ static void test_tools_memory(void **state)
 			assert_true(said);
 		}
 	}
+}
+
+/*
+ * dfccl-perf --backend, --mode, --group and NCCL's options. Every request
+ * that NCCL or the stream form cannot serve here is refused before any rank
+ * starts, with a message that says why: an unknown backend or mode, the
+ * callback form on NCCL, two ranks on one GPU, symmetric buffers without
+ * NCCL or from an NCCL without windows (the old fake NCCL), buffers NCCL
+ * does not take, a missing library named by --nccl-lib or by
+ * DFCCL_NCCL_LIB. Past loading NCCL (the current fake NCCL), a build
+ * without CUDA refuses (the stream form too); in a build with CUDA the fake
+ * NCCL finds no GPU (CI) or, where CUDA sees one, its rank reports the
+ * fake's failure, and the stream form on the host engine finds no GPU or
+ * runs with correct results. On dfccl (the host engine), host buffers
+ * default to the callback form, ungrouped and grouped batches complete with
+ * correct results, and the header and the JSON say backend, library
+ * version, mode, symmetric, batch and group.
+ */
+#if !defined(FAKE_NCCL_PATH) || !defined(FAKE_NCCL_OLD_PATH)
+#error "FAKE_NCCL_PATH and FAKE_NCCL_OLD_PATH must name the fake NCCL libraries"
+#endif
+
+/* One request to dfccl-perf and what it must end with: an exit status and
+ * phrases of its output. */
+struct perf_expect {
+	const char *args[12];
+	int rc;
+	const char *says[3];
+};
+
+static void perf_expect(struct daemon_proc *d, const struct perf_expect *e)
+{
+	const char *const *a = e->args;
+	char *out;
+	int rc = run_tool(d, DFCCL_PERF_PATH, 120000, VICTIM_NONE, 0, &out, a[0], a[1], a[2], a[3], a[4], a[5], a[6],
+	                  a[7], a[8], a[9], a[10], a[11], NULL);
+	int said = 1;
+	for (int k = 0; k < 3 && e->says[k]; k++)
+		said = said && strstr(out, e->says[k]) != NULL;
+	if (rc != e->rc || !said)
+		fprintf(stderr, "dfccl-perf %s %s %s %s ...: exit %d (want %d), want \"%s\"%s in:\n%s", a[0],
+		        a[1] ? a[1] : "", a[2] ? a[2] : "", a[3] ? a[3] : "", rc, e->rc, e->says[0],
+		        e->says[1] ? " and more" : "", out);
+	free(out);
+	assert_int_equal(rc, e->rc);
+	assert_true(said);
+}
+
+static void test_perf_backends(void **state)
+{
+	struct daemon_proc *d = *state;
+	const int usage = TOOL_EXIT_USAGE;
+	const struct perf_expect refused[] = {
+	    {{"allreduce", "--backend", "bogus"}, usage, {"--backend takes dfccl or nccl, not 'bogus'"}},
+	    {{"allreduce", "--mode", "sync"}, usage, {"--mode takes stream or callback, not 'sync'"}},
+	    {{"allreduce", "--group", "2"}, usage, {"--group takes 0 or 1, not '2'"}},
+	    {{"allreduce", "--backend", "nccl", "--mode", "callback"}, usage, {"NCCL has the stream form only"}},
+	    {{"allreduce", "--backend", "nccl", "--devices", "1,1"}, usage,
+	     {"ranks 0 and 1 would share GPU 1: NCCL needs a GPU of its own per rank"}},
+	    {{"allreduce", "--backend", "nccl", "--nranks", "3", "--devices", "0,1"}, usage,
+	     {"ranks 0 and 2 would share GPU 0"}},
+	    {{"allreduce", "--nccl-symmetric"}, usage, {"--nccl-symmetric is NCCL's: it needs --backend nccl"}},
+	    {{"allreduce", "--mem", "nccl"}, usage, {"--mem nccl (ncclMemAlloc) is for --backend nccl"}},
+	    {{"allreduce", "--backend", "nccl", "--mem", "host"}, usage,
+	     {"--backend nccl takes --mem device, vmm or nccl, not --mem host"}},
+	    {{"allreduce", "--backend", "nccl", "--nccl-symmetric", "--mem", "vmm"}, usage,
+	     {"--nccl-symmetric allocates the buffers with ncclMemAlloc (--mem nccl), not --mem vmm"}},
+	    {{"allreduce", "--backend", "nccl", "--nccl-lib", "/nonexistent/nccl/libnccl.so.2"}, usage,
+	     {"cannot load NCCL (/nonexistent/nccl/libnccl.so.2)", "on LD_LIBRARY_PATH, or name the file in "
+	      "DFCCL_NCCL_LIB"}},
+	    {{"allreduce", "--backend", "nccl", "--nccl-lib", FAKE_NCCL_OLD_PATH, "--nccl-symmetric"}, usage,
+	     {"NCCL 2.8.4", "symmetric windows need NCCL 2.27 or later"}},
+#ifndef DFCCL_TOOLS_HAVE_CUDA
+	    {{"allreduce", "--backend", "nccl", "--nccl-lib", FAKE_NCCL_PATH}, usage,
+	     {"--backend nccl runs on GPUs, and this build has no CUDA"}},
+	    {{"allreduce", "--mode", "stream"}, usage,
+	     {"--mode stream issues the collectives on a CUDA stream, and this build has no CUDA"}},
+#endif
+	};
+	for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++)
+		perf_expect(d, &refused[i]);
+
+	/* The library named by the environment. The variable goes before any
+	 * assertion, so that no later test inherits it. */
+	setenv("DFCCL_NCCL_LIB", "/nonexistent/env/libnccl.so.2", 1);
+	char *out;
+	int rc = run_tool(d, DFCCL_PERF_PATH, 60000, VICTIM_NONE, 0, &out, "allreduce", "--backend", "nccl", NULL);
+	unsetenv("DFCCL_NCCL_LIB");
+	int said = strstr(out, "cannot load NCCL (DFCCL_NCCL_LIB=/nonexistent/env/libnccl.so.2)") != NULL;
+	if (rc != usage || !said)
+		fprintf(stderr, "DFCCL_NCCL_LIB: exit %d\n%s", rc, out);
+	free(out);
+	assert_int_equal(rc, usage);
+	assert_true(said);
+
+#ifdef DFCCL_TOOLS_HAVE_CUDA
+	/* What follows depends on whether CUDA sees a GPU here. */
+	bool gpu = membuf_gpu_count() > 0;
+	/* Past loading the fake NCCL: no GPU here, or the rank reports the
+	 * fake's failure. */
+	const struct perf_expect fake = {
+	    {"allreduce", "--backend", "nccl", "--nccl-lib", FAKE_NCCL_PATH, "--nranks", "1"},
+	    gpu ? TOOL_EXIT_FAIL : usage,
+	    {gpu ? "rank 0: ncclCommInitRank: fake NCCL error: the fake NCCL does no work"
+	         : "--backend nccl: CUDA sees no GPU"}};
+	perf_expect(d, &fake);
+	/* The stream form on the host engine: without a GPU the ranks say
+	 * that they cannot use one; with one, the collectives run
+	 * stream-ordered, with correct results. */
+	const struct perf_expect stream = {
+	    {"allreduce", "--mode", "stream", "--devices", "0", "-b", "8", "-e", "1K"},
+	    gpu ? 0 : TOOL_EXIT_FAIL,
+	    {gpu ? ", mode stream, " : "rank 0: selecting the GPU: ", gpu ? "# Out of bounds values : 0 OK" : NULL}};
+	perf_expect(d, &stream);
+#endif
+
+	/* dfccl, ungrouped and grouped: correct results, and the header and
+	 * the JSON say how they ran. */
+	char header[128], json[160];
+	snprintf(header, sizeof(header), "# backend dfccl (dfccl %d.%d.%d), mode callback, symmetric 0, batch 4, group 0",
+	         DFCCL_MAJOR, DFCCL_MINOR, DFCCL_PATCH);
+	snprintf(json, sizeof(json), "{\"collective\": \"reducescatter\", \"backend\": \"dfccl\", \"library\": "
+	         "\"dfccl %d.%d.%d\", \"version\": %d, ", DFCCL_MAJOR, DFCCL_MINOR, DFCCL_PATCH, DFCCL_VERSION_CODE);
+	const struct perf_expect ran[] = {
+	    {{"allreduce", "-b", "1K", "-e", "4K", "-n", "3", "--batch", "4", "--group", "0"}, 0,
+	     {header, "# Out of bounds values : 0 OK"}},
+	    {{"reducescatter", "-b", "1K", "-e", "4K", "-n", "3", "--batch", "3", "--json"}, 0,
+	     {json, "\"mode\": \"callback\", \"symmetric\": false, \"nranks\": 2, \"mem\": \"host\", \"batch\": 3, "
+	            "\"group\": 1, \"size\": 4096",
+	      "\"wrong\": 0}}"}},
+	};
+	for (size_t i = 0; i < sizeof(ran) / sizeof(ran[0]); i++)
+		perf_expect(d, &ran[i]);
 }
 
 static void test_rank_killed(void **state)
@@ -580,6 +718,7 @@ int main(void)
 	    cmocka_unit_test_setup_teardown(test_megatron_3d, daemon_setup2, daemon_teardown),
 	    cmocka_unit_test(test_daemon_algo_setting),
 	    cmocka_unit_test_setup_teardown(test_tools_memory, daemon_setup2, daemon_teardown),
+	    cmocka_unit_test_setup_teardown(test_perf_backends, daemon_setup2, daemon_teardown),
 	    cmocka_unit_test_setup_teardown(test_rank_killed, daemon_setup2, daemon_teardown),
 	    cmocka_unit_test_setup_teardown(test_worker_killed, daemon_setup2, daemon_teardown),
 	};
