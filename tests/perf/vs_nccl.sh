@@ -1,0 +1,196 @@
+#!/usr/bin/env bash
+# dfccl against NCCL on the same GPUs, side by side: all-reduce from 8 B to
+# 1 GiB, and batches of 150 all-reduces, measured by dfccl-perf in one run
+# on one machine, so that every figure is a ratio taken under the same
+# conditions.
+#
+# Usage: vs_nccl.sh BINDIR [OUTDIR]
+#   BINDIR  the folder of dfccld, dfcclctl and dfccl-perf (a build with a
+#           CUDA toolkit)
+#   OUTDIR  where the JSON and log of every run and the tables go (default:
+#           a new folder under /tmp, named at the end)
+#
+# It needs 2 or more NVIDIA GPUs and NCCL (libnccl.so.2 on LD_LIBRARY_PATH,
+# or the file named by DFCCL_NCCL_LIB); without either it says SKIPPED and
+# exits 77. It starts its own dfccld (CUDA engine, every GPU) on a private
+# socket, as the GPU tests do (tests/gpu/gpu_lib.sh). The two ranks run on
+# GPUs 0 and 1, or the two that VS_NCCL_GPUS names ("2,3");
+# VS_NCCL_ITERS and VS_NCCL_WARMUP change -n and -w (default 20 and 5).
+#
+# What runs (2 ranks, float sum, every result checked):
+#   - the sweep, -b 8 -e 1G -f 2: dfccl (--mode stream --mem device), NCCL
+#     (its default buffers, cudaMalloc) and NCCL --nccl-symmetric;
+#   - batches of 150 all-reduces of 4 KiB, 64 KiB and 1 MiB before each wait,
+#     grouped (--group 1) and not (--group 0): dfccl stream-ordered, dfccl
+#     callback (both on cudaMalloc buffers), NCCL and NCCL symmetric.
+# The tables give the out-of-place time per all-reduce (rank 0's) and
+# dfccl's time over the better of NCCL's two modes: below 1, dfccl is
+# faster. For the batches the reference is NCCL's better grouped time,
+# which the targets compare against. A run that fails shows as "failed" in
+# the tables, its log stays in OUTDIR, and the script exits 1 at the end.
+set -u
+
+if [ $# -lt 1 ] || [ $# -gt 2 ]; then
+	echo "usage: $0 BINDIR [OUTDIR]" >&2
+	exit 2
+fi
+bin=$(cd "$1" && pwd) || exit 2
+outdir=${2:-}
+# shellcheck source-path=SCRIPTDIR
+# shellcheck source=../gpu/gpu_lib.sh
+. "$(dirname "$0")/../gpu/gpu_lib.sh"
+# NVLink multicast stays off on shared GPU machines (gpu_lib.sh says so too).
+export NCCL_NVLS_ENABLE=0
+
+gpu_need_gpu vs_nccl.sh
+gpu_need_bins dfccld dfcclctl dfccl-perf
+gpu_setup vs-nccl
+if [ "$ngpu" -lt 2 ]; then
+	echo "SKIPPED: vs_nccl.sh compares on 2 GPUs, and this machine has $ngpu"
+	exit 77
+fi
+gpus=${VS_NCCL_GPUS:-0,1}
+iters=${VS_NCCL_ITERS:-20}
+warmup=${VS_NCCL_WARMUP:-5}
+[ -n "$outdir" ] || outdir=$(mktemp -d /tmp/vs-nccl-XXXXXX)
+mkdir -p "$outdir" || exit 1
+
+# Whether NCCL loads and runs: one small all-reduce (no daemon needed).
+if ! timeout -k 10 300 "$bin/dfccl-perf" allreduce --backend nccl --devices "$gpus" -b 8 -e 8 -n 1 -w 0 \
+	>"$outdir/probe.log" 2>&1; then
+	if grep -q "cannot load NCCL\|is not a usable NCCL" "$outdir/probe.log"; then
+		echo "SKIPPED: no NCCL: $(grep -m1 "NCCL" "$outdir/probe.log")"
+		exit 77
+	fi
+	fail "NCCL does not run on GPUs $gpus: $(cat "$outdir/probe.log")"
+fi
+
+# shellcheck disable=SC2119 # the daemon with its defaults: every GPU
+start_daemon
+
+failed=0
+# perf NAME ARGS...: dfccl-perf allreduce on the two ranks' GPUs, one JSON
+# object per size into $outdir/NAME.json, its messages into NAME.log.
+perf() {
+	local name=$1 rc=0
+	shift
+	echo "== $name: dfccl-perf allreduce $*"
+	timeout -k 10 1200 "$bin/dfccl-perf" allreduce --socket "$sock" --nranks 2 --devices "$gpus" \
+		-n "$iters" -w "$warmup" --json "$@" >"$outdir/$name.json" 2>"$outdir/$name.log" || rc=$?
+	if [ "$rc" != 0 ]; then
+		echo "   failed (exit $rc): $(tail -n 3 "$outdir/$name.log")"
+		failed=$((failed + 1))
+	fi
+}
+
+sweep="-b 8 -e 1G -f 2"
+# shellcheck disable=SC2086 # $sweep is three options
+{
+	perf sweep_dfccl --backend dfccl --mode stream --mem device $sweep
+	perf sweep_nccl --backend nccl $sweep
+	perf sweep_nccl_sym --backend nccl --nccl-symmetric $sweep
+}
+for size in 4K 64K 1M; do
+	for group in 1 0; do
+		b="-b $size -e $size --batch 150 --group $group"
+		# shellcheck disable=SC2086 # $b is several options
+		{
+			perf "batch_${size}_g${group}_dfccl_stream" --backend dfccl --mode stream --mem device $b
+			perf "batch_${size}_g${group}_dfccl_callback" --backend dfccl --mode callback --mem device $b
+			perf "batch_${size}_g${group}_nccl" --backend nccl $b
+			perf "batch_${size}_g${group}_nccl_sym" --backend nccl --nccl-symmetric $b
+		}
+	done
+done
+stop_daemon
+
+{
+	echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(uname -n), GPUs $gpus of $ngpu:" \
+		"$(nvidia-smi --query-gpu=name --format=csv,noheader | sort -u | paste -sd/), -n $iters -w $warmup," \
+		"NCCL_NVLS_ENABLE=$NCCL_NVLS_ENABLE," \
+		"CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-32, as libdfccl sets it for both backends}"
+	python3 - "$outdir" <<'EOF'
+import json
+import os
+import sys
+
+out = sys.argv[1]
+
+
+def load(name):
+    """The run's JSON objects by size; {} when it failed to start."""
+    rows = {}
+    try:
+        with open(os.path.join(out, name + ".json")) as f:
+            for line in f:
+                if line.startswith("{"):
+                    d = json.loads(line)
+                    rows[d["size"]] = d
+    except (OSError, ValueError):
+        pass
+    return rows
+
+
+def time_of(rows, size):
+    """Out-of-place time per collective, or None (not run, or wrong)."""
+    d = rows.get(size)
+    m = d and d.get("out_of_place")
+    if not m or m.get("wrong"):
+        return None
+    return m["time_us"]
+
+
+def fmt(t):
+    return "%12.2f" % t if t is not None else "%12s" % "failed"
+
+
+def ratio(a, b):
+    return "%12.3f" % (a / b) if a is not None and b else "%12s" % "-"
+
+
+def best(*ts):
+    ts = [t for t in ts if t is not None]
+    return min(ts) if ts else None
+
+
+def library(*runs):
+    for rows in runs:
+        for d in rows.values():
+            return d["library"]
+    return "?"
+
+
+dfccl, nccl, sym = load("sweep_dfccl"), load("sweep_nccl"), load("sweep_nccl_sym")
+print("# %s against %s, all-reduce, 2 ranks, float sum, stream-ordered, out of place"
+      % (library(dfccl), library(nccl, sym)))
+print("# time per all-reduce (us); dfccl/best: dfccl's time over the better of NCCL's two modes")
+print("%12s %12s %12s %12s %12s %12s" % ("size(B)", "dfccl", "nccl", "nccl-sym", "best-nccl", "dfccl/best"))
+for size in sorted(set(dfccl) | set(nccl) | set(sym)):
+    t, n, s = time_of(dfccl, size), time_of(nccl, size), time_of(sym, size)
+    b = best(n, s)
+    print("%12d %s %s %s %s %s" % (size, fmt(t), fmt(n), fmt(s), fmt(b), ratio(t, b)))
+
+print()
+print("# 150 all-reduces before each wait: time per all-reduce (us); x/best-grouped: over the better of")
+print("# NCCL's two modes inside one ncclGroupStart/End")
+print("%8s %6s %12s %12s %12s %12s %12s %12s" % ("size", "group", "dfccl-strm", "dfccl-cb", "nccl", "nccl-sym",
+                                                "strm/best-g", "cb/best-g"))
+for size in ("4K", "64K", "1M"):
+    runs = {g: {k: load("batch_%s_g%s_%s" % (size, g, k))
+                for k in ("dfccl_stream", "dfccl_callback", "nccl", "nccl_sym")} for g in (1, 0)}
+    nbytes = {"4K": 4096, "64K": 65536, "1M": 1048576}[size]
+    ref = best(time_of(runs[1]["nccl"], nbytes), time_of(runs[1]["nccl_sym"], nbytes))
+    for g in (1, 0):
+        t = {k: time_of(r, nbytes) for k, r in runs[g].items()}
+        print("%8s %6d %s %s %s %s %s %s" % (size, g, fmt(t["dfccl_stream"]), fmt(t["dfccl_callback"]),
+                                             fmt(t["nccl"]), fmt(t["nccl_sym"]), ratio(t["dfccl_stream"], ref),
+                                             ratio(t["dfccl_callback"], ref)))
+EOF
+} | tee "$outdir/table.txt"
+
+echo "The runs' JSON and logs, and the tables (table.txt), are in $outdir"
+if [ "$failed" != 0 ]; then
+	echo "FAIL: $failed runs failed (see their logs in $outdir)"
+	exit 1
+fi
+echo "OK: every run completed with correct results"
