@@ -279,8 +279,10 @@ struct cudrv_stream_op {
 	uint64_t value;
 };
 
-/* The most operations cudrv_stream_ops queues with one driver call. */
-#define CUDRV_STREAM_OPS_MAX 256u
+/* The most operations cudrv_stream_ops queues with one driver call: the
+ * driver takes fewer than 256 (a batch of 256 failed with
+ * CUDA_ERROR_INVALID_VALUE on the H100). */
+#define CUDRV_STREAM_OPS_MAX 255u
 
 /*
  * Queues ops[0..n) on `stream` (a CUstream / cudaStream_t of device

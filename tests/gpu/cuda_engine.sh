@@ -129,11 +129,12 @@ run_suite() {
 			"$bin/dfccl-chaos" --socket "$sock" --mem "$kind" --devices "$pair" --nranks 2 --comms 4 --iters 10 \
 			--min-bytes 64 --max-bytes 256K --seed "$seed"
 	done
+	# Fewer is fine: a connection open at the first count may have closed.
 	for _ in $(seq 1 50); do
-		[ "$(supervisor_fds)" = "$fds_before" ] && break
+		[ "$(supervisor_fds)" -le "$fds_before" ] && break
 		sleep 0.1
 	done
-	[ "$(supervisor_fds)" = "$fds_before" ] ||
+	[ "$(supervisor_fds)" -le "$fds_before" ] ||
 		fail "dfccld holds $(supervisor_fds) descriptors after the runs on vmm and memalloc buffers, $fds_before before"
 
 	before=$(preemptions)

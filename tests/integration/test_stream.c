@@ -196,7 +196,8 @@ static CUresult fd_host_dev_ptr(CUdeviceptr *dev, void *p, unsigned flags)
 static CUresult fd_batch(CUstream stream, unsigned count, CUstreamBatchMemOpParams *ops, unsigned flags)
 {
 	struct fake_stream *s = (struct fake_stream *)stream;
-	if (!s || count == 0 || count > CUDRV_STREAM_OPS_MAX || flags != 0)
+	/* The driver's limits: fewer than 256 operations, flags 0. */
+	if (!s || count == 0 || count >= 256 || flags != 0)
 		return CUDA_ERROR_INVALID_VALUE;
 	char seq[CUDRV_STREAM_OPS_MAX + 1];
 	for (unsigned i = 0; i < count; i++) {
