@@ -7,10 +7,11 @@
  * A run simulates --rounds rounds (sim.h) and prints the deadlock ratio
  * with its 95 % confidence interval (Wilson), its standard error and the
  * speed. --expect compares the ratio with a published one (itself taken
- * from --expect-rounds rounds) and fails when they lie more than three
- * standard errors apart. --trace replays per-rank invocation orders
- * recorded from a real job through both models and says whether, and
- * where, that order deadlocks.
+ * from --expect-rounds rounds, so it has an interval of its own, printed
+ * beside it) and fails when they lie more than three standard errors
+ * apart. --trace replays per-rank invocation orders recorded from a real
+ * job through both models and says whether, and where, that order
+ * deadlocks.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -69,7 +70,8 @@ static const char usage[] =
     "                           does (slow; a reference)\n"
     "      --expect R           compare with the ratio R (0.0121 or 1.21%); exit 1 when\n"
     "                           they differ by more than 3 standard errors\n"
-    "      --expect-rounds N    rounds behind R (default 32000; 0: R is exact)\n"
+    "      --expect-rounds N    rounds behind R (default 32000; 0: R is exact); R's own\n"
+    "                           95% interval from that many rounds is printed\n"
     "      --json               one JSON object on stdout\n"
     "      --quiet              no progress line\n"
     "  -h, --help               this text\n"
@@ -330,6 +332,11 @@ static int print_result(const struct opts *o, const struct sim_layout *l, const 
 	bool expect = o->expect >= 0;
 	double z = expect ? sim_zscore(r->deadlocks, r->rounds, o->expect, o->expect_rounds) : 0;
 	bool ok = !expect || fabs(z) <= 3;
+	/* A published ratio from n rounds is k of n deadlocks: its own interval. */
+	bool expect_ci = expect && o->expect_rounds > 0;
+	double elo = 0, ehi = 0;
+	if (expect_ci)
+		sim_wilson((uint64_t)llround(o->expect * (double)o->expect_rounds), o->expect_rounds, &elo, &ehi);
 	if (o->json) {
 		json_t *j = json_pack("{s:s,s:i,s:i,s:I,s:I,s:s,s:s,s:s,s:s,s:f,s:f,s:I,s:I,s:f,s:[f,f],s:f,s:f,s:f,s:i,s:I}",
 		                      "layout", l->desc, "gpus", l->ngpus, "groups", l->ngroups, "collectives",
@@ -342,6 +349,9 @@ static int print_result(const struct opts *o, const struct sim_layout *l, const 
 		                      (int)o->threads, "seed", (json_int_t)o->p.seed);
 		if (expect) {
 			json_object_set_new(j, "expected", json_real(o->expect));
+			json_object_set_new(j, "expected_rounds", json_integer((json_int_t)o->expect_rounds));
+			if (expect_ci)
+				json_object_set_new(j, "expected_ci95", json_pack("[f,f]", elo, ehi));
 			json_object_set_new(j, "z", json_real(z));
 			json_object_set_new(j, "within_3se", json_boolean(ok));
 		}
@@ -362,8 +372,13 @@ static int print_result(const struct opts *o, const struct sim_layout *l, const 
 		printf("%llu rounds in %.2f s: %.0f rounds/s (%ld threads, %s engine, seed %llu)\n",
 		       (unsigned long long)r->rounds, r->seconds, rate, o->threads, engine_names[o->p.engine],
 		       (unsigned long long)o->p.seed);
-		if (expect)
-			printf("expected %.4f%%: %.2f standard errors away: %s\n", 100 * o->expect, z,
+		if (expect_ci)
+			printf("expected %.4f%% (from %llu rounds: 95%% CI %.4f%% - %.4f%%): "
+			       "%.2f standard errors away: %s\n",
+			       100 * o->expect, (unsigned long long)o->expect_rounds, 100 * elo, 100 * ehi, z,
+			       ok ? "within 3" : "MORE THAN 3");
+		else if (expect)
+			printf("expected %.4f%% (exact): %.2f standard errors away: %s\n", 100 * o->expect, z,
 			       ok ? "within 3" : "MORE THAN 3");
 	}
 	return ok ? 0 : TOOL_EXIT_FAIL;

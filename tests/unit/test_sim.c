@@ -490,6 +490,16 @@ static void test_statistics(void **state)
 	assert_true(fabs(sim_zscore(352, 32000, 0.011, 32000)) < 1e-9);
 	assert_true(fabs(sim_zscore(416, 32000, 0.011, 32000) - 2.43) < 0.01);
 	assert_true(fabs(sim_zscore(416, 32000, 0.011, 0) - 3.44) < 0.01);
+	/* A published ratio from few rounds: 3.59% is 23 of 640. Wilson:
+	 * p = 0.0359375, z^2/n = 0.0060023, centre (p + z^2/2n) / (1 + z^2/n)
+	 * = 0.038688, half-width 1.96 sqrt(p(1-p)/n + z^2/4n^2) / (1 + z^2/n)
+	 * = 0.014642: 2.405% - 5.333%. 1547 of 32000 (4.834%) lies
+	 * 0.012444 / sqrt(0.0359 * 0.9641 * (1/32000 + 1/640)) = 1.68 standard
+	 * errors from it, but 8.46 from the same ratio taken from 32000 rounds. */
+	sim_wilson(23, 640, &lo, &hi);
+	assert_true(fabs(lo - 0.02405) < 1e-4 && fabs(hi - 0.05333) < 1e-4);
+	assert_true(fabs(sim_zscore(1547, 32000, 0.0359, 640) - 1.68) < 0.01);
+	assert_true(fabs(sim_zscore(1547, 32000, 0.0359, 32000) - 8.46) < 0.01);
 }
 
 int main(void)
