@@ -299,9 +299,10 @@ dfcclResult_t dfcclCommDeregister(const dfcclComm_t comm, void *handle);
  * all the same (the stream goes on, the output is undefined): the failure is
  * reported by dfcclCommGetAsyncError and dfcclCommSynchronize, with its
  * sentence in dfcclGetLastError. Needs the CUDA driver (with the daemon's
- * CUDA engine, or any engine whose buffers the GPU can reach); capture into
+ * CUDA engine, or any engine whose buffers the GPU can reach). Capture into
  * CUDA graphs is not supported: the entry is written by the CPU at the
- * call, so a replayed graph would re-arm a stale entry.
+ * call, so a replayed graph would arm a stale entry again; a call on a
+ * capturing stream fails with dfcclNotSupported.
  *
  * Callback form (stream NULL), DFCCL's: the daemon's kernel reads the
  * buffers with no order to the caller's streams, so the work that writes

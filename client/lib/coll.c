@@ -128,6 +128,10 @@ static dfcclResult_t coll_check(const struct coll_args *a)
 		return errors_set(dfcclNotSupported, "%s: a stream-ordered call needs the CUDA driver: %s; pass a NULL "
 		                  "stream instead (the call then returns once submitted, and dfcclCommSynchronize "
 		                  "waits for it)", name, cudrv_last_error());
+	if (a->stream && cudrv_stream_capturing(a->stream, comm->device) > 0)
+		return errors_set(dfcclNotSupported, "%s: the stream is being captured into a CUDA graph, and "
+		                  "stream-ordered dfccl calls cannot be captured (a replay would arm again an entry the "
+		                  "daemon took already); make the call outside the capture", name);
 	size_t elem = coll_dtype_size(a->dtype);
 	if (elem == 0)
 		return errors_set(dfcclInvalidArgument, "%s: unknown data type %d", name, a->dtype);

@@ -74,6 +74,7 @@ static void drv_load(void)
 	    {"cuMemHostGetDevicePointer_v2", offsetof(struct cudrv_ops, mem_host_get_device_pointer), true},
 	    {"cuStreamBatchMemOp_v2", offsetof(struct cudrv_ops, stream_batch_mem_op), true},
 	    {"cuMemcpyAsync", offsetof(struct cudrv_ops, memcpy_async), true},
+	    {"cuStreamIsCapturing", offsetof(struct cudrv_ops, stream_is_capturing), true},
 	};
 	void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
 	if (!lib)
@@ -628,4 +629,29 @@ int cudrv_stream_ops(void *stream, const struct cudrv_stream_op *ops_in, unsigne
 		*queued += k;
 	}
 	return 0;
+}
+
+struct drv_capture_arg {
+	CUstream stream;
+	CUstreamCaptureStatus status;
+};
+
+static CUresult drv_capture_call(const struct cudrv_ops *ops, void *arg)
+{
+	struct drv_capture_arg *a = arg;
+	return ops->stream_is_capturing(a->stream, &a->status);
+}
+
+int cudrv_stream_capturing(void *stream, int device)
+{
+	const struct cudrv_ops *ops = drv();
+	if (!ops || !ops->stream_is_capturing)
+		return 0;
+	struct drv_capture_arg arg = {(CUstream)stream, CU_STREAM_CAPTURE_STATUS_NONE};
+	struct drv_call c = {"cuStreamIsCapturing", drv_capture_call, &arg};
+	const char *call;
+	CUresult r = drv_with_context(ops, device, &c, &call);
+	if (r != CUDA_SUCCESS)
+		return drv_fail(ops, call, r);
+	return arg.status != CU_STREAM_CAPTURE_STATUS_NONE;
 }

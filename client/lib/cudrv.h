@@ -102,6 +102,8 @@ typedef struct CUstream_st *CUstream;
 enum { CU_MEMHOSTREGISTER_PORTABLE = 0x01, CU_MEMHOSTREGISTER_DEVICEMAP = 0x02 };
 enum { CU_STREAM_MEM_OP_WAIT_VALUE_64 = 4, CU_STREAM_MEM_OP_WRITE_VALUE_64 = 5 };
 enum { CU_STREAM_WAIT_VALUE_GEQ = 0 };
+typedef int CUstreamCaptureStatus;
+enum { CU_STREAM_CAPTURE_STATUS_NONE = 0 };
 /* cuda.h's CUstreamBatchMemOpParams for the 64-bit wait and write
  * operations, the only ones used: one 48-byte union member. */
 typedef union CUstreamBatchMemOpParams_union {
@@ -238,6 +240,7 @@ struct cudrv_ops {
 	CUresult (*mem_host_get_device_pointer)(CUdeviceptr *dev, void *p, unsigned flags);
 	CUresult (*stream_batch_mem_op)(CUstream stream, unsigned count, CUstreamBatchMemOpParams *ops, unsigned flags);
 	CUresult (*memcpy_async)(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream);
+	CUresult (*stream_is_capturing)(CUstream stream, CUstreamCaptureStatus *status);
 };
 
 /*
@@ -291,6 +294,11 @@ struct cudrv_stream_op {
  * a prefix of the operations may have been queued (*queued says how many).
  */
 int cudrv_stream_ops(void *stream, const struct cudrv_stream_op *ops, unsigned n, int device, unsigned *queued);
+
+/* Whether `stream` (of device `device`) is being captured into a CUDA
+ * graph: 1 yes, 0 no (or a driver that cannot say), a negative errno when
+ * the driver fails. */
+int cudrv_stream_capturing(void *stream, int device);
 
 /* As cudrv_copy, queued on `stream` (a CUstream of device `device`)
  * instead: the copy happens in the stream's order. */

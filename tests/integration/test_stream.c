@@ -29,7 +29,8 @@
  *     fails after DFCCL_QUEUE_WAIT_MS with a sentence, and once the
  *     stream moves everything completes;
  *   - a driver without stream memory operations: dfcclNotSupported;
- *   - the library raised CUDA_DEVICE_MAX_CONNECTIONS before main.
+ *   - the library raised CUDA_DEVICE_MAX_CONNECTIONS before main;
+ *   - a stream being captured into a CUDA graph is refused.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -76,6 +77,7 @@ struct fake_stream {
 	unsigned head, tail; /* ops[head..tail) wait to run (indices mod FS_MAX_OPS) */
 	unsigned done;       /* operations run so far */
 	bool stop;
+	bool capturing; /* cuStreamIsCapturing says so */
 	pthread_t thread;
 	/* Each batch the driver got, an operation a letter: W a write, A a
 	 * wait ("await"). */
@@ -232,6 +234,12 @@ static CUresult fd_copy_async(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CU
 	return CUDA_SUCCESS;
 }
 
+static CUresult fd_is_capturing(CUstream stream, CUstreamCaptureStatus *status)
+{
+	*status = ((struct fake_stream *)stream)->capturing;
+	return CUDA_SUCCESS;
+}
+
 static struct cudrv_ops fake_driver;
 
 static void fake_driver_install(bool memops)
@@ -243,6 +251,7 @@ static void fake_driver_install(bool memops)
 	fake_driver.mem_host_get_device_pointer = fd_host_dev_ptr;
 	fake_driver.stream_batch_mem_op = memops ? fd_batch : NULL;
 	fake_driver.memcpy_async = fd_copy_async;
+	fake_driver.stream_is_capturing = memops ? fd_is_capturing : NULL;
 	fd_no_memops = !memops;
 	cudrv_set_ops_for_test(&fake_driver);
 }
@@ -476,6 +485,13 @@ static int rank_group(void *arg, int rank)
 	CHECK(sb->nbatches == 1 && !strcmp(sb->batch[0], "WWAA"),
 	      "stream B got %u batches, the first \"%s\"; expected one: its 2 arms, then its 2 waits", sb->nbatches,
 	      sb->batch[0]);
+	/* A stream being captured into a graph is refused, and nothing queued. */
+	sb->capturing = true;
+	dfcclResult_t r = dfcclAllReduce(in[0], out[0], COUNT, dfcclFloat32, dfcclSum, comm, (dfcclStream_t)sb);
+	CHECK(r == dfcclNotSupported && strstr(dfcclGetLastError(comm), "captured into a CUDA graph"),
+	      "a capturing stream: %s (%s), expected dfcclNotSupported", dfcclGetErrorString(r), dfcclGetLastError(comm));
+	CHECK(sb->nbatches == 1, "a capturing stream got %u batches", sb->nbatches);
+	sb->capturing = false;
 	/* Outside a group: the arm and the wait, in one batch. */
 	DF(dfcclAllReduce(in[0], out[0], COUNT, dfcclFloat32, dfcclSum, comm, (dfcclStream_t)sa));
 	CHECK(fs_sync(sa, 30000) == 0, "the stream did not finish");

@@ -40,6 +40,7 @@ SAME_TYPE(cuMemHostUnregister, mem_host_unregister);
 SAME_TYPE(cuMemHostGetDevicePointer, mem_host_get_device_pointer);
 SAME_TYPE(cuStreamBatchMemOp, stream_batch_mem_op);
 SAME_TYPE(cuMemcpyAsync, memcpy_async);
+SAME_TYPE(cuStreamIsCapturing, stream_is_capturing);
 
 _Static_assert(CU_IPC_HANDLE_SIZE == CUDRV_IPC_HANDLE_BYTES, "a legacy IPC handle has 64 bytes");
 
@@ -76,4 +77,5 @@ const char *const cuda_h_symbols[] = {
     NAME(cuMemHostGetDevicePointer),
     NAME(cuStreamBatchMemOp),
     NAME(cuMemcpyAsync),
+    NAME(cuStreamIsCapturing),
 };

@@ -26,7 +26,7 @@
 	    CU_MEMHOSTREGISTER_DEVICEMAP, CU_STREAM_MEM_OP_WAIT_VALUE_64, CU_STREAM_MEM_OP_WRITE_VALUE_64,           \
 	    CU_STREAM_WAIT_VALUE_GEQ, sizeof(CUstreamBatchMemOpParams),                                              \
 	    offsetof(CUstreamBatchMemOpParams, waitValue.address), offsetof(CUstreamBatchMemOpParams, waitValue.value64), \
-	    offsetof(CUstreamBatchMemOpParams, waitValue.flags)
+	    offsetof(CUstreamBatchMemOpParams, waitValue.flags), CU_STREAM_CAPTURE_STATUS_NONE
 
 /* CUDRV_CHECKED_VALUES as cuda.h defines them. */
 extern const long cuda_h_values[];

@@ -1779,6 +1779,7 @@ static void test_matches_cuda_h(void **state)
 	    "cuMemHostGetDevicePointer_v2",
 	    "cuStreamBatchMemOp_v2",
 	    "cuMemcpyAsync",
+	    "cuStreamIsCapturing",
 	};
 	for (size_t i = 0; i < sizeof(looked_up) / sizeof(looked_up[0]); i++)
 		assert_string_equal(looked_up[i], cuda_h_symbols[i]);
