@@ -355,6 +355,19 @@ dfcclResult_t dfcclCommDevice(const dfcclComm_t comm, int *device)
 	return dfcclSuccess;
 }
 
+/* Whether msg names communicator id ("communicator 12", not "... 123"):
+ * the daemon's sentences about a communicator do; the library's own about
+ * the session (the daemon lost) do not. */
+static bool names_comm(const char *msg, uint64_t id)
+{
+	char name[40];
+	int len = snprintf(name, sizeof(name), "communicator %llu", (unsigned long long)id);
+	for (const char *p = strstr(msg, name); p; p = strstr(p + 1, name))
+		if (p[len] < '0' || p[len] > '9')
+			return true;
+	return false;
+}
+
 dfcclResult_t comm_check(struct dfcclComm *comm)
 {
 	dfcclResult_t u = comm_usable(comm);
@@ -362,6 +375,8 @@ dfcclResult_t comm_check(struct dfcclComm *comm)
 		return u;
 	char msg[sizeof(comm->async.message)];
 	dfcclResult_t r = client_async_get(comm->client, &comm->async, msg, sizeof(msg));
+	if (r != dfcclSuccess && names_comm(msg, comm->id))
+		return errors_set(r, "%s", msg);
 	if (r != dfcclSuccess)
 		return errors_set(r, "communicator %llu: %s", (unsigned long long)comm->id, msg);
 	return qp_health(comm->qp);

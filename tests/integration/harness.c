@@ -35,6 +35,24 @@ uint64_t now_ms(void)
 	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
+int text_matches(const char *text, const char *pattern)
+{
+	while (*pattern) {
+		if (strncmp(pattern, "{n}", 3) == 0) {
+			const char *start = text;
+			int dots = 0;
+			while ((*text >= '0' && *text <= '9') || (*text == '.' && !dots++ && text != start))
+				text++;
+			if (text == start || text[-1] == '.')
+				return 0;
+			pattern += 3;
+		} else if (*text++ != *pattern++) {
+			return 0;
+		}
+	}
+	return *text == '\0';
+}
+
 void daemon_dump_log(const struct daemon_proc *d)
 {
 	FILE *f = fopen(d->log, "r");

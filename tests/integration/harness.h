@@ -117,6 +117,11 @@ void read_text_file(const char *path, char *buf, size_t len);
 
 uint64_t now_ms(void);
 
+/* Whether text is exactly pattern, where each "{n}" of pattern stands for a
+ * number (digits, at most one '.' among them): for sentences with times
+ * and counts in them. */
+int text_matches(const char *text, const char *pattern);
+
 /* A memfd of `size` bytes sealed against shrinking, as the daemon requires
  * of host memory it registers; -1 on failure. */
 int sealed_memfd(off_t size);

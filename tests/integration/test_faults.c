@@ -2,9 +2,10 @@
  * Detection and visibility of stuck collectives, against the real daemon
  * with one client process per rank: the collective timeout names a rank
  * that was SIGSTOPped (as stopped) and one that never submitted (as
- * running), `dfcclctl stuck` shows a stuck instance and nothing once it
- * completed, the flight recorder keeps a killed client's last collectives,
- * and the new requests refuse bad input with a sentence.
+ * running), in a sentence that names the communicator once; `dfcclctl
+ * stuck` shows a stuck instance and nothing once it completed, the flight
+ * recorder keeps a killed client's last collectives, and the new requests
+ * refuse bad input with a sentence.
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -40,7 +41,24 @@ struct job {
 	int late_submit;     /* rank 1 submits the next all-reduce after go */
 	int expect;          /* rank 0's result of the next all-reduce */
 	const char *expect_msg[3];
+	/* The whole sentence of rank 0's async error (text_matches), with %d
+	 * for rank 1's pid; its dfcclCommSynchronize error is "AllReduce
+	 * failed: the collective timed out: " and the same sentence. */
+	const char *expect_text;
 };
+
+/* Checks err (the thread's last error after `what`) against prefix and
+ * the pattern `fmt` with its %d standing for pid: exactly, except for the
+ * numbers ({n}). */
+static int text_is(int rank, const char *what, const char *err, const char *prefix, const char *fmt, int pid)
+{
+	char pattern[1024];
+	const char *at = strstr(fmt, "%d");
+	snprintf(pattern, sizeof(pattern), "%s%.*s%d%s", prefix, (int)(at - fmt), fmt, pid, at + 2);
+	if (!text_matches(err, pattern))
+		RANK_FAIL("%s: '%s' is not '%s'", what, err, pattern);
+	return 0;
+}
 
 /* One all-reduce of ranks' (rank + 1) * (i + 1), checked against the sum. */
 static int allreduce_checked(dfcclComm_t comm, float *buf, int nranks, int rank)
@@ -110,7 +128,7 @@ static int rank_main(void *arg, int rank)
 		return 0;
 	}
 	char name[96] = "";
-	pid_t peer;
+	pid_t peer = 0;
 	if (j->pid_rd >= 0) {
 		if (read(j->pid_rd, &peer, sizeof(peer)) != sizeof(peer))
 			RANK_FAIL("pid pipe");
@@ -133,6 +151,15 @@ static int rank_main(void *arg, int rank)
 			RANK_FAIL("error '%s' lacks '%s'", msg, j->expect_msg[k]);
 	if (name[0] && !strstr(msg, name))
 		RANK_FAIL("error '%s' lacks '%s'", msg, name);
+	if (j->expect_text) {
+		if (text_is(rank, "synchronize", msg, "AllReduce failed: the collective timed out: ", j->expect_text, peer))
+			return 1;
+		dfcclResult_t ae = dfcclSuccess;
+		if (dfcclCommGetAsyncError(comm, &ae) != dfcclSuccess || ae != dfcclTimeout)
+			RANK_FAIL("async error %d, expected dfcclTimeout", ae);
+		if (text_is(rank, "async error", dfcclGetLastError(NULL), "", j->expect_text, peer))
+			return 1;
+	}
 	dfcclCommAbort(comm);
 	return 0;
 }
@@ -237,6 +264,11 @@ static void test_sigstopped_rank_named(void **state)
 	j.peer_state = "stopped";
 	j.expect_msg[0] = "AllReduce #3 (1024 elements of float32)";
 	j.expect_msg[1] = "never submitted it";
+	/* The communicator is named once: the daemon's sentence starts with
+	 * it, and the library adds nothing in front. */
+	j.expect_text = "communicator {n}: AllReduce #3 (1024 elements of float32) timed out after {n} ms without "
+	                "progress (timeout 1000 ms); rank that never submitted it: 1 (pid %d, device 1, stopped or hung: "
+	                "no heartbeat for {n} s)";
 	pid_t victim = child_run(rank_main, &j, 1);
 	pid_t r0 = child_run(rank_main, &j, 0);
 	assert_int_equal(child_wait(r0, 20000), 0);
@@ -268,6 +300,9 @@ static void test_missing_rank_named(void **state)
 	j.pid_rd = pids[0];
 	j.peer_state = "running";
 	j.expect_msg[0] = "AllReduce #3";
+	j.expect_text = "communicator {n}: AllReduce #3 (1024 elements of float32) timed out after {n} ms without "
+	                "progress (timeout 1000 ms); rank that never submitted it: 1 (pid %d, device 1, running: "
+	                "heartbeat {n} s ago)";
 	pid_t r1 = child_run(rank_main, &j, 1);
 	pid_t r0 = child_run(rank_main, &j, 0);
 	assert_int_equal(child_wait(r0, 20000), 0);
