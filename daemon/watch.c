@@ -41,23 +41,56 @@ struct watch_qp {
 	int seen;
 };
 
+/* The instances the watcher times: an NCCL-style collective (key: its
+ * sequence number), a run of a registered collective (key: the run number
+ * of coll_id), a message from one rank to another (key: the n-th message
+ * from src to dst). */
+enum inst_kind { INST_COLL, INST_REG, INST_P2P };
+
+/* One instance being timed: of its kind and id, the lowest one unfinished. */
+struct watch_inst {
+	uint8_t kind;      /* enum inst_kind */
+	uint32_t coll_id;  /* INST_REG */
+	uint32_t src, dst; /* INST_P2P: sender and receiver */
+	uint64_t key;      /* the instance timed; 0: none */
+	uint64_t first_ms, change_ms, sig;
+	/* The instance as its entries or posts describe it. */
+	uint8_t op, dtype;
+	uint64_t count;
+	/* This tick: the lowest key of this kind and id pending in some
+	 * rank's queue (0: none), the ranks whose entry for it is pending
+	 * (bit r), and what such an entry says. */
+	uint64_t tick_key, queued;
+	uint8_t tick_op, tick_dtype;
+	uint64_t tick_count;
+};
+
+#define WATCH_REG_IDS DFCCL_COMM_MAX_COLLS /* extra_at: registered ids first, then ordered pairs */
+
 /* What the watcher knows of one ready communicator. */
 struct watch_comm {
 	struct watch_comm *next;
 	uint64_t comm_id;
 	int seen;
 	uint64_t low;     /* lowest NCCL-style key some rank has not finished */
-	uint64_t key;     /* the unfinished instance being timed; 0: none */
-	uint64_t first_ms, change_ms, sig, preempt_base;
-	/* The instance as its entries describe it. */
-	uint8_t op, dtype;
-	uint64_t count;
+	struct watch_inst coll; /* the NCCL-style instance `low`, once some rank submitted it */
+	uint64_t preempt_base;
 	/* Per rank, this tick: the lowest NCCL-style key pending in its queue
 	 * (0: none), and what that entry says. */
 	uint64_t pend_key[DFCCL_COMM_MAX_RANKS];
 	uint8_t pend_op[DFCCL_COMM_MAX_RANKS], pend_dtype[DFCCL_COMM_MAX_RANKS];
 	uint64_t pend_count[DFCCL_COMM_MAX_RANKS];
+	/* Registered collectives and messages with an entry pending: one
+	 * instance per registered id and per ordered pair of ranks, found
+	 * through extra_at (index + 1 in extra, 0: none; WATCH_REG_IDS +
+	 * nranks * nranks places, allocated with the first one). */
+	struct watch_inst *extra;
+	uint32_t nextra, extra_cap;
+	uint32_t *extra_at;
+	uint32_t nranks;
 };
+
+_Static_assert(DFCCL_COMM_MAX_RANKS <= 64, "the watcher keeps ranks in 64-bit masks");
 
 struct watch {
 	struct server *srv;
@@ -113,6 +146,15 @@ void watch_comm_ready(struct watch *w)
 	uv_timer_start(&w->timer, watch_on_timer, ms, ms);
 }
 
+static void wc_free(struct watch_comm *c)
+{
+	if (!c)
+		return;
+	free(c->extra);
+	free(c->extra_at);
+	free(c);
+}
+
 static void watch_closed(uv_handle_t *h)
 {
 	struct watch *w = h->data;
@@ -124,7 +166,7 @@ static void watch_closed(uv_handle_t *h)
 	while (w->comms) {
 		struct watch_comm *c = w->comms;
 		w->comms = c->next;
-		free(c);
+		wc_free(c);
 	}
 	recorder_table_free(&w->rec);
 	free(w);
@@ -168,15 +210,16 @@ static struct watch_comm *wc_find(struct watch *w, uint64_t comm_id)
 	return NULL;
 }
 
-static struct watch_comm *wc_get(struct watch *w, uint64_t comm_id)
+static struct watch_comm *wc_get(struct watch *w, const struct comm *cm)
 {
-	struct watch_comm *c = wc_find(w, comm_id);
+	struct watch_comm *c = wc_find(w, cm->id);
 	if (c)
 		return c;
 	c = calloc(1, sizeof(*c));
 	if (!c)
 		return NULL;
-	c->comm_id = comm_id;
+	c->comm_id = cm->id;
+	c->nranks = cm->nranks;
 	c->low = 1;
 	c->next = w->comms;
 	w->comms = c;
@@ -200,7 +243,7 @@ static void watch_sweep(struct watch *w)
 		struct watch_comm *c = *pp;
 		if (!c->seen) {
 			*pp = c->next;
-			free(c);
+			wc_free(c);
 		} else {
 			c->seen = 0;
 			pp = &c->next;
@@ -226,8 +269,87 @@ static int op_is_coll(uint32_t opcode)
 
 /* ------------------------------------------------------------ queue pairs */
 
+/* The instance of wc for a registered collective (kind INST_REG, id
+ * coll_id) or an ordered pair of ranks (INST_P2P, src -> dst), created
+ * when it is new; NULL when memory is short. */
+static struct watch_inst *extra_get(struct watch_comm *wc, uint8_t kind, uint32_t coll_id, uint32_t src, uint32_t dst)
+{
+	uint32_t id = kind == INST_REG ? coll_id : WATCH_REG_IDS + src * wc->nranks + dst;
+	if (!wc->extra_at) {
+		wc->extra_at = calloc(WATCH_REG_IDS + (size_t)wc->nranks * wc->nranks, sizeof(*wc->extra_at));
+		if (!wc->extra_at)
+			return NULL;
+	}
+	if (wc->extra_at[id])
+		return &wc->extra[wc->extra_at[id] - 1];
+	if (wc->nextra == wc->extra_cap) {
+		uint32_t cap = wc->extra_cap ? 2 * wc->extra_cap : 8;
+		struct watch_inst *x = realloc(wc->extra, cap * sizeof(*x));
+		if (!x)
+			return NULL;
+		wc->extra = x;
+		wc->extra_cap = cap;
+	}
+	struct watch_inst *x = &wc->extra[wc->nextra++];
+	*x = (struct watch_inst){.kind = kind, .coll_id = coll_id, .src = src, .dst = dst};
+	wc->extra_at[id] = wc->nextra;
+	return x;
+}
+
+static uint32_t extra_id(const struct watch_comm *wc, const struct watch_inst *x)
+{
+	return x->kind == INST_REG ? x->coll_id : WATCH_REG_IDS + x->src * wc->nranks + x->dst;
+}
+
+/* Drops wc's instance i (nothing of it is pending any more). */
+static void extra_remove(struct watch_comm *wc, uint32_t i)
+{
+	wc->extra_at[extra_id(wc, &wc->extra[i])] = 0;
+	if (i + 1 < wc->nextra) {
+		wc->extra[i] = wc->extra[wc->nextra - 1];
+		wc->extra_at[extra_id(wc, &wc->extra[i])] = i + 1;
+	}
+	wc->nextra--;
+}
+
+/* A pending entry of rank `rank` for x: x's lowest pending key this tick
+ * and who has it pending (a send describes a message before its receive). */
+static void inst_note(struct watch_inst *x, uint32_t rank, const struct dfccl_sqe *e)
+{
+	if (x->tick_key && e->comm_seq > x->tick_key)
+		return;
+	if (!x->tick_key || e->comm_seq < x->tick_key) {
+		x->tick_key = e->comm_seq;
+		x->queued = 0;
+	}
+	if (!x->queued || e->opcode == DFCCL_OP_SEND) {
+		x->tick_op = e->opcode;
+		x->tick_dtype = e->dtype;
+		x->tick_count = e->count;
+	}
+	x->queued |= 1ull << rank;
+}
+
+/* A pending registered run or message of rank e->rank, into its instance. */
+static void watch_entry_extra(struct watch_comm *wc, const struct dfccl_sqe *e)
+{
+	struct watch_inst *x = NULL;
+	if (e->comm_seq == 0)
+		return;
+	if (e->flags & DFCCL_SQE_F_REGISTERED) {
+		if (op_is_coll(e->opcode) && e->coll_id < DFCCL_COMM_MAX_COLLS)
+			x = extra_get(wc, INST_REG, e->coll_id, 0, 0);
+	} else if ((e->opcode == DFCCL_OP_SEND || e->opcode == DFCCL_OP_RECV) && e->peer < wc->nranks &&
+	           e->peer != e->rank) {
+		int sending = e->opcode == DFCCL_OP_SEND;
+		x = extra_get(wc, INST_P2P, 0, sending ? e->rank : e->peer, sending ? e->peer : e->rank);
+	}
+	if (x)
+		inst_note(x, e->rank, e);
+}
+
 /* One submission entry of session s: into its communicator's recorder and,
- * when pending, into the pending keys of its rank. */
+ * when pending, into what its rank has pending. */
 static void watch_entry(struct watch *w, const struct session *s, uint32_t qp_id, uint64_t seq,
                         const struct dfccl_sqe *e, uint64_t cw, uint64_t now)
 {
@@ -243,8 +365,12 @@ static void watch_entry(struct watch *w, const struct session *s, uint32_t qp_id
 		x->end_ms = recorder_rel(r, now);
 	}
 	struct watch_comm *wc = wc_find(w, c->id);
-	if (done || !wc || !op_is_coll(e->opcode) || (e->flags & DFCCL_SQE_F_REGISTERED))
+	if (done || !wc)
 		return;
+	if (!op_is_coll(e->opcode) || (e->flags & DFCCL_SQE_F_REGISTERED)) {
+		watch_entry_extra(wc, e);
+		return;
+	}
 	uint32_t k = e->rank;
 	if (wc->pend_key[k] == 0 || e->comm_seq < wc->pend_key[k]) {
 		wc->pend_key[k] = e->comm_seq;
@@ -329,18 +455,45 @@ static const char *rank_state_name(enum rank_state st)
 	return names[st];
 }
 
-static enum rank_state rank_state_of(const struct comm *c, const struct watch_comm *wc, uint32_t r)
+/* Whether rank r takes part in instance x: every rank, or the two ends
+ * of a message. */
+static int inst_involves(const struct watch_inst *x, uint32_t r)
+{
+	return x->kind != INST_P2P || r == x->src || r == x->dst;
+}
+
+/* The post of rank r for collective instance x (INST_COLL, INST_REG). */
+static const struct dfccl_rank_post *inst_post(const struct comm *c, const struct watch_inst *x, uint32_t r)
+{
+	if (x->kind == INST_REG)
+		return dfccl_comm_reg_post(c->region, c->nranks, x->coll_id, x->key, r);
+	return dfccl_comm_post(c->region, c->nranks, x->key, r);
+}
+
+static const struct dfccl_p2p_box *inst_box(const struct comm *c, const struct watch_inst *x)
+{
+	return dfccl_comm_box(c->region, c->nranks, x->src, x->dst, x->key);
+}
+
+static enum rank_state inst_rank_state(const struct comm *c, const struct watch_inst *x, uint32_t r)
 {
 	if (c->members[r].state != MEMBER_ACTIVE)
 		return RS_LEFT;
-	const struct dfccl_rank_post *p = dfccl_comm_post(c->region, c->nranks, wc->key, r);
-	if (ld64(&p->done) >= wc->key)
-		return RS_FINISHED;
-	if (ld64(&p->key) == wc->key)
-		return RS_POSTED;
-	if (wc->pend_key[r] == wc->key)
-		return RS_QUEUED;
-	return RS_MISSING;
+	if (x->kind == INST_P2P) {
+		/* The receiver's acknowledgement finishes the message for both. */
+		const struct dfccl_p2p_box *b = inst_box(c, x);
+		if (ld64(&b->ack) >= x->key)
+			return RS_FINISHED;
+		if ((r == x->src && ld64(&b->key) == x->key) || (r == x->dst && ld64(&b->want) == x->key))
+			return RS_POSTED;
+	} else {
+		const struct dfccl_rank_post *p = inst_post(c, x, r);
+		if (ld64(&p->done) >= x->key)
+			return RS_FINISHED;
+		if (ld64(&p->key) == x->key)
+			return RS_POSTED;
+	}
+	return (x->queued >> r) & 1 ? RS_QUEUED : RS_MISSING;
 }
 
 static uint64_t mix(uint64_t h, uint64_t v)
@@ -349,18 +502,22 @@ static uint64_t mix(uint64_t h, uint64_t v)
 }
 
 /* A digest of everything that moves while the instance makes progress:
- * each rank's post, progress and done words, its channel words (the CUDA
- * engine's progress), and whether its entry is queued. */
-static uint64_t instance_sig(const struct comm *c, const struct watch_comm *wc)
+ * which ranks have its entry queued, and for a collective each rank's
+ * post, progress and done words and its channel words (the CUDA engine's
+ * progress), for a message its mailbox's key, want and acknowledgement. */
+static uint64_t inst_sig(const struct comm *c, const struct watch_inst *x)
 {
-	uint64_t h = 0xcbf29ce484222325ull;
-	uint32_t slot = dfccl_comm_conn_slot(wc->key);
+	uint64_t h = mix(0xcbf29ce484222325ull, x->queued);
+	if (x->kind == INST_P2P) {
+		const struct dfccl_p2p_box *b = inst_box(c, x);
+		return mix(mix(mix(h, ld64(&b->key)), ld64(&b->want)), ld64(&b->ack));
+	}
+	uint32_t slot = x->kind == INST_REG ? dfccl_comm_reg_conn_slot(x->coll_id, x->key) : dfccl_comm_conn_slot(x->key);
 	for (uint32_t r = 0; r < c->nranks; r++) {
-		const struct dfccl_rank_post *p = dfccl_comm_post(c->region, c->nranks, wc->key, r);
+		const struct dfccl_rank_post *p = inst_post(c, x, r);
 		h = mix(h, ld64(&p->key));
 		h = mix(h, ld64(&p->progress));
 		h = mix(h, ld64(&p->done));
-		h = mix(h, wc->pend_key[r] == wc->key);
 		for (uint32_t ch = 0; ch < DFCCL_COMM_MAX_CHANNELS; ch++)
 			h = mix(h, ld64(dfccl_comm_chan(c->region, c->nranks, slot, r, ch)));
 	}
@@ -376,27 +533,43 @@ static uint64_t comm_preemptions(struct watch *w, const struct comm *c)
 	return sum;
 }
 
-/* Operation, count and type of the instance: from a post, else from an
- * entry still in a queue. */
-static void instance_describe(const struct comm *c, struct watch_comm *wc)
+/* Operation, count and type of the instance: from a collective's post,
+ * else from an entry still in a queue. */
+static void inst_describe(const struct comm *c, struct watch_inst *x)
 {
-	for (uint32_t r = 0; r < c->nranks; r++) {
-		const struct dfccl_rank_post *p = dfccl_comm_post(c->region, c->nranks, wc->key, r);
-		if (ld64(&p->key) == wc->key) {
+	for (uint32_t r = 0; x->kind != INST_P2P && r < c->nranks; r++) {
+		const struct dfccl_rank_post *p = inst_post(c, x, r);
+		if (ld64(&p->key) == x->key) {
 			uint32_t shape = p->shape;
-			wc->op = (uint8_t)(shape & 0xff);
-			wc->dtype = (uint8_t)((shape >> 8) & 0xff);
-			wc->count = p->count;
+			x->op = (uint8_t)(shape & 0xff);
+			x->dtype = (uint8_t)((shape >> 8) & 0xff);
+			x->count = p->count;
 			return;
 		}
 	}
-	for (uint32_t r = 0; r < c->nranks; r++) {
-		if (wc->pend_key[r] == wc->key) {
-			wc->op = wc->pend_op[r];
-			wc->dtype = wc->pend_dtype[r];
-			wc->count = wc->pend_count[r];
-			return;
-		}
+	if (x->queued) {
+		x->op = x->tick_op;
+		x->dtype = x->tick_dtype;
+		x->count = x->tick_count;
+	}
+}
+
+/* Instance x is `key` this tick: a new instance starts its clock, an old
+ * one restarts it whenever anything about it moved. */
+static void inst_update(const struct comm *c, struct watch_inst *x, uint64_t key, uint64_t now)
+{
+	if (x->key != key) {
+		x->key = key;
+		x->first_ms = x->change_ms = now;
+		x->sig = inst_sig(c, x);
+		inst_describe(c, x);
+		return;
+	}
+	uint64_t sig = inst_sig(c, x);
+	if (sig != x->sig) {
+		x->sig = sig;
+		x->change_ms = now;
+		inst_describe(c, x);
 	}
 }
 
@@ -458,13 +631,41 @@ static size_t describe_rank(struct watch *w, const struct comm *c, uint32_t r, c
 	return (size_t)snprintf(buf, len, "%u (pid %d, device %u, %s)", r, (int)m->pid, m->device, hb);
 }
 
-static void timeout_fire(struct watch *w, struct comm *c, struct watch_comm *wc, uint64_t timeout, uint64_t now)
+/* What timed out, named for the error: "communicator 5: AllReduce #3
+ * (1024 elements of float32)", "communicator 5: registered collective 7
+ * (AllReduce) run #2 (...)", "communicator 5: Send #1 from rank 0 to rank 1
+ * (...)" (or the Recv, when only the receiver submitted it); and in
+ * `missing` how the ranks that never submitted it are introduced. */
+static void inst_name(const struct comm *c, const struct watch_inst *x, char *buf, size_t len, char *missing,
+                      size_t mlen, unsigned nmissing)
+{
+	char size[96];
+	snprintf(size, sizeof(size), "(%" PRIu64 " elements of %s)", x->count, queue_dtype_name(x->dtype));
+	snprintf(missing, mlen, "rank%s that never submitted it", nmissing == 1 ? "" : "s");
+	if (x->kind == INST_REG) {
+		snprintf(buf, len, "communicator %" PRIu64 ": registered collective %u (%s) run #%" PRIu64 " %s", c->id,
+		         x->coll_id, queue_op_name(x->op), x->key, size);
+	} else if (x->kind == INST_P2P && inst_rank_state(c, x, x->src) != RS_MISSING) {
+		snprintf(buf, len, "communicator %" PRIu64 ": Send #%" PRIu64 " from rank %u to rank %u %s", c->id, x->key,
+		         x->src, x->dst, size);
+		snprintf(missing, mlen, "peer that never submitted the matching Recv");
+	} else if (x->kind == INST_P2P) {
+		snprintf(buf, len, "communicator %" PRIu64 ": Recv #%" PRIu64 " by rank %u from rank %u %s", c->id, x->key,
+		         x->dst, x->src, size);
+		snprintf(missing, mlen, "peer that never submitted the matching Send");
+	} else {
+		snprintf(buf, len, "communicator %" PRIu64 ": %s #%" PRIu64 " %s", c->id, queue_op_name(x->op), x->key,
+		         size);
+	}
+}
+
+static void timeout_fire(struct watch *w, struct comm *c, const struct watch_inst *x, uint64_t timeout, uint64_t now)
 {
 	char msg[1024], ranks[768] = "";
 	size_t off = 0;
 	unsigned missing = 0, shown = 0;
 	for (uint32_t r = 0; r < c->nranks; r++) {
-		if (rank_state_of(c, wc, r) != RS_MISSING)
+		if (!inst_involves(x, r) || inst_rank_state(c, x, r) != RS_MISSING)
 			continue;
 		missing++;
 		if (off + 160 >= sizeof(ranks))
@@ -475,19 +676,17 @@ static void timeout_fire(struct watch *w, struct comm *c, struct watch_comm *wc,
 	}
 	if (missing > shown)
 		snprintf(ranks + off, sizeof(ranks) - off, "; and %u more", missing - shown);
-	char what[200];
-	snprintf(what, sizeof(what), "communicator %" PRIu64 ": %s #%" PRIu64 " (%" PRIu64 " elements of %s)", c->id,
-	         queue_op_name(wc->op), wc->key, wc->count, queue_dtype_name(wc->dtype));
+	char what[200], who[64];
+	inst_name(c, x, what, sizeof(what), who, sizeof(who), missing);
 	if (missing)
 		snprintf(msg, sizeof(msg),
-		         "%s timed out after %" PRIu64 " ms without progress (timeout %" PRIu64 " ms); rank%s that never "
-		         "submitted it: %s",
-		         what, now - wc->change_ms, timeout, missing == 1 ? "" : "s", ranks);
+		         "%s timed out after %" PRIu64 " ms without progress (timeout %" PRIu64 " ms); %s: %s", what,
+		         now - x->change_ms, timeout, who, ranks);
 	else
 		snprintf(msg, sizeof(msg),
 		         "%s timed out: every rank submitted it, but it made no progress for %" PRIu64 " ms (timeout %" PRIu64
 		         " ms); see dfcclctl stats and the daemon's log for its devices' workers",
-		         what, now - wc->change_ms, timeout);
+		         what, now - x->change_ms, timeout);
 	struct recorder *rec = recorder_get(&w->rec, c);
 	comm_fail(c, COMM_TIMED_OUT, DFCCL_CQ_TIMEOUT, EC(TIMEOUT), msg);
 	if (!rec)
@@ -506,31 +705,63 @@ static void timeout_fire(struct watch *w, struct comm *c, struct watch_comm *wc,
 		log_notice("watch", "communicator %" PRIu64 ": flight recorder written to %s", c->id, path);
 }
 
-static void watch_comm_check(struct watch *w, struct comm *c, struct watch_comm *wc, uint64_t now)
+/* The NCCL-style instance: the oldest one some rank submitted and not
+ * every rank finished. */
+static void coll_check(struct watch *w, const struct comm *c, struct watch_comm *wc, uint64_t now)
 {
+	struct watch_inst *x = &wc->coll;
 	advance_low(c, wc);
 	record_starts(w, c, wc, now);
 	if (!instance_open(c, wc, wc->low)) {
-		wc->key = 0;
+		x->key = 0;
 		return;
 	}
-	if (wc->key != wc->low) {
-		wc->key = wc->low;
-		wc->first_ms = wc->change_ms = now;
-		wc->sig = instance_sig(c, wc);
+	x->queued = 0;
+	for (uint32_t r = c->nranks; r-- > 0;) {
+		if (wc->pend_key[r] != wc->low)
+			continue;
+		x->queued |= 1ull << r;
+		x->tick_op = wc->pend_op[r];
+		x->tick_dtype = wc->pend_dtype[r];
+		x->tick_count = wc->pend_count[r];
+	}
+	if (x->key != wc->low)
 		wc->preempt_base = comm_preemptions(w, c);
-		instance_describe(c, wc);
-		return;
+	inst_update(c, x, wc->low, now);
+}
+
+/* Registered runs and messages: each kind and id's lowest pending one;
+ * what nobody has pending any more is dropped. */
+static void extras_check(const struct comm *c, struct watch_comm *wc, uint64_t now)
+{
+	for (uint32_t i = 0; i < wc->nextra;) {
+		struct watch_inst *x = &wc->extra[i];
+		if (!x->tick_key) {
+			extra_remove(wc, i);
+			continue;
+		}
+		inst_update(c, x, x->tick_key, now);
+		i++;
 	}
-	uint64_t sig = instance_sig(c, wc);
-	if (sig != wc->sig) {
-		wc->sig = sig;
-		wc->change_ms = now;
-		instance_describe(c, wc);
-	}
+}
+
+/* Times every instance of c; the one that went longest without progress,
+ * once past the timeout, fails the communicator. */
+static void watch_comm_check(struct watch *w, struct comm *c, struct watch_comm *wc, uint64_t now)
+{
+	coll_check(w, c, wc, now);
+	extras_check(c, wc, now);
 	uint64_t timeout = comm_coll_timeout_ms(c);
-	if (timeout && c->state == COMM_READY && now - wc->change_ms >= timeout)
-		timeout_fire(w, c, wc, timeout, now);
+	if (!timeout || c->state != COMM_READY)
+		return;
+	const struct watch_inst *late = wc->coll.key && now - wc->coll.change_ms >= timeout ? &wc->coll : NULL;
+	for (uint32_t i = 0; i < wc->nextra; i++) {
+		const struct watch_inst *x = &wc->extra[i];
+		if (now - x->change_ms >= timeout && (!late || x->change_ms < late->change_ms))
+			late = x;
+	}
+	if (late)
+		timeout_fire(w, c, late, timeout, now);
 }
 
 void watch_tick(struct watch *w)
@@ -542,11 +773,13 @@ void watch_tick(struct watch *w)
 		any = 1;
 		if (!comm_watched(c))
 			continue;
-		struct watch_comm *wc = wc_get(w, c->id);
+		struct watch_comm *wc = wc_get(w, c);
 		if (!wc)
 			continue;
 		wc->seen = 1;
 		memset(wc->pend_key, 0, sizeof(wc->pend_key));
+		for (uint32_t i = 0; i < wc->nextra; i++)
+			wc->extra[i].tick_key = wc->extra[i].queued = 0;
 		recorder_get(&w->rec, c);
 	}
 	for (struct session *s = srv->sessions; s; s = s->next)
@@ -579,15 +812,16 @@ static int stuck_info(struct watch *w, const struct comm *c, const struct watch_
 		return -ENOMEM;
 	*out = si;
 	dfccl__v1__stuck_info__init(si);
+	const struct watch_inst *x = &wc->coll;
 	si->comm_id = c->id;
 	si->uid = (uint32_t)c->uid;
 	si->nranks = c->nranks;
-	si->op = (char *)queue_op_name(wc->op);
-	si->seq = wc->key;
-	si->count = wc->count;
-	si->dtype = (char *)queue_dtype_name(wc->dtype);
-	si->waited_ms = now - wc->first_ms;
-	si->idle_ms = now - wc->change_ms;
+	si->op = (char *)queue_op_name(x->op);
+	si->seq = x->key;
+	si->count = x->count;
+	si->dtype = (char *)queue_dtype_name(x->dtype);
+	si->waited_ms = now - x->first_ms;
+	si->idle_ms = now - x->change_ms;
 	si->timeout_ms = (int64_t)comm_coll_timeout_ms(c);
 	uint64_t p = comm_preemptions(w, c);
 	si->preemptions = p >= wc->preempt_base ? p - wc->preempt_base : 0;
@@ -602,7 +836,7 @@ static int stuck_info(struct watch *w, const struct comm *c, const struct watch_
 			return -ENOMEM;
 		dfccl__v1__stuck_rank__init(sr);
 		si->ranks[si->n_ranks++] = sr;
-		enum rank_state st = rank_state_of(c, wc, r);
+		enum rank_state st = inst_rank_state(c, x, r);
 		sr->rank = r;
 		sr->device = m->device;
 		sr->pid = m->pid;
@@ -628,11 +862,11 @@ int watch_fill_stuck(struct watch *w, uid_t uid, Dfccl__V1__QueryReply *reply)
 		return -ENOMEM;
 	for (struct watch_comm *wc = w->comms; wc; wc = wc->next) {
 		struct comm *c = comm_find(w->srv, wc->comm_id);
-		if (!c || !comm_watched(c) || !wc->key || (uid != 0 && c->uid != uid))
+		if (!c || !comm_watched(c) || !wc->coll.key || (uid != 0 && c->uid != uid))
 			continue;
 		/* Only what waited a whole tick: a collective merely in flight is
 		 * not stuck. */
-		if (now - wc->first_ms < watch_interval_ms(w))
+		if (now - wc->coll.first_ms < watch_interval_ms(w))
 			continue;
 		int rc = stuck_info(w, c, wc, now, &reply->stuck[reply->n_stuck]);
 		if (reply->stuck[reply->n_stuck])

@@ -10,18 +10,22 @@
  * same way.
  *
  * Per communicator it follows the oldest NCCL-style collective instance
- * that some rank submitted and not every rank finished. When nothing about
- * that instance changed -- no rank submitted it, posted it, progressed in
- * it or finished it -- for the communicator's timeout (comm.h,
+ * that some rank submitted and not every rank finished, and, among the
+ * entries pending in the queues, the lowest run of each registered
+ * collective id and the lowest message of each ordered pair of ranks
+ * (sender -> receiver). When nothing about such an instance changed -- no
+ * rank submitted it, posted it, progressed in it or finished it; for a
+ * message, neither the sender's post nor the receiver's `want` or
+ * acknowledgement in the mailbox -- for the communicator's timeout (comm.h,
  * comm_coll_timeout_ms), the communicator fails with DFCCL_CQ_TIMEOUT
  * through comm_fail, with a sentence naming the communicator, the
- * collective and the ranks that never submitted it, each told apart as
- * stopped (its library's heartbeat in the queue header is older than
+ * operation (the collective and its sequence number; the registered
+ * collective's id and run number; Send or Recv with both ranks and the
+ * message number) and the ranks that never submitted it, each told apart
+ * as stopped (its library's heartbeat in the queue header is older than
  * heartbeat-stale-ms) or running. Detection happens on the first tick
- * after the timeout: within timeout + watch-interval-ms.
- *
- * Not covered yet: send/receive and registered collectives are recorded but
- * not timed.
+ * after the timeout: within timeout + watch-interval-ms. `dfcclctl stuck`
+ * shows the NCCL-style instance.
  */
 #ifndef DFCCLD_WATCH_H
 #define DFCCLD_WATCH_H

@@ -2,10 +2,13 @@
  * Detection and visibility of stuck collectives, against the real daemon
  * with one client process per rank: the collective timeout names a rank
  * that was SIGSTOPped (as stopped) and one that never submitted (as
- * running), in a sentence that names the communicator once; `dfcclctl
- * stuck` shows a stuck instance and nothing once it completed, the flight
- * recorder keeps a killed client's last collectives, and the new requests
- * refuse bad input with a sentence.
+ * running), in a sentence that names the communicator once; a send whose
+ * receiver never receives, a receive whose sender never sends and a run of
+ * a registered collective that the other ranks never run time out too,
+ * naming the operation and the missing ranks; `dfcclctl stuck` shows a
+ * stuck instance and nothing once it completed, the flight recorder keeps
+ * a killed client's last collectives, and the new requests refuse bad
+ * input with a sentence.
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -162,6 +165,222 @@ static int rank_main(void *arg, int rank)
 	}
 	dfcclCommAbort(comm);
 	return 0;
+}
+
+/* ------------------------------------------------------------ send/recv and registered runs */
+
+enum lone_kind { LONE_SEND, LONE_RECV, LONE_REG };
+
+/* Rank `waiter` submits one operation its peers never match: after one
+ * matched warm-up, a send to rank 1 that rank 1 never receives
+ * (LONE_SEND, waiter 0), a receive from rank 0 that rank 0 never sends
+ * (LONE_RECV, waiter 1), or run 2 of registered collective 7 that the
+ * other ranks never run (LONE_REG, waiter 0). The others write (rank, pid)
+ * into `pids`, wait for `go` and find the timeout as their communicator's
+ * error. */
+struct lone_job {
+	dfcclUniqueId id;
+	int nranks;
+	enum lone_kind kind;
+	int waiter;
+	int pid_wr, pid_rd, go_rd, go_wr;
+	const char *text; /* the waiter's async error: pattern with {n}, and %d for each peer's pid in rank order */
+};
+
+#define LONE_COLL 7
+
+/* The warm-up: one checked message 0 -> 1, or one checked run of the
+ * registered all-reduce. buf holds 2 * COUNT floats. */
+static int lone_warmup(const struct lone_job *j, dfcclComm_t comm, float *buf, int rank)
+{
+	for (int i = 0; i < COUNT; i++)
+		buf[i] = (float)(rank + 1) * (float)(i % 5 + 1);
+	dfcclResult_t r;
+	if (j->kind == LONE_REG) {
+		dfcclCollDesc_t d = {dfcclCollAllReduce, COUNT, dfcclFloat, dfcclSum, 0, 0};
+		dfcclRequest_t req = NULL;
+		r = dfcclRegisterCollective(comm, LONE_COLL, &d);
+		if (r == dfcclSuccess)
+			r = dfcclRunCollective(comm, LONE_COLL, buf, buf + COUNT, NULL, NULL, &req);
+		if (r == dfcclSuccess)
+			r = dfcclWait(req);
+	} else if (rank == 0) {
+		r = dfcclSend(buf, COUNT, dfcclFloat, 1, comm, NULL);
+	} else {
+		r = dfcclRecv(buf + COUNT, COUNT, dfcclFloat, 0, comm, NULL);
+	}
+	if (r == dfcclSuccess)
+		r = dfcclCommSynchronize(comm);
+	if (r != dfcclSuccess)
+		RANK_FAIL("warm-up: %s", dfcclGetLastError(NULL));
+	float ranks = j->kind == LONE_REG ? (float)(j->nranks * (j->nranks + 1) / 2) : 1.0f;
+	for (int i = 0; i < COUNT && (j->kind == LONE_REG || rank == 1); i++)
+		if (buf[COUNT + i] != ranks * (float)(i % 5 + 1))
+			RANK_FAIL("warm-up element %d is %g, expected %g", i, buf[COUNT + i], ranks * (float)(i % 5 + 1));
+	return 0;
+}
+
+/* The waiter's unmatched operation: its result and how long it took. */
+static dfcclResult_t lone_submit(const struct lone_job *j, dfcclComm_t comm, float *buf, uint64_t *took)
+{
+	uint64_t t0 = now_ms();
+	dfcclResult_t r;
+	if (j->kind == LONE_REG) {
+		dfcclRequest_t req = NULL;
+		r = dfcclRunCollective(comm, LONE_COLL, buf, buf + COUNT, NULL, NULL, &req);
+		if (r == dfcclSuccess)
+			r = dfcclWait(req);
+	} else {
+		r = j->kind == LONE_SEND ? dfcclSend(buf, COUNT, dfcclFloat, 1, comm, NULL)
+		                         : dfcclRecv(buf + COUNT, COUNT, dfcclFloat, 0, comm, NULL);
+		if (r == dfcclSuccess)
+			r = dfcclCommSynchronize(comm);
+	}
+	*took = now_ms() - t0;
+	return r;
+}
+
+/* The expected async error of the waiter: j->text with the peers' pids. */
+static void lone_pattern(const struct lone_job *j, const pid_t *pids, char *out, size_t len)
+{
+	size_t off = 0;
+	int q = 0;
+	for (const char *p = j->text; *p && off + 1 < len; p++) {
+		if (p[0] == '%' && p[1] == 'd') {
+			while (q == j->waiter)
+				q++;
+			off += (size_t)snprintf(out + off, len - off, "%d", (int)pids[q++]);
+			p++;
+		} else {
+			out[off++] = *p;
+		}
+	}
+	out[off] = '\0';
+}
+
+static int lone_rank(void *arg, int rank)
+{
+	struct lone_job *j = arg;
+	dfcclConfig_t cfg = DFCCL_CONFIG_INITIALIZER;
+	cfg.timeoutMs = TIMEOUT_MS;
+	dfcclComm_t comm = NULL;
+	float *buf = NULL;
+	if (dfcclSetDevice(rank % 2) != dfcclSuccess || dfcclCommInitRankConfig(&comm, j->nranks, j->id, rank, &cfg) !=
+	    dfcclSuccess || dfcclMemAlloc((void **)&buf, 2 * COUNT * sizeof(float)) != dfcclSuccess)
+		RANK_FAIL("set-up: %s", dfcclGetLastError(NULL));
+	if (lone_warmup(j, comm, buf, rank))
+		return 1;
+	if (rank != j->waiter) {
+		pid_t me[2] = {rank, getpid()};
+		char b;
+		close(j->go_wr); /* so a test that ends early ends this read too */
+		if (write(j->pid_wr, me, sizeof(me)) != sizeof(me) || read(j->go_rd, &b, 1) != 1)
+			RANK_FAIL("pipes");
+		dfcclResult_t ae = dfcclSuccess;
+		if (dfcclCommGetAsyncError(comm, &ae) != dfcclSuccess || ae != dfcclTimeout ||
+		    !strstr(dfcclGetLastError(NULL), "timed out after"))
+			RANK_FAIL("async error %d, '%s': expected the timeout", ae, dfcclGetLastError(NULL));
+		dfcclCommAbort(comm);
+		return 0;
+	}
+	pid_t pids[8] = {0};
+	for (int k = 0; k < j->nranks - 1; k++) {
+		pid_t rp[2];
+		if (read(j->pid_rd, rp, sizeof(rp)) != sizeof(rp) || rp[0] < 0 || rp[0] >= j->nranks)
+			RANK_FAIL("pid pipe");
+		pids[rp[0]] = rp[1];
+	}
+	uint64_t took;
+	dfcclResult_t r = lone_submit(j, comm, buf, &took);
+	char err[1024];
+	snprintf(err, sizeof(err), "%s", dfcclGetLastError(NULL));
+	if (r != dfcclTimeout)
+		RANK_FAIL("the unmatched operation returned %d (%s), expected dfcclTimeout", r, err);
+	if (took < TIMEOUT_MS || took > TIMEOUT_MS + 1000)
+		RANK_FAIL("the timeout came after %llu ms, expected %d..%d", (unsigned long long)took, TIMEOUT_MS,
+		          TIMEOUT_MS + 1000);
+	char pattern[1024], full[1200];
+	lone_pattern(j, pids, pattern, sizeof(pattern));
+	/* What failed, with the daemon's sentence appended. */
+	snprintf(full, sizeof(full), "%s failed: the collective timed out: %s",
+	         j->kind == LONE_REG ? "AllReduce" : j->kind == LONE_SEND ? "Send" : "Recv", pattern);
+	dfcclResult_t ae = dfcclSuccess;
+	if (j->kind == LONE_REG) {
+		/* dfcclWait says what failed; the async error reports the run's
+		 * failure, explained, until a dfcclCommSynchronize has returned it. */
+		if (strncmp(err, "AllReduce failed: the collective timed out", 42) != 0)
+			RANK_FAIL("wait: '%s'", err);
+		if (dfcclCommGetAsyncError(comm, &ae) != dfcclSuccess || ae != dfcclTimeout ||
+		    !text_matches(dfcclGetLastError(NULL), full))
+			RANK_FAIL("async error %d before synchronize: '%s' is not '%s'", ae, dfcclGetLastError(NULL), full);
+		r = dfcclCommSynchronize(comm);
+		snprintf(err, sizeof(err), "%s", dfcclGetLastError(NULL));
+	}
+	if (r != dfcclTimeout || !text_matches(err, full))
+		RANK_FAIL("synchronize %d: '%s' is not '%s'", r, err, full);
+	/* Then the communicator's own error: the sentence alone. */
+	if (dfcclCommGetAsyncError(comm, &ae) != dfcclSuccess || ae != dfcclTimeout ||
+	    !text_matches(dfcclGetLastError(NULL), pattern))
+		RANK_FAIL("async error %d: '%s' is not '%s'", ae, dfcclGetLastError(NULL), pattern);
+	dfcclCommAbort(comm);
+	return 0;
+}
+
+static void run_lone(enum lone_kind kind, int nranks, int waiter, const char *text)
+{
+	struct lone_job j = {.nranks = nranks, .kind = kind, .waiter = waiter, .text = text};
+	assert_int_equal(dfcclGetUniqueId(&j.id), dfcclSuccess);
+	int pids[2], go[2];
+	assert_int_equal(pipe(pids), 0);
+	assert_int_equal(pipe(go), 0);
+	j.pid_wr = pids[1];
+	j.pid_rd = pids[0];
+	j.go_rd = go[0];
+	j.go_wr = go[1];
+	pid_t p[8];
+	for (int r = 0; r < nranks; r++)
+		p[r] = child_run(lone_rank, &j, r);
+	int rc = child_wait(p[waiter], 20000);
+	for (int r = 0; r < nranks && rc != 0; r++)
+		if (r != waiter && kill(p[r], SIGKILL) == 0)
+			child_wait(p[r], 5000);
+	assert_int_equal(rc, 0);
+	for (int r = 0; r < nranks - 1; r++)
+		assert_int_equal(write(go[1], "g", 1), 1);
+	for (int r = 0; r < nranks; r++)
+		if (r != waiter)
+			assert_int_equal(child_wait(p[r], 10000), 0);
+	close(pids[0]);
+	close(pids[1]);
+	close(go[0]);
+	close(go[1]);
+}
+
+static void test_send_timeout(void **state)
+{
+	(void)state;
+	run_lone(LONE_SEND, 2, 0,
+	         "communicator {n}: Send #2 from rank 0 to rank 1 (1024 elements of float32) timed out after {n} ms "
+	         "without progress (timeout 1000 ms); peer that never submitted the matching Recv: 1 (pid %d, device 1, "
+	         "running: heartbeat {n} s ago)");
+}
+
+static void test_recv_timeout(void **state)
+{
+	(void)state;
+	run_lone(LONE_RECV, 2, 1,
+	         "communicator {n}: Recv #2 by rank 1 from rank 0 (1024 elements of float32) timed out after {n} ms "
+	         "without progress (timeout 1000 ms); peer that never submitted the matching Send: 0 (pid %d, device 0, "
+	         "running: heartbeat {n} s ago)");
+}
+
+static void test_registered_timeout(void **state)
+{
+	(void)state;
+	run_lone(LONE_REG, 3, 0,
+	         "communicator {n}: registered collective 7 (AllReduce) run #2 (1024 elements of float32) timed out "
+	         "after {n} ms without progress (timeout 1000 ms); ranks that never submitted it: 1 (pid %d, device 1, "
+	         "running: heartbeat {n} s ago); 2 (pid %d, device 0, running: heartbeat {n} s ago)");
 }
 
 static void job_init(struct job *j)
@@ -509,6 +728,9 @@ int main(void)
 	    cmocka_unit_test_setup_teardown(test_recorder_keeps_killed_client, daemon_setup_faults,
 	                                    daemon_teardown_faults),
 	    cmocka_unit_test_setup_teardown(test_bad_input, daemon_setup_faults, daemon_teardown_faults),
+	    cmocka_unit_test_setup_teardown(test_send_timeout, daemon_setup_faults, daemon_teardown_faults),
+	    cmocka_unit_test_setup_teardown(test_recv_timeout, daemon_setup_faults, daemon_teardown_faults),
+	    cmocka_unit_test_setup_teardown(test_registered_timeout, daemon_setup_faults, daemon_teardown_faults),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
