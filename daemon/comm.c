@@ -28,6 +28,8 @@
 #define EC(x) DFCCL__V1__ERROR_CODE__ERROR_##x
 #define COMM_MAX_RANKS DFCCL_COMM_MAX_RANKS
 
+_Static_assert(COMM_MAX_RANKS <= 64, "a shrink advice is a 64-bit mask of ranks");
+
 const char *comm_state_name(enum comm_state st)
 {
 	switch (st) {
@@ -526,23 +528,31 @@ static struct comm *comm_of_member(struct server *srv, struct session *s, uint64
 	return c;
 }
 
+/* Who stops c, as its members are told: "rank 1 (pid 42)" for member r,
+ * "dfcclctl (pid 42, uid 1000)" for session s from outside (r < 0). */
+static void comm_stopper(int r, const struct session *s, char *buf, size_t len)
+{
+	if (r >= 0)
+		snprintf(buf, len, "rank %d (pid %d)", r, (int)s->pid);
+	else
+		snprintf(buf, len, "%s (pid %d, uid %u)", s->client_name[0] ? s->client_name : "a client", (int)s->pid,
+		         (unsigned)s->uid);
+}
+
 /* Session s stops c: every rank's pending and later collectives fail with
  * DFCCL_CQ_ABORTED, and the members (all but rank r, when s is one) are
- * told who did it and what (`verb`). */
+ * told who did it and what (`verb`), before the engines fail anything, as
+ * comm_fail does. */
 static void comm_abort_by(struct comm *c, int r, const struct session *s, const char *verb)
 {
-	if (c->state == COMM_READY)
-		comm_break(c, COMM_ABORTED, DFCCL_CQ_ABORTED);
-	char msg[256];
-	if (r >= 0)
-		snprintf(msg, sizeof(msg), "rank %d (pid %d) %s communicator %llu", r, (int)s->pid, verb,
-		         (unsigned long long)c->id);
-	else
-		snprintf(msg, sizeof(msg), "%s (pid %d, uid %u) %s communicator %llu from outside",
-		         s->client_name[0] ? s->client_name : "a client", (int)s->pid, (unsigned)s->uid, verb,
-		         (unsigned long long)c->id);
+	char who[160], msg[256];
+	comm_stopper(r, s, who, sizeof(who));
+	snprintf(msg, sizeof(msg), "%s %s communicator %llu%s", who, verb, (unsigned long long)c->id,
+	         r >= 0 ? "" : " from outside");
 	log_info("comm", "%s", msg);
 	comm_notify(c, r, EC(ABORTED), msg);
+	if (c->state == COMM_READY)
+		comm_break(c, COMM_ABORTED, DFCCL_CQ_ABORTED);
 }
 
 int comm_leave(struct server *srv, struct session *s, uint64_t comm_id, int abort, char *err, size_t errlen)
@@ -557,23 +567,126 @@ int comm_leave(struct server *srv, struct session *s, uint64_t comm_id, int abor
 	return 0;
 }
 
-int comm_revoke(struct server *srv, struct session *s, uint64_t comm_id, char *err, size_t errlen)
+/* The ready (or failed) communicator comm_id as session s may stop it: as
+ * a member (its rank in *r), or from outside (*r = -1) as the owner's uid
+ * or root. NULL with a positive error code in *code and a sentence in err
+ * otherwise. */
+static struct comm *comm_stoppable(struct server *srv, struct session *s, uint64_t comm_id, int *r, int *code,
+                                   char *err, size_t errlen)
 {
 	struct comm *c = comm_find(srv, comm_id);
-	int r = c ? comm_rank_of(c, s) : -1;
-	/* A member revokes; its owner's uid or root may do it from outside
-	 * (dfcclctl abort). */
-	if (!c || (r >= 0 && c->members[r].state != MEMBER_ACTIVE) || (r < 0 && s->uid != 0 && s->uid != c->uid)) {
+	*r = c ? comm_rank_of(c, s) : -1;
+	if (!c || (*r >= 0 && c->members[*r].state != MEMBER_ACTIVE) || (*r < 0 && s->uid != 0 && s->uid != c->uid)) {
 		snprintf(err, errlen, "communicator %llu does not exist, or is another user's (only members, its owner and "
 		         "root may stop it)", (unsigned long long)comm_id);
-		return EC(NOT_FOUND);
+		*code = EC(NOT_FOUND);
+		return NULL;
 	}
 	if (c->state == COMM_INITIALIZING || c->state == COMM_ACTIVATING) {
 		snprintf(err, errlen, "communicator %llu is %s: only a ready communicator can be stopped",
 		         (unsigned long long)comm_id, comm_state_name(c->state));
-		return EC(INVALID_ARGUMENT);
+		*code = EC(INVALID_ARGUMENT);
+		return NULL;
 	}
+	return c;
+}
+
+int comm_revoke(struct server *srv, struct session *s, uint64_t comm_id, char *err, size_t errlen)
+{
+	int r, code;
+	struct comm *c = comm_stoppable(srv, s, comm_id, &r, &code, err, errlen);
+	if (!c)
+		return code;
 	comm_abort_by(c, r, s, r >= 0 ? "revoked" : "aborted");
+	return 0;
+}
+
+/* The ranks of c's shrink advice, ascending, into out; how many. */
+static size_t comm_advice_ranks(const struct comm *c, uint32_t *out)
+{
+	size_t n = 0;
+	for (uint32_t r = 0; r < c->nranks; r++)
+		if (c->shrink_advice & (1ull << r))
+			out[n++] = r;
+	return n;
+}
+
+/* "rank 2" or "ranks 1, 3" of the bits of mask into buf. */
+static void rank_list_text(uint64_t mask, char *buf, size_t len)
+{
+	size_t off = (size_t)snprintf(buf, len, "rank%s", (mask & (mask - 1)) ? "s" : "");
+	const char *sep = " ";
+	for (uint32_t r = 0; r < 64 && off < len; r++) {
+		if (!(mask & (1ull << r)))
+			continue;
+		off += (size_t)snprintf(buf + off, len - off, "%s%u", sep, r);
+		sep = ", ";
+	}
+}
+
+/* The exclusion list of a CommShrinkAdvice as a mask of c's ranks, or -1
+ * with the reason in err. */
+static int comm_advice_mask(const struct comm *c, const uint32_t *exclude, size_t n, uint64_t *mask, char *err,
+                            size_t errlen)
+{
+	*mask = 0;
+	if (n == 0) {
+		snprintf(err, errlen, "a shrink advice names at least one rank to exclude (to stop the communicator "
+		         "without one, abort it)");
+		return -1;
+	}
+	for (size_t i = 0; i < n; i++) {
+		if (exclude[i] >= c->nranks) {
+			snprintf(err, errlen, "rank %u is outside 0..%u of communicator %llu", exclude[i], c->nranks - 1,
+			         (unsigned long long)c->id);
+			return -1;
+		}
+		if (*mask & (1ull << exclude[i])) {
+			snprintf(err, errlen, "rank %u is excluded twice", exclude[i]);
+			return -1;
+		}
+		*mask |= 1ull << exclude[i];
+	}
+	if (n >= c->nranks) {
+		snprintf(err, errlen, "excluding all %u ranks leaves nobody to shrink communicator %llu (abort it instead)",
+		         c->nranks, (unsigned long long)c->id);
+		return -1;
+	}
+	return 0;
+}
+
+int comm_shrink_advice(struct server *srv, struct session *s, uint64_t comm_id, const uint32_t *exclude, size_t n,
+                       char *err, size_t errlen)
+{
+	int r, code;
+	uint64_t mask;
+	struct comm *c = comm_stoppable(srv, s, comm_id, &r, &code, err, errlen);
+	if (!c)
+		return code;
+	if (comm_advice_mask(c, exclude, n, &mask, err, errlen) < 0)
+		return EC(INVALID_ARGUMENT);
+	c->shrink_advice = mask;
+	uint32_t list[COMM_MAX_RANKS];
+	size_t nlist = comm_advice_ranks(c, list);
+	char who[160], ranks[400], head[700], msg[900];
+	comm_stopper(r, s, who, sizeof(who));
+	rank_list_text(mask, ranks, sizeof(ranks));
+	snprintf(head, sizeof(head), "communicator %llu: %s revoked it%s and advises shrinking it without %s "
+	         "(dfcclCommGetShrinkAdvice)", (unsigned long long)c->id, who, r >= 0 ? "" : " from outside", ranks);
+	log_info("comm", "%s", head);
+	/* Every member, the advising one too, so each library holds the advice;
+	 * the notice goes before the engines fail anything, as comm_fail's. */
+	for (uint32_t q = 0; q < c->nranks; q++) {
+		struct comm_member *m = &c->members[q];
+		if (m->state != MEMBER_ACTIVE)
+			continue;
+		snprintf(msg, sizeof(msg), "%s; %s", head, (mask & (1ull << q))
+		         ? "this rank is excluded: leave the communicator with dfcclCommDestroy or dfcclCommAbort"
+		         : "the other ranks call dfcclCommShrink with exactly those ranks");
+		session_send_shrink_notice(m->session, EC(ABORTED), c->id, m->device, msg, list, nlist);
+	}
+	if (c->state == COMM_READY)
+		comm_break(c, COMM_ABORTED, DFCCL_CQ_ABORTED);
 	return 0;
 }
 
@@ -688,6 +801,18 @@ static int comm_query_plan(const struct comm *c, Dfccl__V1__CommInfo *ci)
 	return 0;
 }
 
+/* The shrink advice of c into ci (nothing while there is none). */
+static int comm_query_advice(const struct comm *c, Dfccl__V1__CommInfo *ci)
+{
+	if (!c->shrink_advice)
+		return 0;
+	ci->shrink_exclude = calloc(c->nranks, sizeof(*ci->shrink_exclude));
+	if (!ci->shrink_exclude)
+		return -ENOMEM;
+	ci->n_shrink_exclude = comm_advice_ranks(c, ci->shrink_exclude);
+	return 0;
+}
+
 int comm_query(struct server *srv, Dfccl__V1__QueryReply *reply)
 {
 	size_t n = 0;
@@ -727,7 +852,7 @@ int comm_query(struct server *srv, Dfccl__V1__QueryReply *reply)
 			cr->pid = m->pid;
 			ci->ranks[ci->n_ranks++] = cr;
 		}
-		if (comm_query_plan(c, ci) < 0)
+		if (comm_query_plan(c, ci) < 0 || comm_query_advice(c, ci) < 0)
 			return -ENOMEM;
 	}
 	return 0;
@@ -746,6 +871,7 @@ void comm_query_free(Dfccl__V1__QueryReply *reply)
 		}
 		free(ci->trees);
 		free(ci->ring);
+		free(ci->shrink_exclude);
 		free(ci);
 	}
 	free(reply->comms);

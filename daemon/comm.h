@@ -77,6 +77,7 @@ struct comm {
 	uint64_t devices; /* bitmask of the devices with a rank (devices < 64) */
 	uint64_t acks;    /* bitmask of the devices whose worker acknowledged */
 	int awaiting_device; /* every rank joined; activation waits for this device's worker (-1: none) */
+	uint64_t shrink_advice; /* `dfcclctl shrink`: the ranks advised to be excluded (bit r); 0: none */
 };
 
 /*
@@ -114,6 +115,16 @@ int comm_leave(struct server *srv, struct session *s, uint64_t comm_id, int abor
  * DFCCL_CQ_ABORTED on every rank; the members stay. Returns 0 or a
  * positive error code with a sentence in err. */
 int comm_revoke(struct server *srv, struct session *s, uint64_t comm_id, char *err, size_t errlen);
+
+/*
+ * `dfcclctl shrink` (CommShrinkAdvice) from session s, with the rights of
+ * comm_revoke: c is revoked as by comm_revoke, `exclude` (n ranks) becomes
+ * its shrink advice, and every member is told with a Notice that carries
+ * it, the excluded ones that they are excluded. Returns 0 or a positive
+ * error code with a sentence in err (bad ranks among them).
+ */
+int comm_shrink_advice(struct server *srv, struct session *s, uint64_t comm_id, const uint32_t *exclude, size_t n,
+                       char *err, size_t errlen);
 
 /* Session s is gone: leave everything it joined; other ranks are told. */
 void comm_session_gone(struct server *srv, struct session *s);

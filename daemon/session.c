@@ -91,17 +91,25 @@ static int reply_ok(struct session *s, uint64_t request_id)
 	return session_reply(s, request_id, &env, NULL, 0);
 }
 
-int session_send_notice(struct session *s, int code, uint64_t comm_id, uint32_t device, const char *message)
+int session_send_shrink_notice(struct session *s, int code, uint64_t comm_id, uint32_t device, const char *message,
+                               const uint32_t *exclude, size_t n)
 {
-	Dfccl__V1__Notice n = DFCCL__V1__NOTICE__INIT;
-	n.code = code;
-	n.comm_id = comm_id;
-	n.device = device;
-	n.message = (char *)message;
+	Dfccl__V1__Notice no = DFCCL__V1__NOTICE__INIT;
+	no.code = code;
+	no.comm_id = comm_id;
+	no.device = device;
+	no.message = (char *)message;
+	no.shrink_exclude = (uint32_t *)exclude;
+	no.n_shrink_exclude = n;
 	Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
 	env.body_case = DFCCL__V1__ENVELOPE__BODY_NOTICE;
-	env.notice = &n;
+	env.notice = &no;
 	return session_reply(s, 0, &env, NULL, 0);
+}
+
+int session_send_notice(struct session *s, int code, uint64_t comm_id, uint32_t device, const char *message)
+{
+	return session_send_shrink_notice(s, code, comm_id, device, message, NULL, 0);
 }
 
 /* ------------------------------------------------------------ handlers */
@@ -281,6 +289,16 @@ static void handle_comm_leave(struct session *s, uint64_t req, uint64_t comm_id,
 	char err[512];
 	int code = how == 2 ? comm_revoke(s->srv, s, comm_id, err, sizeof(err))
 	                    : comm_leave(s->srv, s, comm_id, how, err, sizeof(err));
+	if (code)
+		reply_error_msg(s, req, code, err);
+	else
+		reply_ok(s, req);
+}
+
+static void handle_shrink_advice(struct session *s, uint64_t req, const Dfccl__V1__CommShrinkAdvice *a)
+{
+	char err[512];
+	int code = comm_shrink_advice(s->srv, s, a->comm_id, a->exclude, a->n_exclude, err, sizeof(err));
 	if (code)
 		reply_error_msg(s, req, code, err);
 	else
@@ -866,6 +884,7 @@ static void session_on_frame(struct conn *c, dfccl_envelope *env, int *fds, unsi
 	case DFCCL__V1__ENVELOPE__BODY_COMM_DESTROY: handle_comm_leave(s, req, env->comm_destroy->comm_id, 0); break;
 	case DFCCL__V1__ENVELOPE__BODY_COMM_ABORT: handle_comm_leave(s, req, env->comm_abort->comm_id, 1); break;
 	case DFCCL__V1__ENVELOPE__BODY_COMM_REVOKE: handle_comm_leave(s, req, env->comm_revoke->comm_id, 2); break;
+	case DFCCL__V1__ENVELOPE__BODY_COMM_SHRINK_ADVICE: handle_shrink_advice(s, req, env->comm_shrink_advice); break;
 	case DFCCL__V1__ENVELOPE__BODY_REGISTER_MEM: handle_register(s, req, env->register_mem, fds); break;
 	case DFCCL__V1__ENVELOPE__BODY_ALLOC_MEM: handle_alloc(s, req, env->alloc_mem); break;
 	case DFCCL__V1__ENVELOPE__BODY_DEREGISTER_MEM: handle_deregister(s, req, env->deregister_mem->reg_id); break;

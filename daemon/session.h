@@ -80,6 +80,11 @@ int session_reply_error(struct session *s, uint64_t request_id, int code, const 
     __attribute__((format(printf, 4, 5)));
 int session_send_notice(struct session *s, int code, uint64_t comm_id, uint32_t device, const char *message);
 
+/* A notice that carries a shrink advice: the n ranks of `exclude` (comm.h,
+ * comm_shrink_advice). */
+int session_send_shrink_notice(struct session *s, int code, uint64_t comm_id, uint32_t device, const char *message,
+                               const uint32_t *exclude, size_t n);
+
 /* The worker acknowledged (code 0) or refused a registration: answer the
  * client's RegisterMem (request_id) if the session still exists. */
 void session_reg_done(struct server *srv, uint64_t session_id, uint64_t request_id, uint32_t reg_id, int code,

@@ -206,6 +206,26 @@ dfcclResult_t dfcclCommGetAsyncError(dfcclComm_t comm, dfcclResult_t *asyncError
 #define DFCCL_SPLIT_NOCOLOR (-1)
 
 dfcclResult_t dfcclCommRevoke(dfcclComm_t comm);
+
+/*
+ * Shrink advice from an operator: `dfcclctl shrink COMM --exclude RANKS`
+ * revokes the communicator as dfcclctl abort does (every rank's pending
+ * and later collectives on it fail; its async error becomes dfcclAborted
+ * unless it had failed before) and tells every rank which ranks to drop,
+ * since the daemon cannot shrink on behalf of the ranks' processes.
+ * dfcclCommGetShrinkAdvice copies those ranks, ascending, into
+ * excludeRanks (room for `capacity` of them; 0 with a NULL list asks for
+ * the number alone) and stores how many there are in *count: 0 while no
+ * advice came. A later advice replaces an earlier one. The ranks not in the
+ * list pass it unchanged to dfcclCommShrink (DFCCL_SHRINK_DEFAULT once
+ * their collectives on comm have ended, or DFCCL_SHRINK_ABORT); a rank that
+ * finds itself in it leaves with dfcclCommDestroy or dfcclCommAbort. The
+ * advice arrives with the communicator's async error (dfcclAborted, whose
+ * sentence says who advised what): poll dfcclCommGetAsyncError, then ask
+ * for the advice. Never blocks; *count > capacity means the list was cut.
+ */
+dfcclResult_t dfcclCommGetShrinkAdvice(dfcclComm_t comm, int *excludeRanks, int capacity, int *count);
+
 dfcclResult_t dfcclCommShrink(dfcclComm_t comm, int *excludeRanksList, int excludeRanksCount, dfcclComm_t *newcomm,
                               dfcclConfig_t *config, int shrinkFlags);
 dfcclResult_t dfcclCommSplit(dfcclComm_t comm, int color, int key, dfcclComm_t *newcomm, dfcclConfig_t *config);

@@ -194,6 +194,26 @@ dfcclResult_t client_async_get(struct client *c, const struct client_async *a, c
 	return r;
 }
 
+uint32_t client_async_advice(struct client *c, const struct client_async *a, int *out, uint32_t cap)
+{
+	pthread_mutex_lock(&c->lock);
+	uint32_t n = a->advice_n;
+	for (uint32_t i = 0; i < n && i < cap; i++)
+		out[i] = (int)a->advice[i];
+	pthread_mutex_unlock(&c->lock);
+	return n;
+}
+
+/* A shrink advice replaces the slot's earlier one; ranks a communicator
+ * cannot have are dropped. */
+static void async_advise_locked(struct client_async *a, const uint32_t *exclude, size_t n)
+{
+	a->advice_n = 0;
+	for (size_t i = 0; i < n && a->advice_n < DFCCL_COMM_MAX_RANKS; i++)
+		if (exclude[i] < DFCCL_COMM_MAX_RANKS)
+			a->advice[a->advice_n++] = exclude[i];
+}
+
 void client_async_remove(struct client *c, struct client_async *a)
 {
 	pthread_mutex_lock(&c->lock);
@@ -230,8 +250,12 @@ static void client_notice(struct client *c, const Dfccl__V1__Notice *n)
 			hit = a->device == n->device;
 		else
 			hit = true;
-		if (hit)
-			async_set_locked(a, r, msg);
+		if (!hit)
+			continue;
+		/* Error and advice together, so a thread that sees one sees both. */
+		async_set_locked(a, r, msg);
+		if (n->n_shrink_exclude && n->comm_id != 0)
+			async_advise_locked(a, n->shrink_exclude, n->n_shrink_exclude);
 	}
 	pthread_mutex_unlock(&c->lock);
 }

@@ -35,6 +35,7 @@
 #include <stdint.h>
 
 #include "dfccl.h"
+#include "dfccl_comm.h"
 #include "frame.h"
 #include "qp.h"
 
@@ -61,9 +62,12 @@ struct client_reply {
 #define CLIENT_REPLY_INIT {NULL, {0}, 0}
 
 /*
- * The asynchronous error of one communicator. Owned by the communicator;
- * linked into its session by client_comm_init and unlinked by
- * client_async_remove. `error` and `message` are guarded by the session.
+ * The asynchronous error of one communicator, and the shrink advice an
+ * operator gave for it (`dfcclctl shrink`), which is kept apart from the
+ * error: it may come after the communicator failed otherwise. Owned by the
+ * communicator; linked into its session by client_comm_init and unlinked
+ * by client_async_remove. Everything but `next`, `comm_id` and `device` is
+ * guarded by the session.
  */
 struct client_async {
 	struct client_async *next;
@@ -71,6 +75,8 @@ struct client_async {
 	uint32_t device;
 	dfcclResult_t error; /* first error wins */
 	char message[1024];
+	uint32_t advice_n;   /* ranks in advice; 0: no advice (the latest advice wins) */
+	uint32_t advice[DFCCL_COMM_MAX_RANKS];
 };
 
 /* $DFCCL_SOCKET, or DFCCL_DEFAULT_SOCKET. */
@@ -133,6 +139,10 @@ void client_async_remove(struct client *c, struct client_async *a);
 
 /* Reads a slot: its error, with the message copied into msg. */
 dfcclResult_t client_async_get(struct client *c, const struct client_async *a, char *msg, size_t msglen);
+
+/* A slot's shrink advice: its ranks into out (up to cap of them); returns
+ * how many there are (0: none). */
+uint32_t client_async_advice(struct client *c, const struct client_async *a, int *out, uint32_t cap);
 
 /* Sets a slot's error unless it already has one. */
 void client_async_set(struct client *c, struct client_async *a, dfcclResult_t error, const char *message);

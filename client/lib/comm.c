@@ -471,6 +471,32 @@ dfcclResult_t dfcclCommRevoke(dfcclComm_t comm)
 	return client_request_ok(comm->client, &req);
 }
 
+dfcclResult_t dfcclCommGetShrinkAdvice(dfcclComm_t comm, int *excludeRanks, int capacity, int *count)
+{
+	if (!comm || !count)
+		return errors_set(dfcclInvalidArgument, "dfcclCommGetShrinkAdvice: %s is NULL", comm ? "count" : "comm");
+	if (capacity < 0 || (capacity > 0 && !excludeRanks))
+		return errors_set(dfcclInvalidArgument, "dfcclCommGetShrinkAdvice: room for %d ranks in %s list", capacity,
+		                  excludeRanks ? "the" : "a NULL");
+	*count = 0;
+	dfcclResult_t u = comm_usable(comm);
+	if (u != dfcclSuccess)
+		return u;
+	*count = (int)client_async_advice(comm->client, &comm->async, excludeRanks, (uint32_t)capacity);
+	return dfcclSuccess;
+}
+
+/* Whether the operator's shrink advice for comm excludes its own rank. */
+static bool comm_advised_out(struct dfcclComm *comm)
+{
+	int ranks[DFCCL_COMM_MAX_RANKS];
+	uint32_t n = client_async_advice(comm->client, &comm->async, ranks, DFCCL_COMM_MAX_RANKS);
+	for (uint32_t i = 0; i < n && i < DFCCL_COMM_MAX_RANKS; i++)
+		if (ranks[i] == comm->rank)
+			return true;
+	return false;
+}
+
 /* What derives a child's id: the kind of call, its number among the
  * parent's shrinks and splits, and what tells the children of one call
  * apart (the exclusion set, the color). */
@@ -581,6 +607,10 @@ dfcclResult_t dfcclCommShrink(dfcclComm_t comm, int *excludeRanksList, int exclu
 		if (x < 0 || x >= comm->nranks)
 			return errors_set(dfcclInvalidArgument, "dfcclCommShrink: excluded rank %d is outside 0..%d", x,
 			                  comm->nranks - 1);
+		if (x == comm->rank && comm_advised_out(comm))
+			return errors_set(dfcclInvalidArgument, "dfcclCommShrink: rank %d is excluded by the shrink advice "
+			                  "of communicator %llu (dfcclctl shrink): leave it with dfcclCommDestroy or "
+			                  "dfcclCommAbort", x, (unsigned long long)comm->id);
 		if (x == comm->rank)
 			return errors_set(dfcclInvalidArgument, "dfcclCommShrink: rank %d excludes itself (excluded ranks "
 			                  "do not call it)", x);

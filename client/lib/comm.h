@@ -9,7 +9,9 @@
  * dfcclCommDestroy or dfcclCommAbort frees it. Its asynchronous error (a
  * peer lost, an abort by another rank, the device's worker lost, the daemon
  * gone) arrives through the session's async slot and is checked before each
- * submission; once set it stays (first error wins).
+ * submission; once set it stays (first error wins). An operator's shrink
+ * advice (`dfcclctl shrink`) arrives the same way and is kept beside it,
+ * the latest one winning (dfcclCommGetShrinkAdvice).
  *
  * Submissions are asynchronous: each one's entry is tracked in the
  * communicator's req_tracker (req.h) until it completes. dfcclCommDestroy

@@ -48,6 +48,11 @@ static const char usage[] =
     "  abort COMM   fail every pending and later collective of communicator COMM on every rank\n"
     "               (dfcclAborted, naming who did it); its ranks can then shrink or destroy it.\n"
     "               For the communicator's owner and root\n"
+    "  shrink COMM --exclude RANKS\n"
+    "               abort communicator COMM as abort does, and advise its ranks to shrink it\n"
+    "               without RANKS (comma-separated, e.g. 2 or 1,3): dfcclCommGetShrinkAdvice\n"
+    "               gives every rank the list, which the others pass to dfcclCommShrink; the\n"
+    "               excluded ranks are told to leave. For the communicator's owner and root\n"
     "  dump COMM    the flight recorder of communicator COMM: each rank's last collectives with\n"
     "               their submit, start and end times (ms since the communicator was created,\n"
     "               sampled every watch-interval-ms, -1 when not seen) and status; --json prints\n"
@@ -323,7 +328,15 @@ static void print_comms(const Dfccl__V1__QueryReply *q, const char *socket_path)
 		table_cell(&t, "%u", c->uid);
 		table_cell(&t, "%u", c->nranks);
 		table_cell(&t, "%u", c->joined);
-		table_cell(&t, "%s", c->state);
+		if (c->n_shrink_exclude) {
+			char adv[400];
+			size_t o = 0;
+			for (size_t k = 0; k < c->n_shrink_exclude && o < sizeof(adv); k++)
+				o += (size_t)snprintf(adv + o, sizeof(adv) - o, "%s%u", k ? "," : "", c->shrink_exclude[k]);
+			table_cell(&t, "%s (shrink without %s)", c->state, adv);
+		} else {
+			table_cell(&t, "%s", c->state);
+		}
 		table_cell(&t, "%s", age);
 		table_cell(&t, "%s", ring);
 		table_cell(&t, "%s", members);
@@ -520,17 +533,37 @@ static dfcclResult_t run_dump(struct client *c, uint64_t comm_id, bool json)
 	return dfcclSuccess;
 }
 
-/* ---------------------------------------------------------------- abort */
+/* ---------------------------------------------------------------- abort and shrink */
 
-static dfcclResult_t run_abort(struct client *c, uint64_t comm_id)
+/* `abort COMM` (n == 0) and `shrink COMM --exclude RANKS` (the n ranks):
+ * every rank's collectives on the communicator fail; a shrink also advises
+ * its ranks to shrink it without those ranks. */
+static dfcclResult_t run_stop(struct client *c, uint64_t comm_id, const int *ranks, int n)
 {
 	Dfccl__V1__CommRevoke rv = DFCCL__V1__COMM_REVOKE__INIT;
-	rv.comm_id = comm_id;
+	Dfccl__V1__CommShrinkAdvice a = DFCCL__V1__COMM_SHRINK_ADVICE__INIT;
 	dfccl_envelope req = DFCCL__V1__ENVELOPE__INIT;
-	req.body_case = DFCCL__V1__ENVELOPE__BODY_COMM_REVOKE;
-	req.comm_revoke = &rv;
+	uint32_t exclude[DFCCL_COMM_MAX_RANKS];
+	char list[400] = "";
+	size_t off = 0;
+	for (int i = 0; i < n; i++) {
+		exclude[i] = (uint32_t)ranks[i];
+		if (off < sizeof(list))
+			off += (size_t)snprintf(list + off, sizeof(list) - off, "%s%d", i ? ", " : "", ranks[i]);
+	}
+	rv.comm_id = a.comm_id = comm_id;
+	a.exclude = exclude;
+	a.n_exclude = (size_t)n;
+	req.body_case = n ? DFCCL__V1__ENVELOPE__BODY_COMM_SHRINK_ADVICE : DFCCL__V1__ENVELOPE__BODY_COMM_REVOKE;
+	if (n)
+		req.comm_shrink_advice = &a;
+	else
+		req.comm_revoke = &rv;
 	dfcclResult_t r = client_request_ok(c, &req);
-	if (r == dfcclSuccess)
+	if (r == dfcclSuccess && n)
+		printf("communicator %llu aborted: its ranks are advised to shrink it without rank%s %s\n",
+		       (unsigned long long)comm_id, n > 1 ? "s" : "", list);
+	else if (r == dfcclSuccess)
 		printf("communicator %llu aborted: its ranks' collectives fail with dfcclAborted\n",
 		       (unsigned long long)comm_id);
 	return r;
@@ -743,6 +776,7 @@ int main(int argc, char **argv)
 	    {"minbytes", required_argument, NULL, 'b'}, {"maxbytes", required_argument, NULL, 'e'},
 	    {"stepfactor", required_argument, NULL, 'f'}, {"iters", required_argument, NULL, 'n'},
 	    {"warmup_iters", required_argument, NULL, 'w'}, {"output", required_argument, NULL, 'o'},
+	    {"exclude", required_argument, NULL, 'x'},
 	    {NULL, 0, NULL, 0},
 	};
 	const char *socket_path = client_socket_path();
@@ -750,7 +784,7 @@ int main(int argc, char **argv)
 	struct tune_opts tune_opts = TUNE_OPTS_INIT;
 	char err[256];
 	long device = 0, count = 5, v;
-	int opt;
+	int opt, exclude[DFCCL_COMM_MAX_RANKS], nexclude = -1;
 
 	opterr = 0;
 	while ((opt = getopt_long(argc, argv, "s:jd:c:hVb:e:f:n:w:", opts, NULL)) != -1) {
@@ -795,6 +829,11 @@ int main(int argc, char **argv)
 			break;
 		}
 		case 'o': tune_opts.output = optarg; break;
+		case 'x':
+			if (!tool_parse_list(optarg, DFCCL_COMM_MAX_RANKS - 1, exclude, DFCCL_COMM_MAX_RANKS, &nexclude))
+				return usage_error("--exclude takes ranks separated by commas (0 to %u, at most %u of them), not "
+				                   "'%s'", DFCCL_COMM_MAX_RANKS - 1, DFCCL_COMM_MAX_RANKS, optarg);
+			break;
 		case 'h': fputs(usage, stdout); return 0;
 		case 'V':
 			printf("dfcclctl %d.%d.%d (protocol %u..%u)\n", DFCCL_MAJOR, DFCCL_MINOR, DFCCL_PATCH,
@@ -807,9 +846,9 @@ int main(int argc, char **argv)
 	if (optind >= argc)
 		return usage_error("no command given");
 	const char *name = argv[optind];
-	bool dump_cmd = !strcmp(name, "dump"), abort_cmd = !strcmp(name, "abort");
+	bool dump_cmd = !strcmp(name, "dump"), abort_cmd = !strcmp(name, "abort"), shrink_cmd = !strcmp(name, "shrink");
 	unsigned long long comm_id = 0;
-	if (dump_cmd || abort_cmd) {
+	if (dump_cmd || abort_cmd || shrink_cmd) {
 		char *end;
 		const char *arg = optind + 1 < argc ? argv[optind + 1] : NULL;
 		if (!arg)
@@ -828,8 +867,12 @@ int main(int argc, char **argv)
 		if (!strcmp(name, query_cmds[i].name))
 			cmd = &query_cmds[i];
 	bool ping = !strcmp(name, "ping"), topo = !strcmp(name, "topo"), tune = !strcmp(name, "tune");
-	if (!cmd && !ping && !topo && !tune && !dump_cmd && !abort_cmd)
+	if (!cmd && !ping && !topo && !tune && !dump_cmd && !abort_cmd && !shrink_cmd)
 		return usage_error("unknown command '%s'", name);
+	if (nexclude >= 0 && !shrink_cmd)
+		return usage_error("--exclude goes with shrink");
+	if (shrink_cmd && nexclude < 0)
+		return usage_error("shrink takes --exclude RANKS: the ranks its survivors should drop");
 	if (ping_opts && !ping)
 		return usage_error("--device and --count go with ping");
 	if (dump && !topo)
@@ -848,7 +891,8 @@ int main(int argc, char **argv)
 	if (r == dfcclSuccess) {
 		r = ping       ? run_ping(c, (int)device, count, json)
 		    : dump_cmd ? run_dump(c, comm_id, json)
-		    : abort_cmd ? run_abort(c, comm_id)
+		    : abort_cmd ? run_stop(c, comm_id, NULL, 0)
+		    : shrink_cmd ? run_stop(c, comm_id, exclude, nexclude)
 		    : topo     ? run_topo(c, json, dump)
 		           : run_query(c, cmd, json, socket_path);
 		client_unref(c);

@@ -120,21 +120,26 @@ bool tool_parse_long(const char *s, long lo, long hi, long *out)
 	return true;
 }
 
-bool tool_parse_devices(const char *s, struct tool_devices *d)
+bool tool_parse_list(const char *s, long hi, int *out, int cap, int *n)
 {
 	char *end;
-	d->n = 0;
+	*n = 0;
 	do {
 		if (*s < '0' || *s > '9')
 			return false;
 		errno = 0;
 		long v = strtol(s, &end, 10);
-		if (errno || v > 1023 || d->n == TOOL_MAX_DEVICES)
+		if (errno || v > hi || *n == cap)
 			return false;
-		d->dev[d->n++] = (int)v;
+		out[(*n)++] = (int)v;
 		s = end + 1;
 	} while (*end == ',');
 	return *end == '\0';
+}
+
+bool tool_parse_devices(const char *s, struct tool_devices *d)
+{
+	return tool_parse_list(s, 1023, d->dev, TOOL_MAX_DEVICES, &d->n);
 }
 
 int tool_rank_device(const struct tool_devices *d, int rank, int ndev)

@@ -76,6 +76,10 @@ struct tool_devices {
 	int dev[TOOL_MAX_DEVICES];
 };
 
+/* A comma-separated list of decimals in [0, hi] ("1", "0,1", "0,0,1"), at
+ * most cap of them, into out[*n]; false if s is not one. */
+bool tool_parse_list(const char *s, long hi, int *out, int cap, int *n);
+
 /* A comma-separated list of device indices ("1", "0,1", "0,0,1"); false if
  * s is not one. */
 bool tool_parse_devices(const char *s, struct tool_devices *d);

@@ -8,7 +8,9 @@
  * came, a timeout reported through the async error, an abort that does not
  * wait); a communicator grown by a new rank, the old ranks keeping theirs;
  * `dfcclctl abort` by the owner (and refused to another uid), after which
- * the ranks renew the communicator;
+ * the ranks renew the communicator; `dfcclctl shrink --exclude` by the
+ * owner, after which the survivors shrink with the advice and go on while
+ * the excluded rank is told to leave;
  * bad arguments get clear errors. The test process never
  * initialises libdfccl (unique ids need no daemon), so every forked rank
  * starts clean.
@@ -36,6 +38,7 @@ struct job {
 	int nranks;
 	int ready_fd; /* a rank writes one byte when it is where the test wants it */
 	int go_fd;    /* the read end of that pipe, for a rank that waits on another */
+	int go_wr;    /* > 0: the write end of go_fd's pipe when only the test writes it (ranks close it) */
 };
 
 /* Rank `rank` on device rank % 2, which its buffers are allocated for too. */
@@ -483,19 +486,22 @@ static int operator_rank(void *arg, int rank)
 	return 0;
 }
 
-/* dfcclctl abort ID (as uid `uid`, or as this process when uid < 0): its
- * exit status, its output in out. */
-static int ctl_abort(struct daemon_proc *d, uint64_t id, int uid, char *out, size_t len)
+/* dfcclctl ARGS (NULL-terminated) on d's socket, as uid `uid` (or as this
+ * process when uid < 0): its exit status, its output in out. */
+static int ctl_as(struct daemon_proc *d, int uid, char *out, size_t len, const char *const *args)
 {
-	char ids[32], path[200];
-	snprintf(ids, sizeof(ids), "%llu", (unsigned long long)id);
+	char path[200];
 	snprintf(path, sizeof(path), "%s/ctl.out", d->dir);
 	/* Writable for the other uid too. */
 	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
 	if (fd < 0 || fchmod(fd, 0666) < 0)
 		return -1;
 	close(fd);
-	const char *argv[] = {DFCCLCTL_PATH, "--socket", d->socket, "abort", ids, NULL};
+	const char *argv[12] = {DFCCLCTL_PATH, "--socket", d->socket};
+	int n = 3;
+	for (int i = 0; args[i] && n < 11; i++)
+		argv[n++] = args[i];
+	argv[n] = NULL;
 	pid_t p = fork();
 	if (p == 0) {
 		if (uid >= 0 && (setgroups(0, NULL) < 0 || setgid((gid_t)uid) < 0 || setuid((uid_t)uid) < 0))
@@ -505,6 +511,26 @@ static int ctl_abort(struct daemon_proc *d, uint64_t id, int uid, char *out, siz
 	int rc = child_wait(p, 15000);
 	read_text_file(path, out, len);
 	return rc;
+}
+
+/* dfcclctl abort ID, as ctl_as. */
+static int ctl_abort(struct daemon_proc *d, uint64_t id, int uid, char *out, size_t len)
+{
+	char ids[32];
+	snprintf(ids, sizeof(ids), "%llu", (unsigned long long)id);
+	const char *args[] = {"abort", ids, NULL};
+	return ctl_as(d, uid, out, len, args);
+}
+
+/* The id of the one communicator d holds. */
+static uint64_t only_comm(struct daemon_proc *d)
+{
+	dfccl_envelope *q = daemon_query(d, DFCCL__V1__QUERY_KIND__QUERY_COMMS);
+	assert_non_null(q);
+	assert_int_equal(q->query_reply->n_comms, 1);
+	uint64_t id = q->query_reply->comms[0]->comm_id;
+	frame_envelope_free(q);
+	return id;
 }
 
 static void test_operator_abort(void **state)
@@ -522,15 +548,7 @@ static void test_operator_abort(void **state)
 		char b;
 		assert_int_equal(read(pfd[0], &b, 1), 1);
 	}
-	struct raw_client c;
-	assert_int_equal(raw_connect(&c, d->socket, DFCCL_PROTO_MIN_VERSION, DFCCL_PROTO_VERSION, NULL), 0);
-	dfccl_envelope *q = raw_query(&c, DFCCL__V1__QUERY_KIND__QUERY_COMMS);
-	raw_close(&c);
-	assert_non_null(q);
-	assert_int_equal(q->query_reply->n_comms, 1);
-	uint64_t id = q->query_reply->comms[0]->comm_id;
-	frame_envelope_free(q);
-
+	uint64_t id = only_comm(d);
 	char out[1024];
 	assert_int_equal(ctl_abort(d, id + 1000, -1, out, sizeof(out)), 1);
 	assert_non_null(strstr(out, "does not exist"));
@@ -547,6 +565,158 @@ static void test_operator_abort(void **state)
 	close(pfd[1]);
 }
 
+/* ------------------------------------------------------------ dfcclctl shrink */
+
+#define ADVISED 2 /* the rank the operator drops from a job of 4 */
+
+/* Polls comm's async error until it is set (up to 20 s); returns it, the
+ * sentence as the thread's last error. */
+static dfcclResult_t await_error(dfcclComm_t comm)
+{
+	dfcclResult_t ae = dfcclSuccess;
+	for (uint64_t t0 = now_ms(); ae == dfcclSuccess && now_ms() - t0 < 20000; usleep(2000))
+		dfcclCommGetAsyncError(comm, &ae);
+	return ae;
+}
+
+/* Ranks 0, 1 and 3 hang in an all-reduce that rank 2 never joins, until the
+ * operator's `dfcclctl shrink COMM --exclude 2`; then they shrink with the
+ * advice (rank 3 with DFCCL_SHRINK_ABORT, the others idle) and run checked
+ * all-reduces, and rank 2 learns that it is excluded. Every rank keeps the
+ * old communicator until the test has looked at it (go). */
+static int advised_rank(void *arg, int rank)
+{
+	struct job *j = arg;
+	dfcclComm_t comm = NULL, small = NULL;
+	int64_t *buf = NULL;
+	int advice[4] = {-1, -1, -1, -1}, n = -1;
+	close(j->go_wr); /* a test that ends early ends the read of go */
+	if (init(j, rank, &comm) != dfcclSuccess || dfcclMemAlloc((void **)&buf, 16) != dfcclSuccess)
+		RANK_FAIL("set-up: %s", dfcclGetLastError(NULL));
+	if (dfcclCommGetShrinkAdvice(comm, advice, 4, &n) != dfcclSuccess || n != 0)
+		RANK_FAIL("advice before any was given: %d ranks, '%s'", n, dfcclGetLastError(NULL));
+	if (dfcclCommGetShrinkAdvice(comm, NULL, 1, &n) != dfcclInvalidArgument)
+		RANK_FAIL("advice into a NULL list of 1: '%s'", dfcclGetLastError(NULL));
+	if (rank != ADVISED && dfcclAllReduce(buf, buf + 1, 1, dfcclInt64, dfcclSum, comm, NULL) != dfcclSuccess)
+		RANK_FAIL("submit: %s", dfcclGetLastError(NULL));
+	char b = 'r';
+	if (write(j->ready_fd, &b, 1) != 1)
+		RANK_FAIL("ready pipe");
+	if (rank != ADVISED && dfcclCommSynchronize(comm) != dfcclAborted)
+		RANK_FAIL("the hanging all-reduce ended with '%s', expected dfcclAborted", dfcclGetLastError(NULL));
+	dfcclResult_t ae = await_error(comm);
+	char pattern[512];
+	snprintf(pattern, sizeof(pattern), "communicator {n}: dfcclctl (pid {n}, uid %u) revoked it from outside and "
+	         "advises shrinking it without rank 2 (dfcclCommGetShrinkAdvice); %s", (unsigned)getuid(),
+	         rank == ADVISED ? "this rank is excluded: leave the communicator with dfcclCommDestroy or dfcclCommAbort"
+	                         : "the other ranks call dfcclCommShrink with exactly those ranks");
+	if (ae != dfcclAborted || !text_matches(dfcclGetLastError(NULL), pattern))
+		RANK_FAIL("async error %d: '%s' is not '%s'", ae, dfcclGetLastError(NULL), pattern);
+	if (dfcclCommGetShrinkAdvice(comm, advice, 4, &n) != dfcclSuccess || n != 1 || advice[0] != ADVISED ||
+	    advice[1] != -1)
+		RANK_FAIL("advice: %d ranks, first %d, then %d", n, advice[0], advice[1]);
+	if (dfcclCommGetShrinkAdvice(comm, NULL, 0, &n) != dfcclSuccess || n != 1)
+		RANK_FAIL("the advice's count alone: %d", n);
+	if (rank == ADVISED) {
+		if (dfcclCommShrink(comm, advice, n, &small, NULL, DFCCL_SHRINK_DEFAULT) != dfcclInvalidArgument ||
+		    !strstr(dfcclGetLastError(NULL), "rank 2 is excluded by the shrink advice"))
+			RANK_FAIL("the excluded rank's shrink: '%s'", dfcclGetLastError(NULL));
+	} else {
+		int flags = rank == 3 ? DFCCL_SHRINK_ABORT : DFCCL_SHRINK_DEFAULT, me = -1, count = 0;
+		if (dfcclCommShrink(comm, advice, n, &small, NULL, flags) != dfcclSuccess)
+			RANK_FAIL("shrink with the advice: %s", dfcclGetLastError(NULL));
+		if (dfcclCommCount(small, &count) != dfcclSuccess || count != 3 ||
+		    dfcclCommUserRank(small, &me) != dfcclSuccess || me != rank - (rank > ADVISED))
+			RANK_FAIL("shrunk communicator: rank %d of %d", me, count);
+		const int olds[] = {0, 1, 3};
+		if (checked_allreduces(small, olds, 20, rank))
+			return 1;
+		if (dfcclCommDestroy(small) != dfcclSuccess)
+			RANK_FAIL("destroy the shrunk communicator: %s", dfcclGetLastError(NULL));
+	}
+	dfcclMemFree(buf);
+	if (read(j->go_fd, &b, 1) != 1)
+		RANK_FAIL("go pipe");
+	dfcclCommDestroy(comm);
+	return 0;
+}
+
+/* dfcclctl with args; its exit status must be rc and its output hold want. */
+static void ctl_expect(struct daemon_proc *d, int uid, int rc, const char *want, const char *const *args)
+{
+	char out[2048];
+	int got = ctl_as(d, uid, out, sizeof(out), args);
+	if (got != rc || !strstr(out, want))
+		fail_msg("dfcclctl %s %s: exit %d, '%s'; expected exit %d and '%s'", args[0], args[1] ? args[1] : "", got,
+		         out, rc, want);
+}
+
+static void test_operator_shrink(void **state)
+{
+	struct daemon_proc *d = *state;
+	struct job j = {.nranks = 4};
+	assert_int_equal(dfcclGetUniqueId(&j.id), dfcclSuccess);
+	int ready[2], go[2];
+	assert_int_equal(pipe(ready), 0);
+	assert_int_equal(pipe(go), 0);
+	j.ready_fd = ready[1];
+	j.go_fd = go[0];
+	j.go_wr = go[1];
+	pid_t p[4];
+	for (int r = 0; r < 4; r++)
+		p[r] = child_run(advised_rank, &j, r);
+	for (int r = 0; r < 4; r++) {
+		char b;
+		assert_int_equal(read(ready[0], &b, 1), 1);
+	}
+	uint64_t id = only_comm(d);
+	char ids[32], other[32];
+	snprintf(ids, sizeof(ids), "%llu", (unsigned long long)id);
+	snprintf(other, sizeof(other), "%llu", (unsigned long long)id + 1000);
+	/* Refused, each with a reason, and the communicator untouched. */
+	ctl_expect(d, -1, 2, "shrink takes --exclude RANKS", (const char *[]){"shrink", ids, NULL});
+	ctl_expect(d, -1, 2, "--exclude takes ranks", (const char *[]){"shrink", ids, "--exclude", "two", NULL});
+	ctl_expect(d, -1, 2, "--exclude goes with shrink", (const char *[]){"abort", ids, "--exclude", "2", NULL});
+	ctl_expect(d, -1, 1, "rank 4 is outside 0..3", (const char *[]){"shrink", ids, "--exclude", "4", NULL});
+	ctl_expect(d, -1, 1, "rank 1 is excluded twice", (const char *[]){"shrink", ids, "--exclude", "1,1", NULL});
+	ctl_expect(d, -1, 1, "leaves nobody", (const char *[]){"shrink", ids, "--exclude", "3,2,1,0", NULL});
+	ctl_expect(d, -1, 1, "does not exist", (const char *[]){"shrink", other, "--exclude", "2", NULL});
+	if (geteuid() == 0)
+		ctl_expect(d, 65534, 1, "another user's", (const char *[]){"shrink", ids, "--exclude", "2", NULL});
+	dfccl_envelope *q = daemon_query(d, DFCCL__V1__QUERY_KIND__QUERY_COMMS);
+	assert_non_null(q);
+	assert_string_equal(q->query_reply->comms[0]->state, "ready");
+	assert_int_equal(q->query_reply->comms[0]->n_shrink_exclude, 0);
+	frame_envelope_free(q);
+
+	char want[160];
+	snprintf(want, sizeof(want), "communicator %s aborted: its ranks are advised to shrink it without rank 2\n", ids);
+	ctl_expect(d, -1, 0, want, (const char *[]){"shrink", ids, "--exclude", "2", NULL});
+	/* The advice stays with the communicator while its ranks hold it
+	 * (beside the shrunk one, once the survivors made it). */
+	q = daemon_query(d, DFCCL__V1__QUERY_KIND__QUERY_COMMS);
+	assert_non_null(q);
+	const Dfccl__V1__CommInfo *ci = NULL;
+	for (size_t i = 0; i < q->query_reply->n_comms; i++)
+		if (q->query_reply->comms[i]->comm_id == id)
+			ci = q->query_reply->comms[i];
+	assert_non_null(ci);
+	assert_string_equal(ci->state, "aborted");
+	assert_int_equal(ci->n_shrink_exclude, 1);
+	assert_int_equal(ci->shrink_exclude[0], ADVISED);
+	frame_envelope_free(q);
+	ctl_expect(d, -1, 0, "aborted (shrink without 2)", (const char *[]){"comms", NULL});
+	ctl_expect(d, -1, 0, "\"shrink_exclude\"", (const char *[]){"--json", "comms", NULL});
+	for (int r = 0; r < 4; r++)
+		assert_int_equal(write(go[1], "g", 1), 1);
+	for (int r = 0; r < 4; r++)
+		assert_int_equal(child_wait(p[r], 30000), 0);
+	close(ready[0]);
+	close(ready[1]);
+	close(go[0]);
+	close(go[1]);
+}
+
 int main(void)
 {
 	signal(SIGPIPE, SIG_IGN);
@@ -557,6 +727,7 @@ int main(void)
 	    cmocka_unit_test_setup_teardown(test_nonblocking_init, daemon_setup2, daemon_teardown),
 	    cmocka_unit_test_setup_teardown(test_grow, daemon_setup2, daemon_teardown),
 	    cmocka_unit_test_setup_teardown(test_operator_abort, daemon_setup2, daemon_teardown),
+	    cmocka_unit_test_setup_teardown(test_operator_shrink, daemon_setup2, daemon_teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -18,8 +18,9 @@
  * worker, so on a detached server it stops at the device check. The
  * communicator logic behind it is driven here through comm_join on real
  * sessions (gathering, replies to every rank, PERMISSION for another uid,
- * timeouts, abort and peer-loss notices, the comm quota); the path from the
- * wire with real workers is the integration tests' job.
+ * timeouts, abort and peer-loss notices, the comm quota, an operator's
+ * shrink advice and its refusals); the path from the wire with real
+ * workers is the integration tests' job.
  *
  * GPU memory: a server of the CUDA engine whose two workers are fake ones
  * (fake_worker.c), started through the real workers module. A VMM
@@ -724,6 +725,17 @@ static uint64_t expect_comm_ready(struct fixture *fx, struct peer *p, uint64_t r
 	return id;
 }
 
+/* Sessions a and b join a communicator of 2 as ranks 0 and 1; its id. */
+static uint64_t join_two(struct fixture *fx, struct peer *a, struct peer *b)
+{
+	char err[512];
+	assert_int_equal(join(fx, a, 1, uid_a, 128, 2, 0, 0, err), 0);
+	assert_int_equal(join(fx, b, 2, uid_a, 128, 2, 1, 0, err), 0);
+	uint64_t c = expect_comm_ready(fx, a, 1, 0, 2);
+	assert_int_equal(expect_comm_ready(fx, b, 2, 1, 2), c);
+	return c;
+}
+
 static void test_comm_two_sessions(void **state)
 {
 	struct fixture *fx = *state;
@@ -826,11 +838,7 @@ static void test_comm_peer_lost(void **state)
 	struct peer *a = peer_open(fx), *b = peer_open(fx);
 	hello(fx, a);
 	hello(fx, b);
-	char err[512];
-	assert_int_equal(join(fx, a, 1, uid_a, 128, 2, 0, 0, err), 0);
-	assert_int_equal(join(fx, b, 2, uid_a, 128, 2, 1, 0, err), 0);
-	uint64_t c = expect_comm_ready(fx, a, 1, 0, 2);
-	expect_comm_ready(fx, b, 2, 1, 2);
+	uint64_t c = join_two(fx, a, b);
 	/* Rank 1's process dies: rank 0 is told, the comm is marked. */
 	close(b->fd);
 	b->fd = -1;
@@ -860,6 +868,98 @@ static void test_comm_quota(void **state)
 	for (struct comm *c = fx->srv.comms; c; c = c->next)
 		n++;
 	assert_int_equal(n, 1);
+}
+
+/* Sends a CommShrinkAdvice from p for comm_id excluding the n ranks of ex. */
+static void send_shrink_advice(struct peer *p, uint64_t req, uint64_t comm_id, uint32_t *ex, size_t n)
+{
+	Dfccl__V1__CommShrinkAdvice a = DFCCL__V1__COMM_SHRINK_ADVICE__INIT;
+	a.comm_id = comm_id;
+	a.exclude = ex;
+	a.n_exclude = n;
+	dfccl_envelope env = DFCCL__V1__ENVELOPE__INIT;
+	env.request_id = req;
+	env.body_case = DFCCL__V1__ENVELOPE__BODY_COMM_SHRINK_ADVICE;
+	env.comm_shrink_advice = &a;
+	send_env(p, &env, NULL, 0);
+}
+
+/* A member's notice of a shrink advice: ABORTED, the list, and a sentence
+ * that names the ranks and tells this rank what to do. */
+static void expect_advice(struct fixture *fx, struct peer *p, uint64_t comm_id, const uint32_t *ex, size_t n,
+                          const char *ranks, const char *todo)
+{
+	dfccl_envelope *env = expect_body(fx, p, 0, DFCCL__V1__ENVELOPE__BODY_NOTICE);
+	const Dfccl__V1__Notice *no = env->notice;
+	assert_int_equal(no->code, EC(ABORTED));
+	assert_int_equal(no->comm_id, comm_id);
+	assert_int_equal(no->n_shrink_exclude, n);
+	for (size_t i = 0; i < n; i++)
+		assert_int_equal(no->shrink_exclude[i], ex[i]);
+	char head[160];
+	snprintf(head, sizeof(head), "communicator %llu: ", (unsigned long long)comm_id);
+	if (strncmp(no->message, head, strlen(head)) != 0 || !strstr(no->message, ranks) || !strstr(no->message, todo))
+		fail_msg("advice notice \"%s\" lacks \"%s\", \"%s\" or \"%s\"", no->message, head, ranks, todo);
+	frame_envelope_free(env);
+}
+
+static void expect_advice_kept(struct fixture *fx, struct peer *p, uint64_t req, const uint32_t *ex, size_t n)
+{
+	dfccl_envelope *env;
+	Dfccl__V1__QueryReply *q = query(fx, p, req, DFCCL__V1__QUERY_KIND__QUERY_COMMS, &env);
+	assert_int_equal(q->n_comms, 1);
+	assert_string_equal(q->comms[0]->state, "aborted");
+	assert_int_equal(q->comms[0]->n_shrink_exclude, n);
+	for (size_t i = 0; i < n; i++)
+		assert_int_equal(q->comms[0]->shrink_exclude[i], ex[i]);
+	frame_envelope_free(env);
+}
+
+/* `dfcclctl shrink` from a session outside the communicator (op): bad
+ * lists, an unknown communicator and another uid are refused with a reason
+ * and tell the members nothing; an advice revokes the communicator, tells
+ * each member the list (the excluded one that it is excluded), stays with
+ * the communicator, and a later one replaces it. */
+static void test_comm_shrink_advice(void **state)
+{
+	struct fixture *fx = *state;
+	struct peer *a = peer_open(fx), *b = peer_open(fx), *op = peer_open(fx);
+	hello(fx, a);
+	hello(fx, b);
+	hello(fx, op);
+	uint64_t c = join_two(fx, a, b);
+
+	uint32_t none[1], far[] = {2}, twice[] = {1, 1}, all[] = {1, 0}, one[] = {1}, zero[] = {0};
+	send_shrink_advice(op, 10, c, none, 0);
+	expect_error(fx, op, 10, EC(INVALID_ARGUMENT), "at least one rank");
+	send_shrink_advice(op, 11, c, far, 1);
+	expect_error(fx, op, 11, EC(INVALID_ARGUMENT), "rank 2 is outside 0..1");
+	send_shrink_advice(op, 12, c, twice, 2);
+	expect_error(fx, op, 12, EC(INVALID_ARGUMENT), "rank 1 is excluded twice");
+	send_shrink_advice(op, 13, c, all, 2);
+	expect_error(fx, op, 13, EC(INVALID_ARGUMENT), "leaves nobody");
+	send_shrink_advice(op, 14, c + 1, one, 1);
+	expect_error(fx, op, 14, EC(NOT_FOUND), "does not exist");
+	op->s->uid = a->s->uid + 1;
+	send_shrink_advice(op, 15, c, one, 1);
+	expect_error(fx, op, 15, EC(NOT_FOUND), "another user's");
+	op->s->uid = a->s->uid;
+	expect_silence(fx, a);
+	expect_silence(fx, b);
+
+	send_shrink_advice(op, 16, c, one, 1);
+	expect_ok(fx, op, 16);
+	expect_advice(fx, a, c, one, 1, "revoked it from outside and advises shrinking it without rank 1",
+	              "the other ranks call dfcclCommShrink with exactly those ranks");
+	expect_advice(fx, b, c, one, 1, "without rank 1", "this rank is excluded");
+	expect_advice_kept(fx, op, 17, one, 1);
+	/* A second advice, after the communicator was revoked: it replaces the
+	 * first. */
+	send_shrink_advice(op, 18, c, zero, 1);
+	expect_ok(fx, op, 18);
+	expect_advice(fx, a, c, zero, 1, "without rank 0", "this rank is excluded");
+	expect_advice(fx, b, c, zero, 1, "without rank 0", "the other ranks call dfcclCommShrink");
+	expect_advice_kept(fx, op, 19, zero, 1);
 }
 
 /* ------------------------------------------------------------ GPU memory, with fake workers
@@ -1298,6 +1398,7 @@ int main(void)
 	    T(test_comm_timeout),
 	    T(test_comm_peer_lost),
 	    T(test_comm_quota),
+	    T(test_comm_shrink_advice),
 	    cmocka_unit_test_setup_teardown(test_vmm_reg_to_every_worker, setup_workers, teardown_workers),
 	    cmocka_unit_test_setup_teardown(test_vmm_reg_bad_input, setup_workers, teardown_workers),
 	    cmocka_unit_test_setup_teardown(test_alloc_mem, setup_workers, teardown_workers),
