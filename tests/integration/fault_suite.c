@@ -11,6 +11,14 @@
  * After each trial the daemon must hold no session and no communicator,
  * and no worker may have died.
  *
+ * Stop trials: the same traffic on communicators with a collective
+ * timeout of T ms (--stop-timeout-ms), and a random rank SIGSTOPped
+ * instead (never killed while the survivors run). Every survivor must get
+ * dfcclTimeout naming the stopped rank, by its pid, as stopped, within
+ * T + L ms of the stop (L: --latency-ms), and then shrink and go on as
+ * after a kill. The stopped rank is then continued (it must find its
+ * communicators failed and leave them) or killed, at random.
+ *
  * Restart trials: ranks in the middle of their batches when dfccld itself
  * is SIGKILLed must get an error promptly (dfcclDaemonUnavailable), wait
  * for the daemon to come back (the suite restarts it on the same socket),
@@ -19,9 +27,10 @@
  * Any hang (a rank still running 20 s after the fault), wrong result,
  * missing error, leftover or worker death fails the suite; it prints the
  * distribution of the error latencies and dfccld's resident memory before
- * and after. Usage: fault_suite [--trials N] [--restart-trials N]
- * [--ranks N] [--comms N] [--seed S] [--latency-ms L] (errors later than
- * L ms after the kill fail the suite; default 1000).
+ * and after. Usage: fault_suite [--trials N] [--stop-trials N]
+ * [--restart-trials N] [--ranks N] [--comms N] [--seed S] [--latency-ms L]
+ * [--stop-timeout-ms T] (errors later than L ms after a kill, or T + L ms
+ * after a stop, fail the suite; defaults 1000 and 1000).
  */
 #include <getopt.h>
 #include <signal.h>
@@ -53,16 +62,23 @@
 #define MAX_COUNT 4096   /* elements (int64) of one all-reduce, at most */
 #define HANG_MS 20000    /* a rank still running this long after the fault hangs */
 #define RUN_MS 10000     /* a rank gives up (and fails) when no fault came this long */
+#define STALE_MS "500"   /* the daemon's heartbeat-stale-ms: below any stop trial's timeout */
+
+enum fault { FAULT_KILL, FAULT_DAEMON, FAULT_STOP };
 
 /* Shared between the suite and its ranks (an anonymous shared mapping). */
 struct shared {
 	dfcclUniqueId ids[MAX_COMMS];   /* the trial's communicators */
 	dfcclUniqueId after[MAX_COMMS]; /* restart trials: the communicators made afterwards */
 	int nranks, ncomms, ndev;
+	int timeout_ms;                 /* collective timeout of the trial's communicators (0: the daemon's) */
+	enum fault fault;               /* the trial's */
 	uint64_t seed;
 	_Atomic int running;            /* ranks in their batch loop */
 	_Atomic uint64_t fault_ns;      /* when the suite injected the fault (0: not yet) */
-	_Atomic int victim;             /* kill trials: the rank killed */
+	_Atomic int victim;             /* kill and stop trials: the rank killed or stopped */
+	_Atomic int victim_pid;
+	_Atomic int errored;            /* stop trials: survivors that got their error */
 	uint64_t err_ns[MAX_RANKS];     /* each rank's first error */
 	int err_code[MAX_RANKS];
 	char msg[MAX_RANKS][240];       /* why a rank failed */
@@ -174,8 +190,11 @@ static dfcclResult_t job_init(struct shared *sh, struct rank_job *j, const dfccl
 	j->me = rank;
 	for (int q = 0; q < j->n; q++)
 		j->olds[q] = q;
+	dfcclConfig_t cfg = DFCCL_CONFIG_INITIALIZER;
+	if (sh->timeout_ms)
+		cfg.timeoutMs = sh->timeout_ms;
 	for (int k = 0; k < sh->ncomms; k++) {
-		dfcclResult_t r = dfcclCommInitRank(&j->comm[k], sh->nranks, ids[k], rank);
+		dfcclResult_t r = dfcclCommInitRankConfig(&j->comm[k], sh->nranks, ids[k], rank, &cfg);
 		if (r != dfcclSuccess)
 			return r;
 	}
@@ -215,41 +234,76 @@ static int run_until_fault(struct shared *sh, struct rank_job *j, int rank, uint
 	return 0;
 }
 
-/* A rank of a kill trial. */
-static int kill_rank(void *arg, int rank)
+/* A survivor drops the victim from every communicator of j and goes on. */
+static int shrink_and_go_on(struct shared *sh, const struct rank_job *j, int rank)
 {
-	struct shared *sh = arg;
-	struct rank_job j;
 	uint64_t it;
 	int bad = 0;
-	dfcclResult_t r;
-	if (run_until_fault(sh, &j, rank, &it, &r))
-		return 1;
-	/* Drop the dead rank from every communicator and go on. */
 	int victim = atomic_load(&sh->victim);
-	struct rank_job small = j;
+	struct rank_job small = *j;
 	small.n = 0;
-	for (int q = 0; q < j.n; q++)
+	for (int q = 0; q < j->n; q++)
 		if (q != victim) {
 			if (q == rank)
 				small.me = small.n;
 			small.olds[small.n++] = q;
 		}
 	for (int k = 0; k < sh->ncomms; k++)
-		if (dfcclCommShrink(j.comm[k], &victim, 1, &small.comm[k], NULL, DFCCL_SHRINK_ABORT) != dfcclSuccess)
+		if (dfcclCommShrink(j->comm[k], &victim, 1, &small.comm[k], NULL, DFCCL_SHRINK_ABORT) != dfcclSuccess)
 			RFAIL("shrink of communicator %d without rank %d: %s", k, victim, dfcclGetLastError(NULL));
 	/* Survivors may have stopped in different batches (one saw its last
 	 * batch complete, another the failure of that batch's last collective
 	 * while it waited for every rank to finish): they agree afresh. */
 	it = 1u << 20;
-	r = run_batches(sh, &small, rank, &it, 20, mix(sh->seed ^ (uint64_t)rank ^ 0x5a5a), &bad);
+	dfcclResult_t r = run_batches(sh, &small, rank, &it, 20, mix(sh->seed ^ (uint64_t)rank ^ 0x5a5a), &bad);
 	if (r != dfcclSuccess)
 		RFAIL("after the shrink: %d: %s", r, dfcclGetLastError(NULL));
 	for (int k = 0; k < sh->ncomms; k++) {
 		dfcclCommDestroy(small.comm[k]);
-		dfcclCommAbort(j.comm[k]);
+		dfcclCommAbort(j->comm[k]);
 	}
 	return 0;
+}
+
+/* A survivor of a stop trial got r: it must be the timeout naming the
+ * stopped rank as stopped, and every survivor must have its timeout before
+ * any shrinks (a shrink revokes the communicators, which would turn a
+ * survivor's timeout still to come into dfcclAborted). Returns 0 or 1. */
+static int stop_timed_out(struct shared *sh, int rank, dfcclResult_t r)
+{
+	int victim = atomic_load(&sh->victim);
+	char name[96];
+	snprintf(name, sizeof(name), "%d (pid %d, device %d, stopped or hung: no heartbeat for ", victim,
+	         atomic_load(&sh->victim_pid), victim % sh->ndev);
+	if (r != dfcclTimeout || !strstr(dfcclGetLastError(NULL), name))
+		RFAIL("the stop gave %d, not dfcclTimeout naming rank %d as stopped: '%.160s'", r, victim,
+		      dfcclGetLastError(NULL));
+	atomic_fetch_add(&sh->errored, 1);
+	for (uint64_t t0 = now_ms(); atomic_load(&sh->errored) < sh->nranks - 1; usleep(1000))
+		if (now_ms() - t0 > HANG_MS / 2)
+			RFAIL("only %d of %d survivors got their timeout", atomic_load(&sh->errored), sh->nranks - 1);
+	return 0;
+}
+
+/* A rank of a kill or a stop trial. A survivor shrinks and goes on; the
+ * stopped rank of a stop trial, if it is continued, leaves its failed
+ * communicators. */
+static int fault_rank(void *arg, int rank)
+{
+	struct shared *sh = arg;
+	struct rank_job j;
+	uint64_t it;
+	dfcclResult_t r;
+	if (run_until_fault(sh, &j, rank, &it, &r))
+		return 1;
+	if (sh->fault == FAULT_STOP && rank == atomic_load(&sh->victim)) {
+		for (int k = 0; k < sh->ncomms; k++)
+			dfcclCommAbort(j.comm[k]);
+		return 0;
+	}
+	if (sh->fault == FAULT_STOP && stop_timed_out(sh, rank, r))
+		return 1;
+	return shrink_and_go_on(sh, &j, rank);
 }
 
 /* A rank of a restart trial. */
@@ -347,18 +401,53 @@ static int cmp_u64(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
-/* Runs one trial: ranks of fn, the fault `what` (0: kill a rank, 1: kill the
- * daemon) after a random delay. Appends the survivors' error latencies (us)
- * to lat. Returns 0 or -1. */
-static int trial(struct daemon_proc *d, struct shared *sh, int (*fn)(void *, int), int what, uint64_t *rng,
-                 uint64_t *lat, size_t *nlat)
+/* The survivors' error latencies of one kind of trial (us from the fault
+ * to each survivor's first error) and their limit. */
+struct lat_set {
+	const char *what;
+	uint64_t *v;
+	size_t n;
+	uint64_t limit_us;
+};
+
+static unsigned stops_continued, stops_killed; /* how stop trials ended */
+
+/* The stopped rank of a stop trial, once its survivors are done: continued
+ * (it must leave its failed communicators and exit cleanly) or killed, as
+ * the trial's random bits say. Returns 0 or -1. */
+static int stop_cleanup(const struct shared *sh, pid_t pid, int victim, uint64_t rng)
+{
+	if (rng & (1ull << 40)) {
+		stops_killed++;
+		kill(pid, SIGKILL);
+		if (child_wait(pid, HANG_MS) == 128 + SIGKILL)
+			return 0;
+		fprintf(stderr, "fault_suite: the stopped rank %d did not die of SIGKILL\n", victim);
+		return -1;
+	}
+	stops_continued++;
+	kill(pid, SIGCONT);
+	int rc = child_wait(pid, HANG_MS);
+	if (rc == 0)
+		return 0;
+	fprintf(stderr, "fault_suite: the stopped rank %d, continued, %s: %s\n", victim, rc < 0 ? "hung" : "failed",
+	        sh->msg[victim][0] ? sh->msg[victim] : "(no message)");
+	return -1;
+}
+
+/* Runs one trial: ranks during traffic, the fault `what` after a random
+ * delay. Appends the survivors' error latencies to ls. Returns 0 or -1. */
+static int trial(struct daemon_proc *d, struct shared *sh, enum fault what, uint64_t *rng, struct lat_set *ls)
 {
 	int n = sh->nranks;
+	int (*fn)(void *, int) = what == FAULT_DAEMON ? restart_rank : fault_rank;
 	for (int k = 0; k < sh->ncomms; k++)
 		if (dfcclGetUniqueId(&sh->ids[k]) != dfcclSuccess || dfcclGetUniqueId(&sh->after[k]) != dfcclSuccess)
 			return -1;
+	sh->fault = what;
 	atomic_store(&sh->running, 0);
 	atomic_store(&sh->fault_ns, 0);
+	atomic_store(&sh->errored, 0);
 	memset(sh->err_ns, 0, sizeof(sh->err_ns));
 	memset(sh->msg, 0, sizeof(sh->msg));
 	*rng = mix(*rng);
@@ -370,38 +459,87 @@ static int trial(struct daemon_proc *d, struct shared *sh, int (*fn)(void *, int
 		usleep(1000);
 	int victim = (int)(*rng % (uint64_t)n);
 	atomic_store(&sh->victim, victim);
+	atomic_store(&sh->victim_pid, (int)pid[victim]);
 	usleep((useconds_t)(1000 * (5 + (*rng >> 20) % 150)));
 	atomic_store(&sh->fault_ns, mono_ns());
-	if (what == 0) {
+	if (what == FAULT_KILL) {
 		kill(pid[victim], SIGKILL);
+	} else if (what == FAULT_STOP) {
+		kill(pid[victim], SIGSTOP);
 	} else {
 		kill(d->pid, SIGKILL);
 		child_wait(d->pid, 5000);
 		struct daemon_opts o = {.reuse = 1};
-		if (daemon_start_with(d, &o, (unsigned)sh->ndev, NULL) < 0) {
+		if (daemon_start_with(d, &o, (unsigned)sh->ndev, "--heartbeat-stale-ms", STALE_MS, NULL) < 0) {
 			fprintf(stderr, "fault_suite: dfccld did not start again\n");
 			return -1;
 		}
 	}
 	int failed = 0;
 	for (int r = 0; r < n; r++) {
-		int rc = child_wait(pid[r], HANG_MS);
-		if (what == 0 && r == victim)
+		if (what != FAULT_DAEMON && r == victim)
 			continue;
+		int rc = child_wait(pid[r], HANG_MS);
 		if (rc != 0) {
 			failed = 1;
 			fprintf(stderr, "fault_suite: rank %d %s: %s\n", r, rc < 0 ? "hung" : "failed",
 			        sh->msg[r][0] ? sh->msg[r] : "(no message)");
 			continue;
 		}
-		lat[(*nlat)++] = (sh->err_ns[r] - atomic_load(&sh->fault_ns)) / 1000;
+		ls->v[ls->n++] = (sh->err_ns[r] - atomic_load(&sh->fault_ns)) / 1000;
 	}
+	if (what == FAULT_KILL)
+		child_wait(pid[victim], HANG_MS);
+	if (what == FAULT_STOP && stop_cleanup(sh, pid[victim], victim, *rng) < 0)
+		failed = 1;
 	return failed ? -1 : 0;
+}
+
+/* Prints the distribution of ls; returns how many came later than its limit. */
+static int lat_report(struct lat_set *ls)
+{
+	if (!ls->n)
+		return 0;
+	int late = 0;
+	qsort(ls->v, ls->n, sizeof(*ls->v), cmp_u64);
+	for (size_t i = 0; i < ls->n; i++)
+		late += ls->v[i] > ls->limit_us;
+	printf("%s: %zu survivor errors after the fault, us: min %llu, median %llu, p99 %llu, max %llu (limit %llu)\n",
+	       ls->what, ls->n, (unsigned long long)ls->v[0], (unsigned long long)ls->v[ls->n / 2],
+	       (unsigned long long)ls->v[(ls->n * 99) / 100], (unsigned long long)ls->v[ls->n - 1],
+	       (unsigned long long)ls->limit_us);
+	if (late)
+		fprintf(stderr, "fault_suite: %d error(s) after a %s came later than %llu ms\n", late, ls->what,
+		        (unsigned long long)ls->limit_us / 1000);
+	return late;
+}
+
+/* `count` trials of one kind; 0, or -1 after the first that failed. The
+ * resident memory of dfccld after the first and the last into rss (when
+ * not NULL). */
+static int trials_run(struct daemon_proc *d, struct shared *sh, enum fault what, long count, uint64_t *rng,
+                      struct lat_set *ls, unsigned long long seed, long *rss)
+{
+	static const char *const names[] = {"kill", "restart", "stop"};
+	for (long t = 0; t < count; t++) {
+		unsigned s, c, w0 = 0;
+		/* A restart starts the workers afresh: count restarts after it. */
+		if ((what != FAULT_DAEMON && daemon_counts(d, &s, &c, &w0) < 0) || trial(d, sh, what, rng, ls) < 0 ||
+		    (what == FAULT_DAEMON && daemon_counts(d, &s, &c, &w0) < 0) || wait_clean(d, w0) < 0) {
+			fprintf(stderr, "fault_suite: %s trial %ld (seed %llu) failed\n", names[what], t, seed);
+			return -1;
+		}
+		if (rss && t == 0)
+			rss[0] = rss_kib(d->pid);
+	}
+	if (rss && count > 0)
+		rss[1] = rss_kib(d->pid);
+	return 0;
 }
 
 int main(int argc, char **argv)
 {
-	long trials = 20, restarts = 2, latency_ms = 1000;
+	long trials = 20, stops = 3, restarts = 2, latency_ms = 1000, stop_timeout_ms = 1000;
 	unsigned long long seed = (unsigned long long)time(NULL);
 	struct shared *sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
 	if (sh == MAP_FAILED)
@@ -414,6 +552,7 @@ int main(int argc, char **argv)
 	    {"trials", required_argument, NULL, 't'},      {"restart-trials", required_argument, NULL, 'r'},
 	    {"ranks", required_argument, NULL, 'n'},       {"comms", required_argument, NULL, 'c'},
 	    {"seed", required_argument, NULL, 's'},        {"latency-ms", required_argument, NULL, 'l'},
+	    {"stop-trials", required_argument, NULL, 'p'}, {"stop-timeout-ms", required_argument, NULL, 'T'},
 	    {"help", no_argument, NULL, 'h'},              {NULL, 0, NULL, 0},
 	};
 	int opt;
@@ -422,85 +561,70 @@ int main(int argc, char **argv)
 		switch (opt) {
 		case 't': trials = v; break;
 		case 'r': restarts = v; break;
+		case 'p': stops = v; break;
+		case 'T': stop_timeout_ms = v; break;
 		case 'n': sh->nranks = (int)v; break;
 		case 'c': sh->ncomms = (int)v; break;
 		case 's': seed = strtoull(optarg, NULL, 10); break;
 		case 'l': latency_ms = v; break;
 		case 'h':
-			printf("usage: fault_suite [--trials N] [--restart-trials N] [--ranks 3..%d] [--comms 1..%d] "
-			       "[--seed S] [--latency-ms L]\n", MAX_RANKS, MAX_COMMS);
+			printf("usage: fault_suite [--trials N] [--stop-trials N] [--restart-trials N] [--ranks 3..%d] "
+			       "[--comms 1..%d] [--seed S] [--latency-ms L] [--stop-timeout-ms T (> %s)]\n", MAX_RANKS,
+			       MAX_COMMS, STALE_MS);
 			return 0;
 		default: return 2;
 		}
 	}
-	if (trials < 0 || restarts < 0 || sh->nranks < 3 || sh->nranks > MAX_RANKS || sh->ncomms < 1 ||
-	    sh->ncomms > MAX_COMMS || latency_ms < 1) {
+	if (trials < 0 || stops < 0 || restarts < 0 || sh->nranks < 3 || sh->nranks > MAX_RANKS || sh->ncomms < 1 ||
+	    sh->ncomms > MAX_COMMS || latency_ms < 1 || stop_timeout_ms <= atol(STALE_MS) || stop_timeout_ms > 600000) {
 		fprintf(stderr, "fault_suite: bad arguments (see --help)\n");
 		return 2;
 	}
 	signal(SIGPIPE, SIG_IGN);
-	printf("fault_suite: %ld kill trials, %ld restart trials, %d ranks, %d communicators, seed %llu\n", trials,
-	       restarts, sh->nranks, sh->ncomms, seed);
+	printf("fault_suite: %ld kill trials, %ld stop trials (timeout %ld ms), %ld restart trials, %d ranks, %d "
+	       "communicators, seed %llu\n", trials, stops, stop_timeout_ms, restarts, sh->nranks, sh->ncomms, seed);
 	fflush(stdout);
 
 	struct daemon_proc d;
-	if (daemon_start(&d, (unsigned)sh->ndev, NULL) < 0)
+	if (daemon_start(&d, (unsigned)sh->ndev, "--heartbeat-stale-ms", STALE_MS, NULL) < 0)
 		return 1;
-	size_t cap = (size_t)(trials + restarts) * MAX_RANKS, nlat = 0, nlat_kill = 0;
-	uint64_t *lat = calloc(cap + 1, sizeof(*lat));
+	struct lat_set kills = {"rank killed", calloc((size_t)trials * MAX_RANKS + 1, sizeof(uint64_t)), 0,
+	                        (uint64_t)latency_ms * 1000};
+	struct lat_set stopped = {"rank stopped", calloc((size_t)stops * MAX_RANKS + 1, sizeof(uint64_t)), 0,
+	                          (uint64_t)(stop_timeout_ms + latency_ms) * 1000};
+	struct lat_set daemons = {"daemon killed", calloc((size_t)restarts * MAX_RANKS + 1, sizeof(uint64_t)), 0,
+	                          (uint64_t)latency_ms * 1000};
+	if (!kills.v || !stopped.v || !daemons.v)
+		return 1;
 	uint64_t rng = seed;
-	long rss0 = 0, rss1 = 0;
-	int failed = 0;
-	for (long t = 0; t < trials && !failed; t++) {
-		unsigned s, c, w0;
-		if (daemon_counts(&d, &s, &c, &w0) < 0 || trial(&d, sh, kill_rank, 0, &rng, lat, &nlat) < 0 ||
-		    wait_clean(&d, w0) < 0) {
-			fprintf(stderr, "fault_suite: kill trial %ld (seed %llu) failed\n", t, seed);
-			failed = 1;
-		}
-		if (t == 0)
-			rss0 = rss_kib(d.pid);
-	}
-	rss1 = rss_kib(d.pid);
-	nlat_kill = nlat;
-	for (long t = 0; t < restarts && !failed; t++) {
-		if (trial(&d, sh, restart_rank, 1, &rng, lat, &nlat) < 0) {
-			fprintf(stderr, "fault_suite: restart trial %ld (seed %llu) failed\n", t, seed);
-			failed = 1;
-		}
-		unsigned s, c, w;
-		if (!failed && (daemon_counts(&d, &s, &c, &w) < 0 || wait_clean(&d, w) < 0))
-			failed = 1;
-	}
-	int late = 0;
-	for (int part = 0; part < 2; part++) {
-		uint64_t *l = lat + (part ? nlat_kill : 0);
-		size_t m = part ? nlat - nlat_kill : nlat_kill;
-		if (!m)
-			continue;
-		qsort(l, m, sizeof(*l), cmp_u64);
-		for (size_t i = 0; i < m; i++)
-			late += l[i] > (uint64_t)latency_ms * 1000;
-		printf("%s: %zu survivor errors after the fault, us: min %llu, median %llu, p99 %llu, max %llu\n",
-		       part ? "daemon killed" : "rank killed", m, (unsigned long long)l[0],
-		       (unsigned long long)l[m / 2], (unsigned long long)l[(m * 99) / 100], (unsigned long long)l[m - 1]);
-	}
-	printf("dfccld resident memory: %ld KiB after the first kill trial, %ld KiB after the last\n", rss0, rss1);
-	if (late) {
-		fprintf(stderr, "fault_suite: %d error(s) came later than %ld ms after the fault\n", late, latency_ms);
+	long rss[2] = {0, 0};
+	int failed = trials_run(&d, sh, FAULT_KILL, trials, &rng, &kills, seed, rss) < 0;
+	sh->timeout_ms = (int)stop_timeout_ms;
+	failed = failed || trials_run(&d, sh, FAULT_STOP, stops, &rng, &stopped, seed, NULL) < 0;
+	sh->timeout_ms = 0;
+	failed = failed || trials_run(&d, sh, FAULT_DAEMON, restarts, &rng, &daemons, seed, NULL) < 0;
+	int late = lat_report(&kills) + lat_report(&stopped) + lat_report(&daemons);
+	if (stops)
+		printf("stopped ranks: %u continued (each left its failed communicators), %u killed\n", stops_continued,
+		       stops_killed);
+	if (trials)
+		printf("dfccld resident memory: %ld KiB after the first kill trial, %ld KiB after the last\n", rss[0],
+		       rss[1]);
+	if (late)
 		failed = 1;
-	}
 	/* Flat: a few pages of allocator slack, not growth per trial. (Under
 	 * AddressSanitizer freed memory is held in quarantine: no measure.) */
 	if (SANITIZED)
 		printf("dfccld runs under AddressSanitizer: its resident memory is not checked\n");
-	else if (trials > 1 && rss1 > rss0 + 2048 + rss0 / 10) {
-		fprintf(stderr, "fault_suite: dfccld grew from %ld to %ld KiB over the kill trials\n", rss0, rss1);
+	else if (trials > 1 && rss[1] > rss[0] + 2048 + rss[0] / 10) {
+		fprintf(stderr, "fault_suite: dfccld grew from %ld to %ld KiB over the kill trials\n", rss[0], rss[1]);
 		failed = 1;
 	}
 	if (failed)
 		daemon_dump_log(&d);
-	free(lat);
+	free(kills.v);
+	free(stopped.v);
+	free(daemons.v);
 	if (daemon_stop(&d) != 0 && !failed) {
 		fprintf(stderr, "fault_suite: dfccld did not stop cleanly\n");
 		failed = 1;
