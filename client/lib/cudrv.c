@@ -602,33 +602,30 @@ static CUresult drv_memop_call(const struct cudrv_ops *ops, void *arg)
 	return ops->stream_batch_mem_op(a->stream, a->n, a->params, 0);
 }
 
-int cudrv_stream_ops(void *stream, const struct cudrv_stream_op *ops_in, unsigned n, int device, unsigned *queued)
+int cudrv_stream_ops(void *stream, const struct cudrv_stream_op *ops_in, unsigned n, int device)
 {
-	*queued = 0;
 	const struct cudrv_ops *ops = drv_streams();
 	if (!ops)
 		return -ENODEV;
-	CUstreamBatchMemOpParams params[CUDRV_STREAM_OPS_MAX];
-	while (*queued < n) {
-		unsigned k = n - *queued < CUDRV_STREAM_OPS_MAX ? n - *queued : CUDRV_STREAM_OPS_MAX;
-		memset(params, 0, k * sizeof(params[0]));
-		for (unsigned i = 0; i < k; i++) {
-			const struct cudrv_stream_op *o = &ops_in[*queued + i];
-			/* The write's parameters have the wait's layout. */
-			params[i].waitValue.operation = o->wait ? CU_STREAM_MEM_OP_WAIT_VALUE_64 : CU_STREAM_MEM_OP_WRITE_VALUE_64;
-			params[i].waitValue.address = (CUdeviceptr)o->address;
-			params[i].waitValue.value64 = o->value;
-			params[i].waitValue.flags = o->wait ? CU_STREAM_WAIT_VALUE_GEQ : 0;
-		}
-		struct drv_memop_arg arg = {(CUstream)stream, k, params};
-		struct drv_call c = {"cuStreamBatchMemOp", drv_memop_call, &arg};
-		const char *call;
-		CUresult r = drv_with_context(ops, device, &c, &call);
-		if (r != CUDA_SUCCESS)
-			return drv_fail(ops, call, r);
-		*queued += k;
+	if (n == 0 || n > CUDRV_STREAM_OPS_MAX) {
+		snprintf(drv_err, sizeof(drv_err), "%u stream operations in one call (1 to %u)", n, CUDRV_STREAM_OPS_MAX);
+		return -EINVAL;
 	}
-	return 0;
+	CUstreamBatchMemOpParams params[CUDRV_STREAM_OPS_MAX];
+	memset(params, 0, n * sizeof(params[0]));
+	for (unsigned i = 0; i < n; i++) {
+		const struct cudrv_stream_op *o = &ops_in[i];
+		/* The write's parameters have the wait's layout. */
+		params[i].waitValue.operation = o->wait ? CU_STREAM_MEM_OP_WAIT_VALUE_64 : CU_STREAM_MEM_OP_WRITE_VALUE_64;
+		params[i].waitValue.address = (CUdeviceptr)o->address;
+		params[i].waitValue.value64 = o->value;
+		params[i].waitValue.flags = o->wait ? CU_STREAM_WAIT_VALUE_GEQ : 0;
+	}
+	struct drv_memop_arg arg = {(CUstream)stream, n, params};
+	struct drv_call c = {"cuStreamBatchMemOp", drv_memop_call, &arg};
+	const char *call;
+	CUresult r = drv_with_context(ops, device, &c, &call);
+	return r == CUDA_SUCCESS ? 0 : drv_fail(ops, call, r);
 }
 
 struct drv_capture_arg {

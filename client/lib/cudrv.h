@@ -282,18 +282,17 @@ struct cudrv_stream_op {
 	uint64_t value;
 };
 
-/* The most operations cudrv_stream_ops queues with one driver call: the
- * driver takes fewer than 256 (a batch of 256 failed with
- * CUDA_ERROR_INVALID_VALUE on the H100). */
+/* The most operations one cudrv_stream_ops takes: the driver takes fewer
+ * than 256 in a call (a batch of 256 failed with CUDA_ERROR_INVALID_VALUE
+ * on the H100). */
 #define CUDRV_STREAM_OPS_MAX 255u
 
 /*
- * Queues ops[0..n) on `stream` (a CUstream / cudaStream_t of device
- * `device`), in order, with as few driver calls as the driver allows (one
- * per CUDRV_STREAM_OPS_MAX). Returns 0 or a negative errno; after a failure
- * a prefix of the operations may have been queued (*queued says how many).
+ * Queues ops[0..n), n <= CUDRV_STREAM_OPS_MAX, on `stream` (a CUstream /
+ * cudaStream_t of device `device`), in order, with one driver call.
+ * Returns 0 or a negative errno; after a failure none was queued.
  */
-int cudrv_stream_ops(void *stream, const struct cudrv_stream_op *ops, unsigned n, int device, unsigned *queued);
+int cudrv_stream_ops(void *stream, const struct cudrv_stream_op *ops, unsigned n, int device);
 
 /* Whether `stream` (of device `device`) is being captured into a CUDA
  * graph: 1 yes, 0 no (or a driver that cannot say), a negative errno when

@@ -26,7 +26,7 @@ enum { BATCH_ARMS = 1, BATCH_WAITS = 2 };
 static int batch_queue(const struct stream_batch *b, size_t from, dfcclStream_t stream, int what)
 {
 	struct cudrv_stream_op ops[CUDRV_STREAM_OPS_MAX];
-	unsigned k = 0, done;
+	unsigned k = 0;
 	int device = 0;
 	for (int pass = BATCH_ARMS; pass <= BATCH_WAITS; pass++) {
 		if (!(what & pass))
@@ -40,13 +40,13 @@ static int batch_queue(const struct stream_batch *b, size_t from, dfcclStream_t 
 			               ? (struct cudrv_stream_op){true, it->arm.cw_addr, DFCCL_CW_MAKE(it->arm.seq, 0)}
 			               : (struct cudrv_stream_op){false, it->arm.arm_addr, it->arm.seq};
 			if (k == CUDRV_STREAM_OPS_MAX) {
-				if (cudrv_stream_ops(stream, ops, k, device, &done) < 0)
+				if (cudrv_stream_ops(stream, ops, k, device) < 0)
 					return -1;
 				k = 0;
 			}
 		}
 	}
-	return k > 0 && cudrv_stream_ops(stream, ops, k, device, &done) < 0 ? -1 : 0;
+	return k > 0 && cudrv_stream_ops(stream, ops, k, device) < 0 ? -1 : 0;
 }
 
 /* Whether item i is the first of [from, i] on its stream. */
