@@ -104,7 +104,6 @@ bool stream_batch_crowded(const struct stream_batch *b, const struct qp *q)
 	return on_q >= q->entries / 2;
 }
 
-
 dfcclResult_t stream_batch_arm(struct stream_batch *b)
 {
 	return batch_arm(b, false);
@@ -114,9 +113,14 @@ dfcclResult_t stream_batch_finish(struct stream_batch *b)
 {
 	if (b->n == 0)
 		return dfcclSuccess;
-	/* Arms and waits in one batch per stream, unless some arms had to go
-	 * ahead (a group larger than half a queue). */
+	/* Arms and waits in one batch when the batch has one stream and none
+	 * of its arms had to go ahead (a group larger than half a queue).
+	 * With several streams every stream's arms are queued before any
+	 * wait: streams that share a hardware queue then still arm all of
+	 * the group before one of them waits. */
 	bool together = b->armed == 0;
+	for (size_t i = 1; together && i < b->n; i++)
+		together = b->items[i].stream == b->items[0].stream;
 	dfcclResult_t ra = batch_arm(b, together);
 	dfcclResult_t rw = together ? dfcclSuccess : batch_wait(b);
 	return ra != dfcclSuccess ? ra : rw;

@@ -6,8 +6,9 @@
  * work queued on the stream before) and a wait for its completion word (the
  * work queued after waits for it). A batch collects the entries of one
  * call, or of one group: each stream arms all of its entries, then waits
- * for all of them, in one driver call where they fit, so the daemon sees a
- * group's entries together. A batch larger than half a queue arms what it
+ * for all of them (one driver call where they fit, with one stream; with
+ * several, every stream's arms go before any stream's waits), so the
+ * daemon sees a group's entries together. A batch larger than half a queue arms what it
  * has before it posts more (stream_batch_crowded), since a later entry's
  * slot may be held by an earlier one that only its arm can complete.
  *

@@ -83,6 +83,9 @@ struct fake_stream {
 	 * wait ("await"). */
 	unsigned nbatches;
 	char batch[FS_MAX_BATCHES][CUDRV_STREAM_OPS_MAX + 1];
+	/* When (by a counter of every batch of the process) this stream last
+	 * got a batch of arms only, and of waits only. */
+	unsigned arm_batch_at, wait_batch_at;
 };
 
 static void fs_run(struct fs_op *o)
@@ -211,9 +214,15 @@ static CUresult fd_batch(CUstream stream, unsigned count, CUstreamBatchMemOpPara
 		seq[i] = op == CU_STREAM_MEM_OP_WRITE_VALUE_64 ? 'W' : 'A';
 	}
 	seq[count] = 0;
+	static unsigned batches;
+	unsigned at = __atomic_add_fetch(&batches, 1, __ATOMIC_RELAXED);
 	pthread_mutex_lock(&s->lock);
 	if (s->nbatches < FS_MAX_BATCHES)
 		memcpy(s->batch[s->nbatches++], seq, count + 1);
+	if (!strchr(seq, 'A'))
+		s->arm_batch_at = at;
+	if (!strchr(seq, 'W'))
+		s->wait_batch_at = at;
 	pthread_mutex_unlock(&s->lock);
 	for (unsigned i = 0; i < count; i++) {
 		struct fs_op o = {
@@ -479,23 +488,36 @@ static int rank_group(void *arg, int rank)
 			CHECK(out[i][e] == want, "all-reduce %d element %zu: %g, expected %g", i, e, (double)out[i][e],
 			      (double)want);
 		}
-	CHECK(sa->nbatches == 1 && !strcmp(sa->batch[0], "WWWWAAAA"),
-	      "stream A got %u batches, the first \"%s\"; expected one: its 4 arms, then its 4 waits", sa->nbatches,
+	/* Two streams: each stream's arms in one batch, queued before either
+	 * stream's waits (so streams sharing a hardware queue arm the whole
+	 * group first). */
+	CHECK(sa->nbatches == 2 && !strcmp(sa->batch[0], "WWWW") && !strcmp(sa->batch[1], "AAAA"),
+	      "stream A got %u batches, \"%s\" first; expected its 4 arms, then its 4 waits", sa->nbatches,
 	      sa->batch[0]);
-	CHECK(sb->nbatches == 1 && !strcmp(sb->batch[0], "WWAA"),
-	      "stream B got %u batches, the first \"%s\"; expected one: its 2 arms, then its 2 waits", sb->nbatches,
+	CHECK(sb->nbatches == 2 && !strcmp(sb->batch[0], "WW") && !strcmp(sb->batch[1], "AA"),
+	      "stream B got %u batches, \"%s\" first; expected its 2 arms, then its 2 waits", sb->nbatches,
 	      sb->batch[0]);
+	CHECK(sa->wait_batch_at > sb->arm_batch_at && sb->wait_batch_at > sa->arm_batch_at,
+	      "a stream's waits were queued before the other stream's arms");
+	/* One stream: its arms and waits in one batch. */
+	DF(dfcclGroupStart());
+	for (int i = 0; i < 3; i++)
+		DF(dfcclAllReduce(in[i], out[i], COUNT, dfcclFloat32, dfcclSum, comm, (dfcclStream_t)sa));
+	DF(dfcclGroupEnd());
+	CHECK(fs_sync(sa, 30000) == 0, "the stream did not finish");
+	CHECK(sa->nbatches == 3 && !strcmp(sa->batch[2], "WWWAAA"),
+	      "a group on one stream: expected one batch \"WWWAAA\", got \"%s\"", sa->batch[sa->nbatches - 1]);
 	/* A stream being captured into a graph is refused, and nothing queued. */
 	sb->capturing = true;
 	dfcclResult_t r = dfcclAllReduce(in[0], out[0], COUNT, dfcclFloat32, dfcclSum, comm, (dfcclStream_t)sb);
 	CHECK(r == dfcclNotSupported && strstr(dfcclGetLastError(comm), "captured into a CUDA graph"),
 	      "a capturing stream: %s (%s), expected dfcclNotSupported", dfcclGetErrorString(r), dfcclGetLastError(comm));
-	CHECK(sb->nbatches == 1, "a capturing stream got %u batches", sb->nbatches);
+	CHECK(sb->nbatches == 2, "a capturing stream got %u batches", sb->nbatches);
 	sb->capturing = false;
 	/* Outside a group: the arm and the wait, in one batch. */
 	DF(dfcclAllReduce(in[0], out[0], COUNT, dfcclFloat32, dfcclSum, comm, (dfcclStream_t)sa));
 	CHECK(fs_sync(sa, 30000) == 0, "the stream did not finish");
-	CHECK(sa->nbatches == 2 && !strcmp(sa->batch[1], "WA"),
+	CHECK(sa->nbatches == 4 && !strcmp(sa->batch[3], "WA"),
 	      "a call outside a group: expected one batch \"WA\", got %u batches, the last \"%s\"", sa->nbatches,
 	      sa->batch[sa->nbatches - 1]);
 	DF(dfcclCommDestroy(comm));
