@@ -54,6 +54,7 @@ struct watch_inst {
 	uint32_t src, dst; /* INST_P2P: sender and receiver */
 	uint64_t key;      /* the instance timed; 0: none */
 	uint64_t first_ms, change_ms, sig;
+	uint64_t preempt_base; /* the devices' preemptions when key was first seen */
 	/* The instance as its entries or posts describe it. */
 	uint8_t op, dtype;
 	uint64_t count;
@@ -74,7 +75,6 @@ struct watch_comm {
 	int seen;
 	uint64_t low;     /* lowest NCCL-style key some rank has not finished */
 	struct watch_inst coll; /* the NCCL-style instance `low`, once some rank submitted it */
-	uint64_t preempt_base;
 	/* Per rank, this tick: the lowest NCCL-style key pending in its queue
 	 * (0: none), and what that entry says. */
 	uint64_t pend_key[DFCCL_COMM_MAX_RANKS];
@@ -554,13 +554,15 @@ static void inst_describe(const struct comm *c, struct watch_inst *x)
 	}
 }
 
-/* Instance x is `key` this tick: a new instance starts its clock, an old
- * one restarts it whenever anything about it moved. */
-static void inst_update(const struct comm *c, struct watch_inst *x, uint64_t key, uint64_t now)
+/* Instance x is `key` this tick: a new instance starts its clock (and
+ * its count from `preempt`, the devices' preemptions now), an old one
+ * restarts it whenever anything about it moved. */
+static void inst_update(const struct comm *c, struct watch_inst *x, uint64_t key, uint64_t now, uint64_t preempt)
 {
 	if (x->key != key) {
 		x->key = key;
 		x->first_ms = x->change_ms = now;
+		x->preempt_base = preempt;
 		x->sig = inst_sig(c, x);
 		inst_describe(c, x);
 		return;
@@ -707,7 +709,7 @@ static void timeout_fire(struct watch *w, struct comm *c, const struct watch_ins
 
 /* The NCCL-style instance: the oldest one some rank submitted and not
  * every rank finished. */
-static void coll_check(struct watch *w, const struct comm *c, struct watch_comm *wc, uint64_t now)
+static void coll_check(struct watch *w, const struct comm *c, struct watch_comm *wc, uint64_t now, uint64_t preempt)
 {
 	struct watch_inst *x = &wc->coll;
 	advance_low(c, wc);
@@ -725,14 +727,12 @@ static void coll_check(struct watch *w, const struct comm *c, struct watch_comm 
 		x->tick_dtype = wc->pend_dtype[r];
 		x->tick_count = wc->pend_count[r];
 	}
-	if (x->key != wc->low)
-		wc->preempt_base = comm_preemptions(w, c);
-	inst_update(c, x, wc->low, now);
+	inst_update(c, x, wc->low, now, preempt);
 }
 
 /* Registered runs and messages: each kind and id's lowest pending one;
  * what nobody has pending any more is dropped. */
-static void extras_check(const struct comm *c, struct watch_comm *wc, uint64_t now)
+static void extras_check(const struct comm *c, struct watch_comm *wc, uint64_t now, uint64_t preempt)
 {
 	for (uint32_t i = 0; i < wc->nextra;) {
 		struct watch_inst *x = &wc->extra[i];
@@ -740,7 +740,7 @@ static void extras_check(const struct comm *c, struct watch_comm *wc, uint64_t n
 			extra_remove(wc, i);
 			continue;
 		}
-		inst_update(c, x, x->tick_key, now);
+		inst_update(c, x, x->tick_key, now, preempt);
 		i++;
 	}
 }
@@ -749,8 +749,9 @@ static void extras_check(const struct comm *c, struct watch_comm *wc, uint64_t n
  * once past the timeout, fails the communicator. */
 static void watch_comm_check(struct watch *w, struct comm *c, struct watch_comm *wc, uint64_t now)
 {
-	coll_check(w, c, wc, now);
-	extras_check(c, wc, now);
+	uint64_t preempt = comm_preemptions(w, c);
+	coll_check(w, c, wc, now, preempt);
+	extras_check(c, wc, now, preempt);
 	uint64_t timeout = comm_coll_timeout_ms(c);
 	if (!timeout || c->state != COMM_READY)
 		return;
@@ -804,7 +805,39 @@ void watch_tick(struct watch *w)
 
 /* ------------------------------------------------------------ dfcclctl stuck */
 
-static int stuck_info(struct watch *w, const struct comm *c, const struct watch_comm *wc, uint64_t now,
+static const Dfccl__V1__StuckKind stuck_kinds[] = {
+    [INST_COLL] = DFCCL__V1__STUCK_KIND__STUCK_COLLECTIVE,
+    [INST_REG] = DFCCL__V1__STUCK_KIND__STUCK_REGISTERED,
+    [INST_P2P] = DFCCL__V1__STUCK_KIND__STUCK_MESSAGE,
+};
+
+/* Rank r of instance x, appended to si->ranks (and si->missing). */
+static int stuck_rank(struct watch *w, const struct comm *c, const struct watch_inst *x, uint32_t r,
+                      Dfccl__V1__StuckInfo *si)
+{
+	const struct comm_member *m = &c->members[r];
+	Dfccl__V1__StuckRank *sr = calloc(1, sizeof(*sr));
+	if (!sr)
+		return -ENOMEM;
+	dfccl__v1__stuck_rank__init(sr);
+	si->ranks[si->n_ranks++] = sr;
+	enum rank_state st = inst_rank_state(c, x, r);
+	sr->rank = r;
+	sr->device = m->device;
+	sr->pid = m->pid;
+	sr->session_id = m->session_id;
+	sr->state = (char *)rank_state_name(st);
+	int stopped = 0;
+	sr->heartbeat_age_ms = m->session && st != RS_LEFT ? watch_heartbeat_age_ms(w, m->session, &stopped) : -1;
+	sr->stopped = stopped;
+	if (st == RS_MISSING)
+		si->missing[si->n_missing++] = r;
+	return 0;
+}
+
+/* Instance x of communicator c as one StuckInfo: every rank of a
+ * collective, the two ends of a message. */
+static int stuck_info(struct watch *w, const struct comm *c, const struct watch_inst *x, uint64_t now,
                       Dfccl__V1__StuckInfo **out)
 {
 	Dfccl__V1__StuckInfo *si = calloc(1, sizeof(*si));
@@ -812,10 +845,13 @@ static int stuck_info(struct watch *w, const struct comm *c, const struct watch_
 		return -ENOMEM;
 	*out = si;
 	dfccl__v1__stuck_info__init(si);
-	const struct watch_inst *x = &wc->coll;
 	si->comm_id = c->id;
 	si->uid = (uint32_t)c->uid;
 	si->nranks = c->nranks;
+	si->kind = stuck_kinds[x->kind];
+	si->coll_id = x->kind == INST_REG ? x->coll_id : 0;
+	si->src = x->kind == INST_P2P ? x->src : 0;
+	si->dst = x->kind == INST_P2P ? x->dst : 0;
 	si->op = (char *)queue_op_name(x->op);
 	si->seq = x->key;
 	si->count = x->count;
@@ -824,31 +860,44 @@ static int stuck_info(struct watch *w, const struct comm *c, const struct watch_
 	si->idle_ms = now - x->change_ms;
 	si->timeout_ms = (int64_t)comm_coll_timeout_ms(c);
 	uint64_t p = comm_preemptions(w, c);
-	si->preemptions = p >= wc->preempt_base ? p - wc->preempt_base : 0;
+	si->preemptions = p >= x->preempt_base ? p - x->preempt_base : 0;
 	si->ranks = calloc(c->nranks, sizeof(*si->ranks));
 	si->missing = calloc(c->nranks, sizeof(*si->missing));
 	if (!si->ranks || !si->missing)
 		return -ENOMEM;
 	for (uint32_t r = 0; r < c->nranks; r++) {
-		const struct comm_member *m = &c->members[r];
-		Dfccl__V1__StuckRank *sr = calloc(1, sizeof(*sr));
-		if (!sr)
-			return -ENOMEM;
-		dfccl__v1__stuck_rank__init(sr);
-		si->ranks[si->n_ranks++] = sr;
-		enum rank_state st = inst_rank_state(c, x, r);
-		sr->rank = r;
-		sr->device = m->device;
-		sr->pid = m->pid;
-		sr->session_id = m->session_id;
-		sr->state = (char *)rank_state_name(st);
-		int stopped = 0;
-		sr->heartbeat_age_ms = m->session && st != RS_LEFT ? watch_heartbeat_age_ms(w, m->session, &stopped) : -1;
-		sr->stopped = stopped;
-		if (st == RS_MISSING)
-			si->missing[si->n_missing++] = r;
+		int rc = inst_involves(x, r) ? stuck_rank(w, c, x, r, si) : 0;
+		if (rc < 0)
+			return rc;
 	}
 	return 0;
+}
+
+/* Appends instance x to reply->stuck when it waited a whole tick: an
+ * instance merely in flight is not stuck. */
+static int stuck_add(struct watch *w, const struct comm *c, const struct watch_inst *x, uint64_t now,
+                     Dfccl__V1__QueryReply *reply)
+{
+	if (!x->key || now - x->first_ms < watch_interval_ms(w))
+		return 0;
+	int rc = stuck_info(w, c, x, now, &reply->stuck[reply->n_stuck]);
+	if (reply->stuck[reply->n_stuck])
+		reply->n_stuck++;
+	return rc;
+}
+
+/* The instances of wc in a stable order: the NCCL-style one, then the
+ * registered ids in increasing order, then the ordered pairs by sender and
+ * receiver (the order of extra_at). */
+static int stuck_comm(struct watch *w, const struct comm *c, const struct watch_comm *wc, uint64_t now,
+                      Dfccl__V1__QueryReply *reply)
+{
+	int rc = stuck_add(w, c, &wc->coll, now, reply);
+	uint32_t places = wc->extra_at ? WATCH_REG_IDS + wc->nranks * wc->nranks : 0;
+	for (uint32_t id = 0; id < places && rc == 0; id++)
+		if (wc->extra_at[id])
+			rc = stuck_add(w, c, &wc->extra[wc->extra_at[id] - 1], now, reply);
+	return rc;
 }
 
 int watch_fill_stuck(struct watch *w, uid_t uid, Dfccl__V1__QueryReply *reply)
@@ -856,21 +905,15 @@ int watch_fill_stuck(struct watch *w, uid_t uid, Dfccl__V1__QueryReply *reply)
 	uint64_t now = server_now_ms();
 	size_t n = 0;
 	for (struct watch_comm *wc = w->comms; wc; wc = wc->next)
-		n++;
+		n += 1 + wc->nextra;
 	reply->stuck = calloc(n ? n : 1, sizeof(*reply->stuck));
 	if (!reply->stuck)
 		return -ENOMEM;
 	for (struct watch_comm *wc = w->comms; wc; wc = wc->next) {
 		struct comm *c = comm_find(w->srv, wc->comm_id);
-		if (!c || !comm_watched(c) || !wc->coll.key || (uid != 0 && c->uid != uid))
+		if (!c || !comm_watched(c) || (uid != 0 && c->uid != uid))
 			continue;
-		/* Only what waited a whole tick: a collective merely in flight is
-		 * not stuck. */
-		if (now - wc->coll.first_ms < watch_interval_ms(w))
-			continue;
-		int rc = stuck_info(w, c, wc, now, &reply->stuck[reply->n_stuck]);
-		if (reply->stuck[reply->n_stuck])
-			reply->n_stuck++;
+		int rc = stuck_comm(w, c, wc, now, reply);
 		if (rc < 0)
 			return rc;
 	}

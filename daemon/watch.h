@@ -25,7 +25,8 @@
  * as stopped (its library's heartbeat in the queue header is older than
  * heartbeat-stale-ms) or running. Detection happens on the first tick
  * after the timeout: within timeout + watch-interval-ms. `dfcclctl stuck`
- * shows the NCCL-style instance.
+ * shows every one of these instances that waited at least one tick, with
+ * the state of each rank taking part in it.
  */
 #ifndef DFCCLD_WATCH_H
 #define DFCCLD_WATCH_H
@@ -57,8 +58,10 @@ void watch_close(struct watch *w);
  * it reads as stopped. */
 int64_t watch_heartbeat_age_ms(struct watch *w, const struct session *s, int *stopped);
 
-/* Fills reply->stuck with the communicators of `uid` (every one for uid 0)
- * whose oldest unfinished collective waited at least one tick. */
+/* Fills reply->stuck with the instances of the communicators of `uid`
+ * (every one for uid 0) that waited at least one tick: per communicator
+ * the NCCL-style one, then the registered runs by id, then the messages
+ * by sender and receiver. */
 int watch_fill_stuck(struct watch *w, uid_t uid, Dfccl__V1__QueryReply *reply);
 void watch_stuck_free(Dfccl__V1__QueryReply *reply);
 

@@ -42,9 +42,11 @@ static const char usage[] =
     "  comms        communicators: ranks, members, state, the ring of their plan (--json: trees too)\n"
     "  queues       queue pairs: submitted, consumed, completed entries\n"
     "  stats        per-device engine counters\n"
-    "  stuck        per communicator, the oldest collective that waited at least one watch tick:\n"
-    "               how long, which ranks submitted it and which did not (pid, device, heartbeat),\n"
-    "               preemptions meanwhile; prints nothing when nothing is stuck\n"
+    "  stuck        what waited at least one watch tick, per communicator: the oldest unfinished\n"
+    "               collective, the lowest pending run of each registered collective and the lowest\n"
+    "               pending message of each sender -> receiver pair; for each, how long, which\n"
+    "               ranks submitted it and which did not (pid, device, heartbeat), preemptions\n"
+    "               meanwhile; prints nothing when nothing is stuck\n"
     "  abort COMM   fail every pending and later collective of communicator COMM on every rank\n"
     "               (dfcclAborted, naming who did it); its ranks can then shrink or destroy it.\n"
     "               For the communicator's owner and root\n"
@@ -383,21 +385,45 @@ static void print_stats(const Dfccl__V1__QueryReply *q, const char *socket_path)
 	table_print_free(&t);
 }
 
-/* One line per stuck communicator, then one per rank; nothing at all when
- * nothing is stuck, so scripts can test for empty output. */
+/* What a stuck instance is, as the daemon's timeout error names it:
+ * "AllReduce #3", "registered collective 7 (AllReduce) run #2", "Send #1
+ * from rank 0 to rank 2" or, when only the receiver submitted it, "Recv #1
+ * by rank 2 from rank 0". */
+static void stuck_what(const Dfccl__V1__StuckInfo *si, char *buf, size_t len)
+{
+	unsigned long long seq = (unsigned long long)si->seq;
+	switch (si->kind) {
+	case DFCCL__V1__STUCK_KIND__STUCK_REGISTERED:
+		snprintf(buf, len, "registered collective %u (%s) run #%llu", si->coll_id, si->op, seq);
+		break;
+	case DFCCL__V1__STUCK_KIND__STUCK_MESSAGE:
+		if (strcmp(si->op, "Recv") == 0)
+			snprintf(buf, len, "Recv #%llu by rank %u from rank %u", seq, si->dst, si->src);
+		else
+			snprintf(buf, len, "%s #%llu from rank %u to rank %u", si->op, seq, si->src, si->dst);
+		break;
+	default:
+		snprintf(buf, len, "%s #%llu", si->op, seq);
+		break;
+	}
+}
+
+/* One line per stuck instance, then one per rank taking part in it;
+ * nothing at all when nothing is stuck, so scripts can test for empty
+ * output. */
 static void print_stuck(const Dfccl__V1__QueryReply *q, const char *socket_path)
 {
 	for (size_t i = 0; i < q->n_stuck; i++) {
 		const Dfccl__V1__StuckInfo *si = q->stuck[i];
-		char waited[64], idle[64], to[64];
+		char waited[64], idle[64], to[64], what[160];
 		format_duration(waited, sizeof(waited), si->waited_ms);
 		format_duration(idle, sizeof(idle), si->idle_ms);
 		format_duration(to, sizeof(to), si->timeout_ms > 0 ? (uint64_t)si->timeout_ms : 0);
-		printf("%scommunicator %llu (uid %u): %s #%llu, %llu elements of %s, waiting %s (no progress for %s; "
+		stuck_what(si, what, sizeof(what));
+		printf("%scommunicator %llu (uid %u): %s, %llu elements of %s, waiting %s (no progress for %s; "
 		       "timeout %s), %llu preemptions meanwhile\n",
-		       i ? "\n" : "", (unsigned long long)si->comm_id, si->uid, si->op, (unsigned long long)si->seq,
-		       (unsigned long long)si->count, si->dtype, waited, idle, si->timeout_ms > 0 ? to : "none",
-		       (unsigned long long)si->preemptions);
+		       i ? "\n" : "", (unsigned long long)si->comm_id, si->uid, what, (unsigned long long)si->count,
+		       si->dtype, waited, idle, si->timeout_ms > 0 ? to : "none", (unsigned long long)si->preemptions);
 		struct table t;
 		table_start(&t, 6, "RANK", "STATE", "PID", "DEVICE", "SESSION", "HEARTBEAT");
 		for (size_t k = 0; k < si->n_ranks; k++) {
