@@ -444,12 +444,9 @@ dfcclResult_t dfcclCommGetAsyncError(dfcclComm_t comm, dfcclResult_t *asyncError
 	 * stream-ordered call's caller gets to see (its stream only waits for
 	 * the completion word), reported until a dfcclCommSynchronize returns
 	 * it; else the communicator's own state (revoked, a peer lost). */
-	dfcclResult_t r = comm_usable(comm);
-	if (r == dfcclSuccess) {
-		r = comm_explain(comm, req_tracker_sync(&comm->tracker, false));
-		if (r == dfcclInProgress || r == dfcclSuccess)
-			r = comm_check(comm);
-	}
+	dfcclResult_t r = dfcclCommQuery(comm);
+	if (r == dfcclInProgress || r == dfcclSuccess)
+		r = comm_check(comm);
 	*asyncError = r;
 	return dfcclSuccess;
 }

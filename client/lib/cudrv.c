@@ -270,6 +270,7 @@ struct drv_copy_arg {
 	void *dst;
 	const void *src;
 	size_t bytes;
+	CUstream stream; /* cudrv_copy_async's */
 };
 
 static CUresult drv_copy_call(const struct cudrv_ops *ops, void *arg)
@@ -285,23 +286,16 @@ int cudrv_copy(void *dst, const void *src, size_t bytes, int device)
 		snprintf(drv_err, sizeof(drv_err), "the CUDA driver (libcuda.so.1) with cuMemcpy cannot be loaded");
 		return -ENODEV;
 	}
-	struct drv_copy_arg arg = {dst, src, bytes};
+	struct drv_copy_arg arg = {dst, src, bytes, NULL};
 	struct drv_call c = {"cuMemcpy", drv_copy_call, &arg};
 	const char *call;
 	CUresult r = drv_with_context(ops, device, &c, &call);
 	return r == CUDA_SUCCESS ? 0 : drv_fail(ops, call, r);
 }
 
-struct drv_copy_async_arg {
-	void *dst;
-	const void *src;
-	size_t bytes;
-	CUstream stream;
-};
-
 static CUresult drv_copy_async_call(const struct cudrv_ops *ops, void *arg)
 {
-	struct drv_copy_async_arg *a = arg;
+	struct drv_copy_arg *a = arg;
 	return ops->memcpy_async((CUdeviceptr)(uintptr_t)a->dst, (CUdeviceptr)(uintptr_t)a->src, a->bytes, a->stream);
 }
 
@@ -312,7 +306,7 @@ int cudrv_copy_async(void *dst, const void *src, size_t bytes, void *stream, int
 		snprintf(drv_err, sizeof(drv_err), "the CUDA driver (libcuda.so.1) with cuMemcpyAsync cannot be loaded");
 		return -ENODEV;
 	}
-	struct drv_copy_async_arg arg = {dst, src, bytes, (CUstream)stream};
+	struct drv_copy_arg arg = {dst, src, bytes, (CUstream)stream};
 	struct drv_call c = {"cuMemcpyAsync", drv_copy_async_call, &arg};
 	const char *call;
 	CUresult r = drv_with_context(ops, device, &c, &call);
