@@ -222,6 +222,8 @@ static void ce_launch(struct cuda_engine *e)
 	if (ce_put32(e, OFF(ctl.quit), 0) < 0 || ce_put32(e, OFF(ctl.park), 0) < 0 || ce_put32(e, OFF(ctl.started), 0) < 0)
 		return;
 	e->resume = 0;
+	if (++e->params.epoch == 0)
+		e->params.epoch = 1;
 	if (ce_failed(e, (cudaError_t)dk_launch(&e->params, e->kstream), "launching the daemon kernel"))
 		return;
 	e->running = 1;

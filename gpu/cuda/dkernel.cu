@@ -85,6 +85,19 @@ template <typename T> __device__ __forceinline__ T vload(const T *p)
 }
 
 /*
+ * The communicator of the visit in progress, per block: what every access
+ * to its protocol words needs, read by thread 0 when the visit begins (the
+ * table does not change during a launch, dkernel.h) and kept in shared
+ * memory, where reading it costs no trip to global memory.
+ */
+struct dk_visit {
+	int64_t mirror;                /* dk_comm.mirror */
+	struct dfccl_comm_header *sync; /* dk_comm.sync */
+	uint32_t n;                    /* dk_comm.nranks */
+};
+__shared__ dk_visit vis;
+
+/*
  * A communicator's protocol words (posts, channel words, mailboxes). Where
  * every rank is on this GPU they are in device memory (dk_comm.sync), only
  * this kernel reads them, and GPU scope orders them with the ranks' data:
@@ -93,19 +106,19 @@ template <typename T> __device__ __forceinline__ T vload(const T *p)
  * supervisor watches for timeouts and diagnostics. Elsewhere the words are
  * the host region's, at system scope.
  */
-__device__ __forceinline__ uint64_t sync_load(const dk_comm *cm, const uint64_t *p)
+__device__ __forceinline__ uint64_t sync_load(const uint64_t *p)
 {
 	uint64_t v;
-	if (vload(&cm->mirror))
+	if (vis.mirror)
 		asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
 	else
 		asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
 	return v;
 }
 
-__device__ __forceinline__ void sync_store(const dk_comm *cm, uint64_t *p, uint64_t v)
+__device__ __forceinline__ void sync_store(uint64_t *p, uint64_t v)
 {
-	int64_t m = vload(&cm->mirror);
+	int64_t m = vis.mirror;
 	if (m) {
 		asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 		*(volatile uint64_t *)((char *)p + m) = v;
@@ -115,17 +128,17 @@ __device__ __forceinline__ void sync_store(const dk_comm *cm, uint64_t *p, uint6
 }
 
 /* A plain store of a protocol word (published by a later sync_store). */
-__device__ __forceinline__ void sync_put(const dk_comm *cm, uint64_t *p, uint64_t v)
+__device__ __forceinline__ void sync_put(uint64_t *p, uint64_t v)
 {
-	int64_t m = vload(&cm->mirror);
+	int64_t m = vis.mirror;
 	*(volatile uint64_t *)p = v;
 	if (m)
 		*(volatile uint64_t *)((char *)p + m) = v;
 }
 
-__device__ __forceinline__ void sync_fence(const dk_comm *cm)
+__device__ __forceinline__ void sync_fence(void)
 {
-	if (vload(&cm->mirror))
+	if (vis.mirror)
 		asm volatile("fence.acq_rel.gpu;" ::: "memory");
 	else
 		asm volatile("fence.acq_rel.sys;" ::: "memory");
@@ -308,20 +321,25 @@ __device__ void op_run(const dk_op &o)
 
 /* ------------------------------------------------------------------ tables */
 
-__device__ const dk_reg *reg_find(dk_state *st, uint32_t reg_id)
+/* A copy of reg_id's live entry, or false. Each probe loads a whole entry
+ * (two independent 16-byte loads through L2, so one round trip), rather
+ * than its words one after another. */
+__device__ bool reg_find(dk_state *st, uint32_t reg_id, dk_reg *out)
 {
+	DFCCL_STATIC_ASSERT(sizeof(dk_reg) == 32, "a registration is two 16-byte words");
 	if (reg_id == 0)
-		return NULL;
+		return false;
 	uint32_t h = dk_reg_hash(reg_id);
 	for (uint32_t i = 0; i < DK_REG_CAP; i++) {
-		const dk_reg *r = &st->regs[(h + i) & (DK_REG_CAP - 1u)];
-		uint32_t s = vload(&r->state);
-		if (s == DK_REG_EMPTY)
-			return NULL;
-		if (s == DK_REG_LIVE && vload(&r->reg_id) == reg_id)
-			return r;
+		const uint4 *src = (const uint4 *)&st->regs[(h + i) & (DK_REG_CAP - 1u)];
+		uint4 v[2] = {__ldcg(src), __ldcg(src + 1)};
+		memcpy(out, v, sizeof(*out));
+		if (out->state == DK_REG_EMPTY)
+			return false;
+		if (out->state == DK_REG_LIVE && out->reg_id == reg_id)
+			return true;
 	}
-	return NULL;
+	return false;
 }
 
 /* The address of [off, off + bytes) of reg_id owned by session; NULL with
@@ -331,14 +349,14 @@ __device__ char *resolve(dk_state *st, uint32_t reg_id, uint64_t session, uint64
 	*status = DFCCL_CQ_OK;
 	if (bytes == 0)
 		return NULL;
-	const dk_reg *r = reg_find(st, reg_id);
-	uint32_t s = sqe_check_range(reg_id, r != NULL, r ? vload(&r->session_id) : 0, r ? vload(&r->size) : 0, session,
-	                             off, bytes, 1);
+	dk_reg r;
+	bool found = reg_find(st, reg_id, &r);
+	uint32_t s = sqe_check_range(reg_id, found, found ? r.session_id : 0, found ? r.size : 0, session, off, bytes, 1);
 	if (s != DFCCL_CQ_OK) {
 		*status = s;
 		return NULL;
 	}
-	return vload(&r->base) + off;
+	return r.base + off;
 }
 
 /* ------------------------------------------------------------------ completions and counters */
@@ -349,16 +367,19 @@ struct dk_ctx {
 	dk_block_stats *bs; /* this block's counters (host memory) */
 	dk_block_stats acc; /* their values, kept here */
 	dk_block_stats out; /* what was stored last */
+	uint64_t flushed;   /* when the counters were last stored (ns) */
+	uint64_t trace_n;   /* events this block recorded (its ring's count, kept here) */
 	uint32_t b;
 };
 
 /* Records an event of thread 0 of this block (dkernel.h, DK_TRACE_ENV). */
-__device__ __forceinline__ void trace(const dk_ctx &c, uint32_t event, uint32_t arg)
+__device__ __forceinline__ void trace(dk_ctx &c, uint32_t event, uint32_t arg)
 {
 	dk_trace *tr = c.p.trace;
 	if (!tr)
 		return;
-	uint64_t i = tr->n[c.b]++;
+	uint64_t i = c.trace_n++;
+	tr->n[c.b] = c.trace_n;
 	dk_trace_rec *r = &tr->rec[c.b][i & (DK_TRACE_EVENTS - 1u)];
 	r->t_ns = now_ns();
 	r->event = event;
@@ -366,7 +387,12 @@ __device__ __forceinline__ void trace(const dk_ctx &c, uint32_t event, uint32_t 
 }
 
 /* Stores the counters that changed: the writes cross PCIe, and a stream of
- * them from every block would delay the reads the scheduling waits on. */
+ * them from every block would delay the reads the scheduling waits on.
+ * stats_tick stores them at most every DK_STATS_NS while the block is busy,
+ * and at once when it is idle (so that a reader sees the counters of
+ * everything that finished). */
+#define DK_STATS_NS 20000u
+
 __device__ void stats_flush(dk_ctx &c)
 {
 	volatile uint64_t *d = (volatile uint64_t *)c.bs;
@@ -377,6 +403,13 @@ __device__ void stats_flush(dk_ctx &c)
 			d[k] = a[k];
 			o[k] = a[k];
 		}
+	c.flushed = now_ns();
+}
+
+__device__ void stats_tick(dk_ctx &c, bool idle)
+{
+	if (idle || now_ns() - c.flushed >= DK_STATS_NS)
+		stats_flush(c);
 }
 
 /* The single-word completion of entry seq (DFCCL's optimized CQ), then the
@@ -399,7 +432,6 @@ __device__ void complete(dk_ctx &c, dk_qp *q, uint64_t seq, uint32_t status)
 		c.acc.completed++;
 	else
 		c.acc.errors++;
-	stats_flush(c);
 }
 
 /* Fails every rank of a communicator through its region's word (a plain
@@ -429,15 +461,45 @@ __device__ uint32_t comm_aborted(dk_comm *cm)
 
 /* ------------------------------------------------------------------ taking entries (block 0, thread 0) */
 
-__device__ dk_comm *comm_find(dk_state *st, uint64_t comm_id, uint32_t *index)
+/* Whether communicator slot i is comm_id's. */
+__device__ __forceinline__ bool comm_is(dk_state *st, uint32_t i, uint64_t comm_id)
+{
+	return vload(&st->comms[i].live) && vload(&st->comms[i].comm_id) == comm_id;
+}
+
+/*
+ * The communicator comm_id of an entry of queue pair q: the slot its last
+ * entry named first (a pair mostly submits to few communicators), else
+ * every slot, eight at a time with independent loads so that a scan costs
+ * one L2 round trip per eight slots rather than two per slot.
+ */
+__device__ dk_comm *comm_find(dk_state *st, dk_qp *q, uint64_t comm_id, uint32_t *index)
 {
 	uint32_t nc = vload(&st->ctl.ncomms);
-	for (uint32_t i = 0; i < nc && i < DK_MAX_COMMS; i++) {
-		dk_comm *cm = &st->comms[i];
-		if (vload(&cm->live) && vload(&cm->comm_id) == comm_id) {
-			*index = i;
-			return cm;
+	if (nc > DK_MAX_COMMS)
+		nc = DK_MAX_COMMS;
+	uint32_t hint = q->comm_hint - 1u;
+	if (hint < nc && comm_is(st, hint, comm_id)) {
+		*index = hint;
+		return &st->comms[hint];
+	}
+	const uint32_t W = 8;
+	for (uint32_t i = 0; i < nc; i += W) {
+		uint32_t live[W];
+		uint64_t id[W];
+#pragma unroll
+		for (uint32_t k = 0; k < W; k++) {
+			uint32_t j = i + k < nc ? i + k : i;
+			live[k] = vload(&st->comms[j].live);
+			id[k] = vload(&st->comms[j].comm_id);
 		}
+#pragma unroll
+		for (uint32_t k = 0; k < W; k++)
+			if (i + k < nc && live[k] && id[k] == comm_id) {
+				*index = i + k;
+				q->comm_hint = i + k + 1u;
+				return &st->comms[i + k];
+			}
 	}
 	return NULL;
 }
@@ -490,7 +552,7 @@ __device__ uint32_t entry_accept(dk_ctx &c, uint32_t qi, dk_qp *q, const dfccl_s
 	*task = DK_NO_TASK;
 	*cmo = NULL;
 	uint32_t ci;
-	dk_comm *cm = comm_find(st, e->comm_id, &ci);
+	dk_comm *cm = comm_find(st, q, e->comm_id, &ci);
 	if (!cm)
 		return DFCCL_CQ_BAD_COMM;
 	uint32_t n = vload(&cm->nranks);
@@ -536,6 +598,7 @@ __device__ uint32_t entry_accept(dk_ctx &c, uint32_t qi, dk_qp *q, const dfccl_s
 	t->redop = e->redop;
 	t->status = DFCCL_CQ_OK;
 	t->chdone = 0;
+	t->bufs_epoch = 0;
 	t->arrival = ++st->arrivals;
 	void *region = vload(&cm->sync);
 	uint64_t nslots;
@@ -571,6 +634,7 @@ __device__ uint32_t entry_accept(dk_ctx &c, uint32_t qi, dk_qp *q, const dfccl_s
 		t->ch[ch].pos = 0;
 		t->ch[ch].waits = 0;
 		t->ch[ch].astep = 0;
+		t->ch[ch].epoch = c.p.epoch; /* its pair and communicator were just found */
 		st->states[ch][ti].arrival = t->arrival;
 		st->states[ch][ti].priority = (e->flags & DFCCL_SQE_F_PRIORITY) ? e->priority : 0;
 		st->states[ch][ti].boost = 1;
@@ -595,6 +659,9 @@ __device__ uint32_t entry_accept(dk_ctx &c, uint32_t qi, dk_qp *q, const dfccl_s
 }
 
 /* Takes the armed entries of every queue pair. Returns how many. */
+/* Entries whose words read_queues loads together. */
+#define DK_SCAN 16u
+
 __device__ uint32_t read_queues(dk_ctx &c)
 {
 	dk_state *st = c.st;
@@ -612,12 +679,15 @@ __device__ uint32_t read_queues(dk_ctx &c)
 		dfccl_sqe *sq = vload(&q->sq);
 		volatile uint64_t *taken = vload(&q->taken);
 		uint64_t head = vload(&q->head), h = head;
-		/* Both words in one PCIe round trip: the state's load is not
-		 * ordered before the tail's acquire, and needs no order (a pair
-		 * closed a moment ago has its entries taken, as one closed a
-		 * moment later would). */
+		/* Three words in one PCIe round trip: the state, the tail and
+		 * the arm word of the head's entry. Only the arm word orders
+		 * what follows (its acquire: the entry was written before it);
+		 * the tail only says how far to look, and the state needs no
+		 * order (a pair closed a moment ago has its entries taken, as
+		 * one closed a moment later would). */
 		uint32_t qstate = vload(&hdr->qp_state);
-		uint64_t tail = ld_acq_sys(&hdr->sq_tail);
+		uint64_t tail = vload(&hdr->sq_tail);
+		uint64_t arm_head = ld_acq_sys(&sq[DFCCL_QP_SLOT(head, n)].arm);
 		if (tail < head || qstate != DFCCL_QP_ACTIVE)
 			continue;
 		/* The client owns the tail: never look further than one lap. */
@@ -634,64 +704,98 @@ __device__ uint32_t read_queues(dk_ctx &c)
 		uint32_t room = a.room, beyond = a.beyond, looks = 0;
 		bool looking = a.refuse == DFCCL_CQ_OK && room == 0;
 		uint64_t start = looking ? sched_look_start(vload(&q->look), head, tail) : head, stopped = 0;
-		bool full = false;
-		for (uint64_t s = start; s <= tail && !full; s++) {
-			uint32_t slot = DFCCL_QP_SLOT(s, n);
-			if (taken[slot] == s)
-				continue;
-			if (ld_acq_sys(&sq[slot].arm) != s)
-				continue; /* not armed yet: later entries may be */
-			dfccl_sqe e;
-			/* The copy: everything after is checked on it alone. Eight
-			 * independent 16-byte loads, so they cross PCIe together. */
-			const uint4 *src = (const uint4 *)&sq[slot];
-			uint4 v[sizeof(e) / 16];
+		bool stop = false;
+		for (uint64_t s0 = start; s0 <= tail && !stop; s0 += DK_SCAN) {
+			/* The taken and arm words of DK_SCAN entries at once (the
+			 * arm words relaxed): a stream arms its entries long after
+			 * they are posted, so a queue may hold many posted entries
+			 * of which few are armed, and a round trip per entry would
+			 * make every pass as slow as the queue is long.
+			 * The words stay in registers (constant indices only) and
+			 * are reduced to two masks: a value stored to memory right
+			 * after its load would make every load wait for the one
+			 * before. */
+			uint64_t tk[DK_SCAN], arm[DK_SCAN];
 #pragma unroll
-			for (int k = 0; k < (int)(sizeof(e) / 16); k++)
-				v[k] = __ldcv(src + k);
-			memcpy(&e, v, sizeof(e));
-			e.arm = s; /* what it was taken under; e.seq is the client's claim */
-			uint64_t bytes;
-			uint32_t status = sqe_check_entry(&e, &bytes);
-			e.arm = s;
-			uint32_t ti = DK_NO_TASK;
-			dk_comm *cm = NULL;
-			if (status == DFCCL_CQ_OK && e.opcode != DFCCL_OP_NOP && a.refuse == DFCCL_CQ_OK && room == 0) {
-				/* No room: it waits in the queue, unless a peer posted
-				 * its instance (scheduler.h); a few such looks a pass. */
-				if (looks++ >= SCHED_BEYOND_LOOKS || beyond == 0) {
-					stopped = s;
+			for (uint32_t k = 0; k < DK_SCAN; k++) {
+				uint32_t slot = DFCCL_QP_SLOT(s0 + k, n);
+				tk[k] = s0 + k <= tail ? taken[slot] : 0;
+				arm[k] = s0 + k <= tail && s0 + k != head ? vload(&sq[slot].arm) : arm_head;
+			}
+			uint32_t was_taken = 0, armed = 0; /* bit k: entry s0 + k */
+#pragma unroll
+			for (uint32_t k = 0; k < DK_SCAN; k++) {
+				was_taken |= (uint32_t)(tk[k] == s0 + k) << k;
+				armed |= (uint32_t)(tk[k] != s0 + k && arm[k] == s0 + k) << k;
+			}
+			for (uint32_t k = 0; k < DK_SCAN && !stop; k++) {
+				uint64_t s = s0 + k;
+				if (s > tail)
 					break;
-				}
-				uint32_t ci;
-				dk_comm *pc = comm_find(st, e.comm_id, &ci);
-				if (!pc || !dfccl_comm_peer_posted(vload(&pc->sync), vload(&pc->nranks), &e))
+				uint32_t slot = DFCCL_QP_SLOT(s, n);
+				if (was_taken >> k & 1u) {
+					h += h == s; /* taken by an earlier pass */
 					continue;
-				beyond--;
-			}
-			if (status == DFCCL_CQ_OK && e.opcode != DFCCL_OP_NOP && a.refuse != DFCCL_CQ_OK)
-				status = a.refuse;
-			if (status == DFCCL_CQ_OK && e.opcode != DFCCL_OP_NOP) {
-				room -= room > 0;
-				status = entry_accept(c, qi, q, &e, &ti, &cm);
-				if (status == DFCCL_CQ_OK && ti == DK_NO_TASK) {
-					full = true; /* every task in use: leave it armed */
-					break;
 				}
-			} else if (status != DFCCL_CQ_OK) {
-				uint32_t ci;
-				cm = comm_find(st, e.comm_id, &ci);
-				/* Only a member's refused part leaves peers waiting. */
-				if (cm && !(e.rank < vload(&cm->nranks) && vload(&cm->session[e.rank]) == vload(&q->session_id)))
-					cm = NULL;
+				/* Not armed yet: later entries may be. An armed one is
+				 * loaded again with an acquire (the head's already was),
+				 * so that its copy is ordered after the arm word. */
+				if (!(armed >> k & 1u) || (s != head && ld_acq_sys(&sq[slot].arm) != s))
+					continue;
+				dfccl_sqe e;
+				/* The copy: everything after is checked on it alone. Eight
+				 * independent 16-byte loads, so they cross PCIe together. */
+				const uint4 *src = (const uint4 *)&sq[slot];
+				uint4 v[sizeof(e) / 16];
+#pragma unroll
+				for (int w = 0; w < (int)(sizeof(e) / 16); w++)
+					v[w] = __ldcv(src + w);
+				memcpy(&e, v, sizeof(e));
+				e.arm = s; /* what it was taken under; e.seq is the client's claim */
+				uint64_t bytes;
+				uint32_t status = sqe_check_entry(&e, &bytes);
+				e.arm = s;
+				uint32_t ti = DK_NO_TASK;
+				dk_comm *cm = NULL;
+				if (status == DFCCL_CQ_OK && e.opcode != DFCCL_OP_NOP && a.refuse == DFCCL_CQ_OK && room == 0) {
+					/* No room: it waits in the queue, unless a peer posted
+					 * its instance (scheduler.h); a few such looks a pass. */
+					if (looks++ >= SCHED_BEYOND_LOOKS || beyond == 0) {
+						stopped = s;
+						stop = true;
+						break;
+					}
+					uint32_t ci;
+					dk_comm *pc = comm_find(st, q, e.comm_id, &ci);
+					if (!pc || !dfccl_comm_peer_posted(vload(&pc->sync), vload(&pc->nranks), &e))
+						continue;
+					beyond--;
+				}
+				if (status == DFCCL_CQ_OK && e.opcode != DFCCL_OP_NOP && a.refuse != DFCCL_CQ_OK)
+					status = a.refuse;
+				if (status == DFCCL_CQ_OK && e.opcode != DFCCL_OP_NOP) {
+					room -= room > 0;
+					status = entry_accept(c, qi, q, &e, &ti, &cm);
+					if (status == DFCCL_CQ_OK && ti == DK_NO_TASK) {
+						stop = true; /* every task in use: leave it armed */
+						break;
+					}
+				} else if (status != DFCCL_CQ_OK) {
+					uint32_t ci;
+					cm = comm_find(st, q, e.comm_id, &ci);
+					/* Only a member's refused part leaves peers waiting. */
+					if (cm && !(e.rank < vload(&cm->nranks) && vload(&cm->session[e.rank]) == vload(&q->session_id)))
+						cm = NULL;
+				}
+				taken[slot] = s;
+				h += h == s;
+				got++;
+				if (ti != DK_NO_TASK)
+					continue;
+				if (status != DFCCL_CQ_OK && cm)
+					comm_fail(cm, status);
+				complete(c, q, s, status);
 			}
-			taken[slot] = s;
-			got++;
-			if (ti != DK_NO_TASK)
-				continue;
-			if (status != DFCCL_CQ_OK && cm)
-				comm_fail(cm, status);
-			complete(c, q, s, status);
 		}
 		if (looking)
 			*(volatile uint64_t *)&q->look = stopped; /* 0: past the tail, the head next time */
@@ -731,7 +835,14 @@ struct dk_shared {
 	sched_queue q;
 	dk_op op;
 	uint32_t act, ret, quit, npos;
+	/* The task being visited: its fixed part, and this block's channel
+	 * context and scheduling state, copied in when the visit begins and
+	 * the latter two stored back when it ends (dk_main). */
+	uint4 tfix[DK_TASK_FIXED_BYTES / 16];
+	dk_chan_ctx x;
+	sched_state s;
 };
+DFCCL_STATIC_ASSERT(sizeof(dk_chan_ctx) == 32 && sizeof(sched_state) == 16, "copied in 8-byte words");
 
 /* Element split of len into parts, boundaries on 16 bytes where possible. */
 __device__ __forceinline__ uint64_t split_at(uint64_t len, uint32_t parts, uint32_t i, uint32_t dsize)
@@ -743,12 +854,6 @@ __device__ __forceinline__ uint64_t split_at(uint64_t len, uint32_t parts, uint3
 	lo = (lo + a - 1) / a * a;
 	return lo < len ? lo : len;
 }
-
-/* Every rank's buffers for this instance, as this GPU maps them. */
-struct dk_bufs {
-	char *send[DFCCL_COMM_MAX_RANKS];
-	char *recv[DFCCL_COMM_MAX_RANKS];
-};
 
 __device__ uint32_t shape_of(const dk_task *t)
 {
@@ -763,7 +868,7 @@ __device__ uint32_t posts_take(dk_task *t, dk_comm *cm)
 {
 	if (t->opcode == DFCCL_OP_RECV) {
 		const dfccl_p2p_box *x = t->box;
-		if (sync_load(cm, &x->key) != t->key || vload(&x->count) != t->count || vload(&x->dtype) != t->dtype)
+		if (sync_load(&x->key) != t->key || vload(&x->count) != t->count || vload(&x->dtype) != t->dtype)
 			return DFCCL_CQ_BAD_ENTRY;
 		t->post[0].send_reg = vload(&x->send_reg);
 		t->post[0].send_off = vload(&x->send_off);
@@ -771,7 +876,7 @@ __device__ uint32_t posts_take(dk_task *t, dk_comm *cm)
 	}
 	uint32_t shape = shape_of(t);
 	uint32_t root = sqe_has_root(t->opcode) ? t->peer : 0;
-	uint32_t n = vload(&cm->nranks);
+	uint32_t n = vis.n;
 	for (uint32_t r = 0; r < n; r++) {
 		/* The whole post (one cache line) in four independent loads, so
 		 * they cross PCIe together; its key was acquired by the wait. */
@@ -803,7 +908,7 @@ __device__ uint32_t posts_take(dk_task *t, dk_comm *cm)
 __device__ uint32_t bufs_get(dk_ctx &c, const dk_task *t, dk_comm *cm, dk_bufs *b)
 {
 	dk_state *st = c.st;
-	uint32_t n = vload(&cm->nranks), s;
+	uint32_t n = vis.n, s;
 	if (t->opcode == DFCCL_OP_RECV) {
 		uint64_t bytes = t->count * t->dsize;
 		b->send[0] = resolve(st, t->post[0].send_reg, vload(&cm->session[t->peer]), t->post[0].send_off, bytes, &s);
@@ -822,6 +927,49 @@ __device__ uint32_t bufs_get(dk_ctx &c, const dk_task *t, dk_comm *cm, dk_bufs *
 		if (s != DFCCL_CQ_OK)
 			return s;
 	}
+	return DFCCL_CQ_OK;
+}
+
+/*
+ * bufs_get, once per launch: the first channel to resolve the instance's
+ * buffers in a launch keeps them in the task, and every later piece of any
+ * of its channels reads them back (registrations change only while the
+ * kernel is parked, dkernel.h). The cache is published with a release of
+ * its epoch; channels that race store the same addresses.
+ */
+__device__ uint32_t bufs_load(dk_ctx &c, dk_task *t, dk_comm *cm, dk_bufs *b)
+{
+	uint32_t n = t->opcode == DFCCL_OP_RECV ? 1u : vis.n;
+	uint32_t epoch;
+	asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(epoch) : "l"(&t->bufs_epoch) : "memory");
+	if (epoch == c.p.epoch) {
+		/* Four ranks' addresses loaded before any is stored: a store
+		 * right after each load would wait for it. */
+		for (uint32_t r0 = 0; r0 < n; r0 += 4) {
+			uint64_t v[8];
+#pragma unroll
+			for (uint32_t k = 0; k < 4; k++) {
+				uint32_t r = r0 + k < n ? r0 + k : r0;
+				v[2 * k] = __ldcg((const unsigned long long *)&t->bufs.send[r]);
+				v[2 * k + 1] = __ldcg((const unsigned long long *)&t->bufs.recv[r]);
+			}
+#pragma unroll
+			for (uint32_t k = 0; k < 4; k++)
+				if (r0 + k < n) {
+					b->send[r0 + k] = (char *)v[2 * k];
+					b->recv[r0 + k] = (char *)v[2 * k + 1];
+				}
+		}
+		return DFCCL_CQ_OK;
+	}
+	uint32_t s = bufs_get(c, t, cm, b);
+	if (s != DFCCL_CQ_OK)
+		return s;
+	for (uint32_t r = 0; r < n; r++) {
+		*(char *volatile *)&t->bufs.send[r] = b->send[r];
+		*(char *volatile *)&t->bufs.recv[r] = b->recv[r];
+	}
+	asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(&t->bufs_epoch), "r"(c.p.epoch) : "memory");
 	return DFCCL_CQ_OK;
 }
 
@@ -949,7 +1097,7 @@ __device__ void algo_piece(const dk_task *t, uint32_t ch, dk_comm *cm, const alg
 	op.dsize = ds;
 	op.dtype = t->dtype;
 	op.redop = as.redop;
-	op.div = vload(&cm->nranks);
+	op.div = vis.n;
 	op.nsrc = as.nsrc;
 	op.reduce = as.reduce;
 	op.dst = algo_base(t, ch, cm, b, as.dst) + (as.dst.off + pos) * ds;
@@ -968,16 +1116,16 @@ struct dk_cond {
 	uint64_t target;
 };
 
-__device__ dk_cond cond_of(const dk_task *t, uint32_t ch, uint32_t step, dk_comm *cm)
+__device__ dk_cond cond_of(const dk_task *t, uint32_t ch, uint32_t step)
 {
 	const uint32_t post_words = sizeof(dfccl_rank_post) / sizeof(uint64_t);
-	uint32_t n = vload(&cm->nranks);
+	uint32_t n = vis.n;
 	dk_cond w = {NULL, post_words, n, 0};
 	switch (step) {
 	case DK_SLOT: w.word = &t->posts[0].done, w.target = t->slot_free; break;
 	case DK_POSTS: w.word = &t->posts[0].key, w.target = t->key; break;
 	case DK_SYNC1:
-		w.word = dfccl_comm_chan(vload(&cm->sync), n, t->slot, 0, ch);
+		w.word = dfccl_comm_chan(vis.sync, n, t->slot, 0, ch);
 		w.stride = DFCCL_COMM_MAX_CHANNELS;
 		w.target = DFCCL_PROGRESS(t->key, 1);
 		break;
@@ -996,15 +1144,15 @@ __device__ dk_cond cond_of(const dk_task *t, uint32_t ch, uint32_t step, dk_comm
  * time. `as`: the algorithm step of DK_AWAIT (its ranks' channel words must
  * reach their phases), else NULL (the step's dk_cond).
  */
-__device__ bool cond_ready(const dk_task *t, dk_chan_ctx *x, const dk_cond &w, const algo_step *as, dk_comm *cm,
-                           uint32_t ch, uint32_t *blocker)
+__device__ bool cond_ready(const dk_task *t, dk_chan_ctx *x, const dk_cond &w, const algo_step *as, uint32_t ch,
+                           uint32_t *blocker)
 {
 	if (as) {
-		void *region = vload(&cm->sync);
-		uint32_t n = vload(&cm->nranks);
+		void *region = vis.sync;
+		uint32_t n = vis.n;
 		for (uint32_t k = x->wait_rank; k < as->nwait; k++) {
 			const uint64_t *word = dfccl_comm_chan(region, n, t->slot, as->wait[k], ch);
-			if (sync_load(cm, word) < DFCCL_PROGRESS(t->key, as->phase[k])) {
+			if (sync_load(word) < DFCCL_PROGRESS(t->key, as->phase[k])) {
 				x->wait_rank = k;
 				*blocker = as->wait[k];
 				return false;
@@ -1014,7 +1162,7 @@ __device__ bool cond_ready(const dk_task *t, dk_chan_ctx *x, const dk_cond &w, c
 		return true;
 	}
 	for (uint32_t r = x->wait_rank; r < w.n; r++) {
-		if (sync_load(cm, w.word + (uint64_t)r * w.stride) < w.target) {
+		if (sync_load(w.word + (uint64_t)r * w.stride) < w.target) {
 			x->wait_rank = r;
 			*blocker = w.n == 1 ? t->peer : r;
 			return false;
@@ -1029,11 +1177,10 @@ __device__ bool cond_ready(const dk_task *t, dk_chan_ctx *x, const dk_cond &w, c
  * its threshold. Returns 1 when ready, 0 when preempted, -status when the
  * communicator failed. `as` as for cond_ready.
  */
-__device__ int chan_wait(dk_ctx &c, dk_task *t, uint32_t ch, dk_comm *cm, uint32_t position, sched_state *s,
-                         const algo_step *as)
+__device__ int chan_wait(dk_ctx &c, dk_chan_ctx *x, const dk_task *t, uint32_t ch, dk_comm *cm, uint32_t position,
+                         sched_state *s, const algo_step *as)
 {
-	dk_chan_ctx *x = &t->ch[ch];
-	dk_cond w = as ? dk_cond{} : cond_of(t, ch, x->step, cm);
+	dk_cond w = as ? dk_cond{} : cond_of(t, ch, x->step);
 	bool drain = x->step == DK_FINISH || x->step == DK_BOX_ACK;
 	uint32_t threshold = drain ? sched_threshold_drain(&c.p.sched) : sched_threshold(&c.p.sched, position, s);
 	dk_inbox *ib = &c.st->inbox[c.b];
@@ -1067,7 +1214,7 @@ __device__ int chan_wait(dk_ctx &c, dk_task *t, uint32_t ch, dk_comm *cm, uint32
 			}
 		}
 		uint32_t blocker = 0;
-		if (cond_ready(t, x, w, as, cm, ch, &blocker)) {
+		if (cond_ready(t, x, w, as, ch, &blocker)) {
 			rc = 1;
 			break;
 		}
@@ -1107,19 +1254,19 @@ __device__ void post_fields(volatile dfccl_rank_post *vp, const dk_task *t)
 }
 
 /* Posts this rank's part of the instance (channel 0, thread 0). */
-__device__ void post(dk_task *t, dk_comm *cm)
+__device__ void post(const dk_task *t)
 {
 	dfccl_rank_post *p = &t->posts[t->rank];
-	int64_t m = vload(&cm->mirror);
+	int64_t m = vis.mirror;
 	post_fields(p, t);
 	if (m)
 		post_fields((dfccl_rank_post *)((char *)p + m), t);
 	/* Plain stores, then one release of the key: each release store to
 	 * host memory would wait for a PCIe round trip of its own. */
 	for (uint32_t ch = 0; ch < t->nch; ch++)
-		sync_put(cm, dfccl_comm_chan(vload(&cm->sync), vload(&cm->nranks), t->slot, t->rank, ch),
+		sync_put(dfccl_comm_chan(vis.sync, vis.n, t->slot, t->rank, ch),
 		         DFCCL_PROGRESS(t->key, 0));
-	sync_store(cm, &p->key, t->key);
+	sync_store(&p->key, t->key);
 }
 
 __device__ void box_fields(volatile dfccl_p2p_box *b, const dk_task *t)
@@ -1130,13 +1277,27 @@ __device__ void box_fields(volatile dfccl_p2p_box *b, const dk_task *t)
 	b->dtype = t->dtype;
 }
 
-__device__ void box_post(dk_task *t, dk_comm *cm)
+__device__ void box_post(const dk_task *t)
 {
-	int64_t m = vload(&cm->mirror);
+	int64_t m = vis.mirror;
 	box_fields(t->box, t);
 	if (m)
 		box_fields((dfccl_p2p_box *)((char *)t->box + m), t);
-	sync_store(cm, &t->box->key, t->key);
+	sync_store(&t->box->key, t->key);
+}
+
+/*
+ * A channel leaves its task: its context says so in global memory (a
+ * relaunch does not queue it again) before the count of channels done
+ * moves, since once the last channel is counted the task may be freed and
+ * its slot reused, and nothing of this channel may be stored there after.
+ * Returns the count before this channel's.
+ */
+__device__ uint32_t chan_leave(dk_task *tg, uint32_t ch)
+{
+	*(volatile uint32_t *)&tg->ch[ch].step = DK_LEFT;
+	__threadfence();
+	return atomicAdd(&tg->chdone, 1u);
 }
 
 /*
@@ -1149,25 +1310,37 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
                                  bool piece_done, uint64_t *budget, bool *progressed)
 {
 	dk_state *st = c.st;
-	dk_task *t = &st->tasks[ti];
-	dk_chan_ctx *x = &t->ch[ch];
-	sched_state *s = &st->states[c.b][ti];
+	dk_task *tg = &st->tasks[ti];                 /* what changes, in global memory */
+	const dk_task *t = (const dk_task *)sh.tfix; /* its fixed part, copied for this visit */
+	dk_chan_ctx *x = &sh.x;                       /* the channel's context, and */
+	sched_state *s = &sh.s;                       /* its scheduling state: copies (dk_main) */
 	dk_qp *q = &st->qps[t->qp];
 	dk_comm *cm = &st->comms[t->comm];
-	uint32_t n = vload(&cm->nranks);
-	if (!vload(&q->live) || vload(&q->gen) != t->qp_gen) {
-		/* The client is gone: nobody reads the completion, but peers
-		 * must not wait for this rank. The channel in FINISH is the last
-		 * one; any other frees the task if it is the last to leave. */
-		if (vload(&cm->live) && vload(&cm->gen) == t->comm_gen)
-			comm_fail(cm, DFCCL_CQ_PEER_LOST);
-		bool last = x->step == DK_FINISH || atomicAdd(&t->chdone, 1u) + 1 == t->nch;
-		sh.ret = last ? R_FREE : R_CHDONE;
-		return A_RETURN;
+	if (!piece_done) {
+		vis.mirror = vload(&cm->mirror);
+		vis.sync = vload(&cm->sync);
+		vis.n = vload(&cm->nranks);
 	}
-	if (!vload(&cm->live) || vload(&cm->gen) != t->comm_gen) {
-		t->status = DFCCL_CQ_BAD_COMM;
-		x->step = DK_CHDONE;
+	uint32_t n = vis.n;
+	if (x->epoch != c.p.epoch) {
+		/* The first visit of this launch: the tables may have changed
+		 * while the kernel was parked. */
+		if (!vload(&q->live) || vload(&q->gen) != t->qp_gen) {
+			/* The client is gone: nobody reads the completion, but
+			 * peers must not wait for this rank. The channel in
+			 * FINISH is the last one; any other frees the task if it
+			 * is the last to leave. */
+			if (vload(&cm->live) && vload(&cm->gen) == t->comm_gen)
+				comm_fail(cm, DFCCL_CQ_PEER_LOST);
+			bool last = x->step == DK_FINISH || chan_leave(tg, ch) + 1 == t->nch;
+			sh.ret = last ? R_FREE : R_CHDONE;
+			return A_RETURN;
+		}
+		if (!vload(&cm->live) || vload(&cm->gen) != t->comm_gen) {
+			tg->status = DFCCL_CQ_BAD_COMM;
+			x->step = DK_CHDONE;
+		}
+		x->epoch = c.p.epoch;
 	}
 	if (piece_done) {
 		x->pos += sh.npos;
@@ -1183,7 +1356,7 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 			algo_step as;
 			uint64_t total;
 			if (x->step == DK_AWORK) {
-				algo_step_get(&t->alg[ch], x->astep, &as);
+				algo_step_get(&tg->alg[ch], x->astep, &as);
 				total = as.nsrc ? as.elems : 0;
 			} else {
 				total = work_total(t, ch, x->step, n);
@@ -1194,10 +1367,10 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 					return A_RETURN;
 				}
 				dk_bufs b;
-				status = bufs_get(c, t, cm, &b);
+				status = bufs_load(c, tg, cm, &b);
 				if (status != DFCCL_CQ_OK) {
 					comm_fail(cm, status);
-					t->status = status;
+					tg->status = status;
 					x->step = DK_CHDONE;
 					continue;
 				}
@@ -1222,18 +1395,18 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 			if (x->step == DK_AWORK) {
 				/* Algorithm step done: the ranks that wait for it see it. */
 				x->astep++;
-				sync_store(cm, dfccl_comm_chan(vload(&cm->sync), n, t->slot, t->rank, ch),
+				sync_store(dfccl_comm_chan(vis.sync, n, t->slot, t->rank, ch),
 				           DFCCL_PROGRESS(t->key, x->astep));
-				x->step = x->astep < t->alg[ch].nsteps ? DK_AWAIT : DK_CHDONE;
+				x->step = x->astep < tg->alg[ch].nsteps ? DK_AWAIT : DK_CHDONE;
 				continue;
 			}
 			if (t->opcode == DFCCL_OP_RECV) {
-				sync_store(cm, &t->box->ack, t->key);
+				sync_store(&t->box->ack, t->key);
 				x->step = DK_CHDONE;
 				continue;
 			}
 			if (t->opcode == DFCCL_OP_ALLREDUCE && x->step == DK_WORK1) {
-				sync_store(cm, dfccl_comm_chan(vload(&cm->sync), n, t->slot, t->rank, ch), DFCCL_PROGRESS(t->key, 1));
+				sync_store(dfccl_comm_chan(vis.sync, n, t->slot, t->rank, ch), DFCCL_PROGRESS(t->key, 1));
 				x->step = DK_SYNC1;
 			} else {
 				x->step = DK_CHDONE;
@@ -1244,18 +1417,18 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 			/* The last channel of this rank to get here finishes the task;
 			 * its release of `done` covers the other channels' writes,
 			 * which the fence orders before their count. */
-			sync_fence(cm);
-			uint32_t done = atomicAdd(&t->chdone, 1u) + 1;
+			sync_fence();
+			uint32_t done = chan_leave(tg, ch) + 1;
 			if (done < t->nch) {
 				sh.ret = R_CHDONE;
 				return A_RETURN;
 			}
-			if (t->status != DFCCL_CQ_OK || sqe_is_p2p(t->opcode)) {
-				complete(c, q, t->seq, t->status);
+			if (tg->status != DFCCL_CQ_OK || sqe_is_p2p(t->opcode)) {
+				complete(c, q, t->seq, tg->status);
 				sh.ret = R_FREE;
 				return A_RETURN;
 			}
-			sync_store(cm, &t->posts[t->rank].done, t->key);
+			sync_store(&t->posts[t->rank].done, t->key);
 			x->step = DK_FINISH;
 			*progressed = true;
 			continue;
@@ -1267,19 +1440,19 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 		if (x->step == DK_AWAIT) {
 			/* Checked before its wait and its data: a wrong plan or a bug
 			 * fails the collective instead of touching another buffer. */
-			algo_step_get(&t->alg[ch], x->astep, &as);
-			if (!algo_step_valid(&t->alg[ch], &as)) {
+			algo_step_get(&tg->alg[ch], x->astep, &as);
+			if (!algo_step_valid(&tg->alg[ch], &as)) {
 				comm_fail(cm, DFCCL_CQ_BAD_ENTRY);
-				t->status = DFCCL_CQ_BAD_ENTRY;
+				tg->status = DFCCL_CQ_BAD_ENTRY;
 				x->step = DK_CHDONE;
 				continue;
 			}
 		}
-		int rc = chan_wait(c, t, ch, cm, position, s, x->step == DK_AWAIT ? &as : NULL);
+		int rc = chan_wait(c, x, t, ch, cm, position, s, x->step == DK_AWAIT ? &as : NULL);
 		if (rc < 0) {
-			t->status = (uint32_t)-rc;
+			tg->status = (uint32_t)-rc;
 			if (x->step == DK_FINISH) {
-				complete(c, q, t->seq, t->status);
+				complete(c, q, t->seq, tg->status);
 				sh.ret = R_FREE;
 				return A_RETURN;
 			}
@@ -1294,31 +1467,31 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 		*progressed = true;
 		switch (x->step) {
 		case DK_SLOT:
-			post(t, cm);
+			post(t);
 			x->step = DK_POSTS;
 			break;
 		case DK_POSTS:
 		case DK_BOX_KEY: {
 			dk_bufs b;
-			status = posts_take(t, cm);
+			status = posts_take(tg, cm);
 			if (status == DFCCL_CQ_OK)
-				status = bufs_get(c, t, cm, &b);
+				status = bufs_load(c, tg, cm, &b);
 			if (status == DFCCL_CQ_OK && t->algo != DFCCL_ALGO_DIRECT) {
 				/* This channel's part of the ring or trees. */
 				uint64_t lo, hi;
 				chan_range(t, ch, &lo, &hi);
-				if (algo_init(&t->alg[ch], &cm->topo, t->algo, t->opcode, t->redop, t->rank,
+				if (algo_init(&tg->alg[ch], &cm->topo, t->algo, t->opcode, t->redop, t->rank,
 				              sqe_has_root(t->opcode) ? t->peer : 0, t->count, lo, hi - lo, t->dsize,
 				              dk_conn_bytes(t->nch)) < 0)
 					status = DFCCL_CQ_OUT_OF_RANGE;
 			}
 			if (status != DFCCL_CQ_OK) {
 				comm_fail(cm, status);
-				t->status = status;
+				tg->status = status;
 				x->step = DK_CHDONE;
 			} else if (t->algo != DFCCL_ALGO_DIRECT) {
 				x->astep = 0;
-				x->step = t->alg[ch].nsteps ? DK_AWAIT : DK_CHDONE;
+				x->step = tg->alg[ch].nsteps ? DK_AWAIT : DK_CHDONE;
 			} else {
 				x->step = DK_WORK1;
 			}
@@ -1327,13 +1500,13 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 		case DK_SYNC1: x->step = DK_WORK2; break;
 		case DK_AWAIT: x->step = DK_AWORK; break;
 		case DK_BOX_FREE:
-			box_post(t, cm);
+			box_post(t);
 			x->step = DK_BOX_ACK;
 			break;
 		case DK_BOX_WANT:
 			/* The mailbox is this message's: its sender, even one
 			 * beyond its engine's room, may come in (scheduler.h). */
-			sync_store(cm, &t->box->want, t->key);
+			sync_store(&t->box->want, t->key);
 			x->step = DK_BOX_KEY;
 			break;
 		case DK_BOX_ACK: x->step = DK_CHDONE; break;
@@ -1364,6 +1537,8 @@ __global__ void __launch_bounds__(DK_THREADS) dk_main(dk_params p)
 		for (int k = 0; k < DK_NCOUNTERS; k++)
 			a[k] = v[k];
 		c.out = c.acc;
+		c.flushed = now_ns();
+		c.trace_n = p.trace ? p.trace->n[c.b] : 0;
 		/* Resume: the tasks this block had when the kernel last left
 		 * (their contexts are in global memory), in their order. Tasks
 		 * still in the inbox are among them, so it starts empty. */
@@ -1436,10 +1611,23 @@ __global__ void __launch_bounds__(DK_THREADS) dk_main(dk_params p)
 		while (pos < sh.q.n) {
 			uint32_t ti = sh.q.idx[pos];
 			dk_task *t = &st->tasks[ti];
-			if (tid == 0 && t->arrival != last_task) {
+			/* The task's fixed part, in one parallel load through L2 (a
+			 * task slot is reused, so L1 may hold an older task's). */
+			const uint32_t F = DK_TASK_FIXED_BYTES / 16;
+			if (tid < F)
+				sh.tfix[tid] = __ldcg((const uint4 *)t + tid);
+			else if (tid < F + 4)
+				((unsigned long long *)&sh.x)[tid - F] =
+				    __ldcg((const unsigned long long *)&t->ch[c.b] + (tid - F));
+			else if (tid < F + 6)
+				((unsigned long long *)&sh.s)[tid - F - 4] =
+				    __ldcg((const unsigned long long *)&st->states[c.b][ti] + (tid - F - 4));
+			__syncthreads();
+			uint64_t arrival = ((const dk_task *)sh.tfix)->arrival;
+			if (tid == 0 && arrival != last_task) {
 				if (last_task)
 					c.acc.context_switches++;
-				last_task = t->arrival;
+				last_task = arrival;
 			}
 			uint64_t budget = p.visit_bytes;
 			bool progressed = false, piece_done = false;
@@ -1455,14 +1643,23 @@ __global__ void __launch_bounds__(DK_THREADS) dk_main(dk_params p)
 				piece_done = true;
 			}
 			uint32_t ret = sh.ret;
+			if (tid == 0 && ret != R_CHDONE && ret != R_FREE) {
+				/* Still ours (a channel that left may have seen its task
+				 * freed, chan_leave): the copies go back. */
+				volatile unsigned long long *gx = (volatile unsigned long long *)&t->ch[c.b];
+				volatile unsigned long long *gs = (volatile unsigned long long *)&st->states[c.b][ti];
+				for (uint32_t k = 0; k < 4; k++)
+					gx[k] = ((const unsigned long long *)&sh.x)[k];
+				for (uint32_t k = 0; k < 2; k++)
+					gs[k] = ((const unsigned long long *)&sh.s)[k];
+			}
 			__syncthreads();
 			if (ret == R_CHDONE || ret == R_FREE) {
 				if (tid == 0) {
-					t->ch[c.b].step = DK_LEFT;
 					sched_remove_at(&sh.q, pos);
 					if (ret == R_FREE)
 						task_free(st, t);
-					stats_flush(c);
+					stats_tick(c, false);
 				}
 				__syncthreads();
 				continue;
@@ -1470,9 +1667,11 @@ __global__ void __launch_bounds__(DK_THREADS) dk_main(dk_params p)
 			pos++;
 		}
 		if (tid == 0)
-			stats_flush(c);
+			stats_tick(c, sh.q.n == 0);
 		__syncthreads();
 	}
+	if (tid == 0)
+		stats_flush(c);
 }
 
 extern "C" int dk_launch(const struct dk_params *p, void *stream)

@@ -19,13 +19,15 @@
  * the kernel parked: the host side sets dk_ctl.park, every block leaves at
  * the top of its loop (waits give up early), and the tasks stay in global
  * memory with their contexts; the next launch rebuilds each block's queue
- * from them (DFCCL's voluntary quit with saved contexts). Tasks look their
- * queue pair, communicator and buffers up again on every visit, so a parked
- * task whose entry went away meanwhile notices when it resumes.
+ * from them (DFCCL's voluntary quit with saved contexts). So within one
+ * launch the tables hold still: a task looks its queue pair, communicator
+ * and buffers up once per launch (dk_params.epoch), and a parked task whose
+ * entry went away meanwhile notices when it resumes.
  */
 #ifndef DFCCL_DKERNEL_H
 #define DFCCL_DKERNEL_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "algo.h"
@@ -56,7 +58,7 @@ struct dk_qp {
 	uint64_t completed;           /* kernel: completions written, under `lock` */
 	int32_t lock;                 /* kernel: orders completions of several blocks */
 	uint32_t inflight;            /* kernel (host zeroes it on add): its tasks in the kernel (atomic) */
-	uint32_t reserved1;
+	uint32_t comm_hint;           /* kernel: 1 + the communicator slot of its last entry (checked before use) */
 	uint64_t look;                /* kernel (host zeroes it on add): where the last look beyond the room
 	                               * stopped (sched_look_start), 0: at the head */
 };
@@ -134,20 +136,33 @@ struct dk_chan_ctx {
 	uint64_t pos;       /* elements done in the current data step */
 	uint32_t waits;     /* waits begun: every 8th looks at the abort word first */
 	uint32_t astep;     /* ring and trees: the algorithm's step */
+	uint32_t epoch;     /* the launch (dk_params.epoch) in which the task's queue pair and communicator
+	                     * were last found in place: tables change only between launches */
+	uint32_t reserved;
 };
 
 enum dk_task_state { DK_TASK_FREE = 0, DK_TASK_LIVE = 1 };
 
-/* A collective of one rank: its static context (from the entry, fixed for
- * its life) and one dynamic context per channel. Kernel-owned. */
+/* Every rank's buffers of an instance, as this GPU maps them. */
+struct dk_bufs {
+	char *send[DFCCL_COMM_MAX_RANKS];
+	char *recv[DFCCL_COMM_MAX_RANKS];
+};
+
+/*
+ * A collective of one rank: its fixed context (from the entry, set before
+ * the task is published and unchanged until it is freed) and what changes
+ * as it runs, with one dynamic context per channel. Kernel-owned. The
+ * fixed part comes first, DK_TASK_FIXED_BYTES of it, so that a block can
+ * copy it into shared memory with one parallel load at the start of each
+ * visit.
+ */
 struct dk_task {
-	uint32_t state;     /* enum dk_task_state */
 	uint32_t qp, qp_gen;
 	uint32_t comm, comm_gen;
 	uint32_t rank, peer, dsize;
 	uint32_t send_reg, recv_reg;
 	uint32_t slot;      /* the instance slot (channel words) */
-	uint32_t chdone;    /* channels finished (atomic) */
 	uint64_t seq;       /* the entry: where its completion goes */
 	uint64_t key;       /* the instance */
 	uint64_t count;
@@ -159,9 +174,14 @@ struct dk_task {
 	uint8_t reserved_part; /* 1: admitted from the reserve, 0: from the shared part (scheduler.h) */
 	uint8_t uid_slot;   /* its queue pair's uid_slot, charged while the task lives */
 	uint8_t reserved[1];
-	uint32_t status;    /* completion status once known */
 	struct dfccl_rank_post *posts; /* collectives: the instance's posts, [rank] */
 	struct dfccl_p2p_box *box;     /* send/recv */
+	uint64_t reserved2;
+	/* What changes. */
+	uint32_t state;     /* enum dk_task_state */
+	uint32_t chdone;    /* channels finished (atomic) */
+	uint32_t status;    /* completion status once known */
+	uint32_t bufs_epoch; /* the launch whose registrations `bufs` was resolved against (0: none) */
 	struct dk_chan_ctx ch[DK_MAX_BLOCKS];
 	struct algo_run alg[DK_MAX_BLOCKS]; /* ring and trees: each channel's part (set at POSTS) */
 	/* Every rank's post (or the sender's mailbox), copied once checked:
@@ -171,7 +191,15 @@ struct dk_task {
 		uint64_t send_off, recv_off;
 		uint32_t send_reg, recv_reg;
 	} post[DFCCL_COMM_MAX_RANKS];
+	/* The posts' buffers resolved: registrations are added and removed
+	 * only while the kernel is parked, so a resolution holds for the rest
+	 * of the launch that made it (bufs_epoch), and the next launch makes
+	 * it again. Written by whichever channel resolves first. */
+	struct dk_bufs bufs;
 };
+
+#define DK_TASK_FIXED_BYTES offsetof(struct dk_task, state)
+DFCCL_STATIC_ASSERT(DK_TASK_FIXED_BYTES % 16 == 0, "the fixed part of a task is copied in 16-byte words");
 
 /* A block's inbox of new tasks: block 0 appends, the owner takes. */
 struct dk_inbox {
@@ -223,6 +251,11 @@ struct dk_state {
 	struct sched_state states[DK_MAX_BLOCKS][DK_MAX_TASKS];
 	struct dk_inbox inbox[DK_MAX_BLOCKS];
 };
+/* The kernel loads registrations and the fixed part of tasks in 16-byte words. */
+DFCCL_STATIC_ASSERT(offsetof(struct dk_state, regs) % 16 == 0 && sizeof(struct dk_reg) % 16 == 0,
+                    "registrations on 16-byte boundaries");
+DFCCL_STATIC_ASSERT(offsetof(struct dk_state, tasks) % 16 == 0 && sizeof(struct dk_task) % 16 == 0,
+                    "tasks on 16-byte boundaries");
 
 /* The launch's parameters. */
 struct dk_params {
@@ -238,6 +271,9 @@ struct dk_params {
 	uint32_t max_inflight;   /* tasks one queue pair may hold (sched_max_inflight) */
 	uint32_t max_inflight_uid; /* tasks the queue pairs of one uid may hold (sched_max_inflight_uid) */
 	struct dk_trace *trace;  /* device memory, or NULL: the blocks' event trace (DK_TRACE_ENV) */
+	uint32_t epoch;          /* this launch's number, never 0: what a task resolved or checked in
+	                          * this launch needs no new look (the tables change only while parked) */
+	uint32_t reserved;
 };
 
 /*
