@@ -607,8 +607,8 @@ static void ce_reg_del(void *impl, uint32_t reg_id)
 		if (cr->reg_id != reg_id)
 			continue;
 		*pp = cr->next;
-		/* Tasks look buffers up on every visit: parked, none holds
-		 * this one. */
+		/* Tasks look buffers up once per launch: parked, none
+		 * holds this one, and the next launch looks again. */
 		ce_park(e);
 		ce_put32(e, OFF(regs[cr->slot].state), DK_REG_GONE);
 		e->reg_used[cr->slot] = DK_REG_GONE;
