@@ -194,6 +194,20 @@ dfcclResult_t client_async_get(struct client *c, const struct client_async *a, c
 	return r;
 }
 
+dfcclResult_t client_async_find(struct client *c, uint64_t comm_id, char *msg, size_t msglen)
+{
+	dfcclResult_t r = dfcclSuccess;
+	pthread_mutex_lock(&c->lock);
+	for (struct client_async *a = c->asyncs; a; a = a->next)
+		if (a->comm_id == comm_id && a->error != dfcclSuccess) {
+			r = a->error;
+			snprintf(msg, msglen, "%s", a->message);
+			break;
+		}
+	pthread_mutex_unlock(&c->lock);
+	return r;
+}
+
 uint32_t client_async_advice(struct client *c, const struct client_async *a, int *out, uint32_t cap)
 {
 	pthread_mutex_lock(&c->lock);

@@ -140,6 +140,10 @@ void client_async_remove(struct client *c, struct client_async *a);
 /* Reads a slot: its error, with the message copied into msg. */
 dfcclResult_t client_async_get(struct client *c, const struct client_async *a, char *msg, size_t msglen);
 
+/* The same for the linked slot of communicator comm_id; dfcclSuccess (and
+ * msg untouched) where none is linked any more. */
+dfcclResult_t client_async_find(struct client *c, uint64_t comm_id, char *msg, size_t msglen);
+
 /* A slot's shrink advice: its ranks into out (up to cap of them); returns
  * how many there are (0: none). */
 uint32_t client_async_advice(struct client *c, const struct client_async *a, int *out, uint32_t cap);

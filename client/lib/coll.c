@@ -213,8 +213,25 @@ static dfcclResult_t coll_submit(struct dfcclComm *comm, const struct dfccl_sqe 
 	if (!r)
 		return errors_set(dfcclSystemError, "out of memory");
 	dfcclResult_t res = req_submit(&comm->tracker, comm->qp, e, r, arm);
-	if (res == dfcclSuccess && handle)
+	if (res == dfcclSuccess && handle) {
+		r->client = client_ref(comm->client);
+		r->comm_id = comm->id;
 		*handle = r;
+	}
+	return res;
+}
+
+/* The result of a request handle, explained as the communicator's failure
+ * where it is one; the handle is used up. */
+static dfcclResult_t coll_handle_done(struct req *r)
+{
+	dfcclResult_t res = req_result(r);
+	if (r->client) {
+		res = comm_explain(r->client, r->comm_id, res);
+		client_unref(r->client);
+		r->client = NULL;
+	}
+	req_unref(r);
 	return res;
 }
 
@@ -539,9 +556,8 @@ dfcclResult_t dfcclWait(dfcclRequest_t request)
 	if (!request)
 		return errors_set(dfcclInvalidArgument, "dfcclWait: request is NULL");
 	struct req *r = (struct req *)request;
-	dfcclResult_t res = req_wait(r);
-	req_unref(r);
-	return res;
+	req_wait(r);
+	return coll_handle_done(r);
 }
 
 dfcclResult_t dfcclTest(dfcclRequest_t request, int *done)
@@ -552,7 +568,5 @@ dfcclResult_t dfcclTest(dfcclRequest_t request, int *done)
 	*done = req_test(r);
 	if (!*done)
 		return dfcclSuccess;
-	dfcclResult_t res = req_result(r);
-	req_unref(r);
-	return res;
+	return coll_handle_done(r);
 }

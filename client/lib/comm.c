@@ -394,22 +394,14 @@ uint64_t comm_next_seq(struct dfcclComm *comm, unsigned opcode, int peer)
 
 #define COMM_EXPLAIN_WAIT_MS 200
 
-/*
- * A collective that failed because its communicator did (a timeout, a lost
- * peer, an abort, a lost device) gets the daemon's sentence about the
- * communicator appended: which collective, which ranks never submitted it.
- * The daemon sends that notice before it fails the collectives, so it is on
- * the socket already; this waits only the moment the reader thread takes to
- * file it, and only on this failure path.
- */
-static dfcclResult_t comm_explain(struct dfcclComm *comm, dfcclResult_t r)
+dfcclResult_t comm_explain(struct client *c, uint64_t comm_id, dfcclResult_t r)
 {
 	if (r != dfcclTimeout && r != dfcclRemoteError && r != dfcclAborted && r != dfcclDeviceLost)
 		return r;
-	char first[512], msg[sizeof(comm->async.message)];
+	char first[512], msg[sizeof(((struct client_async *)0)->message)];
 	snprintf(first, sizeof(first), "%s", errors_last());
 	for (int i = 0; i < COMM_EXPLAIN_WAIT_MS; i++) {
-		if (client_async_get(comm->client, &comm->async, msg, sizeof(msg)) != dfcclSuccess)
+		if (client_async_find(c, comm_id, msg, sizeof(msg)) != dfcclSuccess)
 			return errors_set(r, "%s: %s", first, msg);
 		usleep(1000);
 	}
@@ -423,7 +415,7 @@ dfcclResult_t dfcclCommSynchronize(dfcclComm_t comm)
 	dfcclResult_t u = comm_usable(comm);
 	if (u != dfcclSuccess)
 		return u;
-	return comm_explain(comm, req_tracker_sync(&comm->tracker, true));
+	return comm_explain(comm->client, comm->id, req_tracker_sync(&comm->tracker, true));
 }
 
 dfcclResult_t dfcclCommQuery(dfcclComm_t comm)
@@ -433,7 +425,7 @@ dfcclResult_t dfcclCommQuery(dfcclComm_t comm)
 	dfcclResult_t u = comm_usable(comm);
 	if (u != dfcclSuccess)
 		return u;
-	return comm_explain(comm, req_tracker_sync(&comm->tracker, false));
+	return comm_explain(comm->client, comm->id, req_tracker_sync(&comm->tracker, false));
 }
 
 dfcclResult_t dfcclCommGetAsyncError(dfcclComm_t comm, dfcclResult_t *asyncError)

@@ -89,4 +89,15 @@ dfcclResult_t comm_usable(struct dfcclComm *comm);
  * the message number to / from `peer`. */
 uint64_t comm_next_seq(struct dfcclComm *comm, unsigned opcode, int peer);
 
+/*
+ * A collective that failed because its communicator comm_id did (a
+ * timeout, a lost peer, an abort, a lost device) gets the daemon's sentence
+ * about the communicator appended: which collective, which ranks never
+ * submitted it. The daemon sends that notice before it fails the
+ * collectives, so it is on the socket already; this waits only the moment
+ * the reader thread takes to file it, and only on this failure path. A
+ * communicator destroyed meanwhile has no sentence to add.
+ */
+dfcclResult_t comm_explain(struct client *c, uint64_t comm_id, dfcclResult_t r);
+
 #endif /* DFCCL_CLIENT_COMM_H */

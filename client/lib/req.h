@@ -42,6 +42,8 @@
 #include "dfccl.h"
 #include "qp.h"
 
+struct client;
+
 struct req_poller;
 
 struct req {
@@ -58,6 +60,8 @@ struct req {
 	bool accounted;              /* tracker lock: its error was considered for the tracker */
 	dfcclResult_t result;        /* valid once complete */
 	char message[512];           /* the sentence of a failed result */
+	struct client *client;       /* a request handle's: its session (a reference) and */
+	uint64_t comm_id;            /* communicator, to explain a failure (coll.c) */
 };
 
 /* The outstanding entries of one communicator. */
