@@ -36,7 +36,9 @@
  *   direct: over every rank's buffers as this GPU maps them (CUDA IPC over
  *   NVLink or PCIe, or the GPU itself for ranks sharing it): two-shot
  *   all-reduce (rank r reduces chunk r of its channel's share into its own
- *   buffer, then copies the other chunks from their owners), and
+ *   buffer, then copies the other chunks from their owners), one-shot for
+ *   small ones where no rank works in place (each rank reduces the whole
+ *   share from every rank's input: no second phase, oneshot_fits), and
  *   all-gather, reduce-scatter, broadcast and reduce by reading the peers'
  *   buffers. The reduction order is rank 0, 1, ..., n-1 on every rank.
  *   ring and trees: the steps of gpu/algo.h, the host engine's, each
@@ -635,6 +637,7 @@ __device__ uint32_t entry_accept(dk_ctx &c, uint32_t qi, dk_qp *q, const dfccl_s
 		t->ch[ch].waits = 0;
 		t->ch[ch].astep = 0;
 		t->ch[ch].epoch = c.p.epoch; /* its pair and communicator were just found */
+		t->ch[ch].oneshot = 0;
 		st->states[ch][ti].arrival = t->arrival;
 		st->states[ch][ti].priority = (e->flags & DFCCL_SQE_F_PRIORITY) ? e->priority : 0;
 		st->states[ch][ti].boost = 1;
@@ -973,6 +976,27 @@ __device__ uint32_t bufs_load(dk_ctx &c, dk_task *t, dk_comm *cm, dk_bufs *b)
 	return DFCCL_CQ_OK;
 }
 
+/*
+ * Whether a direct all-reduce runs in one shot: every rank reduces the
+ * whole of its channel's share from every rank's send buffer into its own
+ * receive buffer, with no second phase and no wait between. For small
+ * ones, where the wait costs more than reading n times the data. Not when
+ * some rank works in place: its result would overwrite the input the
+ * others are still reading. Every rank decides alike, from the size and
+ * the posts.
+ */
+#define DK_ONESHOT_BYTES 65536u
+
+__device__ bool oneshot_fits(const dk_task *t, const dk_task *tg, uint32_t n)
+{
+	if (t->opcode != DFCCL_OP_ALLREDUCE || t->count * t->dsize > DK_ONESHOT_BYTES)
+		return false;
+	for (uint32_t r = 0; r < n; r++)
+		if (tg->post[r].send_reg == tg->post[r].recv_reg && tg->post[r].send_off == tg->post[r].recv_off)
+			return false;
+	return true;
+}
+
 /* The channel's share of the elements: [lo, hi) of count. */
 __device__ void chan_range(const dk_task *t, uint32_t ch, uint64_t *lo, uint64_t *hi)
 {
@@ -981,14 +1005,16 @@ __device__ void chan_range(const dk_task *t, uint32_t ch, uint64_t *lo, uint64_t
 }
 
 /* Elements of the current data step of a channel. */
-__device__ uint64_t work_total(const dk_task *t, uint32_t ch, uint32_t step, uint32_t n)
+__device__ uint64_t work_total(const dk_task *t, uint32_t ch, uint32_t step, uint32_t n, bool oneshot)
 {
 	uint64_t lo, hi;
 	chan_range(t, ch, &lo, &hi);
 	uint64_t len = hi - lo;
 	switch (t->opcode) {
 	case DFCCL_OP_ALLREDUCE:
-		return step == DK_WORK1 ? split_at(len, n, t->rank + 1, t->dsize) - split_at(len, n, t->rank, t->dsize) : len;
+		if (oneshot || step != DK_WORK1)
+			return len;
+		return split_at(len, n, t->rank + 1, t->dsize) - split_at(len, n, t->rank, t->dsize);
 	case DFCCL_OP_ALLGATHER: return len * n;
 	case DFCCL_OP_REDUCE: return t->rank == t->peer ? len : 0;
 	default: return len;
@@ -1000,8 +1026,8 @@ __device__ uint64_t work_total(const dk_task *t, uint32_t ch, uint32_t step, uin
  * the step, at most `max` elements, into op. Returns the elements it covers
  * (some pieces skip a range without moving it: op.elems is then 0).
  */
-__device__ uint64_t work_piece(const dk_task *t, uint32_t ch, uint32_t step, uint32_t n, const dk_bufs &b,
-                               uint64_t pos, uint64_t max, dk_op &op)
+__device__ uint64_t work_piece(const dk_task *t, uint32_t ch, uint32_t step, uint32_t n, bool oneshot,
+                               const dk_bufs &b, uint64_t pos, uint64_t max, dk_op &op)
 {
 	uint32_t r = t->rank, ds = t->dsize;
 	uint64_t lo, hi;
@@ -1016,7 +1042,8 @@ __device__ uint64_t work_piece(const dk_task *t, uint32_t ch, uint32_t step, uin
 	switch (t->opcode) {
 	case DFCCL_OP_ALLREDUCE:
 		if (step == DK_WORK1) {
-			uint64_t i = lo + split_at(len, n, r, ds) + pos;
+			/* One shot: the channel's whole share; two: chunk r of it. */
+			uint64_t i = lo + (oneshot ? 0 : split_at(len, n, r, ds)) + pos;
 			op.dst = b.recv[r] + i * ds;
 			for (uint32_t k = 0; k < n; k++)
 				op.src[k] = b.send[k] + i * ds;
@@ -1359,7 +1386,7 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 				algo_step_get(&tg->alg[ch], x->astep, &as);
 				total = as.nsrc ? as.elems : 0;
 			} else {
-				total = work_total(t, ch, x->step, n);
+				total = work_total(t, ch, x->step, n, x->oneshot);
 			}
 			if (x->pos < total) {
 				if (*budget == 0) {
@@ -1381,7 +1408,7 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 					algo_piece(t, ch, cm, as, b, x->pos, max, sh.op);
 					sh.npos = sh.op.elems;
 				} else {
-					sh.npos = work_piece(t, ch, x->step, n, b, x->pos, max, sh.op);
+					sh.npos = work_piece(t, ch, x->step, n, x->oneshot, b, x->pos, max, sh.op);
 				}
 				uint64_t bytes = sh.op.elems * t->dsize;
 				*budget = bytes < *budget ? *budget - bytes : 0;
@@ -1405,7 +1432,7 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 				x->step = DK_CHDONE;
 				continue;
 			}
-			if (t->opcode == DFCCL_OP_ALLREDUCE && x->step == DK_WORK1) {
+			if (t->opcode == DFCCL_OP_ALLREDUCE && x->step == DK_WORK1 && !x->oneshot) {
 				sync_store(dfccl_comm_chan(vis.sync, n, t->slot, t->rank, ch), DFCCL_PROGRESS(t->key, 1));
 				x->step = DK_SYNC1;
 			} else {
@@ -1493,6 +1520,7 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 				x->astep = 0;
 				x->step = tg->alg[ch].nsteps ? DK_AWAIT : DK_CHDONE;
 			} else {
+				x->oneshot = oneshot_fits(t, tg, n);
 				x->step = DK_WORK1;
 			}
 			break;

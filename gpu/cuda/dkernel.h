@@ -138,7 +138,7 @@ struct dk_chan_ctx {
 	uint32_t astep;     /* ring and trees: the algorithm's step */
 	uint32_t epoch;     /* the launch (dk_params.epoch) in which the task's queue pair and communicator
 	                     * were last found in place: tables change only between launches */
-	uint32_t reserved;
+	uint32_t oneshot;   /* direct all-reduce in one pass (decided at POSTS, dkernel.cu) */
 };
 
 enum dk_task_state { DK_TASK_FREE = 0, DK_TASK_LIVE = 1 };
