@@ -313,6 +313,42 @@ static void leave_nccl(struct bench_rank *b, dfcclResult_t r)
 	membuf_free(MEMBUF_DEVICE, b->cell);
 }
 
+/* ---------------------------------------------------------------- the compute kernel (overlap) */
+
+/* The kernel on the rank's stream, calibrated, with the ranks' mean rounds
+ * (the slowest rank sets the pace of a collective, so they should agree),
+ * or the spec's. */
+static dfcclResult_t bench_compute_open(struct bench_rank *b)
+{
+	const struct bench_spec *s = b->spec;
+	int64_t sum = 0;
+	if (compute_open(&b->compute, b->stream) < 0 ||
+	    compute_calibrate(&b->compute, s->overlap_us, s->compute_rounds) < 0)
+		return bench_failed(b, "%s", compute_error());
+	if (s->compute_rounds > 0)
+		return dfcclSuccess;
+	dfcclResult_t r = bench_allsum(b, b->compute.rounds, &sum);
+	b->compute.rounds = (uint32_t)(sum / s->nranks > 0 ? sum / s->nranks : 1);
+	return r;
+}
+
+static dfcclResult_t bench_compute(struct bench_rank *b)
+{
+	return compute_launch(&b->compute) < 0 ? bench_failed(b, "%s", compute_error()) : dfcclSuccess;
+}
+
+/* Whether every launch of the kernel so far computed what it should. */
+static dfcclResult_t bench_compute_check(struct bench_rank *b)
+{
+	size_t wrong = 0;
+	if (compute_check(&b->compute, &wrong) < 0)
+		return bench_failed(b, "%s", compute_error());
+	if (wrong)
+		return bench_failed(b, "the compute kernel's buffer holds %zu wrong words: not every launch ran as issued",
+		                    wrong);
+	return dfcclSuccess;
+}
+
 /* ---------------------------------------------------------------- the sweep */
 
 dfcclResult_t bench_join(struct bench_rank *b, const struct bench_spec *s, int rank)
@@ -327,6 +363,8 @@ dfcclResult_t bench_join(struct bench_rank *b, const struct bench_spec *s, int r
 	if (s->mode == BENCH_STREAM && (membuf_stream_create(&b->stream) < 0 || membuf_event_create(&b->ev[0]) < 0 ||
 	                                membuf_event_create(&b->ev[1]) < 0))
 		return bench_mem_failed(b, "creating the stream and its events");
+	if (s->overlap_us > 0 && (r = bench_compute_open(b)) != dfcclSuccess)
+		return r;
 	memset(b->bufs.send.img, 0, cap);
 	memset(b->bufs.recv.img, 0, cap);
 	if (membuf_upload(&b->bufs.send, b->bufs.send.ptr, cap) < 0 ||
@@ -353,19 +391,34 @@ static dfcclResult_t bench_batch(struct bench_rank *b, const void *send, void *r
 	return r;
 }
 
+/* What an iteration of bench_run issues. */
+enum {
+	RUN_BATCH = 1,   /* the batch of collectives */
+	RUN_COMPUTE = 2, /* the compute kernel, first */
+};
+
+static dfcclResult_t bench_iteration(struct bench_rank *b, unsigned what, const void *send, void *recv, size_t count)
+{
+	dfcclResult_t r = what & RUN_COMPUTE ? bench_compute(b) : dfcclSuccess;
+	if (r == dfcclSuccess && (what & RUN_BATCH))
+		r = bench_batch(b, send, recv, count);
+	return r;
+}
+
 /*
- * n batches, completed: in callback mode each one waited for, timed on the
- * host clock; in stream mode back to back between two events and waited
- * for once, timed by the GPU. With us, the time per collective.
+ * n iterations, completed: in callback mode each one waited for, timed on
+ * the host clock; in stream mode back to back between two events and
+ * waited for once, timed by the GPU. With us, the time per iteration.
  */
-static dfcclResult_t bench_run(struct bench_rank *b, const void *send, void *recv, size_t count, long n, double *us)
+static dfcclResult_t bench_run(struct bench_rank *b, unsigned what, const void *send, void *recv, size_t count,
+                               long n, double *us)
 {
 	const struct bench_spec *s = b->spec;
 	dfcclResult_t r = dfcclSuccess;
 	double t0 = tool_now(), ms = 0;
 	if (s->mode == BENCH_CALLBACK) {
 		for (long i = 0; i < n && r == dfcclSuccess; i++) {
-			r = bench_batch(b, send, recv, count);
+			r = bench_iteration(b, what, send, recv, count);
 			if (r == dfcclSuccess)
 				r = bench_wait(b);
 		}
@@ -374,7 +427,7 @@ static dfcclResult_t bench_run(struct bench_rank *b, const void *send, void *rec
 		if (membuf_event_record(b->ev[0], b->stream) < 0)
 			return bench_mem_failed(b, "starting the stream's timer");
 		for (long i = 0; i < n && r == dfcclSuccess; i++)
-			r = bench_batch(b, send, recv, count);
+			r = bench_iteration(b, what, send, recv, count);
 		if (r == dfcclSuccess && membuf_event_record(b->ev[1], b->stream) < 0)
 			return bench_mem_failed(b, "stopping the stream's timer");
 		if (r == dfcclSuccess)
@@ -383,7 +436,7 @@ static dfcclResult_t bench_run(struct bench_rank *b, const void *send, void *rec
 			return bench_mem_failed(b, "reading the stream's timer");
 	}
 	if (us && n > 0)
-		*us = ms * 1e3 / (double)(n * s->batch);
+		*us = ms * 1e3 / (double)n;
 	return r;
 }
 
@@ -392,17 +445,24 @@ dfcclResult_t bench_measure(struct bench_rank *b, const struct bench_size *z, bo
 	const struct bench_spec *s = b->spec;
 	const void *send = b->bufs.send.ptr;
 	void *recv = b->bufs.recv.ptr;
+	bool overlap = s->overlap_us > 0;
+	unsigned what = overlap ? RUN_COMPUTE | RUN_BATCH : RUN_BATCH;
 	int64_t sum;
 	*m = (struct bench_result){0};
 	if (inplace && !tool_inplace(s->coll, b->bufs.recv.ptr, z->count, s->dtype, b->rank, &send, &recv))
 		return dfcclSuccess;
-	dfcclResult_t r = bench_run(b, send, recv, z->count, s->warmup, NULL);
+	dfcclResult_t r = bench_run(b, what, send, recv, z->count, s->warmup, NULL);
 	if (r == dfcclSuccess)
 		r = bench_allsum(b, 0, &sum);
+	if (r == dfcclSuccess && overlap)
+		r = bench_run(b, RUN_COMPUTE, send, recv, z->count, s->iters, &m->compute_us);
+	if (r == dfcclSuccess && overlap)
+		r = bench_allsum(b, 0, &sum);
 	if (r == dfcclSuccess)
-		r = bench_run(b, send, recv, z->count, s->iters, &m->us);
+		r = bench_run(b, what, send, recv, z->count, s->iters, &m->total_us);
 	if (r != dfcclSuccess)
 		return r;
+	m->us = (m->total_us - m->compute_us) / s->batch;
 	m->valid = true;
 	if (!s->check)
 		return dfcclSuccess;
@@ -415,9 +475,13 @@ dfcclResult_t bench_measure(struct bench_rank *b, const struct bench_size *z, bo
 	uint64_t key = tool_hash(z->count, inplace, 0xbe7c, 0);
 	if (membuf_pair_stage(&b->bufs, s->coll, send, recv, z->count, s->dtype, s->op, b->rank, s->nranks, key) < 0)
 		return bench_mem_failed(b, "writing the reference data");
-	r = bench_issue(b, send, recv, z->count);
+	r = overlap ? bench_compute(b) : dfcclSuccess;
+	if (r == dfcclSuccess)
+		r = bench_issue(b, send, recv, z->count);
 	if (r == dfcclSuccess)
 		r = bench_wait(b);
+	if (r == dfcclSuccess && overlap)
+		r = bench_compute_check(b);
 	if (r != dfcclSuccess)
 		return r;
 	if (membuf_pair_check(&b->bufs, s->coll, recv, z->count, s->dtype, s->op, s->root, b->rank, s->nranks, key,
@@ -439,6 +503,7 @@ dfcclResult_t bench_leave(struct bench_rank *b, dfcclResult_t r)
 		leave_nccl(b, r);
 	else
 		leave_dfccl(b, r);
+	compute_close(&b->compute);
 	membuf_event_destroy(b->ev[0]);
 	membuf_event_destroy(b->ev[1]);
 	membuf_stream_destroy(b->stream);

@@ -31,10 +31,24 @@
  *     wait polls the stream and the communicator's asynchronous error, so a
  *     collective that fails ends the wait with its error instead of a hang.
  * The time of one collective is the elapsed time over ITERS * B as this rank
- * measured it. The barrier is an all-reduce of one element on the backend
- * measured, waited for. With `check`, one more collective runs in the same
- * mode on reference data (tool.h) and the wrong elements of every rank are
- * summed over the ranks, so every rank learns whether the result was right.
+ * measured it.
+ *
+ * With `overlap_us` (stream mode), every iteration is a trainer's step: the
+ * compute kernel of compute.h, of about that many microseconds, then the
+ * batch, on the same stream. bench_measure then also times the kernel alone
+ * in the same loop (ITERS launches between two events, after a barrier),
+ * and gives the time per iteration of both loops and the time the
+ * collectives added, per collective: what a trainer pays for the
+ * collective beyond its compute. The kernel never touches the
+ * collectives' buffers; with `check` its own result is checked too (a
+ * wrong one fails the rank). Its length is calibrated by every rank at
+ * join, and the ranks run the mean of their rounds (or compute_rounds).
+ *
+ * The barrier is an all-reduce of one element on the backend measured,
+ * waited for. With `check`, one more collective runs in the same mode on
+ * reference data (tool.h), after a launch of the kernel with overlap, and
+ * the wrong elements of every rank are summed over the ranks, so every rank
+ * learns whether the result was right.
  *
  * Sizes are nccl-tests' (tool_count_for): the larger buffer of the call,
  * which is also the `bytes` of the daemon's selection table (topo_select.h:
@@ -48,6 +62,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "compute.h"
 #include "dfccl.h"
 #include "membuf.h"
 #include "nccl_lib.h"
@@ -84,6 +99,8 @@ struct bench_spec {
 	int mode;          /* enum bench_mode */
 	bool ungrouped;    /* a batch is B plain calls, not one group */
 	bool symmetric;    /* NCCL: the buffers are symmetric windows (mem is MEMBUF_NCCL) */
+	long overlap_us;   /* > 0: a compute kernel of about this long before every iteration */
+	long compute_rounds; /* overlap: the kernel's rounds per launch; 0: calibrated */
 	dfcclUniqueId id;  /* dfccl's communicator */
 	ncclUniqueId nccl_id; /* NCCL's */
 };
@@ -97,8 +114,9 @@ struct bench_size {
 /* One measurement of one size and form. */
 struct bench_result {
 	bool valid;     /* the collective has this form (in place) and it was measured */
-	double us;      /* per collective */
+	double us;      /* per collective; with overlap, the time the collective added */
 	uint64_t wrong; /* wrong elements over all ranks (0 without check) */
+	double compute_us, total_us; /* overlap: per iteration, the kernel alone and with the batch */
 };
 
 /* A rank's part of a sweep. */
@@ -112,6 +130,7 @@ struct bench_rank {
 	membuf_stream_t stream;  /* stream mode */
 	membuf_event_t ev[2];    /* stream mode: around the timed batches */
 	struct membuf_pair bufs;
+	struct compute compute;  /* overlap */
 	int64_t *cell; /* the barrier's element: host memory on dfccl, GPU memory on NCCL */
 	char err[640]; /* what failed outside libdfccl, for bench_leave */
 };
@@ -134,7 +153,8 @@ unsigned bench_sizes(const struct bench_spec *s, struct bench_size *out);
 
 /*
  * Joins rank `rank` of s's communicator and allocates its buffers (and, in
- * stream mode, its stream and events). A failure outside libdfccl (GPU
+ * stream mode, its stream and events; with overlap, the compute kernel,
+ * calibrated). A failure outside libdfccl (GPU
  * memory, CUDA, NCCL) returns dfcclUnhandledCudaError with the reason in
  * b->err. Sets DFCCL_ALGO first when s->algo says so: libdfccl reads it
  * once, at the process's first collective, and a rank process is new. On

@@ -25,6 +25,14 @@
  * dfcclMemAlloc's memory, or ncclMemAlloc's; a build with a CUDA toolkit):
  * the check copies the reference data in and the result out (membuf.h).
  *
+ * With --overlap US, every timed iteration is a trainer's step on the
+ * rank's stream: a compute kernel of about US microseconds (compute.h),
+ * then the collective; the kernel alone is timed in the same loop, and the
+ * columns become the kernel's time alone, the step's, and the time the
+ * collective added (bench.h). --compute-only US runs that kernel alone in
+ * this one process, no daemon and no collective: the bystander of
+ * tests/perf/overlap.sh, timed alone and beside a dfccl job on its GPU.
+ *
  * Everything that decides whether the run can happen (options, the NCCL
  * library, CUDA in this build, the GPUs) is settled in the parent before
  * any rank starts; the parent never touches CUDA, so the ranks it forks
@@ -40,6 +48,8 @@
 #include <unistd.h>
 
 #include "bench.h"
+#include "compute.h"
+#include "compute_kernel.h"
 #include "dfccl.h"
 #include "dfccl_queue.h"
 #include "membuf.h"
@@ -48,6 +58,7 @@
 
 static const char usage[] =
     "Usage: dfccl-perf COLLECTIVE [OPTIONS]\n"
+    "       dfccl-perf --compute-only US [-n N] [-w N] [--devices D] [--compute-rounds R] [--json]\n"
     "COLLECTIVE: allreduce allgather reducescatter broadcast reduce sendrecv alltoall\n"
     "Measures dfccl collectives the way nccl-tests does: one line per size with\n"
     "size, count, type, redop, root, time, algbw, busbw and #wrong, out of place\n"
@@ -96,6 +107,19 @@ static const char usage[] =
     "      --algo NAME        algorithm: auto direct ring tree multitree, where it can run\n"
     "                         the collective (default auto: the daemon's choice; sets\n"
     "                         DFCCL_ALGO in the rank processes)\n"
+    "      --overlap US       a trainer's step: on each rank's stream, a compute kernel of about\n"
+    "                         US microseconds (1 to 1000000; every SM busy, on a buffer of its\n"
+    "                         own) before every iteration's collectives. The kernel alone is\n"
+    "                         timed in the same loop; per size the columns are the kernel's\n"
+    "                         time alone and with the collectives, per iteration, and the time\n"
+    "                         added per collective. Stream mode, GPU buffers (default device);\n"
+    "                         a build with a CUDA toolkit\n"
+    "      --compute-only US  no collective and no daemon: the compute kernel alone, -n times\n"
+    "                         after -w untimed, on the first of --devices (default GPU 0); prints\n"
+    "                         its time per iteration and checks its result\n"
+    "      --compute-rounds R the kernel's rounds per launch (its length) instead of calibrating\n"
+    "                         them to US on the GPU as it is: a second run given the first's R\n"
+    "                         does exactly the same work\n"
     "      --json             one JSON object per size instead of the table\n"
     "      --socket PATH      the daemon's socket (default $DFCCL_SOCKET)\n"
     "  -h, --help             this text\n"
@@ -109,13 +133,29 @@ static const char usage[] =
 
 struct perf {
 	struct bench_spec spec;
+	long compute_only_us; /* --compute-only */
 	bool json;
 	int version;      /* the backend library's version code */
 	char library[80]; /* "dfccl 0.1.0", "NCCL 2.28.9" */
 	char where[4096]; /* NCCL: the file it was loaded from */
 };
 
-static void print_header(const struct perf *p)
+/* The overlap table's header: the kernel, then the columns. */
+static void print_overlap_header(const struct bench_spec *s, const struct compute *c)
+{
+	printf("# overlap: before every iteration, a compute kernel of about %ld us on the rank's stream (%u blocks of "
+	       "%d threads, %u rounds per launch, %s)\n",
+	       s->overlap_us, c->blocks, COMPUTE_THREADS, c->rounds, s->compute_rounds ? "as given" : "calibrated");
+	printf("# compute: the kernel alone per iteration; total: kernel and collectives per iteration; added: "
+	       "(total - compute) per collective\n");
+	printf("#%58s %-33s %-33s\n", "", "out-of-place", "in-place");
+	printf("#%11s %13s %9s %7s %6s %8s %8s %8s %6s %8s %8s %8s %6s\n", "size", "count", "type", "redop", "root",
+	       "compute", "total", "added", "#wrong", "compute", "total", "added", "#wrong");
+	printf("#%11s %13s %9s %7s %6s %8s %8s %8s %6s %8s %8s %8s %6s\n", "(B)", "(elements)", "", "", "", "(us)",
+	       "(us)", "(us)", "", "(us)", "(us)", "(us)", "");
+}
+
+static void print_header(const struct perf *p, const struct compute *c)
 {
 	const struct bench_spec *s = &p->spec;
 	printf("# dfccl-perf %s: %d ranks, %s, %s buffers, %ld warmup and %ld timed iterations per size\n",
@@ -124,6 +164,10 @@ static void print_header(const struct perf *p)
 	printf("# backend %s (%s%s%s), mode %s, symmetric %d, batch %d, group %d\n", bench_backend_name(s->backend),
 	       p->library, p->where[0] ? " from " : "", p->where, bench_mode_name(s->mode), s->symmetric, s->batch,
 	       !s->ungrouped);
+	if (s->overlap_us > 0) {
+		print_overlap_header(s, c);
+		return;
+	}
 	printf("#%58s %-31s %-31s\n", "", "out-of-place", "in-place");
 	printf("#%11s %13s %9s %7s %6s %8s %7s %7s %6s %8s %7s %7s %6s\n", "size", "count", "type", "redop", "root",
 	       "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong");
@@ -131,20 +175,27 @@ static void print_header(const struct perf *p)
 	       "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
 }
 
-static void print_measure(const struct bench_spec *s, size_t bytes, const struct bench_result *m, double *busbw_sum,
-                          int *nbw)
+/* One form's columns; the figure averaged at the end (busbw, or the added
+ * time with overlap) goes into *sum. */
+static void print_measure(const struct bench_spec *s, size_t bytes, const struct bench_result *m, double *sum,
+                          int *n)
 {
+	bool overlap = s->overlap_us > 0;
 	if (!m->valid) {
-		printf(" %8s %7s %7s %6s", "N/A", "N/A", "N/A", "N/A");
+		printf(overlap ? " %8s %8s %8s %6s" : " %8s %7s %7s %6s", "N/A", "N/A", "N/A", "N/A");
 		return;
 	}
 	double algbw = (double)bytes / (m->us * 1e-6) / 1e9, busbw = algbw * tool_bus_factor(s->coll, s->nranks);
-	*busbw_sum += busbw;
-	(*nbw)++;
-	if (s->check)
-		printf(" %8.2f %7.2f %7.2f %6" PRIu64, m->us, algbw, busbw, m->wrong);
+	*sum += overlap ? m->us : busbw;
+	(*n)++;
+	if (overlap)
+		printf(" %8.2f %8.2f %8.2f", m->compute_us, m->total_us, m->us);
 	else
-		printf(" %8.2f %7.2f %7.2f %6s", m->us, algbw, busbw, "N/A");
+		printf(" %8.2f %7.2f %7.2f", m->us, algbw, busbw);
+	if (s->check)
+		printf(" %6" PRIu64, m->wrong);
+	else
+		printf(" %6s", "N/A");
 }
 
 static void json_measure(const struct bench_spec *s, const char *name, size_t bytes, const struct bench_result *m)
@@ -154,8 +205,12 @@ static void json_measure(const struct bench_spec *s, const char *name, size_t by
 		return;
 	}
 	double algbw = (double)bytes / (m->us * 1e-6) / 1e9;
-	printf(", \"%s\": {\"time_us\": %.3f, \"algbw_gbs\": %.4f, \"busbw_gbs\": %.4f", name, m->us, algbw,
-	       algbw * tool_bus_factor(s->coll, s->nranks));
+	if (s->overlap_us > 0)
+		printf(", \"%s\": {\"compute_us\": %.3f, \"total_us\": %.3f, \"added_us\": %.3f", name, m->compute_us,
+		       m->total_us, m->us);
+	else
+		printf(", \"%s\": {\"time_us\": %.3f, \"algbw_gbs\": %.4f, \"busbw_gbs\": %.4f", name, m->us, algbw,
+		       algbw * tool_bus_factor(s->coll, s->nranks));
 	if (s->check)
 		printf(", \"wrong\": %" PRIu64 "}", m->wrong);
 	else
@@ -169,14 +224,14 @@ static int perf_rank(int rank, void *arg)
 	struct bench_rank b = BENCH_RANK_INIT;
 	struct bench_size sizes[BENCH_MAX_SIZES];
 	unsigned nsizes = bench_sizes(s, sizes);
-	int nbw = 0;
-	double busbw_sum = 0;
+	int navg = 0;
+	double avg_sum = 0;
 	bool wrong = false;
 	dfcclResult_t r = bench_join(&b, s, rank);
 	if (r != dfcclSuccess)
 		goto out;
 	if (rank == 0 && !p->json)
-		print_header(p);
+		print_header(p, &b.compute);
 
 	for (unsigned k = 0; k < nsizes; k++) {
 		size_t size = sizes[k].bytes, count = sizes[k].count;
@@ -199,25 +254,76 @@ static int perf_rank(int rank, void *arg)
 			       bench_mode_name(s->mode), s->symmetric ? "true" : "false", s->nranks, membuf_kind_name(s->mem),
 			       s->batch, !s->ungrouped, size, count, tool_dtype_name(s->dtype),
 			       reduces ? tool_op_name(s->op) : "none", root);
+			if (s->overlap_us > 0)
+				printf(", \"overlap_us\": %ld, \"compute_rounds\": %u, \"compute_blocks\": %u", s->overlap_us,
+				       b.compute.rounds, b.compute.blocks);
 			json_measure(s, "out_of_place", size, &m[0]);
 			json_measure(s, "in_place", size, &m[1]);
 			printf("}\n");
 		} else {
 			printf(" %11zu %13zu %9s %7s %6d", size, count, tool_dtype_name(s->dtype),
 			       reduces ? tool_op_name(s->op) : "none", root);
-			print_measure(s, size, &m[0], &busbw_sum, &nbw);
-			print_measure(s, size, &m[1], &busbw_sum, &nbw);
+			print_measure(s, size, &m[0], &avg_sum, &navg);
+			print_measure(s, size, &m[1], &avg_sum, &navg);
 			printf("\n");
 		}
 		fflush(stdout);
 	}
 	if (rank == 0 && !p->json) {
 		printf("# Out of bounds values : %s\n", wrong ? "wrong results" : "0 OK");
-		printf("# Avg bus bandwidth    : %g\n", nbw ? busbw_sum / nbw : 0.0);
+		if (s->overlap_us > 0)
+			printf("# Avg added time       : %g us per collective\n", navg ? avg_sum / navg : 0.0);
+		else
+			printf("# Avg bus bandwidth    : %g\n", navg ? avg_sum / navg : 0.0);
 	}
 out:
 	r = bench_leave(&b, r);
 	return r != dfcclSuccess || wrong ? 1 : 0;
+}
+
+/*
+ * --compute-only: the kernel alone in this process, on one GPU, -w untimed
+ * and -n timed launches back to back, then its result checked. No fork
+ * follows, so this process may use CUDA itself.
+ */
+static int perf_compute_only(const struct perf *p)
+{
+	const struct bench_spec *s = &p->spec;
+	struct compute c = COMPUTE_INIT;
+	membuf_stream_t st = NULL;
+	int dev = tool_rank_device(&s->devices, 0, 1), rc = TOOL_EXIT_FAIL;
+	double us = 0, warm;
+	size_t wrong = 0;
+	if (membuf_use_device(MEMBUF_DEVICE, dev) < 0 || membuf_stream_create(&st) < 0) {
+		fprintf(stderr, "dfccl-perf: --compute-only on GPU %d: %s\n", dev, membuf_error());
+		goto out;
+	}
+	if (compute_open(&c, st) < 0 || compute_calibrate(&c, p->compute_only_us, s->compute_rounds) < 0 ||
+	    (s->warmup > 0 && compute_time(&c, s->warmup, &warm) < 0) || compute_time(&c, s->iters, &us) < 0 ||
+	    compute_check(&c, &wrong) < 0) {
+		fprintf(stderr, "dfccl-perf: --compute-only on GPU %d: %s\n", dev, compute_error());
+		goto out;
+	}
+	const char *how = s->compute_rounds > 0 ? "as given" : "calibrated";
+	if (p->json) {
+		printf("{\"mode\": \"compute-only\", \"device\": %d, \"target_us\": %ld, \"blocks\": %u, \"threads\": %d, "
+		       "\"rounds\": %u, \"rounds_from\": \"%s\", \"warmup\": %ld, \"iters\": %ld, \"time_us\": %.3f, "
+		       "\"wrong\": %zu}\n",
+		       dev, p->compute_only_us, c.blocks, COMPUTE_THREADS, c.rounds, how, s->warmup, s->iters, us, wrong);
+	} else {
+		printf("# dfccl-perf compute-only: GPU %d, a kernel of about %ld us (%u blocks of %d threads, %u rounds per "
+		       "launch, %s), %ld warmup and %ld timed iterations\n",
+		       dev, p->compute_only_us, c.blocks, COMPUTE_THREADS, c.rounds, how, s->warmup, s->iters);
+		printf("# time per iteration   : %.2f us\n", us);
+		printf("# Out of bounds values : %s\n", wrong ? "wrong results" : "0 OK");
+	}
+	if (wrong)
+		fprintf(stderr, "dfccl-perf: the compute kernel's buffer holds %zu wrong words\n", wrong);
+	rc = wrong ? TOOL_EXIT_FAIL : 0;
+out:
+	compute_close(&c);
+	membuf_stream_destroy(st);
+	return rc;
 }
 
 static int usage_error(const char *what, const char *arg)
@@ -245,6 +351,7 @@ struct perf_ask {
 	int mode;              /* enum bench_mode, or -1: the default */
 	bool mem_given;        /* --mem */
 	const char *nccl_path; /* --nccl-lib, or NULL */
+	int other_opt;         /* the last option given that --compute-only does not take */
 };
 
 /* The buffers by backend: NCCL's defaults, and the kinds each takes. */
@@ -255,6 +362,8 @@ static int perf_settle_mem(struct bench_spec *s, const struct perf_ask *a)
 		return refuse("--nccl-symmetric is NCCL's: it needs --backend nccl");
 	if (on_nccl && !a->mem_given)
 		s->mem = s->symmetric ? MEMBUF_NCCL : MEMBUF_DEVICE;
+	else if (!a->mem_given && s->overlap_us > 0)
+		s->mem = MEMBUF_DEVICE;
 	if (s->symmetric && s->mem != MEMBUF_NCCL)
 		return refuse("--nccl-symmetric allocates the buffers with ncclMemAlloc (--mem nccl), not --mem %s",
 		              membuf_kind_name(s->mem));
@@ -262,6 +371,26 @@ static int perf_settle_mem(struct bench_spec *s, const struct perf_ask *a)
 		return refuse("--backend nccl takes --mem device, vmm or nccl, not --mem %s", membuf_kind_name(s->mem));
 	if (!on_nccl && s->mem == MEMBUF_NCCL)
 		return refuse("--mem nccl (ncclMemAlloc) is for --backend nccl");
+	return 0;
+}
+
+/* --overlap runs on the rank's stream, on GPU buffers, and needs the
+ * kernel in this build; --compute-rounds belongs to it. */
+static int perf_settle_overlap(const struct bench_spec *s, const struct perf_ask *a)
+{
+	if (s->overlap_us == 0)
+		return s->compute_rounds ? refuse("--compute-rounds sets the kernel of --overlap or --compute-only; give "
+		                                  "one of them")
+		                         : 0;
+	if (a->mode == BENCH_CALLBACK)
+		return refuse("--overlap issues the compute kernel and the collectives on the rank's CUDA stream: it "
+		              "needs --mode stream (its default), not --mode callback");
+	if (a->mem_given && !membuf_on_gpu(s->mem))
+		return refuse("--overlap measures a trainer's step, whose buffers are on the GPU: give --mem device "
+		              "(the default with --overlap), vmm, memalloc or nccl, not --mem %s",
+		              membuf_kind_name(s->mem));
+	if (compute_require() < 0)
+		return refuse("--overlap: %s", compute_error());
 	return 0;
 }
 
@@ -345,7 +474,7 @@ static int perf_settle(struct perf *p, const struct perf_ask *a)
 	if (on_nccl && a->mode == BENCH_CALLBACK)
 		return refuse("--mode callback is dfccl's host-side form; NCCL has the stream form only (--mode stream, "
 		              "its default)");
-	if ((rc = perf_settle_mem(s, a)) != 0)
+	if ((rc = perf_settle_overlap(s, a)) != 0 || (rc = perf_settle_mem(s, a)) != 0)
 		return rc;
 	s->mode = a->mode >= 0 ? a->mode : on_nccl || membuf_on_gpu(s->mem) ? BENCH_STREAM : BENCH_CALLBACK;
 	if (on_nccl && ((rc = perf_distinct_gpus(s)) != 0 || (rc = perf_open_nccl(p, a)) != 0))
@@ -369,22 +498,56 @@ static int perf_settle(struct perf *p, const struct perf_ask *a)
 	return TOOL_EXIT_FAIL;
 }
 
+static const struct option perf_opts[] = {
+    {"minbytes", required_argument, NULL, 'b'}, {"maxbytes", required_argument, NULL, 'e'},
+    {"stepfactor", required_argument, NULL, 'f'}, {"iters", required_argument, NULL, 'n'},
+    {"warmup_iters", required_argument, NULL, 'w'}, {"check", required_argument, NULL, 'c'},
+    {"nranks", required_argument, NULL, 'N'}, {"dtype", required_argument, NULL, 'd'},
+    {"op", required_argument, NULL, 'o'},     {"batch", required_argument, NULL, 'B'},
+    {"json", no_argument, NULL, 'j'},         {"socket", required_argument, NULL, 'S'},
+    {"help", no_argument, NULL, 'h'},         {"version", no_argument, NULL, 'V'},
+    {"algo", required_argument, NULL, 'A'},    {"mem", required_argument, NULL, 'M'},
+    {"devices", required_argument, NULL, 'D'}, {"backend", required_argument, NULL, 'K'},
+    {"mode", required_argument, NULL, 'm'},    {"group", required_argument, NULL, 'G'},
+    {"nccl-symmetric", no_argument, NULL, 'Y'}, {"nccl-lib", required_argument, NULL, 'L'},
+    {"overlap", required_argument, NULL, 'O'}, {"compute-only", required_argument, NULL, 'C'},
+    {"compute-rounds", required_argument, NULL, 'R'},
+    {NULL, 0, NULL, 0},
+};
+
+/* The options --compute-only takes: its own, -n, -w, --devices, --json,
+ * and --socket, which it does not need (no daemon) but scripts that pass it
+ * to every dfccl-perf may give. */
+static const char compute_only_opts[] = "CRnwDjS";
+
+/* "--NAME" of an option of perf_opts, by its value. */
+static const char *perf_opt_name(int opt, char *buf, size_t size)
+{
+	for (const struct option *o = perf_opts; o->name; o++)
+		if (o->val == opt) {
+			snprintf(buf, size, "--%s", o->name);
+			return buf;
+		}
+	return "?";
+}
+
+/* --compute-only: what it cannot take is refused, then it runs. */
+static int perf_compute_only_main(const struct perf *p, const struct perf_ask *a, int argc, char **argv)
+{
+	char name[40];
+	if (a->other_opt)
+		return refuse("--compute-only runs the compute kernel alone; it takes -n, -w, --devices, "
+		              "--compute-rounds and --json, not %s",
+		              perf_opt_name(a->other_opt, name, sizeof(name)));
+	if (optind < argc)
+		return usage_error("--compute-only runs no collective; unexpected argument", argv[optind]);
+	if (compute_require() < 0)
+		return refuse("--compute-only: %s", compute_error());
+	return perf_compute_only(p);
+}
+
 int main(int argc, char **argv)
 {
-	static const struct option opts[] = {
-	    {"minbytes", required_argument, NULL, 'b'}, {"maxbytes", required_argument, NULL, 'e'},
-	    {"stepfactor", required_argument, NULL, 'f'}, {"iters", required_argument, NULL, 'n'},
-	    {"warmup_iters", required_argument, NULL, 'w'}, {"check", required_argument, NULL, 'c'},
-	    {"nranks", required_argument, NULL, 'N'}, {"dtype", required_argument, NULL, 'd'},
-	    {"op", required_argument, NULL, 'o'},     {"batch", required_argument, NULL, 'B'},
-	    {"json", no_argument, NULL, 'j'},         {"socket", required_argument, NULL, 'S'},
-	    {"help", no_argument, NULL, 'h'},         {"version", no_argument, NULL, 'V'},
-	    {"algo", required_argument, NULL, 'A'},    {"mem", required_argument, NULL, 'M'},
-	    {"devices", required_argument, NULL, 'D'}, {"backend", required_argument, NULL, 'K'},
-	    {"mode", required_argument, NULL, 'm'},    {"group", required_argument, NULL, 'G'},
-	    {"nccl-symmetric", no_argument, NULL, 'Y'}, {"nccl-lib", required_argument, NULL, 'L'},
-	    {NULL, 0, NULL, 0},
-	};
 	struct perf p = {.spec = {.name = "dfccl-perf", .dtype = dfcclFloat32, .op = dfcclSum, .nranks = 2, .batch = 1,
 	                          .min_bytes = 8, .max_bytes = 64u << 20, .factor = 2, .iters = 20, .warmup = 5,
 	                          .check = true}};
@@ -396,7 +559,9 @@ int main(int argc, char **argv)
 	long v;
 	int opt;
 	opterr = 0;
-	while ((opt = getopt_long(argc, argv, "b:e:f:n:w:c:hV", opts, NULL)) != -1) {
+	while ((opt = getopt_long(argc, argv, "b:e:f:n:w:c:hV", perf_opts, NULL)) != -1) {
+		if (!strchr(compute_only_opts, opt))
+			ask.other_opt = opt;
 		switch (opt) {
 		case 'b':
 		case 'e':
@@ -469,9 +634,24 @@ int main(int argc, char **argv)
 			break;
 		case 'Y': s->symmetric = true; break;
 		case 'L': ask.nccl_path = optarg; break;
+		case 'O':
+			if (!tool_parse_long(optarg, 1, COMPUTE_MAX_US, &s->overlap_us))
+				return usage_error("--overlap takes the compute kernel's microseconds, 1 to 1000000, not", optarg);
+			break;
+		case 'C':
+			if (!tool_parse_long(optarg, 1, COMPUTE_MAX_US, &p.compute_only_us))
+				return usage_error("--compute-only takes the compute kernel's microseconds, 1 to 1000000, not",
+				                   optarg);
+			break;
+		case 'R':
+			if (!tool_parse_long(optarg, 1, COMPUTE_MAX_ROUNDS, &s->compute_rounds))
+				return usage_error("--compute-rounds takes 1 to 2147483648 rounds, not", optarg);
+			break;
 		default: return usage_error("unknown option", argv[optind - 1]);
 		}
 	}
+	if (p.compute_only_us > 0)
+		return perf_compute_only_main(&p, &ask, argc, argv);
 	if (optind >= argc)
 		return usage_error("no collective given; one of allreduce allgather reducescatter broadcast reduce "
 		                   "sendrecv alltoall", "");

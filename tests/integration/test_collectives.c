@@ -444,10 +444,13 @@ static void test_tools_memory(void **state)
  * without CUDA refuses (the stream form too); in a build with CUDA the fake
  * NCCL finds no GPU (CI) or, where CUDA sees one, its rank reports the
  * fake's failure, and the stream form on the host engine finds no GPU or
- * runs with correct results. On dfccl (the host engine), host buffers
- * default to the callback form, ungrouped and grouped batches complete with
- * correct results, and the header and the JSON say backend, library
- * version, mode, symmetric, batch and group.
+ * runs with correct results. --overlap and --compute-only refuse bad
+ * lengths, host buffers, the callback form and options that do not apply,
+ * and, without CUDA, say the build has none; with CUDA, --compute-only
+ * finds no GPU or runs its kernel with a correct result. On dfccl (the
+ * host engine), host buffers default to the callback form, ungrouped and
+ * grouped batches complete with correct results, and the header and the
+ * JSON say backend, library version, mode, symmetric, batch and group.
  */
 #if !defined(FAKE_NCCL_PATH) || !defined(FAKE_NCCL_OLD_PATH)
 #error "FAKE_NCCL_PATH and FAKE_NCCL_OLD_PATH must name the fake NCCL libraries"
@@ -503,7 +506,30 @@ static void test_perf_backends(void **state)
 	      "DFCCL_NCCL_LIB"}},
 	    {{"allreduce", "--backend", "nccl", "--nccl-lib", FAKE_NCCL_OLD_PATH, "--nccl-symmetric"}, usage,
 	     {"NCCL 2.8.4", "symmetric windows need NCCL 2.27 or later"}},
+	    {{"allreduce", "--overlap", "0"}, usage,
+	     {"--overlap takes the compute kernel's microseconds, 1 to 1000000, not '0'"}},
+	    {{"allreduce", "--overlap", "10ms"}, usage, {"--overlap takes the compute kernel's microseconds"}},
+	    {{"allreduce", "--overlap", "100", "--mem", "host"}, usage,
+	     {"--overlap measures a trainer's step, whose buffers are on the GPU", "not --mem host"}},
+	    {{"allreduce", "--overlap", "100", "--mode", "callback"}, usage,
+	     {"--overlap issues the compute kernel and the collectives on the rank's CUDA stream",
+	      "not --mode callback"}},
+	    {{"allreduce", "--compute-rounds", "5"}, usage,
+	     {"--compute-rounds sets the kernel of --overlap or --compute-only"}},
+	    {{"allreduce", "--overlap", "100", "--compute-rounds", "-3"}, usage,
+	     {"--compute-rounds takes 1 to 2147483648 rounds, not '-3'"}},
+	    {{"--compute-only", "1000001"}, usage,
+	     {"--compute-only takes the compute kernel's microseconds, 1 to 1000000, not '1000001'"}},
+	    {{"--compute-only", "100", "--nranks", "2"}, usage,
+	     {"--compute-only runs the compute kernel alone; it takes -n, -w, --devices, --compute-rounds and "
+	      "--json, not --nranks"}},
+	    {{"--compute-only", "100", "allreduce"}, usage,
+	     {"--compute-only runs no collective; unexpected argument 'allreduce'"}},
 #ifndef DFCCL_TOOLS_HAVE_CUDA
+	    {{"allreduce", "--overlap", "100"}, usage,
+	     {"--overlap: the compute kernel runs on a GPU, and this build has no CUDA"}},
+	    {{"--compute-only", "100"}, usage,
+	     {"--compute-only: the compute kernel runs on a GPU, and this build has no CUDA"}},
 	    {{"allreduce", "--backend", "nccl", "--nccl-lib", FAKE_NCCL_PATH}, usage,
 	     {"--backend nccl runs on GPUs, and this build has no CUDA"}},
 	    {{"allreduce", "--mode", "stream"}, usage,
@@ -545,6 +571,14 @@ static void test_perf_backends(void **state)
 	    gpu ? 0 : TOOL_EXIT_FAIL,
 	    {gpu ? ", mode stream, " : "rank 0: selecting the GPU: ", gpu ? "# Out of bounds values : 0 OK" : NULL}};
 	perf_expect(d, &stream);
+	/* The compute kernel alone: without a GPU it says so; with one it
+	 * runs, and its result is right. */
+	const struct perf_expect compute = {
+	    {"--compute-only", "50", "-n", "20", "--devices", "0"},
+	    gpu ? 0 : TOOL_EXIT_FAIL,
+	    {gpu ? "# dfccl-perf compute-only: GPU 0, a kernel of about 50 us" : "--compute-only on GPU 0: ",
+	     gpu ? "# Out of bounds values : 0 OK" : NULL}};
+	perf_expect(d, &compute);
 #endif
 
 	/* dfccl, ungrouped and grouped: correct results, and the header and
