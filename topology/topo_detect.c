@@ -7,7 +7,6 @@
  */
 #include "topo_detect.h"
 
-#include <ctype.h>
 #include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
@@ -16,6 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "pci_id.h"
 #include "topo_json.h"
 
 /* ---------------------------------------------------------------- NVML, by hand */
@@ -107,24 +107,6 @@ static void nvml_close(struct nvml *n)
 }
 
 /* ---------------------------------------------------------------- helpers */
-
-/* PCI bus ids compare as "dddd:bb:dd.f" in lower case: NVML pads the domain
- * to eight digits, CUDA and sysfs to four. */
-static void pci_normalize(const char *in, char *out, size_t len)
-{
-	const char *colon = strchr(in, ':');
-	const char *rest = in;
-	char dom[16] = "0000";
-	if (colon && strchr(colon + 1, ':')) {
-		size_t dl = (size_t)(colon - in);
-		const char *d = dl > 4 ? colon - 4 : in;
-		snprintf(dom, sizeof(dom), "%.*s", (int)(colon - d), d);
-		rest = colon + 1;
-	}
-	snprintf(out, len, "%s:%s", dom, rest);
-	for (char *p = out; *p; p++)
-		*p = (char)tolower((unsigned char)*p);
-}
 
 /* A one-line sysfs attribute of a PCI device, without its newline. */
 static int sysfs_read(const char *pci, const char *attr, char *buf, size_t len)
@@ -291,7 +273,7 @@ int topo_detect(struct topo_model **out, char *err, size_t errlen)
 	for (unsigned i = 0; i < n; i++) {
 		struct topo_device *d = &m->dev[i];
 		char buf[sizeof(d->cpu_affinity)];
-		pci_normalize(pci[i], d->pci_bus_id, sizeof(d->pci_bus_id));
+		pci_id_normalize(pci[i], d->pci_bus_id, sizeof(d->pci_bus_id));
 		if (nv.name)
 			nv.name(h[i], d->name, sizeof(d->name));
 		if (sysfs_read(d->pci_bus_id, "numa_node", buf, sizeof(buf)) == 0)
@@ -322,7 +304,7 @@ int topo_detect(struct topo_model **out, char *err, size_t errlen)
 			int have_remote = nv.nvlink_remote_pci(h[i], l, &rp) == 0;
 			if (have_remote) {
 				char remote[32];
-				pci_normalize(rp.busId, remote, sizeof(remote));
+				pci_id_normalize(rp.busId, remote, sizeof(remote));
 				for (unsigned k = 0; k < n; k++)
 					if (strcmp(remote, m->dev[k].pci_bus_id) == 0)
 						j = k;
