@@ -24,6 +24,7 @@
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
@@ -75,6 +76,8 @@ static void drv_load(void)
 	    {"cuStreamBatchMemOp_v2", offsetof(struct cudrv_ops, stream_batch_mem_op), true},
 	    {"cuMemcpyAsync", offsetof(struct cudrv_ops, memcpy_async), true},
 	    {"cuStreamIsCapturing", offsetof(struct cudrv_ops, stream_is_capturing), true},
+	    {"cuDeviceGetCount", offsetof(struct cudrv_ops, device_get_count), true},
+	    {"cuDeviceGetPCIBusId", offsetof(struct cudrv_ops, device_get_pci_bus_id), true},
 	};
 	void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
 	if (!lib)
@@ -645,4 +648,52 @@ int cudrv_stream_capturing(void *stream, int device)
 	if (r != CUDA_SUCCESS)
 		return drv_fail(ops, call, r);
 	return arg.status != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+/* ---------------------------------------------------------------- devices */
+
+int cudrv_device_count(void)
+{
+	const struct cudrv_ops *ops = drv_required();
+	if (!ops)
+		return 0;
+	if (!ops->device_get_count || !ops->device_get_pci_bus_id) {
+		snprintf(drv_err, sizeof(drv_err), "the CUDA driver lacks cuDeviceGetCount or cuDeviceGetPCIBusId");
+		return 0;
+	}
+	/* cuInit says CUDA_ERROR_NO_DEVICE where no GPU is visible; any other
+	 * failure leaves the process unable to use a GPU just the same. */
+	CUresult r = ops->init(0);
+	if (r != CUDA_SUCCESS) {
+		drv_fail(ops, "cuInit", r);
+		return 0;
+	}
+	int n = 0;
+	r = ops->device_get_count(&n);
+	if (r != CUDA_SUCCESS) {
+		drv_fail(ops, "cuDeviceGetCount", r);
+		return 0;
+	}
+	return n > 0 ? n : 0;
+}
+
+int cudrv_device_pci_bus_id(int ordinal, char *buf, size_t len)
+{
+	const struct cudrv_ops *ops = drv_required();
+	if (!ops)
+		return -ENODEV;
+	if (!ops->device_get_pci_bus_id || len == 0 || len > INT_MAX) {
+		snprintf(drv_err, sizeof(drv_err), "cannot ask the CUDA driver for a PCI bus id");
+		return -EINVAL;
+	}
+	CUdevice dev;
+	CUresult r = ops->device_get(&dev, ordinal);
+	if (r != CUDA_SUCCESS)
+		return drv_fail(ops, "cuDeviceGet", r);
+	buf[0] = '\0';
+	r = ops->device_get_pci_bus_id(buf, (int)len, dev);
+	if (r != CUDA_SUCCESS)
+		return drv_fail(ops, "cuDeviceGetPCIBusId", r);
+	buf[len - 1] = '\0';
+	return 0;
 }

@@ -14,7 +14,10 @@
  * a process that holds a device pointer has initialised the driver already,
  * and initialising it in one that does not would be a side effect (a
  * process that forks after cuInit cannot use CUDA in the child); only a
- * caller that asks for device memory (cudrv_init, for dfcclMemAlloc) does.
+ * caller that asks for device memory (cudrv_init, for dfcclMemAlloc) does,
+ * and one that is about to put a communicator on a daemon that serves GPUs
+ * (cudrv_device_count), since the CUDA ordinal it was given means nothing
+ * until the driver has counted the GPUs this process sees.
  *
  * The driver's types and constants below are declared here, with the values
  * of CUDA 13's cuda.h (the driver keeps them stable across releases), so
@@ -72,6 +75,7 @@ enum {
 	CUDA_ERROR_OUT_OF_MEMORY = 2,
 	CUDA_ERROR_NOT_INITIALIZED = 3,
 	CUDA_ERROR_DEINITIALIZED = 4,
+	CUDA_ERROR_NO_DEVICE = 100,
 	CUDA_ERROR_INVALID_CONTEXT = 201,
 	CUDA_ERROR_NOT_PERMITTED = 800,
 	CUDA_ERROR_NOT_SUPPORTED = 801,
@@ -241,6 +245,10 @@ struct cudrv_ops {
 	CUresult (*stream_batch_mem_op)(CUstream stream, unsigned count, CUstreamBatchMemOpParams *ops, unsigned flags);
 	CUresult (*memcpy_async)(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream);
 	CUresult (*stream_is_capturing)(CUstream stream, CUstreamCaptureStatus *status);
+	/* Which GPU an ordinal is; optional (without them every ordinal is
+	 * taken for a daemon's device index, as on a machine without GPUs). */
+	CUresult (*device_get_count)(int *count);
+	CUresult (*device_get_pci_bus_id)(char *bus_id, int len, CUdevice dev);
 };
 
 /*
@@ -302,6 +310,23 @@ int cudrv_stream_capturing(void *stream, int device);
 /* As cudrv_copy, queued on `stream` (a CUstream of device `device`)
  * instead: the copy happens in the stream's order. */
 int cudrv_copy_async(void *dst, const void *src, size_t bytes, void *stream, int device);
+
+/*
+ * Which GPU a CUDA ordinal is (client/lib/client.c maps the numbers an
+ * application gives to the daemon's devices by PCI bus id).
+ */
+
+/*
+ * The number of GPUs this process sees (CUDA_VISIBLE_DEVICES applies). It
+ * initialises the driver (cuInit), as asking for device memory does: call
+ * it only where the GPUs are about to be used. 0 when there is no driver,
+ * no GPU, or a driver without the calls (cudrv_last_error says which).
+ */
+int cudrv_device_count(void);
+
+/* The PCI bus id of CUDA ordinal `ordinal`, as the driver writes it
+ * ("0000:1B:00.0"), into buf (len bytes). 0 or a negative errno. */
+int cudrv_device_pci_bus_id(int ordinal, char *buf, size_t len);
 
 /* Makes every later call use ops (borrowed; NULL: the real driver again).
  * For unit tests, before any thread queries the driver. */

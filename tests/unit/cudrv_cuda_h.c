@@ -41,6 +41,8 @@ SAME_TYPE(cuMemHostGetDevicePointer, mem_host_get_device_pointer);
 SAME_TYPE(cuStreamBatchMemOp, stream_batch_mem_op);
 SAME_TYPE(cuMemcpyAsync, memcpy_async);
 SAME_TYPE(cuStreamIsCapturing, stream_is_capturing);
+SAME_TYPE(cuDeviceGetCount, device_get_count);
+SAME_TYPE(cuDeviceGetPCIBusId, device_get_pci_bus_id);
 
 _Static_assert(CU_IPC_HANDLE_SIZE == CUDRV_IPC_HANDLE_BYTES, "a legacy IPC handle has 64 bytes");
 
@@ -78,4 +80,6 @@ const char *const cuda_h_symbols[] = {
     NAME(cuStreamBatchMemOp),
     NAME(cuMemcpyAsync),
     NAME(cuStreamIsCapturing),
+    NAME(cuDeviceGetCount),
+    NAME(cuDeviceGetPCIBusId),
 };
