@@ -61,6 +61,9 @@ static const struct setting settings[] = {
      "engine that executes collectives: host, cuda, or auto (cuda when GPUs are present)"},
     {"host-devices", T_INT, F(host_devices), 1, 64, "2", NULL,
      "number of devices the host engine emulates (one worker process each)"},
+    {"host-pci-bus-ids", T_STRING, F(host_pci_bus_ids), 0, 0, "", NULL,
+     "PCI bus ids the host engine's emulated devices report, one per device in order, comma-separated (empty: "
+     "none); clients that see GPUs then find their device by bus id, as on the cuda engine (for testing)"},
     {"log-level", T_ENUM, F(log_level), 0, 0, "info", level_choices,
      "most verbose level logged: err, warn, notice, info or debug"},
     {"log-target", T_ENUM, F(log_target), 0, 0, "auto", target_choices,

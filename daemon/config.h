@@ -25,6 +25,7 @@ struct dfccld_config {
 	int algo;              /* enum topo_force: auto, direct, ring, tree, multitree */
 	int engine;            /* enum dfccld_engine */
 	int64_t host_devices;
+	char host_pci_bus_ids[1024]; /* comma-separated, one per emulated device; empty: none */
 	int log_level;         /* enum log_level */
 	int log_target;        /* enum log_target */
 	int64_t max_sessions_per_uid;

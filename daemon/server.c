@@ -109,15 +109,24 @@ static int run_probe(const char *exe, const char *mode, char *out, size_t outlen
 	return rc;
 }
 
+/* The host engine's emulated devices. */
+static int server_host_devices(struct server *srv, struct device_desc *devs, unsigned *ndev)
+{
+	char err[256];
+	srv->engine = DFCCLD_ENGINE_HOST;
+	*ndev = (unsigned)srv->cfg.host_devices;
+	devices_host(devs, *ndev);
+	int rc = devices_host_bus_ids(devs, *ndev, srv->cfg.host_pci_bus_ids, err, sizeof(err));
+	if (rc < 0)
+		log_err("server", "%s", err);
+	return rc;
+}
+
 /* Settles the engine and the device list. */
 static int server_find_devices(struct server *srv, struct device_desc *devs, unsigned *ndev)
 {
-	if (srv->cfg.engine == DFCCLD_ENGINE_HOST) {
-		srv->engine = DFCCLD_ENGINE_HOST;
-		*ndev = (unsigned)srv->cfg.host_devices;
-		devices_host(devs, *ndev);
-		return 0;
-	}
+	if (srv->cfg.engine == DFCCLD_ENGINE_HOST)
+		return server_host_devices(srv, devs, ndev);
 	notify_status("probing GPUs");
 	char out[8192];
 	int rc = run_probe(srv->exe_path, "--probe-devices", out, sizeof(out));
@@ -139,11 +148,9 @@ static int server_find_devices(struct server *srv, struct device_desc *devs, uns
 		log_err("server", "--engine cuda, but no usable GPU was found%s%s", why ? ": " : "", why ? why + 1 : "");
 		return -ENODEV;
 	}
-	srv->engine = DFCCLD_ENGINE_HOST;
-	*ndev = (unsigned)srv->cfg.host_devices;
-	devices_host(devs, *ndev);
-	log_info("server", "no GPU found; using the host engine with %u emulated devices", *ndev);
-	return 0;
+	log_info("server", "no GPU found; using the host engine with %u emulated devices",
+	         (unsigned)srv->cfg.host_devices);
+	return server_host_devices(srv, devs, ndev);
 }
 
 #define HOST_ENGINE_STEP_US 10.0

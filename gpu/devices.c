@@ -23,6 +23,41 @@ void devices_host(struct device_desc *out, unsigned n)
 	}
 }
 
+/* Sets out[i]'s bus id from the i-th of list's ids; the number of ids, or
+ * -EINVAL (with err) for an empty or overlong one. */
+static int host_bus_ids_set(struct device_desc *out, unsigned n, const char *list, char *err, size_t errlen)
+{
+	unsigned i = 0;
+	for (const char *p = list;; i++) {
+		size_t len = strcspn(p, ",");
+		if (len == 0 || len >= sizeof(out[0].pci_bus_id)) {
+			snprintf(err, errlen, "host-pci-bus-ids: bus id %u is %s", i, len ? "too long" : "empty");
+			return -EINVAL;
+		}
+		if (i < n)
+			snprintf(out[i].pci_bus_id, sizeof(out[i].pci_bus_id), "%.*s", (int)len, p);
+		if (!p[len])
+			return (int)i + 1;
+		p += len + 1;
+	}
+}
+
+int devices_host_bus_ids(struct device_desc *out, unsigned n, const char *list, char *err, size_t errlen)
+{
+	if (!list[0])
+		return 0;
+	int got = host_bus_ids_set(out, n, list, err, errlen);
+	if (got >= 0 && (unsigned)got != n) {
+		snprintf(err, errlen, "host-pci-bus-ids names %d bus id%s for %u emulated device%s (one each, or none)", got,
+		         got == 1 ? "" : "s", n, n == 1 ? "" : "s");
+		got = -EINVAL;
+	}
+	if (got < 0)
+		for (unsigned k = 0; k < n; k++)
+			out[k].pci_bus_id[0] = '\0';
+	return got < 0 ? got : 0;
+}
+
 int devices_mps_active(void)
 {
 	/* The MPS control daemon listens in its pipe directory: the one the

@@ -22,6 +22,16 @@ struct device_desc {
 void devices_host(struct device_desc *out, unsigned n);
 
 /*
+ * Gives the n emulated devices of out the PCI bus ids of `list`: one per
+ * device, in device order, separated by commas (setting host-pci-bus-ids);
+ * an empty list leaves them without. So clients can be tested on the host
+ * engine as they run on GPUs, where they find the daemon's device by the
+ * bus id of their CUDA ordinal. Returns 0, or -EINVAL with a sentence in
+ * err.
+ */
+int devices_host_bus_ids(struct device_desc *out, unsigned n, const char *list, char *err, size_t errlen);
+
+/*
  * The probe's body: prints "gpus N mps M" then one "gpu INDEX PCI NAME" line
  * per GPU to f. Without a CUDA build, or without a usable GPU, prints
  * "gpus 0 mps 0" and a "# reason" line. Returns 0.

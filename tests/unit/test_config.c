@@ -94,7 +94,7 @@ static void test_defaults(void **state)
 		n++;
 	}
 	fclose(dump);
-	assert_int_equal(n, 38);
+	assert_int_equal(n, 39);
 	assert_memory_equal(&c, &d, sizeof(c));
 }
 
