@@ -116,7 +116,8 @@ typedef struct {
 	size_t size;          /* sizeof(dfcclConfig_t) */
 	unsigned int magic;   /* DFCCL_CONFIG_MAGIC */
 	unsigned int version; /* DFCCL_VERSION_CODE */
-	int device;           /* -1: the calling thread's device (dfcclSetDevice) */
+	int device;           /* a device as dfcclSetDevice takes it (a CUDA ordinal of this process
+	                       * where it sees GPUs); -1: the calling thread's device */
 	int initTimeoutMs;    /* 0: the daemon's default (setting comm-init-timeout-ms) */
 	int blocking;         /* 1: init returns once the communicator is ready; 0: it returns
 	                       * dfcclInProgress at once, and dfcclCommGetAsyncError says
@@ -147,13 +148,28 @@ const char *dfcclGetLastError(dfcclComm_t comm);
 /* DFCCL_VERSION_CODE of the library. */
 dfcclResult_t dfcclGetVersion(int *version);
 
-/* Select the device that later dfcclCommInitRank calls of this thread use
- * (like cudaSetDevice for NCCL). Default 0. */
+/*
+ * Select the device that later dfcclCommInitRank and dfcclMemAlloc calls of
+ * this thread use (like cudaSetDevice for NCCL). Default 0.
+ *
+ * Where this process sees GPUs (a CUDA driver and at least one device
+ * visible through CUDA_VISIBLE_DEVICES) and dfccld serves GPUs, `device`
+ * is a CUDA ordinal of this process, the number cudaSetDevice takes: a
+ * trainer that sees one GPU passes 0 whichever GPU of the node that is.
+ * The communicator lives on the daemon's device with that GPU's PCI bus id
+ * (`dfcclctl status` lists them); an ordinal whose GPU dfccld does not serve
+ * fails with dfcclInvalidArgument naming its bus id and the daemon's
+ * devices. Where the process has no CUDA driver or sees no GPU, or dfccld
+ * runs the host engine, `device` is the daemon's device index, 0 to
+ * dfcclGetDeviceCount() - 1. The number is checked when it is used (by
+ * dfcclCommInitRank or dfcclMemAlloc), not here.
+ */
 dfcclResult_t dfcclSetDevice(int device);
 dfcclResult_t dfcclGetDevice(int *device);
 
 /* Number of devices the daemon serves (GPUs, or the host engine's emulated
- * devices). Connects to the daemon. */
+ * devices), which may be more than this process sees (see dfcclSetDevice).
+ * Connects to the daemon. */
 dfcclResult_t dfcclGetDeviceCount(int *count);
 
 /* ---------------------------------------------------------------- communicators */
@@ -178,6 +194,8 @@ dfcclResult_t dfcclCommAbort(dfcclComm_t comm);
 
 dfcclResult_t dfcclCommCount(const dfcclComm_t comm, int *count);
 dfcclResult_t dfcclCommUserRank(const dfcclComm_t comm, int *rank);
+/* The device as the communicator was made with it (dfcclSetDevice's
+ * numbering: a CUDA ordinal where this process sees GPUs). */
 dfcclResult_t dfcclCommDevice(const dfcclComm_t comm, int *device);
 
 /* dfcclSuccess, or the error the daemon reported for this communicator

@@ -3,7 +3,8 @@
  *
  * Locks, in the order they may nest: default_lock (the process-wide session
  * pointer, held while it is opened), attach_lock (held across the attach
- * request, so two threads never map the same device twice), then either
+ * request, so two threads never map the same device twice) or map_lock
+ * (held across the status query that builds the device map), then either
  * lock (waiters, async slots, the lost state) or write_lock (one frame at a
  * time on the socket), never both. The poller takes only `lock`, and never
  * while reading, so a slow daemon cannot make a caller wait for a lock.
@@ -23,8 +24,10 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "cudrv.h"
 #include "dfccl_internal.h"
 #include "errors.h"
+#include "pci_id.h"
 #include "qp.h"
 #include "req.h"
 
@@ -36,6 +39,22 @@
  * answers only once it has started its workers; finite, so that a wedged
  * daemon turns into an error instead of a silent hang. */
 #define CLIENT_HELLO_TIMEOUT_S 60
+
+/*
+ * How the numbers an application gives name the daemon's devices in one
+ * session: built once, by devmap_build, and read without a lock after
+ * `built` is set.
+ */
+struct devmap {
+	bool built;           /* atomic */
+	bool by_bus_id;       /* the numbers are CUDA ordinals of this process */
+	int nordinals;        /* GPUs this process sees (by_bus_id) */
+	int *index_of;        /* [nordinals]: the daemon's device with each one's bus id, or -1 */
+	int *ordinal_of;      /* [info.ndevices]: the ordinal of each daemon device, or -1 */
+	char (*bus_id)[PCI_ID_MAX]; /* [nordinals]: as the driver wrote it; "" where it failed */
+	char why[256];        /* the driver's reason for the first bus id it could not give */
+	char served[2048];    /* the daemon's devices, for sentences: "0 (0000:1b:00.0), 1 (...)" */
+};
 
 /* One caller blocked in a request. Lives on the caller's stack. */
 struct client_waiter {
@@ -64,6 +83,9 @@ struct client {
 
 	pthread_mutex_t attach_lock;
 	struct qp **qps;       /* [info.ndevices] */
+
+	pthread_mutex_t map_lock; /* held while the map is built */
+	struct devmap map;
 
 	struct req_poller *reqs; /* the completion thread and its trackers */
 
@@ -133,10 +155,14 @@ static void client_destroy(struct client *c)
 		for (uint32_t i = 0; i < c->info.ndevices; i++)
 			qp_free(c->qps[i]);
 	free(c->qps);
+	free(c->map.index_of);
+	free(c->map.ordinal_of);
+	free(c->map.bus_id);
 	frame_reader_free(&c->reader);
 	pthread_mutex_destroy(&c->lock);
 	pthread_mutex_destroy(&c->write_lock);
 	pthread_mutex_destroy(&c->attach_lock);
+	pthread_mutex_destroy(&c->map_lock);
 	free(c);
 }
 
@@ -587,6 +613,7 @@ dfcclResult_t client_open(const char *path, const char *name, struct client **ou
 	pthread_mutex_init(&c->lock, NULL);
 	pthread_mutex_init(&c->write_lock, NULL);
 	pthread_mutex_init(&c->attach_lock, NULL);
+	pthread_mutex_init(&c->map_lock, NULL);
 
 	c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (c->fd < 0) {
@@ -684,6 +711,7 @@ static void client_fork_child(void)
 	pthread_mutex_init(&c->lock, NULL);
 	pthread_mutex_init(&c->write_lock, NULL);
 	pthread_mutex_init(&c->attach_lock, NULL);
+	pthread_mutex_init(&c->map_lock, NULL);
 	if (c->reqs)
 		req_poller_after_fork(c->reqs);
 	snprintf(c->lost_reason, sizeof(c->lost_reason),
@@ -727,9 +755,131 @@ dfcclResult_t client_default(struct client **out)
 
 /* ---------------------------------------------------------------- devices */
 
+/* Lists the daemon's devices with their bus ids into m->served and tells
+ * whether any has one (the daemon serves GPUs, or emulates devices that
+ * say which GPU they stand for). */
+static bool devmap_served(struct devmap *m, const Dfccl__V1__StatusInfo *st)
+{
+	bool any = false;
+	size_t at = 0;
+	m->served[0] = '\0';
+	for (size_t i = 0; i < st->n_devices; i++) {
+		const char *bus = st->devices[i]->pci_bus_id;
+		any = any || bus[0];
+		if (at < sizeof(m->served))
+			at += (size_t)snprintf(m->served + at, sizeof(m->served) - at, "%s%u (%s)", i ? ", " : "",
+			                       st->devices[i]->index, bus[0] ? bus : "no PCI bus id");
+	}
+	return any;
+}
+
+/* The daemon's device with bus id `bus`, or -1. */
+static int devmap_find(const struct client *c, const Dfccl__V1__StatusInfo *st, const char *bus)
+{
+	for (size_t i = 0; i < st->n_devices; i++)
+		if (st->devices[i]->index < c->info.ndevices && pci_id_equal(bus, st->devices[i]->pci_bus_id))
+			return (int)st->devices[i]->index;
+	return -1;
+}
+
+/* Fills c->map from the daemon's device list (a status query) and, where
+ * the daemon's devices have bus ids, the bus ids of this process's GPUs. */
+static dfcclResult_t devmap_build(struct client *c)
+{
+	struct devmap *m = &c->map;
+	struct client_reply rep;
+	dfcclResult_t r = client_query(c, DFCCL__V1__QUERY_KIND__QUERY_STATUS, &rep);
+	if (r != dfcclSuccess)
+		return r;
+	const Dfccl__V1__StatusInfo *st = rep.env->query_reply->status;
+	if (!st) {
+		client_reply_release(&rep);
+		return errors_set(dfcclInternalError, "dfccld answered a status query without its status");
+	}
+	int n = devmap_served(m, st) ? cudrv_device_count() : 0;
+	m->ordinal_of = malloc((c->info.ndevices ? c->info.ndevices : 1) * sizeof(*m->ordinal_of));
+	m->index_of = malloc((n ? (size_t)n : 1) * sizeof(*m->index_of));
+	m->bus_id = calloc(n ? (size_t)n : 1, sizeof(*m->bus_id));
+	if (!m->ordinal_of || !m->index_of || !m->bus_id) {
+		client_reply_release(&rep);
+		return errors_set(dfcclSystemError, "out of memory");
+	}
+	for (uint32_t d = 0; d < c->info.ndevices; d++)
+		m->ordinal_of[d] = -1;
+	for (int o = 0; o < n; o++) {
+		m->index_of[o] = -1;
+		if (cudrv_device_pci_bus_id(o, m->bus_id[o], sizeof(m->bus_id[o])) < 0) {
+			m->bus_id[o][0] = '\0';
+			if (!m->why[0])
+				snprintf(m->why, sizeof(m->why), "%s", cudrv_last_error());
+			continue;
+		}
+		int d = devmap_find(c, st, m->bus_id[o]);
+		m->index_of[o] = d;
+		if (d >= 0 && m->ordinal_of[d] < 0)
+			m->ordinal_of[d] = o;
+	}
+	m->nordinals = n;
+	m->by_bus_id = n > 0;
+	client_reply_release(&rep);
+	return dfcclSuccess;
+}
+
+/* c->map, built on first use. */
+static dfcclResult_t devmap_get(struct client *c)
+{
+	if (__atomic_load_n(&c->map.built, __ATOMIC_ACQUIRE))
+		return dfcclSuccess;
+	dfcclResult_t r = dfcclSuccess;
+	pthread_mutex_lock(&c->map_lock);
+	if (!c->map.built) {
+		r = devmap_build(c);
+		if (r == dfcclSuccess) {
+			__atomic_store_n(&c->map.built, true, __ATOMIC_RELEASE);
+		} else {
+			/* Nothing half-built is kept: the next call tries again. */
+			free(c->map.index_of);
+			free(c->map.ordinal_of);
+			free(c->map.bus_id);
+			memset(&c->map, 0, sizeof(c->map));
+		}
+	}
+	pthread_mutex_unlock(&c->map_lock);
+	return r;
+}
+
+dfcclResult_t client_device_map(struct client *c, int device, struct client_device *out)
+{
+	dfcclResult_t r = devmap_get(c);
+	if (r != dfcclSuccess)
+		return r;
+	const struct devmap *m = &c->map;
+	if (!m->by_bus_id) {
+		r = client_check_device(c, device);
+		if (r == dfcclSuccess)
+			*out = (struct client_device){(uint32_t)device, device};
+		return r;
+	}
+	if (device < 0 || device >= m->nordinals) {
+		const char *visible = getenv("CUDA_VISIBLE_DEVICES");
+		return errors_set(dfcclInvalidArgument, "device %d is no GPU of this process, which sees %d "
+		                  "(CUDA_VISIBLE_DEVICES=%s): dfcclSetDevice and config.device take CUDA ordinals, as "
+		                  "cudaSetDevice does", device, m->nordinals, visible ? visible : "unset");
+	}
+	if (!m->bus_id[device][0])
+		return errors_set(dfcclUnhandledCudaError, "cannot tell which GPU CUDA device %d is: %s", device, m->why);
+	if (m->index_of[device] < 0)
+		return errors_set(dfcclInvalidArgument, "CUDA device %d of this process is the GPU at PCI bus id %s, which "
+		                  "dfccld does not serve; it serves %s", device, m->bus_id[device], m->served);
+	*out = (struct client_device){(uint32_t)m->index_of[device], device};
+	return dfcclSuccess;
+}
+
 dfcclResult_t client_attach(struct client *c, uint32_t device, struct qp **out)
 {
 	dfcclResult_t r = client_check_device(c, (int)device);
+	if (r == dfcclSuccess)
+		r = devmap_get(c);
 	if (r != dfcclSuccess)
 		return r;
 
@@ -756,6 +906,7 @@ dfcclResult_t client_attach(struct client *c, uint32_t device, struct qp **out)
 		r = qp_map(rep.fds[0], rep.fds[1], a->region_size, device, &c->lost, &q);
 		rep.nfds = 0; /* qp_map took both descriptors */
 		if (r == dfcclSuccess) {
+			q->ordinal = c->map.by_bus_id ? c->map.ordinal_of[device] : (int)device;
 			/* Published whole: the reader thread heartbeats through it. */
 			__atomic_store_n(&c->qps[device], q, __ATOMIC_RELEASE);
 			*out = q;

@@ -103,8 +103,30 @@ struct req_poller *client_req_poller(const struct client *c);
 /* True once the connection is gone. */
 bool client_lost(const struct client *c);
 
-/* dfcclSuccess if the daemon serves `device`, else dfcclInvalidArgument. */
+/* dfcclSuccess if the daemon serves device index `device`, else
+ * dfcclInvalidArgument. */
 dfcclResult_t client_check_device(const struct client *c, int device);
+
+/* One GPU (or emulated device) as the daemon and as this process name it. */
+struct client_device {
+	uint32_t index; /* the daemon's device index: for every request and queue pair */
+	int ordinal;    /* the CUDA ordinal of this process: for driver calls */
+};
+
+/*
+ * What the number an application gives (dfcclSetDevice, config.device, or
+ * the ordinal the driver says a GPU buffer lies on) names, in session c.
+ * Where the daemon's devices have PCI bus ids and this process sees GPUs,
+ * `device` is a CUDA ordinal of this process, and the daemon's device is
+ * the one with that GPU's bus id; otherwise (the host engine, no driver, no
+ * GPU) it is the daemon's device index, and the ordinal the same number.
+ * The first call of a session asks the daemon for its devices and, where
+ * they are GPUs, the driver for this process's (initialising it); the
+ * answer is kept for the session. dfcclInvalidArgument for an ordinal this
+ * process does not have or whose GPU the daemon does not serve (the
+ * sentence names its bus id and the daemon's devices).
+ */
+dfcclResult_t client_device_map(struct client *c, int device, struct client_device *out);
 
 /*
  * Sends `req` (its request_id is assigned here) with `fds` attached and waits
@@ -152,9 +174,11 @@ uint32_t client_async_advice(struct client *c, const struct client_async *a, int
 void client_async_set(struct client *c, struct client_async *a, dfcclResult_t error, const char *message);
 
 /*
- * The session's queue pair on `device`, attaching on first use (once per
- * device per session, also when several threads ask at once). The queue
- * pair lives as long as the session.
+ * The session's queue pair on daemon device `device`, attaching on first
+ * use (once per device per session, also when several threads ask at once).
+ * The queue pair lives as long as the session; its `ordinal` is the CUDA
+ * ordinal of that GPU in this process (client_device_map), or -1 where this
+ * process does not see it.
  */
 dfcclResult_t client_attach(struct client *c, uint32_t device, struct qp **out);
 

@@ -101,10 +101,10 @@ static dfcclResult_t coll_buffer(const struct coll_args *a, const char *what, co
 		return errors_set(r, "%s: %s must hold %s = %zu elements (%zu bytes): %s", name, what,
 		                  scale > 1 ? "nranks*count" : "count", elems, bytes, why);
 	}
-	if (ref.device != a->comm->device)
-		return errors_set(dfcclInvalidArgument, "%s: buffer %p was allocated for device %d but the communicator uses "
-		                  "device %d (GPU buffers must be on the communicator's GPU; call dfcclSetDevice before "
-		                  "dfcclMemAlloc)", name, ptr, ref.device,
+	if ((uint32_t)ref.device != a->comm->dev_index)
+		return errors_set(dfcclInvalidArgument, "%s: buffer %p lies on dfccld's device %d but the communicator on its "
+		                  "device %u, device %d of this process (GPU buffers must be on the communicator's GPU; call "
+		                  "dfcclSetDevice before dfcclMemAlloc)", name, ptr, ref.device, a->comm->dev_index,
 		                  a->comm->device);
 	*reg = ref.reg_id;
 	*off = ref.offset;

@@ -84,8 +84,9 @@ static dfcclResult_t comm_config(const dfcclConfig_t *config, int *device, int *
 	if (config->magic != DFCCL_CONFIG_MAGIC || config->size < offsetof(dfcclConfig_t, blocking) + sizeof(int))
 		return errors_set(dfcclInvalidArgument, "config was not initialised with DFCCL_CONFIG_INITIALIZER");
 	if (config->device < -1)
-		return errors_set(dfcclInvalidArgument, "config device %d: use a device index, or -1 for the calling "
-		                  "thread's device", config->device);
+		return errors_set(dfcclInvalidArgument, "config device %d: use a device (a CUDA ordinal, or the daemon's "
+		                  "device index where this process sees no GPU), or -1 for the calling thread's device",
+		                  config->device);
 	if (config->initTimeoutMs < 0)
 		return errors_set(dfcclInvalidArgument, "config initTimeoutMs %d is negative (0 means the daemon's default)",
 		                  config->initTimeoutMs);
@@ -112,16 +113,23 @@ static dfcclResult_t comm_join(struct dfcclComm *cm, dfcclUniqueId commId, int t
 	dfcclResult_t r = client_default(&c);
 	if (r != dfcclSuccess)
 		return r;
-	r = client_attach(c, (uint32_t)cm->device, &qp);
+	struct client_device dev;
+	r = client_device_map(c, cm->device, &dev);
 	if (r != dfcclSuccess)
 		goto fail;
+	r = client_attach(c, dev.index, &qp);
+	if (r != dfcclSuccess)
+		goto fail;
+	/* Before the slot is linked: notices about the device match it. */
+	cm->async.device = dev.index;
+	cm->dev_index = dev.index;
 
 	Dfccl__V1__CommInit init = DFCCL__V1__COMM_INIT__INIT;
 	init.unique_id.data = (uint8_t *)commId.internal;
 	init.unique_id.len = sizeof(commId.internal);
 	init.nranks = (uint32_t)cm->nranks;
 	init.rank = (uint32_t)cm->rank;
-	init.device = (uint32_t)cm->device;
+	init.device = dev.index;
 	init.timeout_ms = (uint32_t)timeout_ms;
 	init.coll_timeout_ms = cm->coll_timeout_ms;
 	dfccl_envelope req = DFCCL__V1__ENVELOPE__INIT;
@@ -209,7 +217,6 @@ dfcclResult_t dfcclCommInitRankConfig(dfcclComm_t *comm, int nranks, dfcclUnique
 	if (!cm)
 		return errors_set(dfcclSystemError, "out of memory");
 	pthread_mutex_init(&cm->lock, NULL);
-	cm->async.device = (uint32_t)device;
 	cm->nranks = nranks;
 	cm->rank = rank;
 	cm->device = device;

@@ -53,7 +53,8 @@ struct dfcclComm {
 	uint64_t derived;        /* atomic: shrinks and splits made from it so far */
 	int nranks;
 	int rank;
-	int device;
+	int device;              /* the application's number: a CUDA ordinal, for driver calls (client_device_map) */
+	uint32_t dev_index;      /* the daemon's device it lives on; set by the join */
 	int64_t coll_timeout_ms; /* CommInit coll_timeout_ms: 0 the daemon's, -1 none, else ms */
 	uint64_t coll_seq;       /* atomic: NCCL-style collectives submitted */
 	uint64_t *p2p_seq;       /* atomic, [2 * nranks]: sends to, then receives from, each peer */

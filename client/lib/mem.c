@@ -312,7 +312,7 @@ static dfcclResult_t gpu_register(struct mem_alloc *n, const struct cudrv_ptr_in
  * replacing every entry it overlaps (allocations freed since, or
  * registered through a session that is gone).
  */
-static dfcclResult_t gpu_lookup(struct client *c, const struct cudrv_ptr_info *info, uintptr_t p,
+static dfcclResult_t gpu_lookup(struct client *c, const struct cudrv_ptr_info *info, uint32_t device, uintptr_t p,
                                 struct mem_ref *out)
 {
 	struct mem_alloc *stale = NULL;
@@ -353,7 +353,8 @@ static dfcclResult_t gpu_lookup(struct client *c, const struct cudrv_ptr_info *i
 	n->base = info->base;
 	n->size = info->size;
 	n->memfd = -1;
-	n->device = info->device;
+	n->device = (int)device;
+	n->ordinal = info->device;
 	n->buffer_id = info->buffer_id;
 	n->block_id = info->block_id;
 	n->pending = true;
@@ -401,10 +402,11 @@ static dfcclResult_t gpu_translate(struct client *c, const void *ptr, size_t byt
 		return errors_set(dfcclInvalidArgument, "buffer %p of %zu bytes runs past the end of its GPU allocation "
 		                  "[%p, +%zu): a buffer must lie inside one allocation (one cudaMalloc allocation, or one "
 		                  "cuMemMap mapping)", ptr, bytes, (void *)info.base, info.size);
-	dfcclResult_t r = client_check_device(c, info.device);
+	struct client_device dev;
+	dfcclResult_t r = client_device_map(c, info.device, &dev);
 	if (r != dfcclSuccess)
 		return r;
-	return gpu_lookup(c, &info, p, out);
+	return gpu_lookup(c, &info, dev.index, p, out);
 }
 
 dfcclResult_t mem_translate(struct client *c, const void *ptr, size_t bytes, struct mem_ref *out)
@@ -447,7 +449,7 @@ static dfcclResult_t mem_device_map(struct mem_alloc *a, struct client_reply *re
 		return errors_set(dfcclInternalError, "dfccld answered an allocation of %zu bytes on device %d with %llu "
 		                  "bytes (of a %llu-byte allocation) on device %u and %u descriptor(s)", a->size, a->device,
 		                  (unsigned long long)m->size, (unsigned long long)m->map_size, m->device, rep->nfds);
-	if (cudrv_vmm_import(rep->fds[0], m->map_size, a->device, &a->vmm) < 0)
+	if (cudrv_vmm_import(rep->fds[0], m->map_size, a->ordinal, &a->vmm) < 0)
 		return errors_set(dfcclUnhandledCudaError, "dfcclMemAlloc: cannot map the %llu bytes of device memory "
 		                  "dfccld allocated on device %d: %s", (unsigned long long)m->map_size, a->device,
 		                  cudrv_last_error());
@@ -509,13 +511,15 @@ static dfcclResult_t mem_alloc_new(void **ptr, size_t size, bool host, const cha
 	a->memfd = -1;
 	a->size = size;
 	a->map_size = (size + page - 1) / page * page;
-	a->device = client_current_device();
 	r = client_default(&a->client);
 	if (r != dfcclSuccess)
 		goto fail;
-	r = client_check_device(a->client, a->device);
+	struct client_device dev;
+	r = client_device_map(a->client, client_current_device(), &dev);
 	if (r != dfcclSuccess)
 		goto fail;
+	a->device = (int)dev.index;
+	a->ordinal = dev.ordinal;
 	r = !host && mem_gpu_served(a->client) ? mem_device_alloc(a) : mem_host_alloc(a);
 	if (r != dfcclSuccess)
 		goto fail;

@@ -67,7 +67,8 @@ struct mem_alloc {
 	size_t map_size;        /* host: size rounded up to pages; device: the allocation's size; GPU: 0 */
 	uint32_t reg_id;        /* registration id in the session */
 	int memfd;              /* host: the memfd; else -1 */
-	int device;             /* host, device: dfcclSetDevice's; GPU: the CUDA device ordinal */
+	int device;             /* the daemon's device index (client_device_map) */
+	int ordinal;            /* device, GPU: the CUDA ordinal of the same GPU, for driver calls */
 	enum mem_alloc_kind kind;
 	uint64_t buffer_id;     /* GPU: the driver's id of the allocation */
 	uint64_t block_id;      /* GPU: the driver's id of the physical allocation */
@@ -91,7 +92,7 @@ struct mem_ref {
 	uint32_t reg_id;
 	uint64_t offset;   /* bytes from the start of the registration */
 	uint64_t alloc_id;
-	int device;
+	int device;        /* the daemon's device index */
 };
 
 /* A dfcclCommRegister handle. */

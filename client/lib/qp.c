@@ -116,6 +116,7 @@ dfcclResult_t qp_map(int memfd, int doorbell, uint64_t region_size, uint32_t dev
 	q->size = region_size;
 	q->entries = h->sq_entries;
 	q->device = device;
+	q->ordinal = (int)device;
 	q->qp_id = h->qp_id;
 	q->doorbell = doorbell;
 	q->lost = lost;
@@ -142,7 +143,7 @@ void qp_free(struct qp *q)
 	if (!q)
 		return;
 	if (q->dev_base)
-		cudrv_host_unregister(q->hdr, (int)q->device);
+		cudrv_host_unregister(q->hdr, q->ordinal);
 	pthread_mutex_destroy(&q->stream_lock);
 	munmap(q->hdr, q->size);
 	close(q->doorbell);
@@ -424,7 +425,10 @@ static dfcclResult_t qp_stream_map(struct qp *q)
 	pthread_mutex_lock(&q->stream_lock);
 	if (!q->dev_base) {
 		uintptr_t dev;
-		if (cudrv_host_register(q->hdr, q->size, (int)q->device, &dev) < 0)
+		if (q->ordinal < 0)
+			r = errors_set(dfcclInvalidUsage, "dfccld's device %u is no GPU this process sees, so no stream of "
+			               "it can make stream-ordered calls", q->device);
+		else if (cudrv_host_register(q->hdr, q->size, q->ordinal, &dev) < 0)
 			r = errors_set(dfcclUnhandledCudaError, "cannot register the queue pair of device %u with the CUDA "
 			               "driver for stream-ordered calls: %s", q->device, cudrv_last_error());
 		else

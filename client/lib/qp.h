@@ -47,7 +47,8 @@ struct qp {
 	uint64_t *cw;
 	size_t size;       /* bytes mapped */
 	uint32_t entries;  /* n, a power of two */
-	uint32_t device;
+	uint32_t device;   /* the daemon's device index */
+	int ordinal;       /* the CUDA ordinal of that device in this process, for driver calls (-1: none) */
 	uint32_t qp_id;
 	int doorbell;      /* eventfd the engine sleeps on */
 	const int *lost;   /* nonzero once the owner's connection to the daemon is gone */
@@ -61,7 +62,8 @@ struct qp {
  * Maps a queue-pair region. Takes ownership of both descriptors: on success
  * the memfd is closed (the mapping keeps the memory) and the doorbell is
  * kept; on failure both are closed. `lost` must outlive the qp; it is read
- * atomically while waiting.
+ * atomically while waiting. The ordinal starts as the device index; the
+ * caller sets it before anyone uses the qp.
  */
 dfcclResult_t qp_map(int memfd, int doorbell, uint64_t region_size, uint32_t device, const int *lost,
                      struct qp **out);

@@ -35,7 +35,7 @@ static int batch_queue(const struct stream_batch *b, size_t from, dfcclStream_t 
 			const struct stream_item *it = &b->items[i];
 			if (it->stream != stream)
 				continue;
-			device = (int)it->qp->device;
+			device = it->qp->ordinal;
 			ops[k++] = pass == BATCH_WAITS
 			               ? (struct cudrv_stream_op){true, it->arm.cw_addr, DFCCL_CW_MAKE(it->arm.seq, 0)}
 			               : (struct cudrv_stream_op){false, it->arm.arm_addr, it->arm.seq};

@@ -135,6 +135,8 @@ static struct {
 	CUresult ipc_fails;    /* cuIpcGetMemHandle answers this */
 	CUresult retain_fails, export_fails, map_fails, init_fails; /* likewise */
 	struct CUctx_st ctx[8];
+	int visible;           /* GPUs cuDeviceGetCount reports (after cuInit) */
+	const char *bus_id[8]; /* cuDeviceGetPCIBusId's answer for each of them */
 } fk = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 static __thread CUcontext fk_current;
@@ -149,6 +151,7 @@ static void fake_reset(void)
 	fk.access_device = -1;
 	fk.attr_fails = fk.ipc_fails = fk.retain_fails = fk.export_fails = fk.map_fails = fk.init_fails = CUDA_SUCCESS;
 	fk.next_va = (uintptr_t)0x500000000000ull;
+	fk.visible = 0;
 	for (int i = 0; i < 8; i++)
 		fk.ctx[i].device = i;
 	pthread_mutex_unlock(&fk.lock);
@@ -391,6 +394,25 @@ static CUresult fake_init(unsigned flags)
 	return r;
 }
 
+static CUresult fake_device_get_count(int *count)
+{
+	pthread_mutex_lock(&fk.lock);
+	CUresult r = fk.inits ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
+	*count = fk.visible;
+	pthread_mutex_unlock(&fk.lock);
+	return r;
+}
+
+static CUresult fake_device_get_pci_bus_id(char *bus_id, int len, CUdevice dev)
+{
+	pthread_mutex_lock(&fk.lock);
+	CUresult r = dev >= 0 && dev < fk.visible && len > 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+	if (r == CUDA_SUCCESS)
+		snprintf(bus_id, (size_t)len, "%s", fk.bus_id[dev]);
+	pthread_mutex_unlock(&fk.lock);
+	return r;
+}
+
 static CUresult fake_retain_allocation_handle(CUmemGenericAllocationHandle *h, void *addr)
 {
 	pthread_mutex_lock(&fk.lock);
@@ -563,6 +585,8 @@ static const struct cudrv_ops fake_ops = {
     .mem_map = fake_map,
     .mem_unmap = fake_unmap,
     .mem_set_access = fake_set_access,
+    .device_get_count = fake_device_get_count,
+    .device_get_pci_bus_id = fake_device_get_pci_bus_id,
 };
 
 /* ---------------------------------------------------------------- the fake daemon */
@@ -605,6 +629,8 @@ struct fake_daemon {
 	unsigned nregs;
 	uint32_t deregs[FD_MAX_EVENTS];
 	unsigned nderegs;
+	bool bus_ids;         /* its devices have PCI bus ids: device i at 0000:(0x10 + i):00.0 */
+	unsigned nstatus;     /* status queries answered */
 };
 
 struct fake_conn {
@@ -711,6 +737,35 @@ static void fd_serve(struct fake_daemon *d, struct fake_conn *c, dfccl_envelope 
 		env.request_id = req->request_id;
 		assert_int_equal(frame_send(c->fd, &env, &fd, how == FA_NO_FD ? 0 : 1), 0);
 		close(fd);
+		break;
+	}
+	case DFCCL__V1__ENVELOPE__BODY_QUERY: {
+		/* A status query: the devices. */
+		assert_int_equal(req->query->kind, DFCCL__V1__QUERY_KIND__QUERY_STATUS);
+		assert_true(d->ndevices <= 8);
+		Dfccl__V1__DeviceInfo dev[8], *devp[8];
+		char bus[8][16];
+		pthread_mutex_lock(&d->lock);
+		bool with_ids = d->bus_ids;
+		d->nstatus++;
+		pthread_mutex_unlock(&d->lock);
+		for (uint32_t i = 0; i < d->ndevices; i++) {
+			dfccl__v1__device_info__init(&dev[i]);
+			snprintf(bus[i], sizeof(bus[i]), "0000:%02x:00.0", 0x10 + i);
+			dev[i].index = i;
+			dev[i].pci_bus_id = with_ids ? bus[i] : "";
+			devp[i] = &dev[i];
+		}
+		Dfccl__V1__StatusInfo st = DFCCL__V1__STATUS_INFO__INIT;
+		st.engine = d->engine;
+		st.n_devices = d->ndevices;
+		st.devices = devp;
+		Dfccl__V1__QueryReply qr = DFCCL__V1__QUERY_REPLY__INIT;
+		qr.kind = DFCCL__V1__QUERY_KIND__QUERY_STATUS;
+		qr.status = &st;
+		env.body_case = DFCCL__V1__ENVELOPE__BODY_QUERY_REPLY;
+		env.query_reply = &qr;
+		fd_reply(c, &env, req->request_id);
 		break;
 	}
 	case DFCCL__V1__ENVELOPE__BODY_DEREGISTER_MEM: {
@@ -1653,6 +1708,98 @@ static void test_vmm_refused(void **state)
 	assert_int_equal(fd_nderegs(fx->d), 0);
 }
 
+/* ---------------------------------------------------------------- devices by PCI bus id */
+
+static unsigned fd_nstatus(struct fake_daemon *d)
+{
+	pthread_mutex_lock(&d->lock);
+	unsigned n = d->nstatus;
+	pthread_mutex_unlock(&d->lock);
+	return n;
+}
+
+/*
+ * The daemon serves 8 GPUs at bus 0x10..0x17; this process sees two:
+ * ordinal 0 is the daemon's device 5 (its bus id written as NVML writes
+ * it, in upper case), ordinal 1 a GPU the daemon does not serve. A GPU
+ * buffer is registered on the daemon's device and shared through its own
+ * ordinal; dfcclMemAlloc asks the daemon's device for memory and maps it
+ * for the ordinal.
+ */
+static void test_device_map_by_bus_id(void **state)
+{
+	struct fixture *fx = *state;
+	pthread_mutex_lock(&fx->d->lock);
+	fx->d->bus_ids = true;
+	pthread_mutex_unlock(&fx->d->lock);
+	struct client *c = use_default_session(fx);
+	fk.visible = 2;
+	fk.bus_id[0] = "00000000:15:00.0";
+	fk.bus_id[1] = "0000:9A:00.0";
+	uintptr_t x = region(30);
+	uint64_t id = fake_malloc(x, 4 * MiB, 0, FK_LEGACY);
+	struct mem_ref ref;
+
+	assert_int_equal(mem_translate(c, (void *)(x + 64), 128, &ref), dfcclSuccess);
+	assert_int_equal(fk.inits, 1);
+	assert_int_equal(ref.device, 5);
+	assert_int_equal(fd_nregs(fx->d), 1);
+	struct fake_reg r = fd_reg(fx->d, 0);
+	uint8_t want[64];
+	fake_handle(id, 0, want); /* asked of the driver for ordinal 0 */
+	assert_int_equal(r.device, 5);
+	assert_memory_equal(r.handle, want, 64);
+
+	/* A buffer on the GPU the daemon does not serve. */
+	fake_malloc(x + 4 * MiB, MiB, 1, FK_LEGACY);
+	expect_error(mem_translate(c, (void *)(x + 4 * MiB), 8, &ref), dfcclInvalidArgument,
+	             "CUDA device 1 of this process is the GPU at PCI bus id 0000:9A:00.0, which dfccld does not serve; "
+	             "it serves 0 (0000:10:00.0), 1 (0000:11:00.0), 2 (0000:12:00.0), 3 (0000:13:00.0), 4 (0000:14:00.0), "
+	             "5 (0000:15:00.0), 6 (0000:16:00.0), 7 (0000:17:00.0)");
+	assert_int_equal(fd_nregs(fx->d), 1);
+
+	/* dfcclMemAlloc on ordinal 0: the daemon's device 5, mapped for 0. */
+	assert_int_equal(dfcclSetDevice(0), dfcclSuccess);
+	void *p = NULL;
+	assert_int_equal(dfcclMemAlloc(&p, 8192), dfcclSuccess);
+	r = fd_reg(fx->d, 1);
+	assert_int_equal(r.kind, FAKE_ALLOC);
+	assert_int_equal(r.device, 5);
+	assert_int_equal(fk.access_device, 0);
+	assert_int_equal(mem_translate(c, p, 8192, &ref), dfcclSuccess);
+	assert_int_equal(ref.device, 5);
+	assert_int_equal(dfcclMemFree(p), dfcclSuccess);
+
+	/* An ordinal past the GPUs this process sees. */
+	assert_int_equal(dfcclSetDevice(2), dfcclSuccess);
+	expect_error(dfcclMemAlloc(&p, 8192), dfcclInvalidArgument, "device 2 is no GPU of this process, which sees 2");
+	assert_int_equal(dfcclSetDevice(0), dfcclSuccess);
+
+	/* One status query for the session, whatever was mapped since. */
+	assert_int_equal(fd_nstatus(fx->d), 1);
+	fake_free(x + 4 * MiB);
+	fake_free(x);
+}
+
+/* Without bus ids on the daemon's side, numbers stay its device indices
+ * and the driver is never initialised for them. */
+static void test_device_map_without_bus_ids(void **state)
+{
+	struct fixture *fx = *state;
+	fk.visible = 2;
+	fk.bus_id[0] = "0000:15:00.0";
+	fk.bus_id[1] = "0000:16:00.0";
+	uintptr_t x = region(31);
+	fake_malloc(x, MiB, 6, FK_LEGACY);
+	struct mem_ref ref;
+	assert_int_equal(mem_translate(fx->c, (void *)x, 8, &ref), dfcclSuccess);
+	assert_int_equal(ref.device, 6);
+	assert_int_equal(fd_reg(fx->d, 0).device, 6);
+	assert_int_equal(fk.inits, 0);
+	assert_int_equal(fd_nstatus(fx->d), 1);
+	fake_free(x);
+}
+
 /* ---------------------------------------------------------------- dfcclMemAlloc on the CUDA engine */
 
 static void test_memalloc_device(void **state)
@@ -1780,6 +1927,8 @@ static void test_matches_cuda_h(void **state)
 	    "cuStreamBatchMemOp_v2",
 	    "cuMemcpyAsync",
 	    "cuStreamIsCapturing",
+	    "cuDeviceGetCount",
+	    "cuDeviceGetPCIBusId",
 	};
 	for (size_t i = 0; i < sizeof(looked_up) / sizeof(looked_up[0]); i++)
 		assert_string_equal(looked_up[i], cuda_h_symbols[i]);
@@ -1793,6 +1942,8 @@ int main(void)
 	    cmocka_unit_test_setup_teardown(test_pointer_info, setup_cuda, teardown),
 	    cmocka_unit_test_setup_teardown(test_ipc_handle_without_context, setup_cuda, teardown),
 	    cmocka_unit_test_setup_teardown(test_register_once, setup_cuda, teardown),
+	    cmocka_unit_test_setup_teardown(test_device_map_by_bus_id, setup_cuda, teardown),
+	    cmocka_unit_test_setup_teardown(test_device_map_without_bus_ids, setup_cuda, teardown),
 	    cmocka_unit_test_setup_teardown(test_address_reused, setup_cuda, teardown),
 	    cmocka_unit_test_setup_teardown(test_refused_ranges, setup_cuda, teardown),
 	    cmocka_unit_test_setup_teardown(test_failures_leave_nothing, setup_cuda, teardown),
