@@ -167,9 +167,11 @@ dfcclResult_t dfcclGetVersion(int *version);
 dfcclResult_t dfcclSetDevice(int device);
 dfcclResult_t dfcclGetDevice(int *device);
 
-/* Number of devices the daemon serves (GPUs, or the host engine's emulated
- * devices), which may be more than this process sees (see dfcclSetDevice).
- * Connects to the daemon. */
+/* Number of devices dfcclSetDevice can name: where this process sees GPUs
+ * that it names by CUDA ordinal (see dfcclSetDevice), how many it sees, as
+ * cudaGetDeviceCount says (the daemon may not serve every one); otherwise
+ * the number of devices the daemon serves (GPUs, or the host engine's
+ * emulated devices). Connects to the daemon. */
 dfcclResult_t dfcclGetDeviceCount(int *count);
 
 /* ---------------------------------------------------------------- communicators */

@@ -952,13 +952,14 @@ dfcclResult_t dfcclGetDeviceCount(int *count)
 {
 	if (!count)
 		return errors_set(dfcclInvalidArgument, "dfcclGetDeviceCount: count is NULL");
-	struct client *c;
+	struct client *c = NULL;
 	dfcclResult_t r = client_default(&c);
-	if (r != dfcclSuccess)
-		return r;
-	*count = (int)client_info(c)->ndevices;
+	if (r == dfcclSuccess)
+		r = devmap_get(c);
+	if (r == dfcclSuccess)
+		*count = c->map.by_bus_id ? c->map.nordinals : (int)client_info(c)->ndevices;
 	client_unref(c);
-	return dfcclSuccess;
+	return r;
 }
 
 dfcclResult_t dfcclInternalNop(int device)

@@ -17,7 +17,9 @@
  *     sentence naming its bus id and the daemon's devices; an ordinal past
  *     the GPUs the process sees fails too;
  *   - a process whose driver sees no GPU: numbers are the daemon's device
- *     indices, as without a driver.
+ *     indices, as without a driver;
+ *   - dfcclGetDeviceCount counts what dfcclSetDevice can name: the one GPU
+ *     a rank sees, or the daemon's two devices.
  */
 #include <errno.h>
 #include <poll.h>
@@ -140,6 +142,10 @@ static int rank_main(void *arg, int rank)
 {
 	struct job *j = arg;
 	fake_driver_install(j->bus_id[rank]);
+	/* The numbers it may give: its one GPU, or the daemon's two devices. */
+	int n = -1;
+	if (dfcclGetDeviceCount(&n) != dfcclSuccess || n != (j->bus_id[rank] ? 1 : 2))
+		RANK_FAIL("dfcclGetDeviceCount says %d (%s)", n, dfcclGetLastError(NULL));
 	if (dfcclSetDevice(j->device) != dfcclSuccess)
 		RANK_FAIL("dfcclSetDevice(%d): %s", j->device, dfcclGetLastError(NULL));
 	dfcclComm_t comm = NULL;
