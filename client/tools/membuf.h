@@ -78,9 +78,10 @@ const char *membuf_error(void);
  * Makes GPU `device` the calling thread's CUDA device and creates its
  * context, for GPU memory; does nothing for host memory. Memalloc buffers
  * also need dfcclSetDevice(device) before they are allocated (dfcclMemAlloc
- * allocates on libdfccl's device). The index is CUDA's, which is also the
- * daemon's device index when the daemon and the caller see the same GPUs
- * (the same CUDA_VISIBLE_DEVICES).
+ * allocates on libdfccl's device). The index is a CUDA ordinal, the same
+ * number dfcclSetDevice takes in a process that sees GPUs: libdfccl finds
+ * the daemon's device by that GPU's PCI bus id, whatever
+ * CUDA_VISIBLE_DEVICES the caller runs with.
  */
 int membuf_use_device(int kind, int device);
 
