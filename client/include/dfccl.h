@@ -161,8 +161,13 @@ dfcclResult_t dfcclGetVersion(int *version);
  * fails with dfcclInvalidArgument naming its bus id and the daemon's
  * devices. Where the process has no CUDA driver or sees no GPU, or dfccld
  * runs the host engine, `device` is the daemon's device index, 0 to
- * dfcclGetDeviceCount() - 1. The number is checked when it is used (by
- * dfcclCommInitRank or dfcclMemAlloc), not here.
+ * dfcclGetDeviceCount() - 1. So it is too, for the process's connection,
+ * where MPS is active and a worker of dfccld runs as another user than this
+ * process: the CUDA driver cannot be asked then (a process of another user
+ * than the running MPS server's waits in CUDA initialisation until that
+ * server's clients have all gone), and an attach to a device that another
+ * user's job holds is refused at once, naming it. The number is checked
+ * when it is used (by dfcclCommInitRank or dfcclMemAlloc), not here.
  */
 dfcclResult_t dfcclSetDevice(int device);
 dfcclResult_t dfcclGetDevice(int *device);

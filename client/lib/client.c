@@ -773,6 +773,26 @@ static bool devmap_served(struct devmap *m, const Dfccl__V1__StatusInfo *st)
 	return any;
 }
 
+/*
+ * Whether this process may initialise CUDA now. Under MPS a process whose
+ * user differs from the running MPS server's waits in CUDA initialisation
+ * until that server's clients have all gone, and the workers are MPS
+ * clients: where one of another user is up, the map is not built from the
+ * driver, and the numbers stay the daemon's indices, which the attach
+ * checks (a device another user's job holds is refused at once, naming the
+ * holder; a free one is handed to this user's worker).
+ */
+static bool devmap_driver_safe(const Dfccl__V1__StatusInfo *st)
+{
+	if (!st->mps_active)
+		return true;
+	uid_t me = geteuid();
+	for (size_t i = 0; i < st->n_devices; i++)
+		if (st->devices[i]->worker_up && st->devices[i]->worker_uid != (uint32_t)me)
+			return false;
+	return true;
+}
+
 /* The daemon's device with bus id `bus`, or -1. */
 static int devmap_find(const struct client *c, const Dfccl__V1__StatusInfo *st, const char *bus)
 {
@@ -796,7 +816,7 @@ static dfcclResult_t devmap_build(struct client *c)
 		client_reply_release(&rep);
 		return errors_set(dfcclInternalError, "dfccld answered a status query without its status");
 	}
-	int n = devmap_served(m, st) ? cudrv_device_count() : 0;
+	int n = devmap_served(m, st) && devmap_driver_safe(st) ? cudrv_device_count() : 0;
 	m->ordinal_of = malloc((c->info.ndevices ? c->info.ndevices : 1) * sizeof(*m->ordinal_of));
 	m->index_of = malloc((n ? (size_t)n : 1) * sizeof(*m->index_of));
 	m->bus_id = calloc(n ? (size_t)n : 1, sizeof(*m->bus_id));

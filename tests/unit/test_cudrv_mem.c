@@ -630,6 +630,7 @@ struct fake_daemon {
 	uint32_t deregs[FD_MAX_EVENTS];
 	unsigned nderegs;
 	bool bus_ids;         /* its devices have PCI bus ids: device i at 0000:(0x10 + i):00.0 */
+	bool mps_other_user;  /* MPS is active and device 0's worker runs as another user */
 	unsigned nstatus;     /* status queries answered */
 };
 
@@ -746,7 +747,7 @@ static void fd_serve(struct fake_daemon *d, struct fake_conn *c, dfccl_envelope 
 		Dfccl__V1__DeviceInfo dev[8], *devp[8];
 		char bus[8][16];
 		pthread_mutex_lock(&d->lock);
-		bool with_ids = d->bus_ids;
+		bool with_ids = d->bus_ids, mps_other = d->mps_other_user;
 		d->nstatus++;
 		pthread_mutex_unlock(&d->lock);
 		for (uint32_t i = 0; i < d->ndevices; i++) {
@@ -754,10 +755,13 @@ static void fd_serve(struct fake_daemon *d, struct fake_conn *c, dfccl_envelope 
 			snprintf(bus[i], sizeof(bus[i]), "0000:%02x:00.0", 0x10 + i);
 			dev[i].index = i;
 			dev[i].pci_bus_id = with_ids ? bus[i] : "";
+			dev[i].worker_up = true;
+			dev[i].worker_uid = (uint32_t)geteuid() + (mps_other && i == 0);
 			devp[i] = &dev[i];
 		}
 		Dfccl__V1__StatusInfo st = DFCCL__V1__STATUS_INFO__INIT;
 		st.engine = d->engine;
+		st.mps_active = mps_other;
 		st.n_devices = d->ndevices;
 		st.devices = devp;
 		Dfccl__V1__QueryReply qr = DFCCL__V1__QUERY_REPLY__INIT;
@@ -1800,6 +1804,30 @@ static void test_device_map_without_bus_ids(void **state)
 	fake_free(x);
 }
 
+/* Under MPS with a worker of another user up, CUDA initialisation would
+ * wait for that user's jobs to end: the driver is not asked, and numbers
+ * stay the daemon's device indices for the session. */
+static void test_device_map_mps_other_user(void **state)
+{
+	struct fixture *fx = *state;
+	pthread_mutex_lock(&fx->d->lock);
+	fx->d->bus_ids = true;
+	fx->d->mps_other_user = true;
+	pthread_mutex_unlock(&fx->d->lock);
+	fk.visible = 2;
+	fk.bus_id[0] = "0000:15:00.0";
+	fk.bus_id[1] = "0000:16:00.0";
+	uintptr_t x = region(32);
+	fake_malloc(x, MiB, 6, FK_LEGACY);
+	struct mem_ref ref;
+	assert_int_equal(mem_translate(fx->c, (void *)x, 8, &ref), dfcclSuccess);
+	assert_int_equal(ref.device, 6); /* an index: by bus id, 6 would be no GPU of this process */
+	assert_int_equal(fd_reg(fx->d, 0).device, 6);
+	assert_int_equal(fk.inits, 0);
+	assert_int_equal(fd_nstatus(fx->d), 1);
+	fake_free(x);
+}
+
 /* ---------------------------------------------------------------- dfcclMemAlloc on the CUDA engine */
 
 static void test_memalloc_device(void **state)
@@ -1944,6 +1972,7 @@ int main(void)
 	    cmocka_unit_test_setup_teardown(test_register_once, setup_cuda, teardown),
 	    cmocka_unit_test_setup_teardown(test_device_map_by_bus_id, setup_cuda, teardown),
 	    cmocka_unit_test_setup_teardown(test_device_map_without_bus_ids, setup_cuda, teardown),
+	    cmocka_unit_test_setup_teardown(test_device_map_mps_other_user, setup_cuda, teardown),
 	    cmocka_unit_test_setup_teardown(test_address_reused, setup_cuda, teardown),
 	    cmocka_unit_test_setup_teardown(test_refused_ranges, setup_cuda, teardown),
 	    cmocka_unit_test_setup_teardown(test_failures_leave_nothing, setup_cuda, teardown),
