@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""Where the daemon kernel's time goes, from its event trace.
+
+Usage: dk_trace_summary.py TRACE [--block B] [--top N]
+
+TRACE is the file a CUDA worker writes when dfccld runs with
+DFCCL_DK_TRACE=TRACE (gpu/cuda/dkernel.h): one line per event of thread 0 of
+a block, "block ns event arg". For block B (default 0) this prints
+
+  - every transition between two consecutive events (a step is named by its
+    dk_step, so "step POSTS -> data" is the time from reaching POSTS to the
+    first piece of data), with its count, median, mean and total time,
+    the N (default 25) with the largest total first;
+  - per task, the time from its arrival on the block to its completion;
+  - the time between two completions, the figure a client sees back to back.
+"""
+import argparse
+import statistics
+import sys
+
+# enum dk_step, in order (gpu/cuda/dkernel.h).
+STEPS = ["SLOT", "POSTS", "WORK1", "SYNC1", "WORK2", "CHDONE", "FINISH", "BOX_FREE", "BOX_ACK", "BOX_KEY",
+         "AWAIT", "AWORK", "BOX_WANT", "LEFT"]
+
+
+def label(event, arg):
+    """An event as the tables name it: steps and preemptions with their step."""
+    if event in ("step", "preempt"):
+        step = arg & 0xFFFF
+        return "%s %s" % (event, STEPS[step] if step < len(STEPS) else str(step))
+    if event == "queues":
+        return "queues (took %s)" % ("none" if arg == 0 else "some")
+    return event
+
+
+def read(path, block):
+    events = []
+    with open(path) as f:
+        for line in f:
+            if line.startswith("#"):
+                continue
+            parts = line.split()
+            if len(parts) != 4 or int(parts[0]) != block:
+                continue
+            events.append((int(parts[1]), parts[2], int(parts[3])))
+    return events
+
+
+def us(ns):
+    return "%.2f" % (ns / 1000.0)
+
+
+def summary(events, top):
+    pairs = {}
+    for (t0, e0, a0), (t1, e1, a1) in zip(events, events[1:]):
+        pairs.setdefault((label(e0, a0), label(e1, a1)), []).append(t1 - t0)
+    rows = sorted(pairs.items(), key=lambda kv: -sum(kv[1]))[:top]
+    print("%-28s %-28s %8s %9s %9s %11s" % ("from", "to", "count", "median us", "mean us", "total us"))
+    for (a, b), d in rows:
+        print("%-28s %-28s %8d %9s %9s %11s" % (a, b, len(d), us(statistics.median(d)), us(statistics.mean(d)),
+                                                us(sum(d))))
+
+    arrived, spans, completions, current = {}, [], [], None
+    for t, e, a in events:
+        if e == "task":
+            arrived[a] = t
+        elif e in ("step", "preempt"):
+            current = a >> 16
+        elif e == "complete":
+            completions.append(t)
+            if current in arrived:
+                spans.append(t - arrived.pop(current))
+    for name, values in (("task arrival to completion", spans),
+                         ("between completions", [b - a for a, b in zip(completions, completions[1:])])):
+        if values:
+            print("%s: %d, median %s us, mean %s us, min %s us, max %s us" %
+                  (name, len(values), us(statistics.median(values)), us(statistics.mean(values)),
+                   us(min(values)), us(max(values))))
+        else:
+            print("%s: none" % name)
+
+
+def main():
+    ap = argparse.ArgumentParser(description="Where the daemon kernel's time goes, from its event trace.")
+    ap.add_argument("trace", help="the file dfccld's CUDA worker wrote (DFCCL_DK_TRACE)")
+    ap.add_argument("--block", type=int, default=0, help="the block (channel) to look at (default 0)")
+    ap.add_argument("--top", type=int, default=25, help="transitions to list (default 25)")
+    args = ap.parse_args()
+    try:
+        events = read(args.trace, args.block)
+    except (OSError, ValueError) as e:
+        sys.exit("dk_trace_summary: cannot read %s: %s" % (args.trace, e))
+    if len(events) < 2:
+        sys.exit("dk_trace_summary: block %d has %d event(s) in %s" % (args.block, len(events), args.trace))
+    summary(events, args.top)
+
+
+if __name__ == "__main__":
+    main()
