@@ -22,9 +22,13 @@
 #                          nvidia-cuda-mps-control needed); what starts
 #                          after mps_start uses it, through the exported
 #                          CUDA_MPS_PIPE_DIRECTORY
+# DFCCLD=PATH in the environment makes the scripts start that dfccld instead
+# of $bin/dfccld (`dfccld_bin`), so that two builds of the daemon can be
+# compared under the same tests and tools.
 # NVLink multicast must stay off on shared GPU machines, in everything
 # started here.
 export NCCL_NVLS_ENABLE=0
+dfccld_bin=${DFCCLD:-${bin:?}/dfccld}
 
 gpu_need_gpu() {
 	if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
@@ -85,7 +89,7 @@ step() {
 }
 
 start_daemon() {
-	"$bin/dfccld" --socket "$sock" --engine cuda --config /dev/null --log-target stderr --log-level info \
+	"$dfccld_bin" --socket "$sock" --engine cuda --config /dev/null --log-target stderr --log-level info \
 		"$@" 2>>"$tmp/dfccld.log" &
 	daemon_pid=$!
 	local _

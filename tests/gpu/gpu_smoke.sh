@@ -13,6 +13,7 @@
 # Usage: gpu_smoke.sh BINDIR   (the folder holding dfccld and dfcclctl)
 set -euo pipefail
 bin=${1:?usage: gpu_smoke.sh BINDIR}
+dfccld_bin=${DFCCLD:-$bin/dfccld} # as in gpu_lib.sh
 export NCCL_NVLS_ENABLE=0
 
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
@@ -42,12 +43,12 @@ ctl() { "$bin/dfcclctl" --socket "$sock" "$@"; }
 json() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
 
 echo "== probe: $ngpu GPU(s) per nvidia-smi"
-probe=$("$bin/dfccld" --probe-devices)
+probe=$("$dfccld_bin" --probe-devices)
 echo "$probe"
 [ "$(echo "$probe" | head -1 | awk '{print $2}')" = "$ngpu" ] || fail "the probe found a different number of GPUs"
 
 start_daemon() {
-	"$bin/dfccld" --socket "$sock" --engine auto --config /dev/null --log-target stderr \
+	"$dfccld_bin" --socket "$sock" --engine auto --config /dev/null --log-target stderr \
 		--log-level info 2>"$tmp/dfccld.log" &
 	daemon_pid=$!
 	for _ in $(seq 1 300); do

@@ -9,8 +9,9 @@
 #        bin/); LOGDIR: where the logs go (default: a new folder in /tmp);
 #        SCRIPT: the scripts to run, by name (default: all of them, the
 #        short ones first).
-# Environment: DFCCL_GPU_QUICK=1 trims cuda_engine's sweeps; every script
-#        runs with NCCL_NVLS_ENABLE=0.
+# Environment: DFCCL_GPU_QUICK=1 trims cuda_engine's sweeps; DFCCLD=PATH
+#        runs that dfccld instead of BINDIR's (two builds of the daemon
+#        under the same tests); every script runs with NCCL_NVLS_ENABLE=0.
 set -uo pipefail
 bin=${1:?usage: run_all.sh BINDIR [LOGDIR] [SCRIPT...]}
 logdir=${2:-$(mktemp -d /tmp/dfccl-gpu-logs-XXXXXX)}

@@ -13,6 +13,7 @@
 # Usage: topo_detect.sh BINDIR   (the folder holding dfccld and dfcclctl)
 set -euo pipefail
 bin=${1:?usage: topo_detect.sh BINDIR}
+dfccld_bin=${DFCCLD:-$bin/dfccld} # as in gpu_lib.sh
 
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
 	echo "SKIPPED: no NVIDIA GPU on this machine (topo_detect runs on GPU machines)"
@@ -34,7 +35,7 @@ fail() {
 }
 
 echo "== dfccld --probe-topology ($ngpu GPU(s) per nvidia-smi)"
-"$bin/dfccld" --probe-topology >"$tmp/model.json" || fail "detection failed: $(cat "$tmp/model.json")"
+"$dfccld_bin" --probe-topology >"$tmp/model.json" || fail "detection failed: $(cat "$tmp/model.json")"
 nvidia-smi topo -m | tee "$tmp/smi.txt"
 python3 - "$tmp/model.json" "$tmp/smi.txt" "$ngpu" <<'PY' || fail "the detected model does not match nvidia-smi"
 import json, re, subprocess, sys
@@ -78,7 +79,7 @@ if ngpu > 1 and nvlink_pairs == ngpu * (ngpu - 1):
 PY
 
 echo "== the daemon on the GPUs shows the detected model"
-"$bin/dfccld" --socket "$tmp/dfccld.sock" --engine cuda --config /dev/null --log-target stderr \
+"$dfccld_bin" --socket "$tmp/dfccld.sock" --engine cuda --config /dev/null --log-target stderr \
 	--log-level info 2>"$tmp/dfccld.log" &
 daemon_pid=$!
 for _ in $(seq 1 300); do
@@ -120,7 +121,7 @@ wait "$daemon_pid" || fail "dfccld exited non-zero on SIGTERM"
 daemon_pid=
 
 echo "== the dump loads back with --topology"
-"$bin/dfccld" --socket "$tmp/dfccld.sock" --engine cuda --topology "$tmp/dump.json" --config /dev/null \
+"$dfccld_bin" --socket "$tmp/dfccld.sock" --engine cuda --topology "$tmp/dump.json" --config /dev/null \
 	--log-target stderr --log-level info 2>"$tmp/dfccld.log" &
 daemon_pid=$!
 for _ in $(seq 1 300); do
