@@ -79,10 +79,12 @@ int daemon_log_contains(const struct daemon_proc *d, const char *needle)
 	return n;
 }
 
+/* Whether the daemon serves ndev devices (*arg; 0: any number but 0) and
+ * every worker is up. */
 static int all_up(const Dfccl__V1__StatusInfo *st, void *arg)
 {
 	unsigned ndev = *(unsigned *)arg;
-	if (st->n_devices != ndev)
+	if (ndev ? st->n_devices != ndev : st->n_devices == 0)
 		return 0;
 	for (size_t i = 0; i < st->n_devices; i++)
 		if (!st->devices[i]->worker_up)
@@ -148,9 +150,14 @@ static int daemon_vstart(struct daemon_proc *d, const struct daemon_opts *o, uns
 
 	char ndevs[16];
 	snprintf(ndevs, sizeof(ndevs), "%u", ndev);
-	const char *argv[48] = {DFCCLD_PATH, "--socket", d->socket, "--engine", "host", "--host-devices", ndevs,
-	                        "--log-level", "debug", "--log-target", "stderr", "--config", "/dev/null"};
-	int argc = 13;
+	const char *exe = o->exe ? o->exe : DFCCLD_PATH;
+	const char *argv[48] = {exe, "--socket", d->socket, "--log-level", "debug", "--log-target", "stderr",
+	                        "--config", "/dev/null", "--engine", o->engine ? o->engine : "host"};
+	int argc = 11;
+	if (!o->engine || strcmp(o->engine, "host") == 0) {
+		argv[argc++] = "--host-devices";
+		argv[argc++] = ndevs;
+	}
 	const char *a;
 	while ((a = va_arg(ap, const char *)) != NULL && argc < 46)
 		argv[argc++] = a;
@@ -188,13 +195,14 @@ static int daemon_vstart(struct daemon_proc *d, const struct daemon_opts *o, uns
 			setenv("LISTEN_FDS", "1", 1);
 			setenv("LISTEN_PID", pid, 1);
 		}
-		execv(DFCCLD_PATH, (char *const *)argv);
+		execv(exe, (char *const *)argv);
 		_exit(127);
 	}
 	if (o->listen_path)
 		snprintf(d->socket, sizeof(d->socket), "%s", o->listen_path);
-	/* Wait for the socket, then for every worker. */
-	uint64_t deadline = now_ms() + 15000;
+	/* Wait for the socket, then for every worker (a GPU's worker creates
+	 * its CUDA context and loads every kernel first). */
+	uint64_t deadline = now_ms() + (o->engine && strcmp(o->engine, "cuda") == 0 ? 30000 : 15000);
 	struct raw_client c;
 	while (now_ms() < deadline) {
 		if (raw_connect(&c, d->socket, DFCCL_PROTO_MIN_VERSION, DFCCL_PROTO_VERSION, NULL) == 0) {

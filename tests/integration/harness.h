@@ -27,8 +27,12 @@ struct daemon_opts {
 	const char *listen_path; /* where listen_fd is bound: clients connect there */
 	int reuse;            /* start again in d's folder, on its socket, appending to its log (a restart) */
 	uid_t run_as;         /* > 0: the daemon runs as this uid (and gid), without groups */
+	const char *engine;   /* NULL or "host": --engine host --host-devices ndev; "cuda": --engine cuda,
+	                       * every GPU it finds (ndev of them, or with ndev 0 any number but 0) */
+	const char *exe;      /* the dfccld to run (NULL: the one of this build, DFCCLD_PATH) */
 };
 
+/* daemon_start with o's choices. */
 int daemon_start_with(struct daemon_proc *d, const struct daemon_opts *o, unsigned ndev, ...);
 
 /* Starts dfccld --engine host --host-devices ndev (plus extra "--k v" args,
