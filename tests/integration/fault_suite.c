@@ -1,6 +1,8 @@
 /*
  * The fault suite: faults injected into running jobs, many times over, on
- * a real dfccld (host engine, 2 devices), with figures.
+ * a real dfccld, with figures: the host engine with 2 devices, or with
+ * --engine cuda every GPU of the machine (the ranks spread over them, or
+ * sharing the one). The ranks' buffers are host memory on either engine.
  *
  * Kill trials: N rank processes join C communicators and run batches of
  * checked all-reduces, each rank submitting its batch over the
@@ -9,7 +11,12 @@
  * the kill to its first error is recorded), shrink every communicator with
  * DFCCL_SHRINK_ABORT and run more checked all-reduces on the shrunk ones.
  * After each trial the daemon must hold no session and no communicator,
- * and no worker may have died.
+ * and no worker may have died -- except on the CUDA engine under MPS, where
+ * a SIGKILLed client poisons every CUDA context on its GPU and the
+ * supervisor restarts that GPU's worker (DESIGN.md, "Processes"): there
+ * restarts are counted and reported, survivors whose device was lost
+ * (dfcclDeviceLost) leave their communicators instead of going on, and the
+ * trial after a restart must work as any other.
  *
  * Stop trials: the same traffic on communicators with a collective
  * timeout of T ms (--stop-timeout-ms), and a random rank SIGSTOPped
@@ -29,8 +36,10 @@
  * distribution of the error latencies and dfccld's resident memory before
  * and after. Usage: fault_suite [--trials N] [--stop-trials N]
  * [--restart-trials N] [--ranks N] [--comms N] [--seed S] [--latency-ms L]
- * [--stop-timeout-ms T] (errors later than L ms after a kill, or T + L ms
- * after a stop, fail the suite; defaults 1000 and 1000).
+ * [--stop-timeout-ms T] [--engine host|cuda] [--dfccld PATH] (errors later
+ * than L ms after a kill, or T + L ms after a stop, fail the suite;
+ * defaults 1000 and 1000; PATH: the dfccld to start, by default this
+ * build's).
  */
 #include <getopt.h>
 #include <signal.h>
@@ -63,6 +72,7 @@
 #define HANG_MS 20000    /* a rank still running this long after the fault hangs */
 #define RUN_MS 10000     /* a rank gives up (and fails) when no fault came this long */
 #define STALE_MS "500"   /* the daemon's heartbeat-stale-ms: below any stop trial's timeout */
+#define BACK_MS 30000    /* how long the daemon's workers may take to be up again (a CUDA context, MPS) */
 
 enum fault { FAULT_KILL, FAULT_DAEMON, FAULT_STOP };
 
@@ -71,6 +81,7 @@ struct shared {
 	dfcclUniqueId ids[MAX_COMMS];   /* the trial's communicators */
 	dfcclUniqueId after[MAX_COMMS]; /* restart trials: the communicators made afterwards */
 	int nranks, ncomms, ndev;
+	int mps;                        /* the CUDA engine under MPS: a kill may cost a worker restart */
 	int timeout_ms;                 /* collective timeout of the trial's communicators (0: the daemon's) */
 	enum fault fault;               /* the trial's */
 	uint64_t seed;
@@ -79,6 +90,8 @@ struct shared {
 	_Atomic int victim;             /* kill and stop trials: the rank killed or stopped */
 	_Atomic int victim_pid;
 	_Atomic int errored;            /* stop trials: survivors that got their error */
+	_Atomic int back;               /* restart trials: the daemon and every worker are up again */
+	int lost[MAX_RANKS];            /* under MPS: survivors that lost their device instead of going on */
 	uint64_t err_ns[MAX_RANKS];     /* each rank's first error */
 	int err_code[MAX_RANKS];
 	char msg[MAX_RANKS][240];       /* why a rank failed */
@@ -123,7 +136,7 @@ struct rank_job {
 static dfcclResult_t job_alloc(struct rank_job *j, int ncomms)
 {
 	for (int k = 0; k < ncomms; k++) {
-		dfcclResult_t r = dfcclMemAlloc((void **)&j->buf[k], 2 * MAX_COUNT * sizeof(int64_t));
+		dfcclResult_t r = dfcclMemAllocHost((void **)&j->buf[k], 2 * MAX_COUNT * sizeof(int64_t));
 		if (r != dfcclSuccess)
 			return r;
 	}
@@ -234,28 +247,57 @@ static int run_until_fault(struct shared *sh, struct rank_job *j, int rank, uint
 	return 0;
 }
 
+/*
+ * Under MPS the kill may have poisoned the GPU of this rank: its worker is
+ * restarted, and this process's queue pair to it stays dead. Such a rank
+ * (r is dfcclDeviceLost) leaves every communicator it has and ends, noted
+ * in sh->lost (the suite then requires a worker restart in the trial);
+ * returns 1 where it did. Anywhere else a lost device is a failure.
+ */
+static int lost_device(struct shared *sh, struct rank_job *j, struct rank_job *small, int rank, dfcclResult_t r)
+{
+	if (r != dfcclDeviceLost || !sh->mps)
+		return 0;
+	sh->lost[rank] = 1;
+	for (int k = 0; k < sh->ncomms; k++) {
+		if (small && small->comm[k])
+			dfcclCommAbort(small->comm[k]);
+		dfcclCommAbort(j->comm[k]);
+	}
+	return 1;
+}
+
 /* A survivor drops the victim from every communicator of j and goes on. */
-static int shrink_and_go_on(struct shared *sh, const struct rank_job *j, int rank)
+static int shrink_and_go_on(struct shared *sh, struct rank_job *j, int rank, dfcclResult_t first)
 {
 	uint64_t it;
 	int bad = 0;
 	int victim = atomic_load(&sh->victim);
 	struct rank_job small = *j;
+	if (lost_device(sh, j, NULL, rank, first))
+		return 0;
 	small.n = 0;
+	memset(small.comm, 0, sizeof(small.comm));
 	for (int q = 0; q < j->n; q++)
 		if (q != victim) {
 			if (q == rank)
 				small.me = small.n;
 			small.olds[small.n++] = q;
 		}
-	for (int k = 0; k < sh->ncomms; k++)
-		if (dfcclCommShrink(j->comm[k], &victim, 1, &small.comm[k], NULL, DFCCL_SHRINK_ABORT) != dfcclSuccess)
+	for (int k = 0; k < sh->ncomms; k++) {
+		dfcclResult_t r = dfcclCommShrink(j->comm[k], &victim, 1, &small.comm[k], NULL, DFCCL_SHRINK_ABORT);
+		if (r != dfcclSuccess && lost_device(sh, j, &small, rank, r))
+			return 0;
+		if (r != dfcclSuccess)
 			RFAIL("shrink of communicator %d without rank %d: %s", k, victim, dfcclGetLastError(NULL));
+	}
 	/* Survivors may have stopped in different batches (one saw its last
 	 * batch complete, another the failure of that batch's last collective
 	 * while it waited for every rank to finish): they agree afresh. */
 	it = 1u << 20;
 	dfcclResult_t r = run_batches(sh, &small, rank, &it, 20, mix(sh->seed ^ (uint64_t)rank ^ 0x5a5a), &bad);
+	if (r != dfcclSuccess && !bad && lost_device(sh, j, &small, rank, r))
+		return 0;
 	if (r != dfcclSuccess)
 		RFAIL("after the shrink: %d: %s", r, dfcclGetLastError(NULL));
 	for (int k = 0; k < sh->ncomms; k++) {
@@ -273,6 +315,9 @@ static int stop_timed_out(struct shared *sh, int rank, dfcclResult_t r)
 {
 	int victim = atomic_load(&sh->victim);
 	char name[96];
+	/* The daemon's device number: on the CUDA engine the ranks' CUDA
+	 * ordinals, which name the daemon's devices in the same order (the
+	 * daemon runs in the suite's environment, on every GPU it sees). */
 	snprintf(name, sizeof(name), "%d (pid %d, device %d, stopped or hung: no heartbeat for ", victim,
 	         atomic_load(&sh->victim_pid), victim % sh->ndev);
 	if (r != dfcclTimeout || !strstr(dfcclGetLastError(NULL), name))
@@ -303,7 +348,7 @@ static int fault_rank(void *arg, int rank)
 	}
 	if (sh->fault == FAULT_STOP && stop_timed_out(sh, rank, r))
 		return 1;
-	return shrink_and_go_on(sh, &j, rank);
+	return shrink_and_go_on(sh, &j, rank, r);
 }
 
 /* A rank of a restart trial. */
@@ -320,14 +365,18 @@ static int restart_rank(void *arg, int rank)
 		RFAIL("the daemon's death gave %d (%s), expected dfcclDaemonUnavailable", r, dfcclGetLastError(NULL));
 	for (int k = 0; k < sh->ncomms; k++)
 		dfcclCommAbort(j.comm[k]);
-	/* The daemon comes back: new communicators in this same process. */
+	/* The daemon comes back (the suite says when its workers are up: a
+	 * communicator needs its device's worker): new communicators in this
+	 * same process, which must reach the new daemon. */
 	uint64_t t0 = now_ms();
-	int ndev = 0;
-	while (dfcclGetDeviceCount(&ndev) != dfcclSuccess)
-		if (now_ms() - t0 > 10000)
-			RFAIL("the daemon did not come back within 10 s: %s", dfcclGetLastError(NULL));
+	while (!atomic_load(&sh->back))
+		if (now_ms() - t0 > BACK_MS)
+			RFAIL("the daemon did not come back within %d s", BACK_MS / 1000);
 		else
 			usleep(20000);
+	int ndev = 0;
+	if (dfcclGetDeviceCount(&ndev) != dfcclSuccess)
+		RFAIL("the daemon came back, but this rank does not reach it: %s", dfcclGetLastError(NULL));
 	memset(&j, 0, sizeof(j));
 	if (job_init(sh, &j, sh->after, rank) != dfcclSuccess || job_alloc(&j, sh->ncomms) != dfcclSuccess)
 		RFAIL("set-up after the restart: %s", dfcclGetLastError(NULL));
@@ -352,49 +401,164 @@ static long rss_kib(pid_t pid)
 	return p ? strtol(p + 6, NULL, 10) : 0;
 }
 
-/* The daemon's sessions (besides the one asking), communicators and
- * worker restarts; -1 when it does not answer. */
-static int daemon_counts(const struct daemon_proc *d, unsigned *sessions, unsigned *comms, unsigned *restarts)
+/* What the suite asks of the daemon's status. */
+struct daemon_state {
+	unsigned sessions;  /* besides the one asking */
+	unsigned comms;     /* made and pending */
+	unsigned restarts;  /* worker restarts, summed over the devices */
+	unsigned ndev, up;  /* devices, and those whose worker is up */
+	int mps;            /* MPS active (CUDA engine) */
+};
+
+/* The daemon's state into *out; -1 when it does not answer. */
+static int daemon_status(const struct daemon_proc *d, struct daemon_state *out)
 {
-	struct raw_client c;
-	if (raw_connect(&c, d->socket, DFCCL_PROTO_MIN_VERSION, DFCCL_PROTO_VERSION, NULL) < 0)
-		return -1;
-	dfccl_envelope *r = raw_query(&c, DFCCL__V1__QUERY_KIND__QUERY_STATUS);
-	raw_close(&c);
+	dfccl_envelope *r = daemon_query(d, DFCCL__V1__QUERY_KIND__QUERY_STATUS);
 	if (!r || !r->query_reply || !r->query_reply->status) {
 		if (r)
 			frame_envelope_free(r);
 		return -1;
 	}
 	const Dfccl__V1__StatusInfo *st = r->query_reply->status;
-	*sessions = st->nsessions - 1;
-	*comms = st->ncomms + st->npending_comms;
-	*restarts = 0;
-	for (size_t i = 0; i < st->n_devices; i++)
-		*restarts += st->devices[i]->worker_restarts;
+	memset(out, 0, sizeof(*out));
+	out->sessions = st->nsessions - 1;
+	out->comms = st->ncomms + st->npending_comms;
+	out->ndev = (unsigned)st->n_devices;
+	out->mps = st->mps_active;
+	for (size_t i = 0; i < st->n_devices; i++) {
+		out->restarts += st->devices[i]->worker_restarts;
+		out->up += st->devices[i]->worker_up != 0;
+	}
 	frame_envelope_free(r);
 	return 0;
 }
 
-/* Waits until the daemon holds nothing of the trial; 0, or -1 naming what
- * is left. */
-static int wait_clean(const struct daemon_proc *d, unsigned restarts0)
+static unsigned worker_restarts; /* under MPS: restarts the kills cost, over the suite */
+
+/* Waits until the daemon holds no session and no communicator (5 s) and
+ * every worker is up (BACK_MS: a restarted one starts afresh); its state
+ * into *st. 0, or -1 naming what is left. */
+static int wait_settled(const struct daemon_proc *d, struct daemon_state *st)
 {
-	unsigned s = 0, c = 0, w = 0;
-	for (uint64_t t0 = now_ms(); now_ms() - t0 < 5000; usleep(10000))
-		if (daemon_counts(d, &s, &c, &w) == 0 && s == 0 && c == 0)
+	int answered = 0;
+	memset(st, 0, sizeof(*st));
+	for (uint64_t t0 = now_ms();; usleep(10000)) {
+		answered = daemon_status(d, st) == 0;
+		int idle = answered && st->sessions == 0 && st->comms == 0;
+		if ((idle && st->up == st->ndev) || now_ms() - t0 > (idle ? BACK_MS : 5000))
 			break;
-	if (s || c) {
-		fprintf(stderr, "fault_suite: the daemon still holds %u session(s) and %u communicator(s)\n", s, c);
+	}
+	if (!answered) {
+		fprintf(stderr, "fault_suite: the daemon does not answer a status query\n");
 		return -1;
 	}
-	if (w != restarts0) {
-		fprintf(stderr, "fault_suite: %u worker restart(s) during the trial\n", w - restarts0);
+	if (st->sessions || st->comms) {
+		fprintf(stderr, "fault_suite: the daemon still holds %u session(s) and %u communicator(s)\n", st->sessions,
+		        st->comms);
+		return -1;
+	}
+	if (st->up != st->ndev) {
+		fprintf(stderr, "fault_suite: the workers of %u of %u devices are not up after %d s\n", st->ndev - st->up,
+		        st->ndev, BACK_MS / 1000);
 		return -1;
 	}
 	return 0;
 }
 
+/* The probe: one checked all-reduce on a one-rank communicator of its own
+ * on every device. Exits 0, 2 when a device was lost, else 1 (why in
+ * sh->msg[0]). */
+static int probe_rank(void *arg, int rank)
+{
+	struct shared *sh = arg;
+	for (int dev = 0; dev < sh->ndev; dev++) {
+		dfcclUniqueId id;
+		dfcclComm_t comm;
+		int64_t *buf;
+		dfcclResult_t r = dfcclSetDevice(dev);
+		if (r == dfcclSuccess)
+			r = dfcclGetUniqueId(&id);
+		if (r == dfcclSuccess)
+			r = dfcclCommInitRank(&comm, 1, id, 0);
+		if (r == dfcclSuccess && (r = dfcclMemAllocHost((void **)&buf, 64 * sizeof(int64_t))) != dfcclSuccess)
+			dfcclCommAbort(comm);
+		if (r != dfcclSuccess) {
+			snprintf(sh->msg[rank], sizeof(sh->msg[rank]), "device %d: %s", dev, dfcclGetLastError(NULL));
+			return r == dfcclDeviceLost ? 2 : 1;
+		}
+		for (int i = 0; i < 32; i++)
+			buf[i] = contrib(dev, (uint64_t)sh->seed, 0, (size_t)i);
+		r = dfcclAllReduce(buf, buf + 32, 32, dfcclInt64, dfcclSum, comm, NULL);
+		if (r == dfcclSuccess)
+			r = dfcclCommSynchronize(comm);
+		if (r == dfcclSuccess && memcmp(buf, buf + 32, 32 * sizeof(int64_t)) != 0)
+			r = dfcclInternalError;
+		if (r != dfcclSuccess) {
+			snprintf(sh->msg[rank], sizeof(sh->msg[rank]), "device %d: the all-reduce gave %d: %s", dev, r,
+			         r == dfcclInternalError ? "wrong data" : dfcclGetLastError(NULL));
+			return r == dfcclDeviceLost ? 2 : 1;
+		}
+		dfcclCommDestroy(comm);
+		dfcclMemFree(buf);
+	}
+	return 0;
+}
+
+/*
+ * After a trial: the daemon must hold nothing of it, and every device must
+ * serve a fresh process (the probe). Under MPS a context the kill poisoned
+ * may show only at its worker's next CUDA call: the probe makes that call
+ * here, so the restart it costs is this trial's, and the probe is repeated
+ * on the restarted worker. 0, or -1 naming what failed.
+ */
+static int wait_served(const struct daemon_proc *d, struct shared *sh, struct daemon_state *st)
+{
+	int served = 0;
+	for (int tries = 0;; tries++) {
+		if (wait_settled(d, st) < 0)
+			return -1;
+		if (served)
+			return 0; /* and the probe's session is gone */
+		memset(sh->msg[0], 0, sizeof(sh->msg[0]));
+		int rc = child_wait(child_run(probe_rank, sh, 0), HANG_MS);
+		served = rc == 0;
+		if (rc == 0 || (rc == 2 && sh->mps && tries < 3))
+			continue;
+		fprintf(stderr, "fault_suite: after the trial, a fresh process %s: %s\n", rc < 0 ? "hung" : "was not served",
+		        sh->msg[0][0] ? sh->msg[0] : "(no message)");
+		return -1;
+	}
+}
+
+/*
+ * Waits until the trial is over (wait_served); 0, or -1 naming what is
+ * wrong. Workers restarted since restarts0 fail the trial, but under MPS
+ * (sh->mps), where they are counted in *restarted and reported. A rank
+ * that lost its device (sh->lost) needs such a restart.
+ */
+static int wait_clean(const struct daemon_proc *d, struct shared *sh, unsigned restarts0, unsigned *restarted)
+{
+	struct daemon_state st;
+	if (wait_served(d, sh, &st) < 0)
+		return -1;
+	*restarted = st.restarts - restarts0;
+	int lost = 0;
+	for (int r = 0; r < sh->nranks; r++)
+		lost += sh->lost[r];
+	if (*restarted && !sh->mps) {
+		fprintf(stderr, "fault_suite: %u worker restart(s) during the trial\n", *restarted);
+		return -1;
+	}
+	if (lost && !*restarted) {
+		fprintf(stderr, "fault_suite: %d rank(s) lost their device, but no worker was restarted\n", lost);
+		return -1;
+	}
+	if (*restarted)
+		printf("fault_suite: %u worker restart(s) in this trial (MPS: the killed client poisoned its GPU), %d "
+		       "survivor(s) lost their device; every device serves again\n", *restarted, lost);
+	worker_restarts += *restarted;
+	return 0;
+}
 static int cmp_u64(const void *a, const void *b)
 {
 	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
@@ -411,6 +575,27 @@ struct lat_set {
 };
 
 static unsigned stops_continued, stops_killed; /* how stop trials ended */
+
+/* The daemon under test: its engine ("host" or "cuda") and binary (NULL:
+ * this build's). */
+static const char *engine = "host";
+static const char *dfccld_exe;
+
+/*
+ * Starts dfccld (again on d's socket when reuse) with ndev devices (0 on
+ * the CUDA engine: every GPU it finds) and waits for every worker. On the
+ * CUDA engine its workers run as its own uid, which is the ranks' (they
+ * are the suite's children): under MPS, which serves one uid at a time,
+ * workers must be of the uid of the jobs, and none is parked between jobs,
+ * so a worker changes only when it dies.
+ */
+static int suite_daemon_start(struct daemon_proc *d, int reuse, unsigned ndev)
+{
+	struct daemon_opts o = {.reuse = reuse, .engine = engine, .exe = dfccld_exe};
+	if (strcmp(engine, "cuda") == 0)
+		return daemon_start_with(d, &o, ndev, "--heartbeat-stale-ms", STALE_MS, "--worker-user", "daemon", NULL);
+	return daemon_start_with(d, &o, ndev, "--heartbeat-stale-ms", STALE_MS, NULL);
+}
 
 /* The stopped rank of a stop trial, once its survivors are done: continued
  * (it must leave its failed communicators and exit cleanly) or killed, as
@@ -448,6 +633,8 @@ static int trial(struct daemon_proc *d, struct shared *sh, enum fault what, uint
 	atomic_store(&sh->running, 0);
 	atomic_store(&sh->fault_ns, 0);
 	atomic_store(&sh->errored, 0);
+	atomic_store(&sh->back, 0);
+	memset(sh->lost, 0, sizeof(sh->lost));
 	memset(sh->err_ns, 0, sizeof(sh->err_ns));
 	memset(sh->msg, 0, sizeof(sh->msg));
 	*rng = mix(*rng);
@@ -469,11 +656,13 @@ static int trial(struct daemon_proc *d, struct shared *sh, enum fault what, uint
 	} else {
 		kill(d->pid, SIGKILL);
 		child_wait(d->pid, 5000);
-		struct daemon_opts o = {.reuse = 1};
-		if (daemon_start_with(d, &o, (unsigned)sh->ndev, "--heartbeat-stale-ms", STALE_MS, NULL) < 0) {
+		if (suite_daemon_start(d, 1, (unsigned)sh->ndev) < 0) {
 			fprintf(stderr, "fault_suite: dfccld did not start again\n");
+			for (int r = 0; r < n; r++)
+				child_wait(pid[r], 0);
 			return -1;
 		}
+		atomic_store(&sh->back, 1);
 	}
 	int failed = 0;
 	for (int r = 0; r < n; r++) {
@@ -516,18 +705,25 @@ static int lat_report(struct lat_set *ls)
 
 /* `count` trials of one kind; 0, or -1 after the first that failed. The
  * resident memory of dfccld after the first and the last into rss (when
- * not NULL). */
+ * not NULL). A worker restart in the last trial (under MPS) adds one more
+ * trial, which must work: the daemon serves again after a restart. */
 static int trials_run(struct daemon_proc *d, struct shared *sh, enum fault what, long count, uint64_t *rng,
                       struct lat_set *ls, unsigned long long seed, long *rss)
 {
 	static const char *const names[] = {"kill", "restart", "stop"};
-	for (long t = 0; t < count; t++) {
-		unsigned s, c, w0 = 0;
+	int extra = 0;
+	for (long t = 0; t < count + extra; t++) {
+		struct daemon_state st;
+		unsigned restarted = 0;
 		/* A restart starts the workers afresh: count restarts after it. */
-		if ((what != FAULT_DAEMON && daemon_counts(d, &s, &c, &w0) < 0) || trial(d, sh, what, rng, ls) < 0 ||
-		    (what == FAULT_DAEMON && daemon_counts(d, &s, &c, &w0) < 0) || wait_clean(d, w0) < 0) {
+		if ((what != FAULT_DAEMON && daemon_status(d, &st) < 0) || trial(d, sh, what, rng, ls) < 0 ||
+		    (what == FAULT_DAEMON && daemon_status(d, &st) < 0) || wait_clean(d, sh, st.restarts, &restarted) < 0) {
 			fprintf(stderr, "fault_suite: %s trial %ld (seed %llu) failed\n", names[what], t, seed);
 			return -1;
+		}
+		if (restarted && t == count - 1 && !extra) {
+			printf("fault_suite: one more %s trial after the restart\n", names[what]);
+			extra = 1;
 		}
 		if (rss && t == 0)
 			rss[0] = rss_kib(d->pid);
@@ -537,77 +733,141 @@ static int trials_run(struct daemon_proc *d, struct shared *sh, enum fault what,
 	return 0;
 }
 
-int main(int argc, char **argv)
+/* The suite's settings from the command line. */
+struct suite_args {
+	long trials, stops, restarts, latency_ms, stop_timeout_ms;
+	unsigned long long seed;
+};
+
+static void usage(FILE *f)
 {
-	long trials = 20, stops = 3, restarts = 2, latency_ms = 1000, stop_timeout_ms = 1000;
-	unsigned long long seed = (unsigned long long)time(NULL);
-	struct shared *sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-	if (sh == MAP_FAILED)
-		return 1;
-	memset(sh, 0, sizeof(*sh));
-	sh->nranks = 4;
-	sh->ncomms = 3;
-	sh->ndev = 2;
+	fprintf(f, "usage: fault_suite [--trials N] [--stop-trials N] [--restart-trials N] [--ranks 3..%d] "
+	           "[--comms 1..%d] [--seed S] [--latency-ms L] [--stop-timeout-ms T (> %s)] [--engine host|cuda] "
+	           "[--dfccld PATH]\n", MAX_RANKS, MAX_COMMS, STALE_MS);
+}
+
+/* Parses argv into a and sh; 0, 1 after --help, or 2 (said why). */
+static int args_parse(int argc, char **argv, struct suite_args *a, struct shared *sh)
+{
 	static const struct option opts[] = {
 	    {"trials", required_argument, NULL, 't'},      {"restart-trials", required_argument, NULL, 'r'},
 	    {"ranks", required_argument, NULL, 'n'},       {"comms", required_argument, NULL, 'c'},
 	    {"seed", required_argument, NULL, 's'},        {"latency-ms", required_argument, NULL, 'l'},
 	    {"stop-trials", required_argument, NULL, 'p'}, {"stop-timeout-ms", required_argument, NULL, 'T'},
+	    {"engine", required_argument, NULL, 'e'},      {"dfccld", required_argument, NULL, 'd'},
 	    {"help", no_argument, NULL, 'h'},              {NULL, 0, NULL, 0},
 	};
 	int opt;
 	while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
 		long v = optarg ? strtol(optarg, NULL, 10) : 0;
 		switch (opt) {
-		case 't': trials = v; break;
-		case 'r': restarts = v; break;
-		case 'p': stops = v; break;
-		case 'T': stop_timeout_ms = v; break;
+		case 't': a->trials = v; break;
+		case 'r': a->restarts = v; break;
+		case 'p': a->stops = v; break;
+		case 'T': a->stop_timeout_ms = v; break;
 		case 'n': sh->nranks = (int)v; break;
 		case 'c': sh->ncomms = (int)v; break;
-		case 's': seed = strtoull(optarg, NULL, 10); break;
-		case 'l': latency_ms = v; break;
-		case 'h':
-			printf("usage: fault_suite [--trials N] [--stop-trials N] [--restart-trials N] [--ranks 3..%d] "
-			       "[--comms 1..%d] [--seed S] [--latency-ms L] [--stop-timeout-ms T (> %s)]\n", MAX_RANKS,
-			       MAX_COMMS, STALE_MS);
-			return 0;
-		default: return 2;
+		case 's': a->seed = strtoull(optarg, NULL, 10); break;
+		case 'l': a->latency_ms = v; break;
+		case 'e': engine = optarg; break;
+		case 'd': dfccld_exe = optarg; break;
+		case 'h': usage(stdout); return 1;
+		default: usage(stderr); return 2;
 		}
 	}
-	if (trials < 0 || stops < 0 || restarts < 0 || sh->nranks < 3 || sh->nranks > MAX_RANKS || sh->ncomms < 1 ||
-	    sh->ncomms > MAX_COMMS || latency_ms < 1 || stop_timeout_ms <= atol(STALE_MS) || stop_timeout_ms > 600000) {
+	if (strcmp(engine, "host") != 0 && strcmp(engine, "cuda") != 0) {
+		fprintf(stderr, "fault_suite: --engine %s: the engine is host or cuda\n", engine);
+		return 2;
+	}
+	if (optind < argc || a->trials < 0 || a->stops < 0 || a->restarts < 0 || sh->nranks < 3 ||
+	    sh->nranks > MAX_RANKS || sh->ncomms < 1 || sh->ncomms > MAX_COMMS || a->latency_ms < 1 ||
+	    a->stop_timeout_ms <= atol(STALE_MS) || a->stop_timeout_ms > 600000) {
 		fprintf(stderr, "fault_suite: bad arguments (see --help)\n");
 		return 2;
 	}
+	return 0;
+}
+
+/* Starts the daemon and learns its devices and MPS into sh; 0 or -1 (said
+ * why). */
+static int suite_start(struct daemon_proc *d, struct shared *sh)
+{
+	int cuda = strcmp(engine, "cuda") == 0;
+	struct daemon_state st;
+	if (suite_daemon_start(d, 0, cuda ? 0 : (unsigned)sh->ndev) < 0) {
+		if (cuda)
+			fprintf(stderr, "fault_suite: dfccld could not start the CUDA engine%s (its log above says why)\n",
+			        daemon_log_contains(d, "no usable GPU") ? ": it found no usable GPU" : "");
+		else
+			fprintf(stderr, "fault_suite: dfccld did not start\n");
+		return -1;
+	}
+	if (daemon_status(d, &st) < 0 || st.ndev == 0) {
+		fprintf(stderr, "fault_suite: dfccld does not answer a status query\n");
+		return -1;
+	}
+	sh->ndev = (int)st.ndev;
+	sh->mps = cuda && st.mps;
+	printf("fault_suite: dfccld on the %s engine, %d device%s%s\n", engine, sh->ndev, sh->ndev == 1 ? "" : "s",
+	       cuda ? (sh->mps ? ", MPS active" : ", MPS not active") : "");
+	fflush(stdout);
+	return 0;
+}
+
+/* A latency set with room for `count` trials and the one more a worker
+ * restart may add. */
+static struct lat_set lat_set_new(const char *what, long count, long limit_ms)
+{
+	struct lat_set ls = {what, calloc((size_t)(count + 1) * MAX_RANKS, sizeof(uint64_t)), 0,
+	                     (uint64_t)limit_ms * 1000};
+	return ls;
+}
+
+int main(int argc, char **argv)
+{
+	struct suite_args a = {.trials = 20, .stops = 3, .restarts = 2, .latency_ms = 1000, .stop_timeout_ms = 1000,
+	                       .seed = (unsigned long long)time(NULL)};
+	struct shared *sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	if (sh == MAP_FAILED)
+		return 1;
+	memset(sh, 0, sizeof(*sh));
+	sh->nranks = 4;
+	sh->ncomms = 3;
+	sh->ndev = 2; /* the host engine's; the CUDA engine's are the GPUs */
+	int rc = args_parse(argc, argv, &a, sh);
+	if (rc)
+		return rc == 1 ? 0 : rc;
 	signal(SIGPIPE, SIG_IGN);
 	printf("fault_suite: %ld kill trials, %ld stop trials (timeout %ld ms), %ld restart trials, %d ranks, %d "
-	       "communicators, seed %llu\n", trials, stops, stop_timeout_ms, restarts, sh->nranks, sh->ncomms, seed);
+	       "communicators, seed %llu\n", a.trials, a.stops, a.stop_timeout_ms, a.restarts, sh->nranks, sh->ncomms,
+	       a.seed);
 	fflush(stdout);
 
 	struct daemon_proc d;
-	if (daemon_start(&d, (unsigned)sh->ndev, "--heartbeat-stale-ms", STALE_MS, NULL) < 0)
+	if (suite_start(&d, sh) < 0) {
+		daemon_stop(&d);
+		printf("FAIL\n");
 		return 1;
-	struct lat_set kills = {"rank killed", calloc((size_t)trials * MAX_RANKS + 1, sizeof(uint64_t)), 0,
-	                        (uint64_t)latency_ms * 1000};
-	struct lat_set stopped = {"rank stopped", calloc((size_t)stops * MAX_RANKS + 1, sizeof(uint64_t)), 0,
-	                          (uint64_t)(stop_timeout_ms + latency_ms) * 1000};
-	struct lat_set daemons = {"daemon killed", calloc((size_t)restarts * MAX_RANKS + 1, sizeof(uint64_t)), 0,
-	                          (uint64_t)latency_ms * 1000};
+	}
+	struct lat_set kills = lat_set_new("rank killed", a.trials, a.latency_ms);
+	struct lat_set stopped = lat_set_new("rank stopped", a.stops, a.stop_timeout_ms + a.latency_ms);
+	struct lat_set daemons = lat_set_new("daemon killed", a.restarts, a.latency_ms);
 	if (!kills.v || !stopped.v || !daemons.v)
 		return 1;
-	uint64_t rng = seed;
+	uint64_t rng = a.seed;
 	long rss[2] = {0, 0};
-	int failed = trials_run(&d, sh, FAULT_KILL, trials, &rng, &kills, seed, rss) < 0;
-	sh->timeout_ms = (int)stop_timeout_ms;
-	failed = failed || trials_run(&d, sh, FAULT_STOP, stops, &rng, &stopped, seed, NULL) < 0;
+	int failed = trials_run(&d, sh, FAULT_KILL, a.trials, &rng, &kills, a.seed, rss) < 0;
+	sh->timeout_ms = (int)a.stop_timeout_ms;
+	failed = failed || trials_run(&d, sh, FAULT_STOP, a.stops, &rng, &stopped, a.seed, NULL) < 0;
 	sh->timeout_ms = 0;
-	failed = failed || trials_run(&d, sh, FAULT_DAEMON, restarts, &rng, &daemons, seed, NULL) < 0;
+	failed = failed || trials_run(&d, sh, FAULT_DAEMON, a.restarts, &rng, &daemons, a.seed, NULL) < 0;
 	int late = lat_report(&kills) + lat_report(&stopped) + lat_report(&daemons);
-	if (stops)
+	if (a.stops)
 		printf("stopped ranks: %u continued (each left its failed communicators), %u killed\n", stops_continued,
 		       stops_killed);
-	if (trials)
+	if (sh->mps)
+		printf("worker restarts (MPS: killed clients poisoned their GPU): %u\n", worker_restarts);
+	if (a.trials)
 		printf("dfccld resident memory: %ld KiB after the first kill trial, %ld KiB after the last\n", rss[0],
 		       rss[1]);
 	if (late)
@@ -616,7 +876,7 @@ int main(int argc, char **argv)
 	 * AddressSanitizer freed memory is held in quarantine: no measure.) */
 	if (SANITIZED)
 		printf("dfccld runs under AddressSanitizer: its resident memory is not checked\n");
-	else if (trials > 1 && rss[1] > rss[0] + 2048 + rss[0] / 10) {
+	else if (a.trials > 1 && rss[1] > rss[0] + 2048 + rss[0] / 10) {
 		fprintf(stderr, "fault_suite: dfccld grew from %ld to %ld KiB over the kill trials\n", rss[0], rss[1]);
 		failed = 1;
 	}
