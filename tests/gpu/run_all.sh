@@ -9,16 +9,17 @@
 #        bin/); LOGDIR: where the logs go (default: a new folder in /tmp);
 #        SCRIPT: the scripts to run, by name (default: all of them, the
 #        short ones first).
-# Environment: DFCCL_GPU_QUICK=1 trims cuda_engine's sweeps; DFCCLD=PATH
-#        runs that dfccld instead of BINDIR's (two builds of the daemon
-#        under the same tests); every script runs with NCCL_NVLS_ENABLE=0.
+# Environment: DFCCL_GPU_QUICK=1 trims cuda_engine's sweeps and
+#        cuda_fault_suite's trials; DFCCLD=PATH runs that dfccld instead of
+#        BINDIR's (two builds of the daemon under the same tests); every
+#        script runs with NCCL_NVLS_ENABLE=0.
 set -uo pipefail
 bin=${1:?usage: run_all.sh BINDIR [LOGDIR] [SCRIPT...]}
 logdir=${2:-$(mktemp -d /tmp/dfccl-gpu-logs-XXXXXX)}
 shift $(($# < 2 ? $# : 2))
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 scripts=("$@")
-[ ${#scripts[@]} -gt 0 ] || scripts=(gpu_smoke topo_detect cuda_faults cuda_engine)
+[ ${#scripts[@]} -gt 0 ] || scripts=(gpu_smoke topo_detect cuda_faults cuda_fault_suite cuda_engine)
 export NCCL_NVLS_ENABLE=0
 mkdir -p "$logdir"
 failed=0
