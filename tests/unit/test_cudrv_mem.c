@@ -1785,15 +1785,15 @@ static void test_device_map_by_bus_id(void **state)
 	fake_free(x);
 }
 
-/* Without bus ids on the daemon's side, numbers stay its device indices
- * and the driver is never initialised for them. */
-static void test_device_map_without_bus_ids(void **state)
+/* A buffer on ordinal 6 of a process that sees two GPUs is registered on
+ * the daemon's device 6 without the driver's initialisation: the number is
+ * an index (by bus id, 6 would be no GPU of this process). */
+static void expect_index_numbering(struct fixture *fx, int where)
 {
-	struct fixture *fx = *state;
 	fk.visible = 2;
 	fk.bus_id[0] = "0000:15:00.0";
 	fk.bus_id[1] = "0000:16:00.0";
-	uintptr_t x = region(31);
+	uintptr_t x = region(where);
 	fake_malloc(x, MiB, 6, FK_LEGACY);
 	struct mem_ref ref;
 	assert_int_equal(mem_translate(fx->c, (void *)x, 8, &ref), dfcclSuccess);
@@ -1802,6 +1802,13 @@ static void test_device_map_without_bus_ids(void **state)
 	assert_int_equal(fk.inits, 0);
 	assert_int_equal(fd_nstatus(fx->d), 1);
 	fake_free(x);
+}
+
+/* Without bus ids on the daemon's side, numbers stay its device indices
+ * and the driver is never initialised for them. */
+static void test_device_map_without_bus_ids(void **state)
+{
+	expect_index_numbering(*state, 31);
 }
 
 /* Under MPS with a worker of another user up, CUDA initialisation would
@@ -1814,18 +1821,7 @@ static void test_device_map_mps_other_user(void **state)
 	fx->d->bus_ids = true;
 	fx->d->mps_other_user = true;
 	pthread_mutex_unlock(&fx->d->lock);
-	fk.visible = 2;
-	fk.bus_id[0] = "0000:15:00.0";
-	fk.bus_id[1] = "0000:16:00.0";
-	uintptr_t x = region(32);
-	fake_malloc(x, MiB, 6, FK_LEGACY);
-	struct mem_ref ref;
-	assert_int_equal(mem_translate(fx->c, (void *)x, 8, &ref), dfcclSuccess);
-	assert_int_equal(ref.device, 6); /* an index: by bus id, 6 would be no GPU of this process */
-	assert_int_equal(fd_reg(fx->d, 0).device, 6);
-	assert_int_equal(fk.inits, 0);
-	assert_int_equal(fd_nstatus(fx->d), 1);
-	fake_free(x);
+	expect_index_numbering(fx, 32);
 }
 
 /* ---------------------------------------------------------------- dfcclMemAlloc on the CUDA engine */
