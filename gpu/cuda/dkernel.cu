@@ -906,8 +906,9 @@ __device__ uint32_t posts_take(dk_task *t, dk_comm *cm)
 }
 
 /* Resolves every rank's buffers from the posts' copy, against the
- * registration table as it is now (a buffer deregistered since the last
- * visit is noticed before it is touched). */
+ * registration table of this launch (bufs_load keeps the result for it; a
+ * buffer deregistered while the kernel was parked is noticed in the next
+ * launch, before it is touched). */
 __device__ uint32_t bufs_get(dk_ctx &c, const dk_task *t, dk_comm *cm, dk_bufs *b)
 {
 	dk_state *st = c.st;
