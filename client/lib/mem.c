@@ -239,6 +239,50 @@ static int gpu_take_overlapping(uintptr_t lo, uintptr_t hi, struct mem_alloc **l
 	return 0;
 }
 
+/*
+ * Takes out of the table, into *list, the entries of GPU allocations that
+ * were freed since they were registered: the daemon's mappings of them
+ * hold on to memory the process gave back, even when its addresses are
+ * never passed again. One driver query per entry, outside the lock; run
+ * only before a new registration, which is the slow path anyway.
+ */
+static void gpu_take_freed(struct mem_alloc **list)
+{
+	struct snap {
+		uintptr_t base;
+		uint64_t buffer_id, block_id;
+		bool freed;
+	} *s;
+	size_t n = 0;
+	pthread_mutex_lock(&mem_lock);
+	s = malloc((mem_allocs.n ? mem_allocs.n : 1) * sizeof(*s));
+	for (size_t i = 0; s && i < mem_allocs.n; i++) {
+		const struct mem_alloc *a = mem_allocs.v[i];
+		if (a->kind == MEM_ALLOC_GPU && !a->pending)
+			s[n++] = (struct snap){a->base, a->buffer_id, a->block_id, false};
+	}
+	pthread_mutex_unlock(&mem_lock);
+	if (!s)
+		return; /* out of memory: the next registration sweeps */
+	for (size_t k = 0; k < n; k++) {
+		struct cudrv_ptr_info info;
+		int rc = cudrv_pointer_info((const void *)s[k].base, &info);
+		s[k].freed = rc == 0 || (rc > 0 && (info.base != s[k].base || info.buffer_id != s[k].buffer_id ||
+		                                    info.block_id != s[k].block_id));
+	}
+	pthread_mutex_lock(&mem_lock);
+	for (size_t k = 0; k < n; k++) {
+		struct mem_alloc *a = s[k].freed ? mem_table_find(&mem_allocs, s[k].base) : NULL;
+		if (a && a->kind == MEM_ALLOC_GPU && !a->pending && a->base == s[k].base && a->buffer_id == s[k].buffer_id) {
+			mem_table_take(&mem_allocs, a->base);
+			a->next = *list;
+			*list = a;
+		}
+	}
+	pthread_mutex_unlock(&mem_lock);
+	free(s);
+}
+
 /* Drops entries taken out of the table. Their sessions may be gone, and
  * the daemon may have forgotten them already: either way nothing is left
  * to undo, so failures are not reported. */
@@ -320,6 +364,7 @@ static dfcclResult_t gpu_lookup(struct client *c, const struct cudrv_ptr_info *i
 	if (!n)
 		return errors_set(dfcclSystemError, "out of memory");
 
+	bool swept = false;
 	pthread_mutex_lock(&mem_lock);
 	for (;;) {
 		struct mem_alloc *a = mem_table_find(&mem_allocs, info->base);
@@ -328,20 +373,33 @@ static dfcclResult_t gpu_lookup(struct client *c, const struct cudrv_ptr_info *i
 		if (same && !a->pending && a->client == c) {
 			alloc_ref(a, p, out);
 			pthread_mutex_unlock(&mem_lock);
+			gpu_release(stale);
 			free(n);
 			return dfcclSuccess;
 		}
 		if (same && !a->pending && !client_lost(a->client)) {
 			pthread_mutex_unlock(&mem_lock);
+			gpu_release(stale);
 			free(n);
 			return errors_set(dfcclInvalidUsage, "GPU buffer %p is registered through another connection to "
 			                  "dfccld that is still open; use it with communicators of that connection", (void *)p);
+		}
+		if (!swept) {
+			/* A new registration: the entries of allocations freed
+			 * since go first; the table may change meanwhile, so look
+			 * again after. */
+			pthread_mutex_unlock(&mem_lock);
+			gpu_take_freed(&stale);
+			swept = true;
+			pthread_mutex_lock(&mem_lock);
+			continue;
 		}
 		int rc = same && a->pending ? 1 : gpu_take_overlapping(info->base, info->base + info->size, &stale);
 		if (rc == 0)
 			break;
 		if (rc < 0) {
 			pthread_mutex_unlock(&mem_lock);
+			gpu_release(stale);
 			free(n);
 			return errors_set(dfcclInternalError, "GPU allocation [%p, +%zu) overlaps a dfcclMemAlloc allocation",
 			                  (void *)info->base, info->size);

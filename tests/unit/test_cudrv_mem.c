@@ -1294,6 +1294,34 @@ static void test_address_reused(void **state)
 	assert_true((a == ref.reg_id && b == ref2.reg_id) || (a == ref2.reg_id && b == ref.reg_id));
 }
 
+/* A freed allocation whose addresses are never passed again: its
+ * registration goes before the next new one, not while known buffers are
+ * used. */
+static void test_freed_swept(void **state)
+{
+	struct fixture *fx = *state;
+	uintptr_t x = region(33), y = region(34), z = region(35);
+	struct mem_ref rx, ry, rz;
+	fake_malloc(x, MiB, 0, FK_LEGACY);
+	fake_malloc(y, MiB, 0, FK_LEGACY);
+	assert_int_equal(mem_translate(fx->c, (void *)x, 8, &rx), dfcclSuccess);
+	assert_int_equal(mem_translate(fx->c, (void *)y, 8, &ry), dfcclSuccess);
+	fake_free(x);
+	/* A known buffer: no sweep on that path. */
+	assert_int_equal(mem_translate(fx->c, (void *)(y + 64), 8, &ry), dfcclSuccess);
+	assert_int_equal(fd_nderegs(fx->d), 0);
+	/* A new one: x's registration goes first, y's stays. */
+	fake_malloc(z, MiB, 0, FK_LEGACY);
+	assert_int_equal(mem_translate(fx->c, (void *)z, 8, &rz), dfcclSuccess);
+	assert_int_equal(fd_nregs(fx->d), 3);
+	assert_int_equal(fd_nderegs(fx->d), 1);
+	assert_int_equal(fd_dereg(fx->d, 0), rx.reg_id);
+	assert_int_equal(mem_translate(fx->c, (void *)y, 8, &ry), dfcclSuccess);
+	assert_int_equal(fd_nregs(fx->d), 3);
+	fake_free(y);
+	fake_free(z);
+}
+
 static void test_refused_ranges(void **state)
 {
 	struct fixture *fx = *state;
@@ -1970,6 +1998,7 @@ int main(void)
 	    cmocka_unit_test_setup_teardown(test_device_map_without_bus_ids, setup_cuda, teardown),
 	    cmocka_unit_test_setup_teardown(test_device_map_mps_other_user, setup_cuda, teardown),
 	    cmocka_unit_test_setup_teardown(test_address_reused, setup_cuda, teardown),
+	    cmocka_unit_test_setup_teardown(test_freed_swept, setup_cuda, teardown),
 	    cmocka_unit_test_setup_teardown(test_refused_ranges, setup_cuda, teardown),
 	    cmocka_unit_test_setup_teardown(test_failures_leave_nothing, setup_cuda, teardown),
 	    cmocka_unit_test_setup_teardown(test_concurrent_first_use, setup_cuda, teardown),
