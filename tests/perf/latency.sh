@@ -26,16 +26,9 @@
 # stays in OUTDIR, and the script exits 1 at the end.
 set -u
 
-if [ $# -lt 1 ] || [ $# -gt 2 ]; then
-	echo "usage: $0 BINDIR [OUTDIR]" >&2
-	exit 2
-fi
-bin=$(cd "$1" && pwd) || exit 2
-outdir=${2:-}
+# shellcheck source=perf_lib.sh
+. "$(dirname "$0")/perf_lib.sh" "$@"
 here=$(cd "$(dirname "$0")" && pwd)
-# shellcheck source-path=SCRIPTDIR
-# shellcheck source=../gpu/gpu_lib.sh
-. "$(dirname "$0")/../gpu/gpu_lib.sh"
 
 gpu_need_gpu latency.sh
 gpu_need_bins dfccld dfcclctl dfccl-perf
