@@ -211,11 +211,17 @@ void client_async_set(struct client *c, struct client_async *a, dfcclResult_t er
 	pthread_mutex_unlock(&c->lock);
 }
 
+/* A slot's error, its message copied into msg; under c->lock. */
+static dfcclResult_t async_read_locked(const struct client_async *a, char *msg, size_t msglen)
+{
+	snprintf(msg, msglen, "%s", a->message);
+	return a->error;
+}
+
 dfcclResult_t client_async_get(struct client *c, const struct client_async *a, char *msg, size_t msglen)
 {
 	pthread_mutex_lock(&c->lock);
-	dfcclResult_t r = a->error;
-	snprintf(msg, msglen, "%s", a->message);
+	dfcclResult_t r = async_read_locked(a, msg, msglen);
 	pthread_mutex_unlock(&c->lock);
 	return r;
 }
@@ -226,8 +232,7 @@ dfcclResult_t client_async_find(struct client *c, uint64_t comm_id, char *msg, s
 	pthread_mutex_lock(&c->lock);
 	for (struct client_async *a = c->asyncs; a; a = a->next)
 		if (a->comm_id == comm_id && a->error != dfcclSuccess) {
-			r = a->error;
-			snprintf(msg, msglen, "%s", a->message);
+			r = async_read_locked(a, msg, msglen);
 			break;
 		}
 	pthread_mutex_unlock(&c->lock);
