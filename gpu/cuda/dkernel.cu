@@ -371,6 +371,7 @@ struct dk_ctx {
 	dk_block_stats out; /* what was stored last */
 	uint64_t flushed;   /* when the counters were last stored (ns) */
 	uint64_t trace_n;   /* events this block recorded (its ring's count, kept here) */
+	uint64_t full_pass; /* block 0: when read_queues last looked at every posted entry (ns) */
 	uint32_t b;
 };
 
@@ -665,11 +666,27 @@ __device__ uint32_t entry_accept(dk_ctx &c, uint32_t qi, dk_qp *q, const dfccl_s
 /* Entries whose words read_queues loads together. */
 #define DK_SCAN 16u
 
+/*
+ * A pass over a queue pair looks at DK_SCAN_WINDOW entries from its head,
+ * and at every posted entry only once per DK_FULL_PASS_NS: a client whose
+ * streams arm entries in the order they were posted has its next armed
+ * entry at the head, while a queue may hold hundreds posted ahead, whose
+ * arm words cost a PCIe round trip per DK_SCAN. An entry armed beyond the
+ * window (several streams arming out of order) waits at most one full-pass
+ * period.
+ */
+#define DK_SCAN_WINDOW 32u
+#define DK_FULL_PASS_NS 20000u
+
 __device__ uint32_t read_queues(dk_ctx &c)
 {
 	dk_state *st = c.st;
 	uint32_t got = 0;
 	uint32_t nq = vload(&st->ctl.nqps);
+	uint64_t now = now_ns();
+	bool full_pass = now - c.full_pass >= DK_FULL_PASS_NS;
+	if (full_pass)
+		c.full_pass = now;
 	for (uint32_t qi = 0; qi < nq && qi < DK_MAX_QPS; qi++) {
 		dk_qp *q = &st->qps[qi];
 		if (!vload(&q->live))
@@ -707,8 +724,10 @@ __device__ uint32_t read_queues(dk_ctx &c)
 		uint32_t room = a.room, beyond = a.beyond, looks = 0;
 		bool looking = a.refuse == DFCCL_CQ_OK && room == 0;
 		uint64_t start = looking ? sched_look_start(vload(&q->look), head, tail) : head, stopped = 0;
+		/* Looking beyond the room keeps its own bounds (scheduler.h). */
+		uint64_t end = !looking && !full_pass && tail - start >= DK_SCAN_WINDOW ? start + DK_SCAN_WINDOW - 1 : tail;
 		bool stop = false;
-		for (uint64_t s0 = start; s0 <= tail && !stop; s0 += DK_SCAN) {
+		for (uint64_t s0 = start; s0 <= end && !stop; s0 += DK_SCAN) {
 			/* The taken and arm words of DK_SCAN entries at once (the
 			 * arm words relaxed): a stream arms its entries long after
 			 * they are posted, so a queue may hold many posted entries
@@ -722,8 +741,8 @@ __device__ uint32_t read_queues(dk_ctx &c)
 #pragma unroll
 			for (uint32_t k = 0; k < DK_SCAN; k++) {
 				uint32_t slot = DFCCL_QP_SLOT(s0 + k, n);
-				tk[k] = s0 + k <= tail ? taken[slot] : 0;
-				arm[k] = s0 + k <= tail && s0 + k != head ? vload(&sq[slot].arm) : arm_head;
+				tk[k] = s0 + k <= end ? taken[slot] : 0;
+				arm[k] = s0 + k <= end && s0 + k != head ? vload(&sq[slot].arm) : arm_head;
 			}
 			uint32_t was_taken = 0, armed = 0; /* bit k: entry s0 + k */
 #pragma unroll
@@ -733,7 +752,7 @@ __device__ uint32_t read_queues(dk_ctx &c)
 			}
 			for (uint32_t k = 0; k < DK_SCAN && !stop; k++) {
 				uint64_t s = s0 + k;
-				if (s > tail)
+				if (s > end)
 					break;
 				uint32_t slot = DFCCL_QP_SLOT(s, n);
 				if (was_taken >> k & 1u) {
@@ -1568,6 +1587,7 @@ __global__ void __launch_bounds__(DK_THREADS) dk_main(dk_params p)
 		c.out = c.acc;
 		c.flushed = now_ns();
 		c.trace_n = p.trace ? p.trace->n[c.b] : 0;
+		c.full_pass = 0;
 		/* Resume: the tasks this block had when the kernel last left
 		 * (their contexts are in global memory), in their order. Tasks
 		 * still in the inbox are among them, so it starts empty. */
