@@ -871,9 +871,17 @@ __device__ __forceinline__ uint64_t split_at(uint64_t len, uint32_t parts, uint3
 {
 	if (i >= parts)
 		return len;
-	uint64_t lo = (uint64_t)(((unsigned __int128)len * i) / parts);
-	uint64_t a = 16 / dsize;
-	lo = (lo + a - 1) / a * a;
+	/* floor(len * i / parts) in the narrowest arithmetic that holds it:
+	 * the GPU divides in software, 128 bits costing far more than 32. */
+	uint64_t lo;
+	if (len < (1ull << 32) / parts)
+		lo = (uint32_t)len * i / parts;
+	else if (len <= UINT64_MAX / parts)
+		lo = len * i / parts;
+	else
+		lo = (uint64_t)(((unsigned __int128)len * i) / parts);
+	uint64_t a = 16 / dsize; /* a power of two */
+	lo = (lo + a - 1) & ~(a - 1);
 	return lo < len ? lo : len;
 }
 
