@@ -285,7 +285,7 @@ static unsigned ce_completions(struct cuda_engine *e)
 	ce_page_counters(e->stats, page);
 	uint64_t sum[CE_NCOUNTERS];
 	memcpy(sum, e->stats_base, sizeof(sum));
-	for (uint32_t b = 0; b < DK_MAX_BLOCKS; b++) {
+	for (uint32_t b = 0; b < DK_SLOTS; b++) {
 		const volatile uint64_t *v = (const volatile uint64_t *)&e->host->block[b];
 		for (int k = 0; k < CE_NCOUNTERS; k++)
 			sum[k] += v[k];
@@ -860,13 +860,13 @@ static void ce_trace_write(struct cuda_engine *e)
 		return;
 	}
 	uint64_t t0 = UINT64_MAX;
-	for (uint32_t b = 0; b < DK_MAX_BLOCKS; b++)
+	for (uint32_t b = 0; b < DK_SLOTS; b++)
 		for (uint64_t i = t->n[b] > DK_TRACE_EVENTS ? t->n[b] - DK_TRACE_EVENTS : 0; i < t->n[b]; i++) {
 			uint64_t ts = t->rec[b][i & (DK_TRACE_EVENTS - 1u)].t_ns;
 			t0 = ts < t0 ? ts : t0;
 		}
-	fprintf(f, "# block ns event arg (GPU %u)\n", e->cfg.device);
-	for (uint32_t b = 0; b < DK_MAX_BLOCKS; b++)
+	fprintf(f, "# block ns event arg (GPU %u; block %u: the queue reader)\n", e->cfg.device, DK_READER);
+	for (uint32_t b = 0; b < DK_SLOTS; b++)
 		for (uint64_t i = t->n[b] > DK_TRACE_EVENTS ? t->n[b] - DK_TRACE_EVENTS : 0; i < t->n[b]; i++) {
 			const struct dk_trace_rec *r = &t->rec[b][i & (DK_TRACE_EVENTS - 1u)];
 			fprintf(f, "%u %llu %s %u\n", b, (unsigned long long)(r->t_ns - t0),

@@ -2,8 +2,9 @@
  * The daemon kernel (DFCCL, sections 3-4): one persistent kernel per GPU, a
  * grid of channel blocks, each with its own task queue in shared memory.
  *
- * Block 0's thread 0 also reads the submission queues: it polls the arm word
- * of every queue pair's next entries in host memory (as far as fair
+ * One lane of block 0's last warp, the queue reader, reads the submission
+ * queues while the blocks run their tasks: it polls the arm word of every
+ * queue pair's next entries in host memory (as far as fair
  * admission lets the pair hold more tasks, gpu/scheduler.h; at its
  * max-inflight-per-session entries are refused), copies an armed entry,
  * checks the copy (gpu/sqe_check.h, the same checks the host engine makes),
@@ -146,6 +147,13 @@ __device__ __forceinline__ void sync_fence(void)
 		asm volatile("fence.acq_rel.sys;" ::: "memory");
 }
 
+/* The barrier of a block's task-running threads (DK_WORKERS of them:
+ * block 0's last warp reads the queues and never joins it). */
+__device__ __forceinline__ void work_sync(void)
+{
+	asm volatile("bar.sync 1, %0;" ::"n"(DK_WORKERS) : "memory");
+}
+
 __device__ __forceinline__ uint64_t now_ns(void)
 {
 	uint64_t t;
@@ -230,7 +238,7 @@ template <> __device__ __forceinline__ double ld_cg(const double *p) { return __
 /* 16-byte packs where every pointer allows it, single elements for the rest. */
 template <typename T, typename A, typename E, int OP> __device__ void reduce_run(const dk_op &o)
 {
-	const uint32_t tid = threadIdx.x, nt = blockDim.x;
+	const uint32_t tid = threadIdx.x, nt = DK_WORKERS;
 	const unsigned K = 16 / sizeof(T);
 	bool aligned = ((uintptr_t)o.dst & 15u) == 0;
 	for (uint32_t k = 0; k < o.nsrc; k++)
@@ -278,7 +286,7 @@ template <typename T, typename A, typename E> __device__ void reduce_type(const 
 
 __device__ void copy_run(const dk_op &o)
 {
-	const uint32_t tid = threadIdx.x, nt = blockDim.x;
+	const uint32_t tid = threadIdx.x, nt = DK_WORKERS;
 	uint64_t bytes = o.elems * o.dsize;
 	if (o.dst == o.src[0])
 		return; /* in place */
@@ -371,8 +379,9 @@ struct dk_ctx {
 	dk_block_stats out; /* what was stored last */
 	uint64_t flushed;   /* when the counters were last stored (ns) */
 	uint64_t trace_n;   /* events this block recorded (its ring's count, kept here) */
-	uint64_t full_pass; /* block 0: when read_queues last looked at every posted entry (ns) */
+	uint64_t full_pass; /* the reader: when read_queues last looked at every posted entry (ns) */
 	uint32_t b;
+	uint32_t slot;      /* its counters and trace ring: b, or DK_READER for the queue reader */
 };
 
 /* Records an event of thread 0 of this block (dkernel.h, DK_TRACE_ENV). */
@@ -382,8 +391,8 @@ __device__ __forceinline__ void trace(dk_ctx &c, uint32_t event, uint32_t arg)
 	if (!tr)
 		return;
 	uint64_t i = c.trace_n++;
-	tr->n[c.b] = c.trace_n;
-	dk_trace_rec *r = &tr->rec[c.b][i & (DK_TRACE_EVENTS - 1u)];
+	tr->n[c.slot] = c.trace_n;
+	dk_trace_rec *r = &tr->rec[c.slot][i & (DK_TRACE_EVENTS - 1u)];
 	r->t_ns = now_ns();
 	r->event = event;
 	r->arg = arg;
@@ -462,7 +471,7 @@ __device__ uint32_t comm_aborted(dk_comm *cm)
 	return dfccl_comm_abort_status(ld_acq_sys(&vload(&cm->hdr)->aborted));
 }
 
-/* ------------------------------------------------------------------ taking entries (block 0, thread 0) */
+/* ------------------------------------------------------------------ taking entries (the queue reader) */
 
 /* Whether communicator slot i is comm_id's. */
 __device__ __forceinline__ bool comm_is(dk_state *st, uint32_t i, uint64_t comm_id)
@@ -1255,14 +1264,12 @@ __device__ int chan_wait(dk_ctx &c, dk_chan_ctx *x, const dk_task *t, uint32_t c
 			}
 			/* Parking or a stop must not wait for a long spin, and new
 			 * tasks get posted at once (their peers may be waiting for
-			 * exactly that): block 0 keeps reading the queues, and a new
-			 * arrival ends the wait. */
+			 * exactly that): the queue reader keeps taking entries, and
+			 * a new arrival ends the wait. */
 			if (spins && (vload(&c.st->ctl.park) || vload(&c.st->ctl.stop))) {
 				rc = 0;
 				break;
 			}
-			if (spins && c.b == 0)
-				read_queues(c);
 			if (spins && vload(&ib->tail) != arrived) {
 				rc = 0;
 				break;
@@ -1576,6 +1583,66 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 
 /* ------------------------------------------------------------------ the kernel */
 
+/* Counters carry on from the last launch (thread 0 of each block, and the
+ * reader). */
+__device__ void ctx_start(dk_ctx &c)
+{
+	volatile uint64_t *v = (volatile uint64_t *)c.bs;
+	uint64_t *a = (uint64_t *)&c.acc;
+	for (int k = 0; k < DK_NCOUNTERS; k++)
+		a[k] = v[k];
+	c.out = c.acc;
+	c.flushed = now_ns();
+	c.trace_n = c.p.trace ? c.p.trace->n[c.slot] : 0;
+	c.full_pass = 0;
+}
+
+/*
+ * The queue reader: one lane of block 0's last warp takes the armed entries
+ * of every queue pair, makes tasks of them and hands them to the blocks'
+ * inboxes, while the blocks run their tasks, so that no block's turn waits
+ * for a pass over the queues (a PCIe round trip per queue pair at least).
+ * It decides the voluntary quit: when no task is live and nothing came for
+ * idle_ns it says so to the clients, looks once more, and sets ctl.quit;
+ * the blocks leave once their queues are empty.
+ */
+__device__ void reader_main(dk_ctx &c)
+{
+	dk_state *st = c.st;
+	ctx_start(c);
+	/* Tasks only once every block has rebuilt its queue, so none is taken
+	 * twice. */
+	while (vload(&st->ctl.started) < c.p.blocks) {
+		if (vload(&st->ctl.stop) || vload(&st->ctl.park))
+			return;
+		__nanosleep(100);
+	}
+	uint64_t last_active = now_ns();
+	while (!vload(&st->ctl.stop) && !vload(&st->ctl.park)) {
+		uint32_t got = read_queues(c);
+		trace(c, DK_EV_QUEUES, got);
+		uint64_t now = now_ns();
+		if (got || vload(&st->live_tasks))
+			last_active = now;
+		else if (now - last_active >= c.p.idle_ns) {
+			/* Going: say so, then look once more, so an entry armed
+			 * before a client saw SLEEPING is not missed. */
+			set_engine_state(st, DFCCL_ENGINE_SLEEPING);
+			if (read_queues(c) > 0) {
+				set_engine_state(st, DFCCL_ENGINE_POLLING);
+				last_active = now_ns();
+			} else {
+				*(volatile uint32_t *)&st->ctl.quit = 1;
+				*(volatile uint32_t *)&c.p.host->quit_voluntary = 1;
+				__threadfence_system();
+				break;
+			}
+		}
+		stats_tick(c, got == 0);
+	}
+	stats_flush(c);
+}
+
 __global__ void __launch_bounds__(DK_THREADS) dk_main(dk_params p)
 {
 	__shared__ dk_shared sh;
@@ -1583,19 +1650,20 @@ __global__ void __launch_bounds__(DK_THREADS) dk_main(dk_params p)
 	c.p = p;
 	c.st = p.st;
 	c.b = blockIdx.x;
+	const uint32_t tid = threadIdx.x;
+	if (tid >= DK_WORKERS) {
+		if (c.b == 0 && tid == DK_WORKERS) {
+			c.slot = DK_READER;
+			c.bs = &p.host->block[DK_READER];
+			reader_main(c);
+		}
+		return;
+	}
+	c.slot = c.b;
 	c.bs = &p.host->block[c.b];
 	dk_state *st = p.st;
-	const uint32_t tid = threadIdx.x;
 	if (tid == 0) {
-		/* Counters carry on from the last launch. */
-		volatile uint64_t *v = (volatile uint64_t *)c.bs;
-		uint64_t *a = (uint64_t *)&c.acc;
-		for (int k = 0; k < DK_NCOUNTERS; k++)
-			a[k] = v[k];
-		c.out = c.acc;
-		c.flushed = now_ns();
-		c.trace_n = p.trace ? p.trace->n[c.b] : 0;
-		c.full_pass = 0;
+		ctx_start(c);
 		/* Resume: the tasks this block had when the kernel last left
 		 * (their contexts are in global memory), in their order. Tasks
 		 * still in the inbox are among them, so it starts empty. */
@@ -1610,23 +1678,11 @@ __global__ void __launch_bounds__(DK_THREADS) dk_main(dk_params p)
 		}
 		__threadfence();
 		atomicAdd(&st->ctl.started, 1u);
-		/* Block 0 makes new tasks only once every block has rebuilt its
-		 * queue, so none is taken twice. */
-		if (c.b == 0)
-			while (vload(&st->ctl.started) < p.blocks)
-				__nanosleep(100);
 	}
-	uint64_t last_active = now_ns();
 	uint64_t last_task = 0;
 	for (;;) {
 		if (tid == 0) {
-			bool found = false;
 			trace(c, DK_EV_LOOP, sh.q.n);
-			if (c.b == 0) {
-				uint32_t got = read_queues(c);
-				trace(c, DK_EV_QUEUES, got);
-				found = got > 0;
-			}
 			dk_inbox *ib = &st->inbox[c.b];
 			uint32_t tail = vload(&ib->tail);
 			while (ib->head != tail && sh.q.n < SCHED_MAX_TASKS) {
@@ -1634,34 +1690,15 @@ __global__ void __launch_bounds__(DK_THREADS) dk_main(dk_params p)
 				trace(c, DK_EV_TASK, ti);
 				sched_insert(&p.sched, &sh.q, st->states[c.b], ti);
 				ib->head++;
-				found = true;
 			}
-			uint64_t now = now_ns();
-			if (found || sh.q.n)
-				last_active = now;
 			sh.quit = 0;
 			if (vload(&st->ctl.stop) || vload(&st->ctl.park)) {
 				sh.quit = 1;
-			} else if (c.b == 0) {
-				if (vload(&st->live_tasks) == 0 && now - last_active >= p.idle_ns) {
-					/* Going: say so, then look once more, so an entry
-					 * armed before a client saw SLEEPING is not missed. */
-					set_engine_state(st, DFCCL_ENGINE_SLEEPING);
-					if (read_queues(c) > 0) {
-						set_engine_state(st, DFCCL_ENGINE_POLLING);
-						last_active = now_ns();
-					} else {
-						*(volatile uint32_t *)&st->ctl.quit = 1;
-						*(volatile uint32_t *)&p.host->quit_voluntary = 1;
-						__threadfence_system();
-						sh.quit = 1;
-					}
-				}
 			} else if (vload(&st->ctl.quit) && sh.q.n == 0 && ib->head == vload(&ib->tail)) {
 				sh.quit = 1;
 			}
 		}
-		__syncthreads();
+		work_sync();
 		if (sh.quit)
 			break;
 		uint32_t pos = 0;
@@ -1679,7 +1716,7 @@ __global__ void __launch_bounds__(DK_THREADS) dk_main(dk_params p)
 			else if (tid < F + 6)
 				((unsigned long long *)&sh.s)[tid - F - 4] =
 				    __ldcg((const unsigned long long *)&st->states[c.b][ti] + (tid - F - 4));
-			__syncthreads();
+			work_sync();
 			uint64_t arrival = ((const dk_task *)sh.tfix)->arrival;
 			if (tid == 0 && arrival != last_task) {
 				if (last_task)
@@ -1691,12 +1728,12 @@ __global__ void __launch_bounds__(DK_THREADS) dk_main(dk_params p)
 			for (;;) {
 				if (tid == 0)
 					sh.act = chan_control(c, sh, ti, c.b, pos, piece_done, &budget, &progressed);
-				__syncthreads();
+				work_sync();
 				if (sh.act != A_DATA)
 					break;
 				if (sh.op.elems)
 					op_run(sh.op);
-				__syncthreads();
+				work_sync();
 				piece_done = true;
 			}
 			uint32_t ret = sh.ret;
@@ -1710,7 +1747,7 @@ __global__ void __launch_bounds__(DK_THREADS) dk_main(dk_params p)
 				for (uint32_t k = 0; k < 2; k++)
 					gs[k] = ((const unsigned long long *)&sh.s)[k];
 			}
-			__syncthreads();
+			work_sync();
 			if (ret == R_CHDONE || ret == R_FREE) {
 				if (tid == 0) {
 					sched_remove_at(&sh.q, pos);
@@ -1718,14 +1755,14 @@ __global__ void __launch_bounds__(DK_THREADS) dk_main(dk_params p)
 						task_free(st, t);
 					stats_tick(c, false);
 				}
-				__syncthreads();
+				work_sync();
 				continue;
 			}
 			pos++;
 		}
 		if (tid == 0)
 			stats_tick(c, sh.q.n == 0);
-		__syncthreads();
+		work_sync();
 	}
 	if (tid == 0)
 		stats_flush(c);

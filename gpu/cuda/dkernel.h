@@ -41,6 +41,12 @@
 #define DK_MAX_TASKS SCHED_MAX_TASKS
 #define DK_MAX_BLOCKS DFCCL_COMM_MAX_CHANNELS
 #define DK_THREADS 512u
+/* The threads of a block that run its tasks; the last warp of block 0 is
+ * the queue reader (one lane), which has counters and a trace ring of its
+ * own, after the blocks': slot DK_READER. */
+#define DK_WORKERS (DK_THREADS - 32u)
+#define DK_READER DK_MAX_BLOCKS
+#define DK_SLOTS (DK_MAX_BLOCKS + 1u)
 #define DK_NO_TASK 0xffffffffu
 
 /* A queue pair. Host side: every field but those marked kernel. */
@@ -201,25 +207,25 @@ struct dk_task {
 #define DK_TASK_FIXED_BYTES offsetof(struct dk_task, state)
 DFCCL_STATIC_ASSERT(DK_TASK_FIXED_BYTES % 16 == 0, "the fixed part of a task is copied in 16-byte words");
 
-/* A block's inbox of new tasks: block 0 appends, the owner takes. */
+/* A block's inbox of new tasks: the queue reader appends, the owner takes. */
 struct dk_inbox {
 	uint32_t head;                 /* owner */
-	uint32_t tail;                 /* block 0 */
+	uint32_t tail;                 /* the queue reader */
 	uint32_t idx[DK_MAX_TASKS];
 };
 
 /* Written by the host side (device memory), read by every block. */
 struct dk_ctl {
-	uint32_t quit;       /* block 0 decided to quit (idle); host clears it before a launch */
+	uint32_t quit;       /* the queue reader decided to quit (idle); host clears it before a launch */
 	uint32_t stop;       /* host: leave now (the worker is exiting) */
 	uint32_t park;       /* host: leave now, tasks kept for the next launch; cleared before a launch */
-	uint32_t started;    /* blocks that rebuilt their queue in this launch (block 0 waits for all) */
+	uint32_t started;    /* blocks that rebuilt their queue in this launch (the reader waits for all) */
 	uint32_t nqps;       /* host: queue-pair slots in use are below this */
 	uint32_t ncomms;     /* host: communicator slots in use are below this */
 };
 
 /* Counters of one block, in host memory; the block is the only writer.
- * started[a - 1]: collectives block 0 started with algorithm a (direct ..
+ * started[a - 1]: collectives the queue reader started with algorithm a (direct ..
  * multitree). */
 #define DK_NCOUNTERS 9
 struct dk_block_stats {
@@ -231,8 +237,8 @@ DFCCL_STATIC_ASSERT(DK_NCOUNTERS == 5 + DFCCL_ALGO_COUNT_ - 1, "one started coun
 
 /* Mapped pinned host memory: what the host side reads while the kernel runs. */
 struct dk_host {
-	struct dk_block_stats block[DK_MAX_BLOCKS];
-	uint32_t quit_voluntary; /* block 0: set when it quit for being idle */
+	struct dk_block_stats block[DK_SLOTS]; /* the blocks', then the queue reader's */
+	uint32_t quit_voluntary; /* the queue reader: set when the kernel quit for being idle */
 	uint32_t reserved[15];
 };
 
@@ -241,8 +247,8 @@ struct dk_state {
 	struct dk_ctl ctl;
 	uint32_t live_tasks;  /* tasks not FREE (atomic) */
 	uint32_t admit_reserve, admit_shared; /* tasks admitted from each part (atomic; scheduler.h) */
-	uint32_t task_cursor; /* block 0: where the search for a free task starts */
-	uint64_t arrivals;    /* block 0 */
+	uint32_t task_cursor; /* the queue reader: where the search for a free task starts */
+	uint64_t arrivals;    /* the queue reader */
 	uint32_t uid_inflight[DK_MAX_QPS]; /* tasks per uid slot (atomic; a uid per queue pair at most) */
 	struct dk_qp qps[DK_MAX_QPS];
 	struct dk_comm comms[DK_MAX_COMMS];
@@ -279,7 +285,7 @@ struct dk_params {
 /*
  * The kernel's event trace, for finding where its time goes: with
  * DFCCL_DK_TRACE=FILE in a CUDA worker's environment, thread 0 of every
- * block records its events, with the GPU's clock, into a ring of its own in
+ * block and the queue reader (as block DK_READER) record their events, with the GPU's clock, into a ring of its own in
  * device memory (no PCIe traffic while it runs), and the worker writes the
  * rings to FILE as text when it ends. A developer's tool: it slows nothing
  * when unset.
@@ -289,7 +295,7 @@ struct dk_params {
 
 enum dk_trace_event {
 	DK_EV_LOOP = 0,    /* the top of the block's loop; arg: tasks in its queue */
-	DK_EV_QUEUES,      /* block 0 read the queue pairs; arg: entries taken */
+	DK_EV_QUEUES,      /* the queue reader read the queue pairs; arg: entries taken */
 	DK_EV_TASK,        /* a new task reached this block; arg: its index */
 	DK_EV_STEP,        /* a channel reached a step; arg: task << 16 | step */
 	DK_EV_PREEMPT,     /* a wait gave up; arg: task << 16 | step */
@@ -307,8 +313,8 @@ struct dk_trace_rec {
 };
 
 struct dk_trace {
-	uint64_t n[DK_MAX_BLOCKS]; /* events recorded by each block so far */
-	struct dk_trace_rec rec[DK_MAX_BLOCKS][DK_TRACE_EVENTS];
+	uint64_t n[DK_SLOTS]; /* events recorded by each block, and the queue reader, so far */
+	struct dk_trace_rec rec[DK_SLOTS][DK_TRACE_EVENTS];
 };
 
 /* The registration table's first probe for reg_id. */
