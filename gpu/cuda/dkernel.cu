@@ -379,7 +379,6 @@ struct dk_ctx {
 	dk_block_stats out; /* what was stored last */
 	uint64_t flushed;   /* when the counters were last stored (ns) */
 	uint64_t trace_n;   /* events this block recorded (its ring's count, kept here) */
-	uint64_t full_pass; /* the reader: when read_queues last looked at every posted entry (ns) */
 	uint32_t b;
 	uint32_t slot;      /* its counters and trace ring: b, or DK_READER for the queue reader */
 };
@@ -676,26 +675,23 @@ __device__ uint32_t entry_accept(dk_ctx &c, uint32_t qi, dk_qp *q, const dfccl_s
 #define DK_SCAN 16u
 
 /*
- * A pass over a queue pair looks at DK_SCAN_WINDOW entries from its head,
- * and at every posted entry only once per DK_FULL_PASS_NS: a client whose
- * streams arm entries in the order they were posted has its next armed
- * entry at the head, while a queue may hold hundreds posted ahead, whose
- * arm words cost a PCIe round trip per DK_SCAN. An entry armed beyond the
- * window (several streams arming out of order) waits at most one full-pass
- * period.
+ * A pass over a queue pair looks at DK_SCAN_WINDOW entries from its head
+ * and at DK_SCAN more past them, from where the last pass's look stopped
+ * (dk_qp.sweep), going round the posted entries: a client whose streams
+ * arm entries in the order they were posted has its next armed entry at
+ * the head, while a queue may hold a whole lap posted ahead, whose arm
+ * words cost a PCIe round trip per DK_SCAN. So a pass costs three round
+ * trips at most however long the queue, and an entry armed beyond the
+ * window (several streams arming out of order) is seen within
+ * n / DK_SCAN passes.
  */
 #define DK_SCAN_WINDOW 32u
-#define DK_FULL_PASS_NS 20000u
 
 __device__ uint32_t read_queues(dk_ctx &c)
 {
 	dk_state *st = c.st;
 	uint32_t got = 0;
 	uint32_t nq = vload(&st->ctl.nqps);
-	uint64_t now = now_ns();
-	bool full_pass = now - c.full_pass >= DK_FULL_PASS_NS;
-	if (full_pass)
-		c.full_pass = now;
 	for (uint32_t qi = 0; qi < nq && qi < DK_MAX_QPS; qi++) {
 		dk_qp *q = &st->qps[qi];
 		if (!vload(&q->live))
@@ -733,99 +729,113 @@ __device__ uint32_t read_queues(dk_ctx &c)
 		uint32_t room = a.room, beyond = a.beyond, looks = 0;
 		bool looking = a.refuse == DFCCL_CQ_OK && room == 0;
 		uint64_t start = looking ? sched_look_start(vload(&q->look), head, tail) : head, stopped = 0;
-		/* Looking beyond the room keeps its own bounds (scheduler.h). */
-		uint64_t end = !looking && !full_pass && tail - start >= DK_SCAN_WINDOW ? start + DK_SCAN_WINDOW - 1 : tail;
+		/* Looking beyond the room keeps its own bounds (scheduler.h);
+		 * else the window, then the sweep's DK_SCAN entries past it. */
+		uint64_t end = !looking && tail - start >= DK_SCAN_WINDOW ? start + DK_SCAN_WINDOW - 1 : tail;
+		uint64_t sweep = end + 1;
+		if (end < tail) {
+			uint64_t at = vload(&q->sweep);
+			if (at > sweep && at <= tail)
+				sweep = at;
+			*(volatile uint64_t *)&q->sweep = sweep + DK_SCAN <= tail ? sweep + DK_SCAN : 0;
+		}
 		bool stop = false;
-		for (uint64_t s0 = start; s0 <= end && !stop; s0 += DK_SCAN) {
-			/* The taken and arm words of DK_SCAN entries at once (the
-			 * arm words relaxed): a stream arms its entries long after
-			 * they are posted, so a queue may hold many posted entries
-			 * of which few are armed, and a round trip per entry would
-			 * make every pass as slow as the queue is long.
-			 * The words stay in registers (constant indices only) and
-			 * are reduced to two masks: a value stored to memory right
-			 * after its load would make every load wait for the one
-			 * before. */
-			uint64_t tk[DK_SCAN], arm[DK_SCAN];
+		for (uint32_t part = 0; part < 2 && !stop; part++) {
+			if (part == 1 && end >= tail)
+				break;
+			uint64_t lo = part == 0 ? start : sweep;
+			uint64_t hi = part == 0 ? end : (sweep + DK_SCAN - 1 < tail ? sweep + DK_SCAN - 1 : tail);
+			for (uint64_t s0 = lo; s0 <= hi && !stop; s0 += DK_SCAN) {
+				/* The taken and arm words of DK_SCAN entries at once (the
+				 * arm words relaxed): a stream arms its entries long after
+				 * they are posted, so a queue may hold many posted entries
+				 * of which few are armed, and a round trip per entry would
+				 * make every pass as slow as the queue is long.
+				 * The words stay in registers (constant indices only) and
+				 * are reduced to two masks: a value stored to memory right
+				 * after its load would make every load wait for the one
+				 * before. */
+				uint64_t tk[DK_SCAN], arm[DK_SCAN];
 #pragma unroll
-			for (uint32_t k = 0; k < DK_SCAN; k++) {
-				uint32_t slot = DFCCL_QP_SLOT(s0 + k, n);
-				tk[k] = s0 + k <= end ? taken[slot] : 0;
-				arm[k] = s0 + k <= end && s0 + k != head ? vload(&sq[slot].arm) : arm_head;
-			}
-			uint32_t was_taken = 0, armed = 0; /* bit k: entry s0 + k */
-#pragma unroll
-			for (uint32_t k = 0; k < DK_SCAN; k++) {
-				was_taken |= (uint32_t)(tk[k] == s0 + k) << k;
-				armed |= (uint32_t)(tk[k] != s0 + k && arm[k] == s0 + k) << k;
-			}
-			for (uint32_t k = 0; k < DK_SCAN && !stop; k++) {
-				uint64_t s = s0 + k;
-				if (s > end)
-					break;
-				uint32_t slot = DFCCL_QP_SLOT(s, n);
-				if (was_taken >> k & 1u) {
-					h += h == s; /* taken by an earlier pass */
-					continue;
+				for (uint32_t k = 0; k < DK_SCAN; k++) {
+					uint32_t slot = DFCCL_QP_SLOT(s0 + k, n);
+					tk[k] = s0 + k <= hi ? taken[slot] : 0;
+					arm[k] = s0 + k <= hi && s0 + k != head ? vload(&sq[slot].arm) : arm_head;
 				}
-				/* Not armed yet: later entries may be. An armed one is
-				 * loaded again with an acquire (the head's already was),
-				 * so that its copy is ordered after the arm word. */
-				if (!(armed >> k & 1u) || (s != head && ld_acq_sys(&sq[slot].arm) != s))
-					continue;
-				dfccl_sqe e;
-				/* The copy: everything after is checked on it alone. Eight
-				 * independent 16-byte loads, so they cross PCIe together. */
-				const uint4 *src = (const uint4 *)&sq[slot];
-				uint4 v[sizeof(e) / 16];
+				uint32_t was_taken = 0, armed = 0; /* bit k: entry s0 + k */
 #pragma unroll
-				for (int w = 0; w < (int)(sizeof(e) / 16); w++)
-					v[w] = __ldcv(src + w);
-				memcpy(&e, v, sizeof(e));
-				e.arm = s; /* what it was taken under; e.seq is the client's claim */
-				uint64_t bytes;
-				uint32_t status = sqe_check_entry(&e, &bytes);
-				e.arm = s;
-				uint32_t ti = DK_NO_TASK;
-				dk_comm *cm = NULL;
-				if (status == DFCCL_CQ_OK && e.opcode != DFCCL_OP_NOP && a.refuse == DFCCL_CQ_OK && room == 0) {
-					/* No room: it waits in the queue, unless a peer posted
-					 * its instance (scheduler.h); a few such looks a pass. */
-					if (looks++ >= SCHED_BEYOND_LOOKS || beyond == 0) {
-						stopped = s;
-						stop = true;
+				for (uint32_t k = 0; k < DK_SCAN; k++) {
+					was_taken |= (uint32_t)(tk[k] == s0 + k) << k;
+					armed |= (uint32_t)(tk[k] != s0 + k && arm[k] == s0 + k) << k;
+				}
+				for (uint32_t k = 0; k < DK_SCAN && !stop; k++) {
+					uint64_t s = s0 + k;
+					if (s > hi)
 						break;
-					}
-					uint32_t ci;
-					dk_comm *pc = comm_find(st, q, e.comm_id, &ci);
-					if (!pc || !dfccl_comm_peer_posted(vload(&pc->sync), vload(&pc->nranks), &e))
+					uint32_t slot = DFCCL_QP_SLOT(s, n);
+					if (was_taken >> k & 1u) {
+						h += h == s; /* taken by an earlier pass */
 						continue;
-					beyond--;
-				}
-				if (status == DFCCL_CQ_OK && e.opcode != DFCCL_OP_NOP && a.refuse != DFCCL_CQ_OK)
-					status = a.refuse;
-				if (status == DFCCL_CQ_OK && e.opcode != DFCCL_OP_NOP) {
-					room -= room > 0;
-					status = entry_accept(c, qi, q, &e, &ti, &cm);
-					if (status == DFCCL_CQ_OK && ti == DK_NO_TASK) {
-						stop = true; /* every task in use: leave it armed */
-						break;
 					}
-				} else if (status != DFCCL_CQ_OK) {
-					uint32_t ci;
-					cm = comm_find(st, q, e.comm_id, &ci);
-					/* Only a member's refused part leaves peers waiting. */
-					if (cm && !(e.rank < vload(&cm->nranks) && vload(&cm->session[e.rank]) == vload(&q->session_id)))
-						cm = NULL;
+					/* Not armed yet: later entries may be. An armed one is
+					 * loaded again with an acquire (the head's already was),
+					 * so that its copy is ordered after the arm word. */
+					if (!(armed >> k & 1u) || (s != head && ld_acq_sys(&sq[slot].arm) != s))
+						continue;
+					dfccl_sqe e;
+					/* The copy: everything after is checked on it alone. Eight
+					 * independent 16-byte loads, so they cross PCIe together. */
+					const uint4 *src = (const uint4 *)&sq[slot];
+					uint4 v[sizeof(e) / 16];
+#pragma unroll
+					for (int w = 0; w < (int)(sizeof(e) / 16); w++)
+						v[w] = __ldcv(src + w);
+					memcpy(&e, v, sizeof(e));
+					e.arm = s; /* what it was taken under; e.seq is the client's claim */
+					uint64_t bytes;
+					uint32_t status = sqe_check_entry(&e, &bytes);
+					e.arm = s;
+					uint32_t ti = DK_NO_TASK;
+					dk_comm *cm = NULL;
+					if (status == DFCCL_CQ_OK && e.opcode != DFCCL_OP_NOP && a.refuse == DFCCL_CQ_OK && room == 0) {
+						/* No room: it waits in the queue, unless a peer posted
+						 * its instance (scheduler.h); a few such looks a pass. */
+						if (looks++ >= SCHED_BEYOND_LOOKS || beyond == 0) {
+							stopped = s;
+							stop = true;
+							break;
+						}
+						uint32_t ci;
+						dk_comm *pc = comm_find(st, q, e.comm_id, &ci);
+						if (!pc || !dfccl_comm_peer_posted(vload(&pc->sync), vload(&pc->nranks), &e))
+							continue;
+						beyond--;
+					}
+					if (status == DFCCL_CQ_OK && e.opcode != DFCCL_OP_NOP && a.refuse != DFCCL_CQ_OK)
+						status = a.refuse;
+					if (status == DFCCL_CQ_OK && e.opcode != DFCCL_OP_NOP) {
+						room -= room > 0;
+						status = entry_accept(c, qi, q, &e, &ti, &cm);
+						if (status == DFCCL_CQ_OK && ti == DK_NO_TASK) {
+							stop = true; /* every task in use: leave it armed */
+							break;
+						}
+					} else if (status != DFCCL_CQ_OK) {
+						uint32_t ci;
+						cm = comm_find(st, q, e.comm_id, &ci);
+						/* Only a member's refused part leaves peers waiting. */
+						if (cm && !(e.rank < vload(&cm->nranks) && vload(&cm->session[e.rank]) == vload(&q->session_id)))
+							cm = NULL;
+					}
+					taken[slot] = s;
+					h += h == s;
+					got++;
+					if (ti != DK_NO_TASK)
+						continue;
+					if (status != DFCCL_CQ_OK && cm)
+						comm_fail(cm, status);
+					complete(c, q, s, status);
 				}
-				taken[slot] = s;
-				h += h == s;
-				got++;
-				if (ti != DK_NO_TASK)
-					continue;
-				if (status != DFCCL_CQ_OK && cm)
-					comm_fail(cm, status);
-				complete(c, q, s, status);
 			}
 		}
 		if (looking)
@@ -1594,7 +1604,6 @@ __device__ void ctx_start(dk_ctx &c)
 	c.out = c.acc;
 	c.flushed = now_ns();
 	c.trace_n = c.p.trace ? c.p.trace->n[c.slot] : 0;
-	c.full_pass = 0;
 }
 
 /*

@@ -67,6 +67,8 @@ struct dk_qp {
 	uint32_t comm_hint;           /* kernel: 1 + the communicator slot of its last entry (checked before use) */
 	uint64_t look;                /* kernel (host zeroes it on add): where the last look beyond the room
 	                               * stopped (sched_look_start), 0: at the head */
+	uint64_t sweep;               /* kernel (host zeroes it on add): where the next pass looks past the
+	                               * window after the head (read_queues), 0: right after it */
 };
 
 enum dk_reg_state { DK_REG_EMPTY = 0, DK_REG_LIVE = 1, DK_REG_GONE = 2 };
