@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -498,16 +499,40 @@ static void rank_report(const char *name, int rank, int status)
 		fprintf(stderr, "%s: rank %d failed (exit status %d)\n", name, rank, WEXITSTATUS(status));
 }
 
+/* The signals that stop a tool, which its ranks get too. */
+static const int stop_signals[] = {SIGINT, SIGTERM, SIGHUP};
+#define NSTOP (sizeof(stop_signals) / sizeof(stop_signals[0]))
+static volatile sig_atomic_t stop_signal;
+
+static void on_stop_signal(int sig)
+{
+	stop_signal = sig;
+}
+
 int tool_run_ranks(const char *name, int nranks, int (*fn)(int rank, void *arg), void *arg, int grace_s)
 {
 	pid_t *pids = calloc((size_t)nranks, sizeof(*pids));
 	int failed = 0, left = 0, first_failed = -1;
 	if (!pids)
 		return nranks;
+	/* A stop signal (Ctrl-C, a job's end) is passed on to every rank,
+	 * which then ends as that signal would end it alone; the tool then
+	 * ends by it too. A rank whose tool dies without passing it on gets
+	 * SIGTERM from the kernel. */
+	struct sigaction was[NSTOP], on = {.sa_handler = on_stop_signal};
+	sigemptyset(&on.sa_mask);
+	stop_signal = 0;
+	for (size_t i = 0; i < NSTOP; i++)
+		sigaction(stop_signals[i], &on, &was[i]);
+	pid_t parent = getpid();
 	fflush(NULL);
 	for (int r = 0; r < nranks; r++) {
 		pids[r] = fork();
 		if (pids[r] == 0) {
+			for (size_t i = 0; i < NSTOP; i++)
+				sigaction(stop_signals[i], &was[i], NULL);
+			if (prctl(PR_SET_PDEATHSIG, SIGTERM) < 0 || getppid() != parent)
+				_exit(TOOL_EXIT_FAIL);
 			int rc = fn(r, arg);
 			fflush(NULL);
 			_exit(rc);
@@ -520,7 +545,20 @@ int tool_run_ranks(const char *name, int nranks, int (*fn)(int rank, void *arg),
 		left++;
 	}
 	double deadline = 0;
+	int passed_on = 0;
 	while (left > 0) {
+		if (stop_signal && !passed_on) {
+			passed_on = stop_signal;
+			fprintf(stderr, "%s: stopped by signal %d (%s): stopping the ranks\n", name, passed_on,
+			        strsignal(passed_on));
+			for (int r = 0; r < nranks; r++)
+				if (pids[r] > 0)
+					kill(pids[r], passed_on);
+			if (first_failed == -1) {
+				first_failed = nranks; /* no rank: the grace below counts from now */
+				deadline = tool_now() + grace_s;
+			}
+		}
 		int status;
 		pid_t pid = waitpid(-1, &status, WNOHANG);
 		if (pid > 0) {
@@ -545,7 +583,11 @@ int tool_run_ranks(const char *name, int nranks, int (*fn)(int rank, void *arg),
 			break;
 		if (first_failed >= 0 && tool_now() > deadline) {
 			for (int r = 0; r < nranks; r++) {
-				if (pids[r] > 0) {
+				if (pids[r] > 0 && first_failed == nranks) {
+					fprintf(stderr, "%s: rank %d did not end within %d s of signal %d: killed\n", name, r, grace_s,
+					        passed_on);
+					kill(pids[r], SIGKILL);
+				} else if (pids[r] > 0) {
 					fprintf(stderr, "%s: rank %d did not end within %d s after rank %d failed: killed\n", name, r,
 					        grace_s, first_failed);
 					kill(pids[r], SIGKILL);
@@ -556,5 +598,11 @@ int tool_run_ranks(const char *name, int nranks, int (*fn)(int rank, void *arg),
 		usleep(10000);
 	}
 	free(pids);
+	for (size_t i = 0; i < NSTOP; i++)
+		sigaction(stop_signals[i], &was[i], NULL);
+	if (passed_on) {
+		fflush(NULL);
+		raise(passed_on);
+	}
 	return failed;
 }

@@ -150,7 +150,9 @@ bool tool_inplace(int coll, void *buf, size_t count, int dtype, int rank, const 
  * When one fails or dies, the others get grace_s seconds to end on their
  * own (they should fail with errors rather than hang) before they are
  * killed. Prints one line per rank that did not succeed and returns the
- * number of such ranks.
+ * number of such ranks. SIGINT, SIGTERM and SIGHUP meanwhile are passed on
+ * to every rank (which get the same grace), and once they have ended the
+ * caller is ended by that signal; a rank whose caller dies gets SIGTERM.
  */
 int tool_run_ranks(const char *name, int nranks, int (*fn)(int rank, void *arg), void *arg, int grace_s);
 

@@ -620,6 +620,51 @@ static void test_rank_killed(void **state)
 	chaos_expect_ok(state, "--nranks", "4", "--comms", "4", "--iters", "10", "--max-bytes", "64K", NULL);
 }
 
+/* The pids of pid's children (up to max); returns how many. */
+static int children_of(pid_t pid, pid_t *out, int max)
+{
+	char path[64], buf[512] = "";
+	snprintf(path, sizeof(path), "/proc/%d/task/%d/children", (int)pid, (int)pid);
+	read_text_file(path, buf, sizeof(buf));
+	int n = 0;
+	for (char *p = buf, *end; n < max; p = end) {
+		long v = strtol(p, &end, 10);
+		if (end == p)
+			break;
+		out[n++] = (pid_t)v;
+	}
+	return n;
+}
+
+/* SIGTERM to dfccl-perf reaches its ranks: none outlives it, and it ends
+ * by the signal, saying so. */
+static void test_perf_stopped(void **state)
+{
+	struct daemon_proc *d = *state;
+	char log[160];
+	snprintf(log, sizeof(log), "%s/perf-stopped.out", d->dir);
+	const char *argv[] = {"dfccl-perf", "--socket", d->socket, "allreduce", "--nranks", "3", "--mem", "host",
+	                      "-b", "4K", "-e", "4K", "-n", "100000000", "-w", "0", NULL};
+	pid_t pid = child_exec(DFCCL_PERF_PATH, argv, log, NULL);
+	assert_true(pid > 0);
+	pid_t ranks[8];
+	int n = 0;
+	for (uint64_t t0 = now_ms(); now_ms() - t0 < 20000 && (n = children_of(pid, ranks, 8)) < 3;)
+		usleep(20000);
+	assert_int_equal(n, 3);
+	usleep(500000); /* well into their loop */
+	assert_int_equal(kill(pid, SIGTERM), 0);
+	assert_int_equal(child_wait(pid, 20000), 128 + SIGTERM);
+	for (int i = 0; i < n; i++)
+		assert_true(kill(ranks[i], 0) < 0 && errno == ESRCH);
+	char out[4096];
+	read_text_file(log, out, sizeof(out));
+	assert_non_null(strstr(out, "dfccl-perf: stopped by signal 15 (Terminated): stopping the ranks"));
+	assert_null(strstr(out, "did not end within"));
+	/* The daemon still serves a new run. */
+	chaos_expect_ok(state, "--nranks", "3", "--comms", "2", "--iters", "10", "--max-bytes", "64K", NULL);
+}
+
 static void test_worker_killed(void **state)
 {
 	struct daemon_proc *d = *state;
@@ -754,6 +799,7 @@ int main(void)
 	    cmocka_unit_test_setup_teardown(test_tools_memory, daemon_setup2, daemon_teardown),
 	    cmocka_unit_test_setup_teardown(test_perf_backends, daemon_setup2, daemon_teardown),
 	    cmocka_unit_test_setup_teardown(test_rank_killed, daemon_setup2, daemon_teardown),
+	    cmocka_unit_test_setup_teardown(test_perf_stopped, daemon_setup2, daemon_teardown),
 	    cmocka_unit_test_setup_teardown(test_worker_killed, daemon_setup2, daemon_teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
