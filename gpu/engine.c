@@ -95,6 +95,18 @@ int engine_comm_add(struct engine *e, uint64_t comm_id, uint32_t nranks, const s
 	return e->ops->comm_add(e->impl, comm_id, nranks, members, region, region_size, err, errlen);
 }
 
+int engine_comm_export(struct engine *e, uint64_t comm_id, void *blob, size_t *len, char *err, size_t errlen)
+{
+	*len = 0;
+	return e->ops->comm_export ? e->ops->comm_export(e->impl, comm_id, blob, len, err, errlen) : 0;
+}
+
+int engine_comm_peers(struct engine *e, uint64_t comm_id, const struct engine_peer_blob *peers, size_t n, char *err,
+                      size_t errlen)
+{
+	return e->ops->comm_peers ? e->ops->comm_peers(e->impl, comm_id, peers, n, err, errlen) : 0;
+}
+
 void engine_comm_abort(struct engine *e, uint64_t comm_id, uint32_t status)
 {
 	e->ops->comm_abort(e->impl, comm_id, status);

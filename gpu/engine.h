@@ -120,6 +120,28 @@ int engine_mem_alloc(struct engine *e, uint32_t reg_id, uint64_t size, int *fd, 
 int engine_comm_add(struct engine *e, uint64_t comm_id, uint32_t nranks, const struct engine_member *members,
                     void *region, size_t region_size, char *err, size_t errlen);
 
+/*
+ * The exchange between the workers of a communicator that spans devices.
+ * After engine_comm_add, each worker's engine may export a blob for the
+ * other workers (the CUDA engine: a handle of the communicator's protocol
+ * words in its GPU's memory); *len = 0 when it has none. The supervisor
+ * collects them and, where any is not empty, hands every worker the others'
+ * blobs (engine_comm_peers) before the communicator is ready: no entry runs
+ * before every worker has mapped its peers. At most ENGINE_PEER_BLOB_MAX
+ * bytes each. Both return 0 or a negative errno with a sentence in err.
+ */
+#define ENGINE_PEER_BLOB_MAX 256u
+
+struct engine_peer_blob {
+	uint32_t device; /* the worker's device */
+	uint32_t len;
+	const void *data;
+};
+
+int engine_comm_export(struct engine *e, uint64_t comm_id, void *blob, size_t *len, char *err, size_t errlen);
+int engine_comm_peers(struct engine *e, uint64_t comm_id, const struct engine_peer_blob *peers, size_t n, char *err,
+                      size_t errlen);
+
 /* Every pending and later collective of the communicator fails with status. */
 void engine_comm_abort(struct engine *e, uint64_t comm_id, uint32_t status);
 
@@ -175,6 +197,10 @@ struct engine_ops {
 	                 size_t errlen);
 	int (*comm_add)(void *impl, uint64_t comm_id, uint32_t nranks, const struct engine_member *members, void *region,
 	                size_t region_size, char *err, size_t errlen);
+	/* may be NULL: nothing to export, nothing to map */
+	int (*comm_export)(void *impl, uint64_t comm_id, void *blob, size_t *len, char *err, size_t errlen);
+	int (*comm_peers)(void *impl, uint64_t comm_id, const struct engine_peer_blob *peers, size_t n, char *err,
+	                  size_t errlen);
 	void (*comm_abort)(void *impl, uint64_t comm_id, uint32_t status);
 	void (*comm_del)(void *impl, uint64_t comm_id);
 	unsigned (*poll)(void *impl);

@@ -917,8 +917,9 @@ static void ce_free(void *impl)
 }
 
 static const struct engine_ops cuda_ops = {
-    "cuda",      ce_free,     ce_qp_add,       ce_qp_del, ce_reg_add, ce_reg_del, ce_mem_alloc, ce_comm_add,
-    ce_comm_abort, ce_comm_del, ce_poll,       ce_busy,   ce_sleep,   ce_wake,    ce_fatal,
+    "cuda",      ce_free,        ce_qp_add,     ce_qp_del,   ce_reg_add, ce_reg_del, ce_mem_alloc, ce_comm_add,
+    NULL,        NULL,           ce_comm_abort, ce_comm_del, ce_poll,    ce_busy,    ce_sleep,     ce_wake,
+    ce_fatal,
 };
 
 extern "C" int cuda_engine_ops_new(const struct engine_config *cfg, const struct engine_ops **ops, void **impl,
