@@ -61,6 +61,7 @@ struct wcomm {
 	uint64_t comm_id;
 	void *map;
 	size_t size;
+	uint64_t devices; /* the devices of its ranks (bit d): whose blobs WorkerCommPeers may carry */
 };
 
 struct worker_state {
@@ -212,16 +213,48 @@ static void reg_ack(struct worker_state *w, uint32_t reg_id, int code, const cha
 	ctl_send(w, &env, NULL, 0);
 }
 
-static void comm_ack(struct worker_state *w, uint64_t comm_id, int code, const char *msg)
+/* Answers WorkerCommAdd (with the engine's exported blob, len bytes) or
+ * WorkerCommPeers (blob NULL). */
+static void comm_ack(struct worker_state *w, uint64_t comm_id, int code, const char *msg, const void *blob,
+                     size_t len)
 {
 	Dfccl__V1__WorkerCommAck ack = DFCCL__V1__WORKER_COMM_ACK__INIT;
 	ack.comm_id = comm_id;
 	ack.code = code;
 	ack.message = (char *)msg;
+	ack.peer_blob.data = (uint8_t *)blob;
+	ack.peer_blob.len = len;
 	Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
 	env.body_case = DFCCL__V1__ENVELOPE__BODY_WORKER_COMM_ACK;
 	env.worker_comm_ack = &ack;
 	ctl_send(w, &env, NULL, 0);
+}
+
+static struct wcomm *wcomm_find(struct worker_state *w, uint64_t comm_id)
+{
+	for (struct wcomm *c = w->comms; c; c = c->next)
+		if (c->comm_id == comm_id)
+			return c;
+	return NULL;
+}
+
+/* What the engine exports for the other workers of comm_id (blob, up to
+ * ENGINE_PEER_BLOB_MAX bytes; *len = 0: nothing). Returns 0 or a negative
+ * errno with a sentence in msg. */
+static int comm_export(struct worker_state *w, uint64_t comm_id, uint8_t *blob, size_t *len, char *msg,
+                       size_t msglen)
+{
+	msg[0] = '\0';
+	int rc = engine_comm_export(w->eng, comm_id, blob, len, msg, msglen);
+	if (rc == 0 && *len > ENGINE_PEER_BLOB_MAX) {
+		snprintf(msg, msglen, "the engine exported %zu bytes for the communicator's other devices, more than the "
+		         "%u allowed", *len, ENGINE_PEER_BLOB_MAX);
+		rc = -EOVERFLOW;
+	} else if (rc < 0 && !msg[0]) {
+		snprintf(msg, msglen, "the engine cannot export communicator %llu to its other devices: %s",
+		         (unsigned long long)comm_id, strerror(-rc));
+	}
+	return rc;
 }
 
 static void add_comm(struct worker_state *w, const Dfccl__V1__WorkerCommAdd *a, int *fds, unsigned nfds)
@@ -263,18 +296,28 @@ static void add_comm(struct worker_state *w, const Dfccl__V1__WorkerCommAdd *a, 
 		members[r].rank = r;
 		members[r].device = a->members[i]->device;
 		members[r].session_id = a->members[i]->session_id;
+		if (members[r].device < 64)
+			c->devices |= 1ull << members[r].device;
 	}
 	int rc = engine_comm_add(w->eng, a->comm_id, a->nranks, members, c->map, c->size, msg, sizeof(msg));
 	if (rc < 0) {
 		code = DFCCL__V1__ERROR_CODE__ERROR_RESOURCE;
 		goto fail;
 	}
+	uint8_t blob[ENGINE_PEER_BLOB_MAX];
+	size_t len = 0;
+	rc = comm_export(w, a->comm_id, blob, &len, msg, sizeof(msg));
+	if (rc < 0) {
+		engine_comm_del(w->eng, a->comm_id);
+		code = error_code(rc);
+		goto fail;
+	}
 	free(members);
 	c->next = w->comms;
 	w->comms = c;
-	log_debug("worker", "device %u: communicator %llu (%u ranks)", w->device, (unsigned long long)a->comm_id,
-	          a->nranks);
-	comm_ack(w, a->comm_id, DFCCL__V1__ERROR_CODE__ERROR_NONE, "");
+	log_debug("worker", "device %u: communicator %llu (%u ranks, %zu bytes exported)", w->device,
+	          (unsigned long long)a->comm_id, a->nranks, len);
+	comm_ack(w, a->comm_id, DFCCL__V1__ERROR_CODE__ERROR_NONE, "", blob, len);
 	return;
 fail:
 	log_err("worker", "device %u: %s", w->device, msg);
@@ -282,7 +325,81 @@ fail:
 	if (c && c->map)
 		munmap(c->map, c->size);
 	free(c);
-	comm_ack(w, a->comm_id, code, msg);
+	comm_ack(w, a->comm_id, code, msg, NULL, 0);
+}
+
+/* Checks the blobs of WorkerCommPeers against communicator c: each of
+ * another device of c, once, of 1..ENGINE_PEER_BLOB_MAX bytes. Returns 0,
+ * or -1 with the reason in msg. */
+static int peers_check(const struct worker_state *w, const struct wcomm *c, const Dfccl__V1__WorkerCommPeers *m,
+                       char *msg, size_t msglen)
+{
+	uint64_t seen = 0;
+	for (size_t i = 0; i < m->n_peers; i++) {
+		uint32_t d = m->peers[i]->device;
+		size_t len = m->peers[i]->blob.len;
+		if (d >= 64 || d == w->device || !(c->devices & (1ull << d))) {
+			snprintf(msg, msglen, "device %u is not another device of communicator %llu", d,
+			         (unsigned long long)c->comm_id);
+			return -1;
+		}
+		if (seen & (1ull << d)) {
+			snprintf(msg, msglen, "the blobs of communicator %llu list device %u twice",
+			         (unsigned long long)c->comm_id, d);
+			return -1;
+		}
+		if (len == 0 || len > ENGINE_PEER_BLOB_MAX) {
+			snprintf(msg, msglen, "the blob of device %u has %zu bytes, outside 1..%u", d, len,
+			         ENGINE_PEER_BLOB_MAX);
+			return -1;
+		}
+		seen |= 1ull << d;
+	}
+	return 0;
+}
+
+/* WorkerCommPeers: the engine takes what the communicator's other workers
+ * exported; the supervisor hears whether it could. */
+static void comm_peers(struct worker_state *w, const Dfccl__V1__WorkerCommPeers *m)
+{
+	char msg[200] = "";
+	int code = DFCCL__V1__ERROR_CODE__ERROR_INVALID_ARGUMENT;
+	struct engine_peer_blob *peers = NULL;
+	struct wcomm *c = wcomm_find(w, m->comm_id);
+	if (!c) {
+		snprintf(msg, sizeof(msg), "communicator %llu is unknown to this worker", (unsigned long long)m->comm_id);
+		code = DFCCL__V1__ERROR_CODE__ERROR_NOT_FOUND;
+		goto fail;
+	}
+	if (peers_check(w, c, m, msg, sizeof(msg)) < 0)
+		goto fail;
+	peers = calloc(m->n_peers ? m->n_peers : 1, sizeof(*peers));
+	if (!peers) {
+		snprintf(msg, sizeof(msg), "out of memory taking the blobs of communicator %llu",
+		         (unsigned long long)m->comm_id);
+		code = DFCCL__V1__ERROR_CODE__ERROR_RESOURCE;
+		goto fail;
+	}
+	for (size_t i = 0; i < m->n_peers; i++)
+		peers[i] = (struct engine_peer_blob){m->peers[i]->device, (uint32_t)m->peers[i]->blob.len,
+		                                     m->peers[i]->blob.data};
+	int rc = engine_comm_peers(w->eng, m->comm_id, peers, m->n_peers, msg, sizeof(msg));
+	if (rc < 0) {
+		if (!msg[0])
+			snprintf(msg, sizeof(msg), "the engine cannot take the blobs of communicator %llu: %s",
+			         (unsigned long long)m->comm_id, strerror(-rc));
+		code = error_code(rc);
+		goto fail;
+	}
+	free(peers);
+	log_debug("worker", "device %u: communicator %llu took %zu peers' blobs", w->device,
+	          (unsigned long long)m->comm_id, m->n_peers);
+	comm_ack(w, m->comm_id, DFCCL__V1__ERROR_CODE__ERROR_NONE, "", NULL, 0);
+	return;
+fail:
+	log_err("worker", "device %u: %s", w->device, msg);
+	free(peers);
+	comm_ack(w, m->comm_id, code, msg, NULL, 0);
 }
 
 static void del_comm(struct worker_state *w, uint64_t comm_id)
@@ -427,7 +544,10 @@ static int parked_refuse(struct worker_state *w, const dfccl_envelope *env)
 		reg_ack(w, env->worker_add_reg->reg_id, DFCCL__V1__ERROR_CODE__ERROR_INTERNAL, parked_msg);
 		return 1;
 	case DFCCL__V1__ENVELOPE__BODY_WORKER_COMM_ADD:
-		comm_ack(w, env->worker_comm_add->comm_id, DFCCL__V1__ERROR_CODE__ERROR_INTERNAL, parked_msg);
+		comm_ack(w, env->worker_comm_add->comm_id, DFCCL__V1__ERROR_CODE__ERROR_INTERNAL, parked_msg, NULL, 0);
+		return 1;
+	case DFCCL__V1__ENVELOPE__BODY_WORKER_COMM_PEERS:
+		comm_ack(w, env->worker_comm_peers->comm_id, DFCCL__V1__ERROR_CODE__ERROR_INTERNAL, parked_msg, NULL, 0);
 		return 1;
 	case DFCCL__V1__ENVELOPE__BODY_WORKER_DETACH_QP:
 	case DFCCL__V1__ENVELOPE__BODY_WORKER_DEL_REG:
@@ -468,6 +588,7 @@ static int handle_ctl(struct worker_state *w)
 		case DFCCL__V1__ENVELOPE__BODY_WORKER_DEL_REG: del_reg(w, env->worker_del_reg->reg_id); break;
 		case DFCCL__V1__ENVELOPE__BODY_WORKER_ALLOC_MEM: alloc_mem(w, env->worker_alloc_mem); break;
 		case DFCCL__V1__ENVELOPE__BODY_WORKER_COMM_ADD: add_comm(w, env->worker_comm_add, fds, nfds); break;
+		case DFCCL__V1__ENVELOPE__BODY_WORKER_COMM_PEERS: comm_peers(w, env->worker_comm_peers); break;
 		case DFCCL__V1__ENVELOPE__BODY_WORKER_COMM_ABORT:
 			engine_comm_abort(w->eng, env->worker_comm_abort->comm_id, env->worker_comm_abort->status);
 			break;

@@ -24,6 +24,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "dfccl_comm.h"
 #include "dfccl_stats.h"
 #include "scheduler.h"
 #include "sq.h"
@@ -130,7 +131,7 @@ int engine_comm_add(struct engine *e, uint64_t comm_id, uint32_t nranks, const s
  * before every worker has mapped its peers. At most ENGINE_PEER_BLOB_MAX
  * bytes each. Both return 0 or a negative errno with a sentence in err.
  */
-#define ENGINE_PEER_BLOB_MAX 256u
+#define ENGINE_PEER_BLOB_MAX DFCCL_PEER_BLOB_MAX /* proto/dfccl_comm.h: the supervisor checks it too */
 
 struct engine_peer_blob {
 	uint32_t device; /* the worker's device */

@@ -55,6 +55,9 @@
 #define DFCCL_COMM_MAX_COLLS 256u   /* registered collective ids 0..255 */
 #define DFCCL_COMM_COLL_SLOTS 4u    /* runs in flight per registered collective */
 #define DFCCL_COMM_P2P_SLOTS 8u     /* messages in flight per ordered pair of ranks */
+/* The most a worker's engine may export for the communicator's other
+ * workers (WorkerCommAck.peer_blob, engine_comm_export). */
+#define DFCCL_PEER_BLOB_MAX 256u
 
 #define DFCCL_COMM_MAX_CHANNELS 16u  /* channels (daemon-kernel blocks) one instance may use */
 
