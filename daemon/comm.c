@@ -35,6 +35,7 @@ const char *comm_state_name(enum comm_state st)
 	switch (st) {
 	case COMM_INITIALIZING: return "initializing";
 	case COMM_ACTIVATING: return "activating";
+	case COMM_EXCHANGING: return "exchanging";
 	case COMM_READY: return "ready";
 	case COMM_ABORTED: return "aborted";
 	case COMM_PEER_LOST: return "peer-lost";
@@ -42,6 +43,21 @@ const char *comm_state_name(enum comm_state st)
 	case COMM_TIMED_OUT: return "timed-out";
 	}
 	return "?";
+}
+
+int comm_setting_up(const struct comm *c)
+{
+	return c->state == COMM_ACTIVATING || c->state == COMM_EXCHANGING;
+}
+
+/* Lets go of the blobs the workers of c exported. */
+static void comm_blobs_free(struct comm *c)
+{
+	for (unsigned i = 0; i < c->nblobs; i++)
+		free(c->blobs[i].data);
+	free(c->blobs);
+	c->blobs = NULL;
+	c->nblobs = 0;
 }
 
 static void comm_unlink(struct server *srv, struct comm *c)
@@ -74,6 +90,7 @@ static void comm_free(struct comm *c)
 		close(c->region_fd);
 	c->region = NULL;
 	c->region_fd = -1;
+	comm_blobs_free(c);
 	comm_unlink(c->srv, c);
 	uv_timer_stop(&c->timer);
 	uv_close((uv_handle_t *)&c->timer, comm_timer_closed);
@@ -242,6 +259,7 @@ static int comm_rank_table(const struct comm *c, Dfccl__V1__CommRank ***rankp)
 static void comm_finish_init(struct comm *c)
 {
 	c->state = COMM_READY;
+	comm_blobs_free(c);
 	Dfccl__V1__CommRank **rankp;
 	if (comm_rank_table(c, &rankp) < 0) {
 		comm_fail_init(c, EC(RESOURCE), "out of memory completing communicator init");
@@ -328,6 +346,14 @@ static int comm_device_coming(const struct comm *c)
 
 static void comm_activate(struct comm *c);
 
+/* The worker of `device` could not be handed c: the init fails. */
+static void comm_fail_worker_down(struct comm *c, uint32_t device)
+{
+	char msg[200];
+	snprintf(msg, sizeof(msg), "the daemon's worker for device %u is not running; retry the init", device);
+	comm_fail_init(c, EC(DEVICE_LOST), msg);
+}
+
 /* Every rank joined: activate now, or once the workers its ranks need are
  * up (a job started right after the daemon, or after a worker fault),
  * within the init timeout that is still running. */
@@ -378,30 +404,105 @@ static void comm_activate(struct comm *c)
 		comm_finish_init(c);
 		return;
 	}
-	if (failed_dev >= 0) {
-		char msg[200];
-		snprintf(msg, sizeof(msg),
-		         "the daemon's worker for device %d is not running; retry the init",
-		         failed_dev);
-		comm_fail_init(c, EC(DEVICE_LOST), msg);
+	if (failed_dev >= 0)
+		comm_fail_worker_down(c, (uint32_t)failed_dev);
+}
+
+/* Keeps a copy of the blob (len bytes, 1..DFCCL_PEER_BLOB_MAX) that the
+ * worker of `device` exported for c. Returns 0 or -ENOMEM. */
+static int comm_blob_keep(struct comm *c, uint32_t device, const uint8_t *blob, size_t len)
+{
+	struct comm_blob *more = realloc(c->blobs, (c->nblobs + 1) * sizeof(*more));
+	if (!more)
+		return -ENOMEM;
+	c->blobs = more;
+	uint8_t *copy = malloc(len);
+	if (!copy)
+		return -ENOMEM;
+	memcpy(copy, blob, len);
+	c->blobs[c->nblobs++] = (struct comm_blob){.device = device, .len = (uint32_t)len, .data = copy};
+	return 0;
+}
+
+/* Every worker of c took it and some exported a blob: each gets the other
+ * devices' blobs, and c is ready once each acknowledged them. */
+static void comm_exchange(struct comm *c)
+{
+	c->state = COMM_EXCHANGING;
+	log_debug("comm", "communicator %llu: handing %u exported blobs to the workers", (unsigned long long)c->id,
+	          c->nblobs);
+	for (uint32_t d = 0; d < 64; d++) {
+		if (!(c->devices & (1ull << d)))
+			continue;
+		if (workers_comm_peers(c->srv->workers, d, c->id, c->blobs, c->nblobs) < 0) {
+			comm_fail_worker_down(c, d);
+			return;
+		}
 	}
 }
 
-void comm_worker_acked(struct server *srv, uint64_t comm_id, uint32_t device, int code, const char *message)
+/* The worker of `device` took c (WorkerCommAdd), exporting blob (len
+ * bytes; none when 0). */
+static void comm_took(struct comm *c, uint32_t device, const uint8_t *blob, size_t len)
+{
+	if (c->acks & (1ull << device))
+		return;
+	/* It holds c from now on: when c goes, it is told (comm_free). */
+	c->acks |= 1ull << device;
+	if (len > DFCCL_PEER_BLOB_MAX) {
+		char msg[200];
+		snprintf(msg, sizeof(msg), "the worker for device %u exported %zu bytes for its peers, more than the %u "
+		         "allowed", device, len, DFCCL_PEER_BLOB_MAX);
+		comm_fail_init(c, EC(INTERNAL), msg);
+		return;
+	}
+	if (len && comm_blob_keep(c, device, blob, len) < 0) {
+		comm_fail_init(c, EC(RESOURCE), "out of memory activating the communicator");
+		return;
+	}
+	if (c->acks != c->devices)
+		return;
+	/* One device has no peers to reach; without blobs there is nothing
+	 * to hand on (the host engine's case). */
+	if (c->nblobs == 0 || (c->devices & (c->devices - 1)) == 0)
+		comm_finish_init(c);
+	else
+		comm_exchange(c);
+}
+
+/* The worker of `device` took the blobs of c's other devices. */
+static void comm_took_peers(struct comm *c, uint32_t device)
+{
+	c->peer_acks |= 1ull << device;
+	if (c->peer_acks == c->devices)
+		comm_finish_init(c);
+}
+
+void comm_worker_acked(struct server *srv, uint64_t comm_id, uint32_t device, int code, const char *message,
+                       const uint8_t *blob, size_t len)
 {
 	struct comm *c = comm_find(srv, comm_id);
-	if (!c || c->state != COMM_ACTIVATING || device >= 64)
+	if (!c && code == 0) {
+		/* The init failed elsewhere while this worker was taking c:
+		 * nothing of it may stay there. */
+		workers_comm_del(srv->workers, device, comm_id);
+		return;
+	}
+	if (!c || !comm_setting_up(c) || device >= 64 || !(c->devices & (1ull << device)))
 		return;
 	if (code) {
 		char msg[300];
-		snprintf(msg, sizeof(msg), "the worker for device %u could not take the communicator: %s", device,
+		snprintf(msg, sizeof(msg), "the worker for device %u could not take %s: %s", device,
+		         c->state == COMM_EXCHANGING ? "what the communicator's other devices exported"
+		                                     : "the communicator",
 		         message && *message ? message : "unknown error");
 		comm_fail_init(c, code, msg);
 		return;
 	}
-	c->acks |= 1ull << device;
-	if (c->acks == c->devices)
-		comm_finish_init(c);
+	if (c->state == COMM_ACTIVATING)
+		comm_took(c, device, blob, len);
+	else
+		comm_took_peers(c, device);
 }
 
 int comm_join(struct server *srv, struct session *s, uint64_t request_id, const uint8_t *unique_id, size_t idlen,
@@ -582,7 +683,7 @@ static struct comm *comm_stoppable(struct server *srv, struct session *s, uint64
 		*code = EC(NOT_FOUND);
 		return NULL;
 	}
-	if (c->state == COMM_INITIALIZING || c->state == COMM_ACTIVATING) {
+	if (c->state == COMM_INITIALIZING || comm_setting_up(c)) {
 		snprintf(err, errlen, "communicator %llu is %s: only a ready communicator can be stopped",
 		         (unsigned long long)comm_id, comm_state_name(c->state));
 		*code = EC(INVALID_ARGUMENT);
@@ -696,7 +797,7 @@ void comm_session_gone(struct server *srv, struct session *s)
 	while (c) {
 		struct comm *next = c->next;
 		int r = comm_rank_of(c, s);
-		if (r >= 0 && c->state == COMM_ACTIVATING) {
+		if (r >= 0 && comm_setting_up(c)) {
 			char msg[200];
 			snprintf(msg, sizeof(msg), "rank %d (pid %d) disconnected while the communicator was being set up",
 			         r, (int)s->pid);
@@ -724,7 +825,7 @@ void comm_device_lost(struct server *srv, uint32_t device)
 	struct comm *next;
 	for (struct comm *c = srv->comms; c; c = next) {
 		next = c->next;
-		if (c->state == COMM_ACTIVATING && device < 64 && (c->devices & (1ull << device))) {
+		if (comm_setting_up(c) && device < 64 && (c->devices & (1ull << device))) {
 			char msg[200];
 			snprintf(msg, sizeof(msg), "the daemon's worker for device %u died while the communicator was being "
 			         "set up; retry the init", device);

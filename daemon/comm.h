@@ -12,12 +12,17 @@
  * region (proto/dfccl_comm.h) and hands it to each worker with a rank in it;
  * the ranks' CommInit is answered when every one of those workers has
  * acknowledged, so no entry can name a communicator its worker does not
- * know. A failure is broadcast by storing the status into the region's
+ * know. Where the engines of a communicator that spans devices export
+ * something for each other (engine_comm_export: the CUDA engine maps its
+ * peers' GPU memory), the supervisor keeps each device's blob from its
+ * acknowledgement, hands every worker the other devices' blobs
+ * (WorkerCommPeers) once all acknowledged, and answers the ranks only when
+ * each has acknowledged those too. A failure is broadcast by storing the status into the region's
  * `aborted` word (every task of every worker sees it at its next wait) and
  * by telling the workers, which fail later entries at once.
  *
- * States: initializing -> activating -> ready -> (aborted | peer-lost |
- * device-lost | timed-out), and
+ * States: initializing -> activating -> [exchanging ->] ready -> (aborted |
+ * peer-lost | device-lost | timed-out), and
  * the communicator is freed when its last member has left (destroy, abort or
  * disconnect). Once it left `ready`, the surviving members have been told
  * with a Notice and their collectives fail.
@@ -38,11 +43,19 @@ struct session;
 enum comm_state {
 	COMM_INITIALIZING, /* ranks joining */
 	COMM_ACTIVATING,   /* every rank joined; the workers are taking the communicator */
+	COMM_EXCHANGING,   /* every worker took it; they are taking each other's blobs */
 	COMM_READY,
 	COMM_ABORTED,
 	COMM_PEER_LOST,
 	COMM_DEVICE_LOST,
 	COMM_TIMED_OUT,    /* a collective waited longer than the timeout (daemon/watch.h) */
+};
+
+/* One device's exported blob (1..DFCCL_PEER_BLOB_MAX bytes, owned). */
+struct comm_blob {
+	uint32_t device;
+	uint32_t len;
+	uint8_t *data;
 };
 
 enum comm_member_state { MEMBER_EMPTY = 0, MEMBER_JOINING, MEMBER_ACTIVE, MEMBER_LEFT };
@@ -76,6 +89,11 @@ struct comm {
 	size_t region_size;
 	uint64_t devices; /* bitmask of the devices with a rank (devices < 64) */
 	uint64_t acks;    /* bitmask of the devices whose worker acknowledged */
+	uint64_t peer_acks; /* exchanging: the devices whose worker took its peers' blobs */
+	/* The non-empty blobs the workers exported (engine_comm_export), while
+	 * activating and exchanging. */
+	struct comm_blob *blobs;
+	unsigned nblobs;
 	int awaiting_device; /* every rank joined; activation waits for this device's worker (-1: none) */
 	uint64_t shrink_advice; /* `dfcclctl shrink`: the ranks advised to be excluded (bit r); 0: none */
 };
@@ -136,8 +154,13 @@ void comm_device_lost(struct server *srv, uint32_t device);
  * joined while it was on its way up are activated now. */
 void comm_worker_up(struct server *srv, uint32_t device);
 
-/* A worker acknowledged (code 0) or refused a communicator it was given. */
-void comm_worker_acked(struct server *srv, uint64_t comm_id, uint32_t device, int code, const char *message);
+/*
+ * A worker acknowledged (code 0) or refused a communicator it was given
+ * (WorkerCommAdd), or its peers' blobs (WorkerCommPeers): which one, c's
+ * state says. blob (len bytes) is what the worker exported, on the first.
+ */
+void comm_worker_acked(struct server *srv, uint64_t comm_id, uint32_t device, int code, const char *message,
+                       const uint8_t *blob, size_t len);
 
 /* Counts for status. */
 void comm_count(struct server *srv, unsigned *ready, unsigned *pending);
@@ -150,6 +173,9 @@ int comm_query(struct server *srv, Dfccl__V1__QueryReply *reply);
 void comm_query_free(Dfccl__V1__QueryReply *reply);
 
 const char *comm_state_name(enum comm_state st);
+
+/* Whether every rank of c joined and its workers are still taking it. */
+int comm_setting_up(const struct comm *c);
 
 /* Frees every communicator (shutdown). */
 void comm_free_all(struct server *srv);

@@ -259,7 +259,7 @@ static int comm_is_live(void *arg, uint64_t comm_id)
 /* Whether the watcher samples c: it has a region and is past init. */
 static int comm_watched(const struct comm *c)
 {
-	return c->region && c->state != COMM_INITIALIZING && c->state != COMM_ACTIVATING;
+	return c->region && c->state != COMM_INITIALIZING && !comm_setting_up(c);
 }
 
 static int op_is_coll(uint32_t opcode)

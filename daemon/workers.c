@@ -537,8 +537,9 @@ static void worker_on_frame(struct conn *c, dfccl_envelope *env, int *fds, unsig
 		reg_wait_answer(wk->ws, env->worker_reg_ack->reg_id, wk->device, env->worker_reg_ack->code,
 		                env->worker_reg_ack->message);
 	} else if (env->body_case == DFCCL__V1__ENVELOPE__BODY_WORKER_COMM_ACK) {
-		comm_worker_acked(wk->ws->srv, env->worker_comm_ack->comm_id, wk->device, env->worker_comm_ack->code,
-		                  env->worker_comm_ack->message);
+		const Dfccl__V1__WorkerCommAck *a = env->worker_comm_ack;
+		comm_worker_acked(wk->ws->srv, a->comm_id, wk->device, a->code, a->message, a->peer_blob.data,
+		                  a->peer_blob.len);
 	} else if (env->body_case != DFCCL__V1__ENVELOPE__BODY_WORKER_ALLOC_DONE) {
 		log_warn("worker", "device %u: unexpected message %d from the worker", wk->device, (int)env->body_case);
 	}
@@ -1076,6 +1077,36 @@ int workers_comm_add(struct workers *w, uint32_t device, uint64_t comm_id, uint3
 	env.body_case = DFCCL__V1__ENVELOPE__BODY_WORKER_COMM_ADD;
 	env.worker_comm_add = &a;
 	return worker_send_env(w, device, &env, &region_fd, 1);
+}
+
+int workers_comm_peers(struct workers *w, uint32_t device, uint64_t comm_id, const struct comm_blob *peers,
+                       size_t n)
+{
+	/* The pointer array and the records in one block. */
+	void *block = calloc(n ? n : 1, sizeof(Dfccl__V1__PeerBlob *) + sizeof(Dfccl__V1__PeerBlob));
+	if (!block)
+		return -ENOMEM;
+	Dfccl__V1__PeerBlob **ptrs = block;
+	Dfccl__V1__PeerBlob *recs = (Dfccl__V1__PeerBlob *)(ptrs + (n ? n : 1));
+	Dfccl__V1__WorkerCommPeers m = DFCCL__V1__WORKER_COMM_PEERS__INIT;
+	m.comm_id = comm_id;
+	m.peers = ptrs;
+	for (size_t i = 0; i < n; i++) {
+		if (peers[i].device == device)
+			continue;
+		Dfccl__V1__PeerBlob *b = &recs[m.n_peers];
+		dfccl__v1__peer_blob__init(b);
+		b->device = peers[i].device;
+		b->blob.data = peers[i].data;
+		b->blob.len = peers[i].len;
+		ptrs[m.n_peers++] = b;
+	}
+	Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
+	env.body_case = DFCCL__V1__ENVELOPE__BODY_WORKER_COMM_PEERS;
+	env.worker_comm_peers = &m;
+	int rc = worker_send_env(w, device, &env, NULL, 0);
+	free(block);
+	return rc;
 }
 
 void workers_comm_abort(struct workers *w, uint32_t device, uint64_t comm_id, uint32_t status)

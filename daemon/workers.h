@@ -30,6 +30,7 @@
 #include "devices.h"
 #include "dfccl.pb-c.h"
 
+struct comm_blob;
 struct server;
 struct workers;
 
@@ -107,6 +108,15 @@ int workers_device_up(const struct workers *w, uint32_t device);
  */
 int workers_comm_add(struct workers *w, uint32_t device, uint64_t comm_id, uint32_t nranks,
                      const Dfccl__V1__CommRank **members, int region_fd, size_t region_size);
+/*
+ * Hands the worker of `device` the blobs that the other workers of
+ * communicator comm_id exported (peers, n: every device's non-empty one;
+ * that of `device` itself is left out) as WorkerCommPeers; its
+ * acknowledgement arrives through comm_worker_acked. Returns 0, -ENODEV
+ * when that worker is not running, or -ENOMEM.
+ */
+int workers_comm_peers(struct workers *w, uint32_t device, uint64_t comm_id, const struct comm_blob *peers,
+                       size_t n);
 /* The communicator failed with status (DFCCL_CQ_*): the worker fails its
  * pending and later entries. */
 void workers_comm_abort(struct workers *w, uint32_t device, uint64_t comm_id, uint32_t status);
