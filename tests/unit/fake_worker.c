@@ -11,12 +11,20 @@
  *     64 KiB, standing for the exported allocation; or refuses, answers
  *     without a descriptor, answers late, or exits without answering, as
  *     told;
+ *   - acknowledges every WorkerCommAdd, exporting the blob "dev N" (its
+ *     device) when told to, or exiting right after that acknowledgement;
+ *     or refuses it, or answers late, when told to;
+ *     and acknowledges every WorkerCommPeers, or refuses it, or never
+ *     answers it, when told to;
  *   - appends one line per message to the log file, naming each received
- *     descriptor by its inode, so the test sees which worker got what.
+ *     descriptor by its inode and each peer's blob by its text, so the
+ *     test sees which worker got what.
  * What to do comes from the file $DFCCL_FAKE_WORKER_CTL, read at each
- * message: a word (ok, refuse-reg, alloc-fail, alloc-nofd, alloc-slow,
- * alloc-die) and the device it applies to ("alloc-fail 1"); the log goes to
- * $DFCCL_FAKE_WORKER_LOG. It exits when the supervisor hangs up.
+ * message: lines of a word (ok, refuse-reg, alloc-fail, alloc-nofd,
+ * alloc-slow, alloc-die, blob, refuse-peers, peers-silent, blob-die,
+ * refuse-comm, comm-slow) and the device it applies to ("alloc-fail 1"); a device no line names does
+ * "ok". The log goes to $DFCCL_FAKE_WORKER_LOG. It exits when the
+ * supervisor hangs up.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -44,8 +52,9 @@ static void mode(char *out, size_t len)
 		return;
 	char word[32];
 	unsigned dev;
-	if (fscanf(f, "%31s %u", word, &dev) == 2 && dev == device)
-		snprintf(out, len, "%s", word);
+	while (fscanf(f, "%31s %u", word, &dev) == 2)
+		if (dev == device)
+			snprintf(out, len, "%s", word);
 	fclose(f);
 }
 
@@ -60,6 +69,8 @@ static void logf_line(const char *fmt, ...)
 	va_end(ap);
 	if (!path || n < 0)
 		return;
+	if (n > (int)sizeof(line) - 2)
+		n = (int)sizeof(line) - 2;
 	line[n] = '\n';
 	int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
 	if (fd >= 0) {
@@ -128,6 +139,60 @@ static void alloc_mem(const Dfccl__V1__WorkerAllocMem *a)
 	close(fd);
 }
 
+static void comm_ack(uint64_t comm_id, int code, const char *msg, const char *blob)
+{
+	Dfccl__V1__WorkerCommAck ack = DFCCL__V1__WORKER_COMM_ACK__INIT;
+	ack.comm_id = comm_id;
+	ack.code = code;
+	ack.message = (char *)msg;
+	ack.peer_blob.data = (uint8_t *)blob;
+	ack.peer_blob.len = blob ? strlen(blob) : 0;
+	Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
+	env.body_case = DFCCL__V1__ENVELOPE__BODY_WORKER_COMM_ACK;
+	env.worker_comm_ack = &ack;
+	send_env(&env, NULL, 0);
+}
+
+/* "blob", "refuse-peers", "peers-silent" and "blob-die" export "dev N". */
+static void comm_add(const Dfccl__V1__WorkerCommAdd *a, unsigned nfds)
+{
+	char m[32], blob[16];
+	mode(m, sizeof(m));
+	logf_line("commadd dev=%u comm=%llu nranks=%u nfds=%u", device, (unsigned long long)a->comm_id, a->nranks, nfds);
+	snprintf(blob, sizeof(blob), "dev %u", device);
+	int exports = !strcmp(m, "blob") || !strcmp(m, "refuse-peers") || !strcmp(m, "peers-silent") ||
+	              !strcmp(m, "blob-die");
+	if (!strcmp(m, "refuse-comm")) {
+		comm_ack(a->comm_id, DFCCL__V1__ERROR_CODE__ERROR_RESOURCE, "the fake worker refuses this communicator",
+		         NULL);
+		return;
+	}
+	if (!strcmp(m, "comm-slow"))
+		usleep(300 * 1000);
+	comm_ack(a->comm_id, DFCCL__V1__ERROR_CODE__ERROR_NONE, "", exports ? blob : NULL);
+	if (!strcmp(m, "blob-die"))
+		exit(3);
+}
+
+/* Logs the blobs as "peers dev=0 comm=7 n=1 [1:dev 1]". */
+static void comm_peers(const Dfccl__V1__WorkerCommPeers *p)
+{
+	char m[32], list[200] = "";
+	size_t off = 0;
+	mode(m, sizeof(m));
+	for (size_t i = 0; i < p->n_peers && off < sizeof(list); i++)
+		off += (size_t)snprintf(list + off, sizeof(list) - off, " [%u:%.*s]", p->peers[i]->device,
+		                        (int)p->peers[i]->blob.len, (const char *)p->peers[i]->blob.data);
+	logf_line("peers dev=%u comm=%llu n=%zu%s", device, (unsigned long long)p->comm_id, p->n_peers, list);
+	if (!strcmp(m, "peers-silent"))
+		return;
+	if (!strcmp(m, "refuse-peers"))
+		comm_ack(p->comm_id, DFCCL__V1__ERROR_CODE__ERROR_RESOURCE, "the fake worker cannot map its peers' memory",
+		         NULL);
+	else
+		comm_ack(p->comm_id, DFCCL__V1__ERROR_CODE__ERROR_NONE, "", NULL);
+}
+
 int main(int argc, char **argv)
 {
 	for (int i = 1; i + 1 < argc; i++)
@@ -155,6 +220,11 @@ int main(int argc, char **argv)
 			logf_line("delreg dev=%u reg=%u", device, e->worker_del_reg->reg_id);
 			break;
 		case DFCCL__V1__ENVELOPE__BODY_WORKER_ALLOC_MEM: alloc_mem(e->worker_alloc_mem); break;
+		case DFCCL__V1__ENVELOPE__BODY_WORKER_COMM_ADD: comm_add(e->worker_comm_add, nfds); break;
+		case DFCCL__V1__ENVELOPE__BODY_WORKER_COMM_PEERS: comm_peers(e->worker_comm_peers); break;
+		case DFCCL__V1__ENVELOPE__BODY_WORKER_COMM_DEL:
+			logf_line("commdel dev=%u comm=%llu", device, (unsigned long long)e->worker_comm_del->comm_id);
+			break;
 		default: break;
 		}
 		frame_close_fds(fds, nfds);

@@ -683,11 +683,18 @@ static void test_reader_stops(void **state)
 static const uint8_t uid_a[128] = {1, 2, 3, 4};
 static const uint8_t uid_b[128] = {9, 9, 9};
 
+/* Session p joins as `rank` with its rank on `device`. */
+static int join_device(struct fixture *fx, struct peer *p, uint64_t req, const uint8_t *id, size_t idlen,
+                       uint32_t nranks, uint32_t rank, uint32_t device, uint32_t timeout_ms, char *err)
+{
+	err[0] = '\0';
+	return comm_join(&fx->srv, p->s, req, id, idlen, nranks, rank, device, timeout_ms, 0, err, 512);
+}
+
 static int join(struct fixture *fx, struct peer *p, uint64_t req, const uint8_t *id, size_t idlen, uint32_t nranks,
                 uint32_t rank, uint32_t timeout_ms, char *err)
 {
-	err[0] = '\0';
-	return comm_join(&fx->srv, p->s, req, id, idlen, nranks, rank, 0, timeout_ms, 0, err, 512);
+	return join_device(fx, p, req, id, idlen, nranks, rank, 0, timeout_ms, err);
 }
 
 static void test_comm_join_arguments(void **state)
@@ -1034,18 +1041,35 @@ static void worker_mode(struct fixture *fx, const char *mode, unsigned device)
 	fclose(f);
 }
 
+/* Tells the fake worker of device 0 what to do with the next messages,
+ * and that of device 1 too. */
+static void worker_modes(struct fixture *fx, const char *mode0, const char *mode1)
+{
+	FILE *f = fopen(fx->ctl, "w");
+	assert_non_null(f);
+	fprintf(f, "%s 0\n%s 1\n", mode0, mode1);
+	fclose(f);
+}
+
+/* How many lines of the fake workers' log contain needle. */
+static unsigned worker_log_count(struct fixture *fx, const char *needle)
+{
+	FILE *f = fopen(fx->log, "r");
+	char line[512];
+	unsigned n = 0;
+	while (f && fgets(line, sizeof(line), f))
+		n += strstr(line, needle) != NULL;
+	if (f)
+		fclose(f);
+	return n;
+}
+
 /* Whether a line of the fake workers' log contains needle; waits (pumping
  * the loop) up to ms milliseconds for one. */
 static bool worker_logged(struct fixture *fx, const char *needle, int ms)
 {
 	for (int waited = 0;; waited += 5) {
-		FILE *f = fopen(fx->log, "r");
-		char line[512];
-		bool found = false;
-		while (f && !found && fgets(line, sizeof(line), f))
-			found = strstr(line, needle) != NULL;
-		if (f)
-			fclose(f);
+		bool found = worker_log_count(fx, needle) > 0;
 		if (found || waited >= ms)
 			return found;
 		uv_run(&fx->loop, UV_RUN_NOWAIT);
@@ -1366,6 +1390,222 @@ static void test_alloc_mem_failures(void **state)
 	assert_false(worker_logged(fx, "addreg", 0));
 }
 
+/* ------------------------------------------------------------ the exchange between workers, with fake workers
+ *
+ * Engines that export a blob after taking a communicator (the CUDA
+ * engine's handles of its GPU memory) get the other devices' blobs before
+ * the ranks hear that the communicator is ready. The fake workers export
+ * "dev N" and log what they receive.
+ */
+
+/* Sessions a (rank 0, device 0) and b (rank 1, device dev_b) join a
+ * communicator of 2 with requests 1 and 2; the id it will have. */
+static uint64_t join_pair(struct fixture *fx, struct peer *a, struct peer *b, uint32_t dev_b)
+{
+	char err[512];
+	uint64_t id = fx->srv.next_comm_id + 1;
+	assert_int_equal(join_device(fx, a, 1, uid_a, 128, 2, 0, 0, 0, err), 0);
+	assert_int_equal(join_device(fx, b, 2, uid_a, 128, 2, 1, dev_b, 0, err), 0);
+	return id;
+}
+
+/* The fake workers logged the line `want` exactly once, and no other line
+ * of its kind (`kind`). */
+static void expect_logged_once(struct fixture *fx, const char *want, const char *kind)
+{
+	if (worker_log_count(fx, want) != 1)
+		fail_msg("the worker log has %u lines \"%s\", expected 1", worker_log_count(fx, want), want);
+	assert_int_equal(worker_log_count(fx, kind), 1);
+}
+
+/* Both workers were told to drop communicator id; the supervisor holds
+ * nothing of it (its descriptors, its charge). */
+static void expect_comm_dropped(struct fixture *fx, uint64_t id, int fds)
+{
+	char want[64];
+	for (unsigned d = 0; d < 2; d++) {
+		snprintf(want, sizeof(want), "commdel dev=%u comm=%llu", d, (unsigned long long)id);
+		if (!worker_logged(fx, want, 2000))
+			fail_msg("no worker log line \"%s\"", want);
+	}
+	uv_run(&fx->loop, UV_RUN_NOWAIT);
+	assert_null(fx->srv.comms);
+	assert_int_equal(fx->srv.users.head->ncomms, 0);
+	expect_fd_count(fx, fds);
+}
+
+static void test_comm_peer_exchange(void **state)
+{
+	struct fixture *fx = *state;
+	struct peer *a = peer_open(fx), *b = peer_open(fx);
+	hello(fx, a);
+	hello(fx, b);
+	char want[128];
+	worker_modes(fx, "blob", "blob");
+
+	/* Each worker gets exactly the other's blob, and has taken it
+	 * (logged before its acknowledgement) before the ranks hear. */
+	uint64_t id = join_pair(fx, a, b, 1);
+	assert_int_equal(expect_comm_ready(fx, a, 1, 0, 2), id);
+	assert_int_equal(expect_comm_ready(fx, b, 2, 1, 2), id);
+	snprintf(want, sizeof(want), "peers dev=0 comm=%llu n=1 [1:dev 1]\n", (unsigned long long)id);
+	expect_logged_once(fx, want, "peers dev=0 ");
+	snprintf(want, sizeof(want), "peers dev=1 comm=%llu n=1 [0:dev 0]\n", (unsigned long long)id);
+	expect_logged_once(fx, want, "peers dev=1 ");
+	dfccl_envelope *env;
+	Dfccl__V1__QueryReply *q = query(fx, a, 3, DFCCL__V1__QUERY_KIND__QUERY_COMMS, &env);
+	assert_int_equal(q->n_comms, 1);
+	assert_string_equal(q->comms[0]->state, "ready");
+	frame_envelope_free(env);
+	assert_null(fx->srv.comms->blobs);
+}
+
+static void test_comm_peers_refused(void **state)
+{
+	struct fixture *fx = *state;
+	struct peer *a = peer_open(fx), *b = peer_open(fx);
+	hello(fx, a);
+	hello(fx, b);
+	int base = tu_count_fds();
+	worker_modes(fx, "blob", "refuse-peers");
+
+	/* Every rank hears the refusing worker's sentence; both workers
+	 * drop what they took. */
+	uint64_t id = join_pair(fx, a, b, 1);
+	static const char why[] = "the worker for device 1 could not take what the communicator's other devices "
+	                          "exported: the fake worker cannot map its peers' memory";
+	expect_error(fx, a, 1, EC(RESOURCE), why);
+	expect_error(fx, b, 2, EC(RESOURCE), why);
+	assert_true(worker_logged(fx, "peers dev=1 ", 0));
+	expect_comm_dropped(fx, id, base);
+}
+
+static void test_comm_peers_worker_dies(void **state)
+{
+	struct fixture *fx = *state;
+	struct peer *a = peer_open(fx), *b = peer_open(fx);
+	hello(fx, a);
+	hello(fx, b);
+	char err[512];
+
+	/* The worker of device 1 exits right after taking the communicator:
+	 * the init fails for every rank, whether its death is seen before
+	 * the blobs go out or after. */
+	worker_modes(fx, "blob", "blob-die");
+	join_pair(fx, a, b, 1);
+	expect_error(fx, a, 1, EC(DEVICE_LOST), "worker for device 1");
+	expect_error(fx, b, 2, EC(DEVICE_LOST), "worker for device 1");
+	uv_run(&fx->loop, UV_RUN_NOWAIT);
+	assert_null(fx->srv.comms);
+	assert_int_equal(fx->srv.users.head->ncomms, 0);
+
+	/* Once its replacement is up, the same ranks make a communicator. */
+	worker_modes(fx, "blob", "blob");
+	for (int i = 0; i < 5000 && workers_ready_count(fx->srv.workers) < 2; i++) {
+		uv_run(&fx->loop, UV_RUN_NOWAIT);
+		usleep(1000);
+	}
+	assert_int_equal(workers_ready_count(fx->srv.workers), 2);
+	uint64_t id = fx->srv.next_comm_id + 1;
+	assert_int_equal(join_device(fx, a, 3, uid_b, 128, 2, 0, 0, 0, err), 0);
+	assert_int_equal(join_device(fx, b, 4, uid_b, 128, 2, 1, 1, 0, err), 0);
+	assert_int_equal(expect_comm_ready(fx, a, 3, 0, 2), id);
+	assert_int_equal(expect_comm_ready(fx, b, 4, 1, 2), id);
+	char want[128];
+	snprintf(want, sizeof(want), "peers dev=1 comm=%llu n=1 [0:dev 0]\n", (unsigned long long)id);
+	assert_int_equal(worker_log_count(fx, want), 1);
+}
+
+static void test_comm_peers_rank_leaves(void **state)
+{
+	struct fixture *fx = *state;
+	struct peer *a = peer_open(fx), *b = peer_open(fx);
+	hello(fx, a);
+	hello(fx, b);
+	int base = tu_count_fds();
+	char want[64];
+
+	/* The worker of device 1 never answers the blobs: the communicator
+	 * shows as exchanging, and no rank hears anything yet. */
+	worker_modes(fx, "blob", "peers-silent");
+	uint64_t id = join_pair(fx, a, b, 1);
+	snprintf(want, sizeof(want), "peers dev=1 comm=%llu", (unsigned long long)id);
+	assert_true(worker_logged(fx, want, 2000));
+	expect_silence(fx, a);
+	dfccl_envelope *env;
+	Dfccl__V1__QueryReply *q = query(fx, a, 3, DFCCL__V1__QUERY_KIND__QUERY_COMMS, &env);
+	assert_int_equal(q->n_comms, 1);
+	assert_string_equal(q->comms[0]->state, "exchanging");
+	frame_envelope_free(env);
+
+	/* Rank 1's process goes: rank 0's init fails with the reason, and
+	 * the workers drop the communicator. */
+	close(b->fd);
+	b->fd = -1;
+	expect_error(fx, a, 1, EC(PEER_LOST), "rank 1");
+	expect_comm_dropped(fx, id, base - 2);
+}
+
+static void test_comm_late_ack(void **state)
+{
+	struct fixture *fx = *state;
+	struct peer *a = peer_open(fx), *b = peer_open(fx);
+	hello(fx, a);
+	hello(fx, b);
+	int base = tu_count_fds();
+	char want[64];
+
+	/* The worker of device 1 refuses the communicator while that of
+	 * device 0 is still taking it: the ranks hear the refusal, and the
+	 * worker of device 0 is told to drop it once it has it; the refusing
+	 * one holds nothing to drop. */
+	worker_modes(fx, "comm-slow", "refuse-comm");
+	uint64_t id = join_pair(fx, a, b, 1);
+	static const char why[] = "the worker for device 1 could not take the communicator: the fake worker refuses "
+	                          "this communicator";
+	expect_error(fx, a, 1, EC(RESOURCE), why);
+	expect_error(fx, b, 2, EC(RESOURCE), why);
+	snprintf(want, sizeof(want), "commdel dev=0 comm=%llu", (unsigned long long)id);
+	assert_true(worker_logged(fx, want, 3000));
+	snprintf(want, sizeof(want), "commdel dev=1 comm=%llu", (unsigned long long)id);
+	assert_false(worker_logged(fx, want, 0));
+	assert_null(fx->srv.comms);
+	expect_fd_count(fx, base);
+}
+
+static void test_comm_no_blobs(void **state)
+{
+	struct fixture *fx = *state;
+	struct peer *a = peer_open(fx), *b = peer_open(fx);
+	hello(fx, a);
+	hello(fx, b);
+	char want[64];
+
+	/* Nothing exported (the host engine): ready once both took it, and
+	 * WorkerCommPeers is never sent. */
+	uint64_t id = join_pair(fx, a, b, 1);
+	assert_int_equal(expect_comm_ready(fx, a, 1, 0, 2), id);
+	assert_int_equal(expect_comm_ready(fx, b, 2, 1, 2), id);
+	for (unsigned d = 0; d < 2; d++) {
+		snprintf(want, sizeof(want), "commadd dev=%u comm=%llu nranks=2 nfds=1", d, (unsigned long long)id);
+		assert_true(worker_logged(fx, want, 0));
+	}
+
+	/* Blobs, but every rank on one device: nobody to hand them to. */
+	worker_modes(fx, "blob", "blob");
+	char err[512];
+	id = fx->srv.next_comm_id + 1;
+	assert_int_equal(join_device(fx, a, 3, uid_b, 128, 2, 0, 0, 0, err), 0);
+	assert_int_equal(join_device(fx, b, 4, uid_b, 128, 2, 1, 0, 0, err), 0);
+	assert_int_equal(expect_comm_ready(fx, a, 3, 0, 2), id);
+	assert_int_equal(expect_comm_ready(fx, b, 4, 1, 2), id);
+	snprintf(want, sizeof(want), "commadd dev=0 comm=%llu", (unsigned long long)id);
+	assert_true(worker_logged(fx, want, 0));
+	snprintf(want, sizeof(want), "commadd dev=1 comm=%llu", (unsigned long long)id);
+	assert_false(worker_logged(fx, want, 0));
+	assert_int_equal(worker_log_count(fx, "peers "), 0);
+}
+
 int main(void)
 {
 	log_setup(LOG_LEVEL_WARN, LOG_TARGET_STDERR, "test_session");
@@ -1403,6 +1643,12 @@ int main(void)
 	    cmocka_unit_test_setup_teardown(test_vmm_reg_bad_input, setup_workers, teardown_workers),
 	    cmocka_unit_test_setup_teardown(test_alloc_mem, setup_workers, teardown_workers),
 	    cmocka_unit_test_setup_teardown(test_alloc_mem_failures, setup_workers, teardown_workers),
+	    cmocka_unit_test_setup_teardown(test_comm_peer_exchange, setup_workers, teardown_workers),
+	    cmocka_unit_test_setup_teardown(test_comm_peers_refused, setup_workers, teardown_workers),
+	    cmocka_unit_test_setup_teardown(test_comm_peers_worker_dies, setup_workers, teardown_workers),
+	    cmocka_unit_test_setup_teardown(test_comm_peers_rank_leaves, setup_workers, teardown_workers),
+	    cmocka_unit_test_setup_teardown(test_comm_late_ack, setup_workers, teardown_workers),
+	    cmocka_unit_test_setup_teardown(test_comm_no_blobs, setup_workers, teardown_workers),
 	};
 #undef T
 	return cmocka_run_group_tests(tests, NULL, NULL);
