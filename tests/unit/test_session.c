@@ -36,6 +36,12 @@
  * worker allocates each end with nothing held, and the worker told to let
  * go of what it made. Descriptors are counted throughout: the test process
  * is the supervisor.
+ *
+ * The exchange between the workers of a communicator that spans devices,
+ * with the same fake workers exporting blobs: each worker gets exactly the
+ * other's blob before the ranks hear; a refusal, a worker's death, a rank
+ * that leaves meanwhile each fail the init on every rank with a sentence
+ * and leave nothing held; without blobs nothing is exchanged.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -1398,6 +1404,15 @@ static void test_alloc_mem_failures(void **state)
  * "dev N" and log what they receive.
  */
 
+/* Opens two sessions that said Hello. */
+static void open_two(struct fixture *fx, struct peer **a, struct peer **b)
+{
+	*a = peer_open(fx);
+	*b = peer_open(fx);
+	hello(fx, *a);
+	hello(fx, *b);
+}
+
 /* Sessions a (rank 0, device 0) and b (rank 1, device dev_b) join a
  * communicator of 2 with requests 1 and 2; the id it will have. */
 static uint64_t join_pair(struct fixture *fx, struct peer *a, struct peer *b, uint32_t dev_b)
@@ -1437,9 +1452,8 @@ static void expect_comm_dropped(struct fixture *fx, uint64_t id, int fds)
 static void test_comm_peer_exchange(void **state)
 {
 	struct fixture *fx = *state;
-	struct peer *a = peer_open(fx), *b = peer_open(fx);
-	hello(fx, a);
-	hello(fx, b);
+	struct peer *a, *b;
+	open_two(fx, &a, &b);
 	char want[128];
 	worker_modes(fx, "blob", "blob");
 
@@ -1463,9 +1477,8 @@ static void test_comm_peer_exchange(void **state)
 static void test_comm_peers_refused(void **state)
 {
 	struct fixture *fx = *state;
-	struct peer *a = peer_open(fx), *b = peer_open(fx);
-	hello(fx, a);
-	hello(fx, b);
+	struct peer *a, *b;
+	open_two(fx, &a, &b);
 	int base = tu_count_fds();
 	worker_modes(fx, "blob", "refuse-peers");
 
@@ -1483,9 +1496,8 @@ static void test_comm_peers_refused(void **state)
 static void test_comm_peers_worker_dies(void **state)
 {
 	struct fixture *fx = *state;
-	struct peer *a = peer_open(fx), *b = peer_open(fx);
-	hello(fx, a);
-	hello(fx, b);
+	struct peer *a, *b;
+	open_two(fx, &a, &b);
 	char err[512];
 
 	/* The worker of device 1 exits right after taking the communicator:
@@ -1519,9 +1531,8 @@ static void test_comm_peers_worker_dies(void **state)
 static void test_comm_peers_rank_leaves(void **state)
 {
 	struct fixture *fx = *state;
-	struct peer *a = peer_open(fx), *b = peer_open(fx);
-	hello(fx, a);
-	hello(fx, b);
+	struct peer *a, *b;
+	open_two(fx, &a, &b);
 	int base = tu_count_fds();
 	char want[64];
 
@@ -1549,9 +1560,8 @@ static void test_comm_peers_rank_leaves(void **state)
 static void test_comm_late_ack(void **state)
 {
 	struct fixture *fx = *state;
-	struct peer *a = peer_open(fx), *b = peer_open(fx);
-	hello(fx, a);
-	hello(fx, b);
+	struct peer *a, *b;
+	open_two(fx, &a, &b);
 	int base = tu_count_fds();
 	char want[64];
 
@@ -1576,9 +1586,8 @@ static void test_comm_late_ack(void **state)
 static void test_comm_no_blobs(void **state)
 {
 	struct fixture *fx = *state;
-	struct peer *a = peer_open(fx), *b = peer_open(fx);
-	hello(fx, a);
-	hello(fx, b);
+	struct peer *a, *b;
+	open_two(fx, &a, &b);
 	char want[64];
 
 	/* Nothing exported (the host engine): ready once both took it, and
