@@ -176,10 +176,37 @@ uint64_t comm_coll_timeout_ms(const struct comm *c)
 	return best;
 }
 
+/* "rank 2" or "ranks 1, 3" (noun "rank") of the bits of mask into buf. */
+static void bits_text(const char *noun, uint64_t mask, char *buf, size_t len)
+{
+	size_t off = (size_t)snprintf(buf, len, "%s%s", noun, (mask & (mask - 1)) ? "s" : "");
+	const char *sep = " ";
+	for (uint32_t r = 0; r < 64 && off < len; r++) {
+		if (!(mask & (1ull << r)))
+			continue;
+		off += (size_t)snprintf(buf + off, len - off, "%s%u", sep, r);
+		sep = ", ";
+	}
+}
+
+/* Why c, whose ranks all joined, is not ready yet: the devices whose
+ * worker has not answered what it was handed. */
+static void comm_setup_why(const struct comm *c, char *why, size_t len)
+{
+	int exchanging = c->state == COMM_EXCHANGING;
+	char devs[300];
+	bits_text("device", c->devices & ~(exchanging ? c->peer_acks : c->acks), devs, sizeof(devs));
+	snprintf(why, len, "every rank joined, but no answer came from the daemon's worker for %s, taking %s", devs,
+	         exchanging ? "what the communicator's other devices exported" : "the communicator");
+}
+
+static void comm_fail_init(struct comm *c, int code, const char *msg);
+
+/* The ranks did not all join in time, or the workers did not all take c
+ * in as long again (comm_activate restarts the timer). */
 static void comm_init_timeout(uv_timer_t *t)
 {
 	struct comm *c = t->data;
-	struct server *srv = c->srv;
 	char missing[512] = "";
 	size_t off = 0;
 	unsigned nmissing = 0;
@@ -193,8 +220,10 @@ static void comm_init_timeout(uv_timer_t *t)
 			off += (size_t)snprintf(missing + off, sizeof(missing) - off, "...");
 	}
 	uint64_t waited = server_now_ms() - c->created_ms;
-	char why[700];
-	if (nmissing == 0)
+	char why[700], msg[800];
+	if (comm_setting_up(c))
+		comm_setup_why(c, why, sizeof(why));
+	else if (nmissing == 0)
 		snprintf(why, sizeof(why),
 		         "every rank joined, but the daemon's worker for device %d did not come up (see dfcclctl status)",
 		         c->awaiting_device);
@@ -203,19 +232,8 @@ static void comm_init_timeout(uv_timer_t *t)
 		         "%u of %u ranks joined; missing rank%s %s (did every rank call dfcclCommInitRank with the same "
 		         "unique id?)",
 		         c->joined, c->nranks, nmissing == 1 ? "" : "s", missing);
-	log_notice("comm", "communicator init timed out after %llu ms: %s", (unsigned long long)waited, why);
-	for (uint32_t r = 0; r < c->nranks; r++) {
-		struct comm_member *m = &c->members[r];
-		if (m->state != MEMBER_JOINING)
-			continue;
-		session_reply_error(m->session, m->request_id, EC(TIMEOUT), "communicator init timed out after %llu ms: %s",
-		                    (unsigned long long)waited, why);
-	}
-	/* Every joined member leaves; the last one frees c. */
-	for (uint32_t r = 0; r < c->nranks && c->joined > 0; r++)
-		if (c->members[r].state == MEMBER_JOINING)
-			comm_member_leave(c, r);
-	(void)srv;
+	snprintf(msg, sizeof(msg), "communicator init timed out after %llu ms: %s", (unsigned long long)waited, why);
+	comm_fail_init(c, EC(TIMEOUT), msg);
 }
 
 /* Answers every joining rank with error `code` and dissolves c. */
@@ -258,6 +276,7 @@ static int comm_rank_table(const struct comm *c, Dfccl__V1__CommRank ***rankp)
 /* Every worker took the communicator: answer the ranks. */
 static void comm_finish_init(struct comm *c)
 {
+	uv_timer_stop(&c->timer);
 	c->state = COMM_READY;
 	comm_blobs_free(c);
 	Dfccl__V1__CommRank **rankp;
@@ -373,7 +392,9 @@ static void comm_try_activate(struct comm *c)
 static void comm_activate(struct comm *c)
 {
 	struct server *srv = c->srv;
-	uv_timer_stop(&c->timer);
+	/* The workers get as long as the ranks had: a worker that never
+	 * answers must not leave the ranks waiting for good. */
+	uv_timer_start(&c->timer, comm_init_timeout, c->init_timeout_ms, 0);
 	c->state = COMM_ACTIVATING;
 	int rc = comm_region_create(c);
 	if (rc < 0) {
@@ -582,6 +603,7 @@ int comm_join(struct server *srv, struct session *s, uint64_t request_id, const 
 		uv_timer_init(srv->loop, &c->timer);
 		c->timer.data = c;
 		uint64_t to = timeout_ms ? timeout_ms : (uint64_t)srv->cfg.comm_init_timeout_ms;
+		c->init_timeout_ms = to;
 		uv_timer_start(&c->timer, comm_init_timeout, to, 0);
 		c->next = srv->comms;
 		if (srv->comms)
@@ -712,19 +734,6 @@ static size_t comm_advice_ranks(const struct comm *c, uint32_t *out)
 	return n;
 }
 
-/* "rank 2" or "ranks 1, 3" of the bits of mask into buf. */
-static void rank_list_text(uint64_t mask, char *buf, size_t len)
-{
-	size_t off = (size_t)snprintf(buf, len, "rank%s", (mask & (mask - 1)) ? "s" : "");
-	const char *sep = " ";
-	for (uint32_t r = 0; r < 64 && off < len; r++) {
-		if (!(mask & (1ull << r)))
-			continue;
-		off += (size_t)snprintf(buf + off, len - off, "%s%u", sep, r);
-		sep = ", ";
-	}
-}
-
 /* The exclusion list of a CommShrinkAdvice as a mask of c's ranks, or -1
  * with the reason in err. */
 static int comm_advice_mask(const struct comm *c, const uint32_t *exclude, size_t n, uint64_t *mask, char *err,
@@ -771,7 +780,7 @@ int comm_shrink_advice(struct server *srv, struct session *s, uint64_t comm_id, 
 	size_t nlist = comm_advice_ranks(c, list);
 	char who[160], ranks[400], head[700], msg[900];
 	comm_stopper(r, s, who, sizeof(who));
-	rank_list_text(mask, ranks, sizeof(ranks));
+	bits_text("rank", mask, ranks, sizeof(ranks));
 	snprintf(head, sizeof(head), "communicator %llu: %s revoked it%s and advises shrinking it without %s "
 	         "(dfcclCommGetShrinkAdvice)", (unsigned long long)c->id, who, r >= 0 ? "" : " from outside", ranks);
 	log_info("comm", "%s", head);

@@ -21,6 +21,10 @@
  * `aborted` word (every task of every worker sees it at its next wait) and
  * by telling the workers, which fail later entries at once.
  *
+ * The init timeout bounds both waits: the ranks' joining, and (restarted
+ * once all joined) the workers' taking the communicator, so a worker that
+ * never answers fails the init rather than leaving the ranks waiting.
+ *
  * States: initializing -> activating -> [exchanging ->] ready -> (aborted |
  * peer-lost | device-lost | timed-out), and
  * the communicator is freed when its last member has left (destroy, abort or
@@ -82,7 +86,8 @@ struct comm {
 	uint32_t joined;  /* members JOINING or ACTIVE */
 	enum comm_state state;
 	struct comm_member *members;
-	uv_timer_t timer; /* init timeout */
+	uv_timer_t timer; /* init timeout: for the ranks to join, then as long again for the workers */
+	uint64_t init_timeout_ms;
 	uint64_t created_ms;
 	int region_fd;    /* the shared region, once activating; -1 before */
 	void *region;

@@ -40,8 +40,9 @@
  * The exchange between the workers of a communicator that spans devices,
  * with the same fake workers exporting blobs: each worker gets exactly the
  * other's blob before the ranks hear; a refusal, a worker's death, a rank
- * that leaves meanwhile each fail the init on every rank with a sentence
- * and leave nothing held; without blobs nothing is exchanged.
+ * that leaves meanwhile, a worker that never answers (the init timeout)
+ * each fail the init on every rank with a sentence and leave nothing held;
+ * without blobs nothing is exchanged.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -1557,6 +1558,28 @@ static void test_comm_peers_rank_leaves(void **state)
 	expect_comm_dropped(fx, id, base - 2);
 }
 
+static void test_comm_peers_timeout(void **state)
+{
+	struct fixture *fx = *state;
+	struct peer *a, *b;
+	open_two(fx, &a, &b);
+	int base = tu_count_fds();
+	char err[512];
+
+	/* The worker of device 1 never answers the blobs: once the init
+	 * timeout has passed again after every rank joined, the init fails
+	 * on every rank, naming the worker, and the workers drop it. */
+	worker_modes(fx, "blob", "peers-silent");
+	uint64_t id = fx->srv.next_comm_id + 1;
+	assert_int_equal(join_device(fx, a, 1, uid_a, 128, 2, 0, 0, 200, err), 0);
+	assert_int_equal(join_device(fx, b, 2, uid_a, 128, 2, 1, 1, 0, err), 0);
+	static const char why[] = "every rank joined, but no answer came from the daemon's worker for device 1, taking "
+	                          "what the communicator's other devices exported";
+	expect_error(fx, a, 1, EC(TIMEOUT), why);
+	expect_error(fx, b, 2, EC(TIMEOUT), why);
+	expect_comm_dropped(fx, id, base);
+}
+
 static void test_comm_late_ack(void **state)
 {
 	struct fixture *fx = *state;
@@ -1656,6 +1679,7 @@ int main(void)
 	    cmocka_unit_test_setup_teardown(test_comm_peers_refused, setup_workers, teardown_workers),
 	    cmocka_unit_test_setup_teardown(test_comm_peers_worker_dies, setup_workers, teardown_workers),
 	    cmocka_unit_test_setup_teardown(test_comm_peers_rank_leaves, setup_workers, teardown_workers),
+	    cmocka_unit_test_setup_teardown(test_comm_peers_timeout, setup_workers, teardown_workers),
 	    cmocka_unit_test_setup_teardown(test_comm_late_ack, setup_workers, teardown_workers),
 	    cmocka_unit_test_setup_teardown(test_comm_no_blobs, setup_workers, teardown_workers),
 	};
