@@ -82,7 +82,11 @@ struct ce_comm {
 	uint64_t comm_id;   /* 0: free slot */
 	void *region;
 	char *conn;         /* device memory: the connectors of this device's ranks, one after the other */
-	void *sync;         /* device memory: the protocol words, when every rank is here (dk_comm.sync) */
+	void *sync;         /* device memory: the protocol words (dk_comm.sync) */
+	uint32_t nranks;
+	uint32_t here;      /* its ranks on this device */
+	uint32_t npeers;
+	void *peer[DK_MAX_PEERS]; /* the other GPUs' copies, mapped (cudaIpcOpenMemHandle) */
 	uint32_t gen;
 };
 
@@ -657,6 +661,8 @@ static int ce_mem_alloc(void *impl, uint32_t reg_id, uint64_t size, int *fd, uin
 
 static void ce_comm_release(struct ce_comm *c)
 {
+	for (uint32_t k = 0; k < c->npeers; k++)
+		cudaIpcCloseMemHandle(c->peer[k]);
 	cudaHostUnregister(c->region);
 	cudaFree(c->conn);
 	cudaFree(c->sync);
@@ -664,6 +670,7 @@ static void ce_comm_release(struct ce_comm *c)
 	c->region = NULL;
 	c->conn = NULL;
 	c->sync = NULL;
+	c->npeers = 0;
 }
 
 static int ce_comm_add(void *impl, uint64_t comm_id, uint32_t nranks, const struct engine_member *members,
@@ -711,16 +718,18 @@ static int ce_comm_add(void *impl, uint64_t comm_id, uint32_t nranks, const stru
 		for (uint32_t r = 0; rc == cudaSuccess && r < nranks; r++)
 			d->conn[r] = c->conn + CE_CONN_RANK_BYTES * r;
 		d->conn_all = rc == cudaSuccess;
-		/* And the protocol words, starting as the region has them. */
-		what = "allocate its protocol words on";
-		if (rc == cudaSuccess)
-			rc = cudaMalloc(&c->sync, DFCCL_COMM_SYNC_BYTES(nranks));
-		if (rc == cudaSuccess)
-			rc = cudaMemcpyAsync(c->sync, region, DFCCL_COMM_SYNC_BYTES(nranks), cudaMemcpyHostToDevice,
-			                     e->ctl_stream);
-		if (rc == cudaSuccess)
-			rc = cudaStreamSynchronize(e->ctl_stream);
 	}
+	/* The protocol words in this GPU's memory, starting as the region has
+	 * them: the only copy, or this GPU's where the communicator spans
+	 * several (ce_comm_peers maps the others'). */
+	if (rc == cudaSuccess) {
+		what = "allocate its protocol words on";
+		rc = cudaMalloc(&c->sync, DFCCL_COMM_SYNC_BYTES(nranks));
+	}
+	if (rc == cudaSuccess)
+		rc = cudaMemcpyAsync(c->sync, region, DFCCL_COMM_SYNC_BYTES(nranks), cudaMemcpyHostToDevice, e->ctl_stream);
+	if (rc == cudaSuccess)
+		rc = cudaStreamSynchronize(e->ctl_stream);
 	if (rc != cudaSuccess) {
 		cudaGetLastError();
 		snprintf(err, errlen, "cannot %s GPU %u for communicator %llu: %s", what, e->cfg.device,
@@ -732,8 +741,10 @@ static int ce_comm_add(void *impl, uint64_t comm_id, uint32_t nranks, const stru
 		return -ENOMEM;
 	}
 	d->hdr = (struct dfccl_comm_header *)dev;
-	d->sync = c->sync ? (struct dfccl_comm_header *)c->sync : d->hdr;
+	d->sync = (struct dfccl_comm_header *)c->sync;
 	d->mirror = (int64_t)((char *)d->hdr - (char *)d->sync);
+	c->here = here;
+	c->nranks = nranks;
 	int bad = ce_put(e, OFF(comms[i]), d, sizeof(*d)) < 0 || ce_put32(e, OFF(comms[i].live), 1) < 0;
 	free(d);
 	if (bad) {
@@ -757,6 +768,105 @@ static struct ce_comm *ce_comm_find(struct cuda_engine *e, uint64_t comm_id, uin
 			return &e->comms[i];
 		}
 	return NULL;
+}
+
+/*
+ * What the workers of a communicator's other GPUs need to map this GPU's
+ * copy of its protocol words: a CUDA IPC handle of the allocation and its
+ * size. Only where the communicator spans GPUs.
+ */
+struct ce_peer_blob {
+	uint32_t magic; /* CE_PEER_MAGIC */
+	uint32_t device;
+	uint64_t bytes;
+	cudaIpcMemHandle_t handle;
+};
+#define CE_PEER_MAGIC 0x64667331u /* "dfs1" */
+
+static int ce_comm_export(void *impl, uint64_t comm_id, void *blob, size_t *len, char *err, size_t errlen)
+{
+	struct cuda_engine *e = (struct cuda_engine *)impl;
+	uint32_t i;
+	struct ce_comm *c = ce_comm_find(e, comm_id, &i);
+	*len = 0;
+	if (!c) {
+		snprintf(err, errlen, "GPU %u has no communicator %llu", e->cfg.device, (unsigned long long)comm_id);
+		return -ENOENT;
+	}
+	uint32_t nranks = c->nranks;
+	if (c->here == nranks)
+		return 0; /* every rank is here: nothing to share */
+	struct ce_peer_blob b;
+	memset(&b, 0, sizeof(b));
+	b.magic = CE_PEER_MAGIC;
+	b.device = e->cfg.device;
+	b.bytes = DFCCL_COMM_SYNC_BYTES(nranks);
+	cudaError_t rc = cudaIpcGetMemHandle(&b.handle, c->sync);
+	if (rc != cudaSuccess) {
+		cudaGetLastError();
+		snprintf(err, errlen, "GPU %u cannot export the protocol words of communicator %llu: %s", e->cfg.device,
+		         (unsigned long long)comm_id, cudaGetErrorString(rc));
+		return -EIO;
+	}
+	DFCCL_STATIC_ASSERT(sizeof(b) <= ENGINE_PEER_BLOB_MAX, "a peer blob fits the exchange");
+	memcpy(blob, &b, sizeof(b));
+	*len = sizeof(b);
+	return 0;
+}
+
+/* Maps the other GPUs' copies of the protocol words, with the kernel
+ * parked, and tells the kernel where they are (dk_comm.peer_off). */
+static int ce_comm_peers(void *impl, uint64_t comm_id, const struct engine_peer_blob *peers, size_t n, char *err,
+                         size_t errlen)
+{
+	struct cuda_engine *e = (struct cuda_engine *)impl;
+	uint32_t i;
+	struct ce_comm *c = ce_comm_find(e, comm_id, &i);
+	if (!c || c->npeers) {
+		snprintf(err, errlen, "GPU %u: communicator %llu is %s", e->cfg.device, (unsigned long long)comm_id,
+		         c ? "mapped to its peers already" : "unknown");
+		return c ? -EALREADY : -ENOENT;
+	}
+	if (n > DK_MAX_PEERS) {
+		snprintf(err, errlen, "communicator %llu spans %zu other GPUs, more than %u", (unsigned long long)comm_id,
+		         n, DK_MAX_PEERS);
+		return -E2BIG;
+	}
+	uint32_t nranks = c->nranks;
+	int64_t off[DK_MAX_PEERS];
+	ce_park(e);
+	for (size_t k = 0; k < n; k++) {
+		struct ce_peer_blob b;
+		if (peers[k].len != sizeof(b)) {
+			snprintf(err, errlen, "the blob of GPU %u for communicator %llu has %u bytes, not %zu", peers[k].device,
+			         (unsigned long long)comm_id, peers[k].len, sizeof(b));
+			return -EINVAL;
+		}
+		memcpy(&b, peers[k].data, sizeof(b));
+		if (b.magic != CE_PEER_MAGIC || b.device != peers[k].device || b.device == e->cfg.device ||
+		    b.bytes != DFCCL_COMM_SYNC_BYTES(nranks)) {
+			snprintf(err, errlen, "the blob of GPU %u for communicator %llu is not one of its protocol words",
+			         peers[k].device, (unsigned long long)comm_id);
+			return -EINVAL;
+		}
+		void *p = NULL;
+		cudaError_t rc = cudaIpcOpenMemHandle(&p, b.handle, cudaIpcMemLazyEnablePeerAccess);
+		if (rc != cudaSuccess) {
+			cudaGetLastError();
+			snprintf(err, errlen, "GPU %u cannot map the protocol words of communicator %llu on GPU %u: %s",
+			         e->cfg.device, (unsigned long long)comm_id, b.device, cudaGetErrorString(rc));
+			return -EIO;
+		}
+		c->peer[c->npeers++] = p;
+		off[k] = (int64_t)((char *)p - (char *)c->sync);
+	}
+	/* The offsets first, then their count: the kernel reads the count. */
+	if ((n && ce_put(e, OFF(comms[i].peer_off), off, n * sizeof(off[0])) < 0) ||
+	    ce_put32(e, OFF(comms[i].npeers), (uint32_t)n) < 0) {
+		snprintf(err, errlen, "%s", e->fatal);
+		return -EIO;
+	}
+	return 0;
 }
 
 static void ce_comm_abort(void *impl, uint64_t comm_id, uint32_t status)
@@ -917,8 +1027,8 @@ static void ce_free(void *impl)
 }
 
 static const struct engine_ops cuda_ops = {
-    "cuda",      ce_free,        ce_qp_add,     ce_qp_del,   ce_reg_add, ce_reg_del, ce_mem_alloc, ce_comm_add,
-    NULL,        NULL,           ce_comm_abort, ce_comm_del, ce_poll,    ce_busy,    ce_sleep,     ce_wake,
+    "cuda",         ce_free,       ce_qp_add,     ce_qp_del,   ce_reg_add, ce_reg_del, ce_mem_alloc, ce_comm_add,
+    ce_comm_export, ce_comm_peers, ce_comm_abort, ce_comm_del, ce_poll,    ce_busy,    ce_sleep,     ce_wake,
     ce_fatal,
 };
 

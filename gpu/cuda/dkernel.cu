@@ -97,32 +97,48 @@ struct dk_visit {
 	int64_t mirror;                /* dk_comm.mirror */
 	struct dfccl_comm_header *sync; /* dk_comm.sync */
 	uint32_t n;                    /* dk_comm.nranks */
+	uint32_t npeers;               /* dk_comm.npeers */
+	int64_t peer_off[DK_MAX_PEERS]; /* dk_comm.peer_off */
 };
 __shared__ dk_visit vis;
 
 /*
- * A communicator's protocol words (posts, channel words, mailboxes). Where
- * every rank is on this GPU they are in device memory (dk_comm.sync), only
- * this kernel reads them, and GPU scope orders them with the ranks' data:
- * a release there costs no PCIe round trip. Each store is then repeated,
- * plainly, into the region in host memory (dk_comm.mirror), which the
- * supervisor watches for timeouts and diagnostics. Elsewhere the words are
- * the host region's, at system scope.
+ * A communicator's protocol words (posts, channel words, mailboxes), in
+ * this GPU's memory (dk_comm.sync); each store is repeated, plainly, into
+ * the region in host memory (dk_comm.mirror), which the supervisor watches
+ * for timeouts and diagnostics. Where every rank is on this GPU, only this
+ * kernel reads them, and GPU scope orders them with the ranks' data: a
+ * release costs no PCIe round trip. Where the communicator spans GPUs,
+ * each store goes to every GPU's copy too (vis.peer_off, over the links),
+ * at system scope after one release fence, and loads read this GPU's copy
+ * with a system-scope acquire: a wait never crosses a link.
  */
 __device__ __forceinline__ uint64_t sync_load(const uint64_t *p)
 {
 	uint64_t v;
-	if (vis.mirror)
+	if (vis.mirror && !vis.npeers)
 		asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
 	else
 		asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
 	return v;
 }
 
+/* v into the word at p of every copy but this GPU's, relaxed. */
+__device__ __forceinline__ void sync_to_peers(uint64_t *p, uint64_t v)
+{
+	for (uint32_t k = 0; k < vis.npeers; k++)
+		asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"((char *)p + vis.peer_off[k]), "l"(v) : "memory");
+}
+
 __device__ __forceinline__ void sync_store(uint64_t *p, uint64_t v)
 {
 	int64_t m = vis.mirror;
-	if (m) {
+	if (vis.npeers) {
+		asm volatile("fence.acq_rel.sys;" ::: "memory");
+		asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+		sync_to_peers(p, v);
+		*(volatile uint64_t *)((char *)p + m) = v;
+	} else if (m) {
 		asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 		*(volatile uint64_t *)((char *)p + m) = v;
 	} else {
@@ -135,13 +151,14 @@ __device__ __forceinline__ void sync_put(uint64_t *p, uint64_t v)
 {
 	int64_t m = vis.mirror;
 	*(volatile uint64_t *)p = v;
+	sync_to_peers(p, v);
 	if (m)
 		*(volatile uint64_t *)((char *)p + m) = v;
 }
 
 __device__ __forceinline__ void sync_fence(void)
 {
-	if (vis.mirror)
+	if (vis.mirror && !vis.npeers)
 		asm volatile("fence.acq_rel.gpu;" ::: "memory");
 	else
 		asm volatile("fence.acq_rel.sys;" ::: "memory");
@@ -465,7 +482,7 @@ __device__ void comm_fail(dk_comm *cm, uint32_t status)
 __device__ uint32_t comm_aborted(dk_comm *cm)
 {
 	uint32_t a = vload(&cm->abort_status);
-	if (a || vload(&cm->mirror))
+	if (a || (vload(&cm->mirror) && !vload(&cm->npeers)))
 		return a;
 	return dfccl_comm_abort_status(ld_acq_sys(&vload(&cm->hdr)->aborted));
 }
@@ -1331,6 +1348,8 @@ __device__ void post(const dk_task *t)
 	dfccl_rank_post *p = &t->posts[t->rank];
 	int64_t m = vis.mirror;
 	post_fields(p, t);
+	for (uint32_t k = 0; k < vis.npeers; k++)
+		post_fields((dfccl_rank_post *)((char *)p + vis.peer_off[k]), t);
 	if (m)
 		post_fields((dfccl_rank_post *)((char *)p + m), t);
 	/* Plain stores, then one release of the key: each release store to
@@ -1353,6 +1372,8 @@ __device__ void box_post(const dk_task *t)
 {
 	int64_t m = vis.mirror;
 	box_fields(t->box, t);
+	for (uint32_t k = 0; k < vis.npeers; k++)
+		box_fields((dfccl_p2p_box *)((char *)t->box + vis.peer_off[k]), t);
 	if (m)
 		box_fields((dfccl_p2p_box *)((char *)t->box + m), t);
 	sync_store(&t->box->key, t->key);
@@ -1392,6 +1413,10 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 		vis.mirror = vload(&cm->mirror);
 		vis.sync = vload(&cm->sync);
 		vis.n = vload(&cm->nranks);
+		uint32_t np = vload(&cm->npeers);
+		vis.npeers = np < DK_MAX_PEERS ? np : DK_MAX_PEERS;
+		for (uint32_t k = 0; k < vis.npeers; k++)
+			vis.peer_off[k] = vload(&cm->peer_off[k]);
 	}
 	uint32_t n = vis.n;
 	if (x->epoch != c.p.epoch) {

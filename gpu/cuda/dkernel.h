@@ -82,8 +82,18 @@ struct dk_reg {
 	char *base;          /* host: the buffer as the GPU sees it */
 };
 
+/* Other GPUs a communicator may span, as seen from one of them. */
+#define DK_MAX_PEERS 15u
+
 /*
  * A communicator with a rank on this device.
+ *
+ * Protocol words (posts, channel words, mailboxes): in device memory
+ * (sync), and repeated into the region in host memory (mirror) for the
+ * supervisor. Where the communicator spans GPUs, every GPU's worker keeps
+ * a copy of all of them in its own memory and maps the others' (npeers,
+ * peer_off): a rank stores each word into every copy, over NVLink or PCIe,
+ * and reads them from its own GPU's copy, so no wait crosses a link.
  *
  * Connectors (the staging memory of reduce and reduce-scatter over rings
  * and trees) live in device memory: per rank, DFCCL_COMM_CONN_SLOTS
@@ -109,7 +119,8 @@ struct dk_comm {
 	uint32_t device[DFCCL_COMM_MAX_RANKS];  /* host: by rank */
 	char *conn[DFCCL_COMM_MAX_RANKS];       /* host: by rank, device memory (NULL: not here) */
 	uint32_t conn_all;                      /* host: 1 when every rank's conn is set */
-	uint32_t reserved;
+	uint32_t npeers;                        /* host: the other GPUs' copies of the protocol words */
+	int64_t peer_off[DK_MAX_PEERS];         /* host: (char *)copy - (char *)sync, each mapped here */
 	struct algo_topo topo;                  /* host: the plan, checked (algo_topo_load) */
 };
 
