@@ -9,12 +9,13 @@
 # What building and testing dfccl needs on Debian 12. gcc, g++, make and
 # libc6-dev are not pulled in by cmake without recommends; g++ is nvcc's host
 # compiler when a CUDA toolkit is present; libclang-rt-14-dev holds
-# libFuzzer and clang's sanitizer runtimes (only recommended by clang).
+# libFuzzer and clang's sanitizer runtimes (only recommended by clang);
+# python3 runs the benchmark scripts' tables and their test.
 DFCCL_DEBIAN_PACKAGES=(
 	cmake make gcc g++ libc6-dev pkg-config
 	libuv1-dev libprotobuf-c-dev protobuf-c-compiler libsystemd-dev
 	libcmocka-dev libjansson-dev libhwloc-dev
-	clang libclang-rt-14-dev
+	clang libclang-rt-14-dev python3
 )
 
 # Optional: Open MPI, only for the comparison benchmark tests/perf/mpi_allreduce

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where the daemon kernel's time goes, from its event trace.
 
-Usage: dk_trace_summary.py TRACE [--block B] [--top N]
+Usage: dk_trace_summary.py TRACE [--block B] [--top N] [--turnaround]
 
 TRACE is the file a CUDA worker writes when dfccld runs with
 DFCCL_DK_TRACE=TRACE (gpu/cuda/dkernel.h): one line per event of thread 0 of
@@ -13,7 +13,13 @@ a block, "block ns event arg". For block B (default 0) this prints
     the N (default 25) with the largest total first;
   - per task, the time from its arrival on the block to its completion;
   - the time between two completions, the figure a client sees back to back.
+
+With --turnaround it prints instead, over every block, the time from each
+completion to the queue reader's next take of an entry: with one collective
+at a time, the client's (or its stream's) reaction to a completion plus the
+reader's noticing of the next arm word.
 """
+import bisect
 import argparse
 import statistics
 import sys
@@ -44,6 +50,46 @@ def read(path, block):
                 continue
             events.append((int(parts[1]), parts[2], int(parts[3])))
     return events
+
+
+def reader_of(path):
+    """The queue reader's block number, from the trace's header line."""
+    with open(path) as f:
+        for line in f:
+            if not line.startswith("#"):
+                break
+            words = line.replace(";", " ").replace(":", " ").split()
+            for i, w in enumerate(words[:-2]):
+                if w == "block" and words[i + 1].isdigit() and words[i + 2] == "the":
+                    return int(words[i + 1])
+    raise ValueError("no queue reader named in its header")
+
+
+def turnaround(path):
+    reader = reader_of(path)
+    completions, takes = [], []
+    with open(path) as f:
+        for line in f:
+            parts = line.split()
+            if line.startswith("#") or len(parts) != 4:
+                continue
+            block, t, event, arg = int(parts[0]), int(parts[1]), parts[2], int(parts[3])
+            if block == reader and event == "queues" and arg > 0:
+                takes.append(t)
+            elif block != reader and event == "complete":
+                completions.append(t)
+    takes.sort()
+    deltas = []
+    for c in sorted(completions):
+        i = bisect.bisect_right(takes, c)
+        if i < len(takes):
+            deltas.append(takes[i] - c)
+    if not deltas:
+        print("completion to the next entry taken: none")
+        return
+    print("completion to the next entry taken: %d, median %s us, mean %s us, min %s us, max %s us" %
+          (len(deltas), us(statistics.median(deltas)), us(statistics.mean(deltas)), us(min(deltas)),
+           us(max(deltas))))
 
 
 def us(ns):
@@ -85,7 +131,15 @@ def main():
     ap.add_argument("trace", help="the file dfccld's CUDA worker wrote (DFCCL_DK_TRACE)")
     ap.add_argument("--block", type=int, default=0, help="the block (channel) to look at (default 0)")
     ap.add_argument("--top", type=int, default=25, help="transitions to list (default 25)")
+    ap.add_argument("--turnaround", action="store_true",
+                    help="the time from each completion to the queue reader's next take instead")
     args = ap.parse_args()
+    if args.turnaround:
+        try:
+            turnaround(args.trace)
+        except (OSError, ValueError) as e:
+            sys.exit("dk_trace_summary: cannot read %s: %s" % (args.trace, e))
+        return
     try:
         events = read(args.trace, args.block)
     except (OSError, ValueError) as e:

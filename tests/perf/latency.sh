@@ -19,8 +19,9 @@
 #     the GPU, -b 8 -e 16M -f 64;
 #   - under MPS: the same, the stream form with 1 and 2 ranks, 150
 #     all-reduces per wait (4 KiB, 64 KiB, 1 MiB; 1 rank; stream grouped and
-#     ungrouped, callback), NCCL with 1 rank, and a traced run (2 ranks,
-#     callback, 4 KiB) summarised by dk_trace_summary.py.
+#     ungrouped, callback), NCCL with 1 rank, and three traced runs of
+#     4 KiB (2 ranks callback, 1 rank callback, 1 rank stream-ordered),
+#     each summarised by dk_trace_summary.py (block 0, and --turnaround).
 # LATENCY_ITERS changes -n (default 100). The table gives out-of-place
 # times per all-reduce in us; a run that failed shows as "failed", its log
 # stays in OUTDIR, and the script exits 1 at the end.
@@ -88,13 +89,25 @@ if mps_usable; then
 		echo "== NCCL not measured: $(grep -m1 -i "nccl" "$outdir/nccl_probe.log")"
 	fi
 	stop_daemon
-	# shellcheck disable=SC2119 # the daemon with its defaults, traced
-	DFCCL_DK_TRACE=$outdir/trace.txt start_daemon
-	perf traced_callback_2 --nranks 2 --devices 0,0 --mode callback -b 4K -e 4K --mem device
-	stop_daemon
+	# traced NAME ARGS...: one dfccl-perf run on a daemon of its own,
+	# traced, into NAME.json and trace_NAME.txt, and its summary (block 0,
+	# then the turnaround from completions to the reader's next take) into
+	# trace_NAME_summary.txt.
+	traced() {
+		local name=$1 sum=$outdir/trace_$1_summary.txt
+		shift
+		# shellcheck disable=SC2119 # the daemon with its defaults, traced
+		DFCCL_DK_TRACE=$outdir/trace_$name.txt start_daemon
+		perf "$name" "$@" -b 4K -e 4K --mem device
+		stop_daemon
+		{ python3 "$here/dk_trace_summary.py" "$outdir/trace_$name.txt" &&
+			python3 "$here/dk_trace_summary.py" "$outdir/trace_$name.txt" --turnaround; } >"$sum" 2>&1 ||
+			echo "== the trace of $name could not be summarised: $(tail -n 1 "$sum")"
+	}
+	traced traced_callback_2 --nranks 2 --devices 0,0 --mode callback
+	traced traced_callback_1 --nranks 1 --devices 0 --mode callback
+	traced traced_stream_1 --nranks 1 --devices 0 --mode stream
 	mps_stop
-	python3 "$here/dk_trace_summary.py" "$outdir/trace.txt" >"$outdir/trace_summary.txt" 2>&1 ||
-		echo "== the trace could not be summarised: $(cat "$outdir/trace_summary.txt")"
 else
 	echo "== MPS is not usable here (root and nvidia-cuda-mps-control are needed): the MPS half is left out"
 fi
@@ -151,11 +164,13 @@ table("Single all-reduces", ["callback_1_nomps", "callback_2_nomps", "callback_1
                              "stream_1_mps", "stream_2_mps", "nccl_1_mps"], sweep)
 table("150 all-reduces per wait, 1 rank, under MPS (per all-reduce)",
       ["batch_stream_g1_mps", "batch_stream_g0_mps", "batch_callback_mps"], [4096, 65536, 1048576])
-summary = os.path.join(out, "trace_summary.txt")
-if mps and os.path.exists(summary):
-    print("\nThe daemon kernel's trace (2 ranks, callback, 4 KiB, block 0):\n")
-    with open(summary) as f:
-        print(f.read().rstrip())
+for name, what in (("traced_callback_2", "2 ranks, callback"), ("traced_callback_1", "1 rank, callback"),
+                   ("traced_stream_1", "1 rank, stream-ordered")):
+    summary = os.path.join(out, "trace_%s_summary.txt" % name)
+    if mps and os.path.exists(summary):
+        print("\nThe daemon kernel's trace (%s, 4 KiB, block 0):\n" % what)
+        with open(summary) as f:
+            print(f.read().rstrip())
 EOF
 } | tee "$outdir/table.md"
 echo "The runs' JSON and logs, the trace and the table (table.md) are in $outdir"

@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""dk_trace_summary.py on a trace whose figures are known by construction.
+
+Block 0 runs three collectives of the same shape (task, step POSTS, data,
+complete) with fixed gaps; the queue reader (block 16, named in the header)
+takes each next entry a fixed time after the previous completion, with an
+empty pass in between. Every figure the summary prints is computed here from
+those gaps, not from the script's output.
+"""
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPT = os.path.join(HERE, "dk_trace_summary.py")
+
+# Per collective (ns after its start): task, POSTS, data, complete.
+SHAPE = [("task", 0), ("step", 1000), ("data", 4000), ("complete", 10000)]
+STARTS = [0, 20000, 45000]            # block 0's task arrivals
+TAKE_AFTER = [3000, 7000]             # reader's take after completions 0 and 1
+READER = 16
+
+
+def trace_lines():
+    lines = ["# block ns event arg (GPU 0; block %d: the queue reader)" % READER,
+             "%d 0 queues 1" % READER]
+    for k, start in enumerate(STARTS):
+        for event, dt in SHAPE:
+            if event in ("task", "complete"):
+                arg = k
+            elif event == "step":
+                arg = (k << 16) | 1  # task k, step POSTS
+            else:
+                arg = 0
+            lines.append("0 %d %s %d" % (start + dt, event, arg))
+        if k < len(TAKE_AFTER):
+            done = start + SHAPE[-1][1]
+            lines.append("%d %d queues 0" % (READER, done + 500))
+            lines.append("%d %d queues 1" % (READER, done + TAKE_AFTER[k]))
+    return lines
+
+
+def run(path, *args):
+    r = subprocess.run([sys.executable, SCRIPT, path] + list(args), capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit("FAIL: dk_trace_summary.py %s exited %d: %s" % (" ".join(args), r.returncode, r.stderr))
+    return r.stdout
+
+
+def expect(out, text):
+    if text not in out:
+        sys.exit("FAIL: expected %r in:\n%s" % (text, out))
+
+
+def main():
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "trace.txt")
+        with open(path, "w") as f:
+            f.write("\n".join(trace_lines()) + "\n")
+
+        out = run(path)
+        # task -> step POSTS: 1 us, three times.
+        expect(out, "%-28s %-28s %8d %9s %9s %11s" % ("task", "step POSTS", 3, "1.00", "1.00", "3.00"))
+        # data -> complete: 6 us, three times.
+        expect(out, "%-28s %-28s %8d %9s %9s %11s" % ("data", "complete", 3, "6.00", "6.00", "18.00"))
+        # Arrival to completion: 10 us each.
+        expect(out, "task arrival to completion: 3, median 10.00 us, mean 10.00 us, min 10.00 us, max 10.00 us")
+        gaps = [b - a for a, b in zip(STARTS, STARTS[1:])]
+        expect(out, "between completions: 2, median %.2f us, mean %.2f us, min %.2f us, max %.2f us" %
+               (sum(gaps) / 2e3, sum(gaps) / 2e3, min(gaps) / 1e3, max(gaps) / 1e3))
+
+        out = run(path, "--turnaround")
+        t = TAKE_AFTER
+        expect(out, "completion to the next entry taken: 2, median %.2f us, mean %.2f us, min %.2f us, "
+               "max %.2f us" % (sum(t) / 2e3, sum(t) / 2e3, min(t) / 1e3, max(t) / 1e3))
+
+        # The reader's block is read from the header, not assumed.
+        with open(path) as f:
+            body = f.read().replace("block %d: the queue reader" % READER, "block 3: the queue reader")
+        with open(path, "w") as f:
+            f.write(body)
+        expect(run(path, "--turnaround"), "completion to the next entry taken: none")
+    print("OK: dk_trace_summary.py's tables match the constructed trace")
+
+
+if __name__ == "__main__":
+    main()
