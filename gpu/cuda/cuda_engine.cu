@@ -1107,8 +1107,14 @@ extern "C" int cuda_engine_ops_new(const struct engine_config *cfg, const struct
 	if (trace && *trace) {
 		/* A developer's trace: without memory for it the worker runs
 		 * untraced, and says so. */
-		if (cudaMalloc((void **)&e->params.trace, sizeof(struct dk_trace)) != cudaSuccess ||
-		    cudaMemset(e->params.trace, 0, sizeof(struct dk_trace)) != cudaSuccess || !(e->trace_path = strdup(trace))) {
+		size_t len = strlen(trace) + 16;
+		e->trace_path = (char *)malloc(len);
+		if (e->trace_path && cfg->device == 0)
+			snprintf(e->trace_path, len, "%s", trace);
+		else if (e->trace_path)
+			snprintf(e->trace_path, len, "%s.gpu%u", trace, cfg->device);
+		if (!e->trace_path || cudaMalloc((void **)&e->params.trace, sizeof(struct dk_trace)) != cudaSuccess ||
+		    cudaMemset(e->params.trace, 0, sizeof(struct dk_trace)) != cudaSuccess) {
 			cudaGetLastError();
 			cudaFree(e->params.trace);
 			e->params.trace = NULL;

@@ -301,7 +301,8 @@ struct dk_params {
  * block and the queue reader (as block DK_READER) record their events, with
  * the GPU's clock, each into a ring of its own in device memory (no PCIe
  * traffic while it runs), and the worker writes the rings to FILE as text
- * when it ends. A developer's tool: it slows nothing when unset.
+ * when it ends (GPU 0's worker; GPU N's to FILE.gpuN). A developer's tool:
+ * it slows nothing when unset.
  */
 #define DK_TRACE_ENV "DFCCL_DK_TRACE"
 #define DK_TRACE_EVENTS 65536u /* per block, a power of two: the last ones are kept */

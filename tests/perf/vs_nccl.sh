@@ -18,8 +18,9 @@
 # VS_NCCL_ITERS and VS_NCCL_WARMUP change -n and -w (default 20 and 5).
 #
 # What runs (2 ranks, float sum, every result checked):
-#   - the sweep, -b 8 -e 1G -f 2: dfccl (--mode stream --mem device), NCCL
-#     (its default buffers, cudaMalloc) and NCCL --nccl-symmetric;
+#   - the sweep, -b 8 -e 1G -f 2: dfccl (--mode stream --mem device, and
+#     --mode callback), NCCL (its default buffers, cudaMalloc) and NCCL
+#     --nccl-symmetric;
 #   - batches of 150 all-reduces of 4 KiB, 64 KiB and 1 MiB before each wait,
 #     grouped (--group 1) and not (--group 0): dfccl stream-ordered, dfccl
 #     callback (both on cudaMalloc buffers), NCCL and NCCL symmetric.
@@ -28,6 +29,9 @@
 # faster. For the batches the reference is NCCL's better grouped time,
 # which the targets compare against. A run that fails shows as "failed" in
 # the tables, its log stays in OUTDIR, and the script exits 1 at the end.
+# Last, two traced runs of 4 KiB (callback and stream-ordered), each on a
+# daemon of its own with DFCCL_DK_TRACE, summarised per GPU by
+# dk_trace_summary.py (block 0, and --turnaround) after the tables.
 set -u
 
 # shellcheck source=perf_lib.sh
@@ -80,6 +84,7 @@ sweep="-b 8 -e 1G -f 2"
 # shellcheck disable=SC2086 # $sweep is three options
 {
 	perf sweep_dfccl --backend dfccl --mode stream --mem device $sweep
+	perf sweep_dfccl_cb --backend dfccl --mode callback --mem device $sweep
 	perf sweep_nccl --backend nccl $sweep
 	perf sweep_nccl_sym --backend nccl --nccl-symmetric $sweep
 }
@@ -96,6 +101,30 @@ for size in 4K 64K 1M; do
 	done
 done
 stop_daemon
+
+# traced NAME ARGS...: one run of 4 KiB on a daemon of its own, traced
+# (trace_NAME.txt for the first GPU, trace_NAME.txt.gpuN for the others),
+# each GPU's trace summarised into trace_NAME_gpuN_summary.txt.
+traced() {
+	local name=$1 g f sum
+	shift
+	# shellcheck disable=SC2119 # the daemon with its defaults, traced
+	DFCCL_DK_TRACE=$outdir/trace_$name.txt start_daemon
+	perf "$name" "$@" -b 4K -e 4K
+	stop_daemon
+	for g in $(seq 0 $((ngpu - 1))); do
+		f=$outdir/trace_$name.txt
+		[ "$g" = 0 ] || f=$f.gpu$g
+		[ -f "$f" ] || continue
+		sum=$outdir/trace_${name}_gpu${g}_summary.txt
+		{ python3 "$here/dk_trace_summary.py" "$f" --top 15 &&
+			python3 "$here/dk_trace_summary.py" "$f" --turnaround; } >"$sum" 2>&1 ||
+			echo "== the trace of $name on GPU $g could not be summarised: $(tail -n 1 "$sum")"
+	done
+}
+here=$(cd "$(dirname "$0")" && pwd)
+traced traced_callback --backend dfccl --mode callback --mem device
+traced traced_stream --backend dfccl --mode stream --mem device
 
 {
 	echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(uname -n), GPUs $gpus of $ngpu:" \
@@ -153,15 +182,18 @@ def library(*runs):
     return "?"
 
 
-dfccl, nccl, sym = load("sweep_dfccl"), load("sweep_nccl"), load("sweep_nccl_sym")
-print("# %s against %s, all-reduce, 2 ranks, float sum, stream-ordered, out of place"
-      % (library(dfccl), library(nccl, sym)))
-print("# time per all-reduce (us); dfccl/best: dfccl's time over the better of NCCL's two modes")
-print("%12s %12s %12s %12s %12s %12s" % ("size(B)", "dfccl", "nccl", "nccl-sym", "best-nccl", "dfccl/best"))
-for size in sorted(set(dfccl) | set(nccl) | set(sym)):
-    t, n, s = time_of(dfccl, size), time_of(nccl, size), time_of(sym, size)
+dfccl, cb = load("sweep_dfccl"), load("sweep_dfccl_cb")
+nccl, sym = load("sweep_nccl"), load("sweep_nccl_sym")
+print("# %s against %s, all-reduce, 2 ranks, float sum, out of place"
+      % (library(dfccl, cb), library(nccl, sym)))
+print("# time per all-reduce (us); dfccl: stream-ordered, dfccl-cb: callback form; x/best: over the")
+print("# better of NCCL's two modes (stream-ordered)")
+print("%12s %12s %12s %12s %12s %12s %12s %12s" % ("size(B)", "dfccl", "dfccl-cb", "nccl", "nccl-sym",
+                                                   "best-nccl", "dfccl/best", "cb/best"))
+for size in sorted(set(dfccl) | set(cb) | set(nccl) | set(sym)):
+    t, c, n, s = time_of(dfccl, size), time_of(cb, size), time_of(nccl, size), time_of(sym, size)
     b = best(n, s)
-    print("%12d %s %s %s %s %s" % (size, fmt(t), fmt(n), fmt(s), fmt(b), ratio(t, b)))
+    print("%12d %s %s %s %s %s %s %s" % (size, fmt(t), fmt(c), fmt(n), fmt(s), fmt(b), ratio(t, b), ratio(c, b)))
 
 print()
 print("# 150 all-reduces before each wait: time per all-reduce (us); x/best-grouped: over the better of")
@@ -179,6 +211,12 @@ for size in ("4K", "64K", "1M"):
                                              fmt(t["nccl"]), fmt(t["nccl_sym"]), ratio(t["dfccl_stream"], ref),
                                              ratio(t["dfccl_callback"], ref)))
 EOF
+	for f in "$outdir"/trace_*_summary.txt; do
+		[ -f "$f" ] || continue
+		echo
+		echo "# the daemon kernel's trace: $(basename "$f" _summary.txt) (4 KiB, block 0)"
+		cat "$f"
+	done
 } | tee "$outdir/table.txt"
 
 echo "The runs' JSON and logs, and the tables (table.txt), are in $outdir"
