@@ -11,6 +11,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -517,13 +518,24 @@ int tool_run_ranks(const char *name, int nranks, int (*fn)(int rank, void *arg),
 		return nranks;
 	/* A stop signal (Ctrl-C, a job's end) is passed on to every rank,
 	 * which then ends as that signal would end it alone; the tool then
-	 * ends by it too. A rank whose tool dies without passing it on gets
-	 * SIGTERM from the kernel. */
-	struct sigaction was[NSTOP], on = {.sa_handler = on_stop_signal};
+	 * ends by it too. A signal the tool was started with ignored (nohup)
+	 * stays ignored. A rank whose tool dies without passing it on gets
+	 * SIGTERM from the kernel. The signals are blocked while the ranks
+	 * are forked: a child takes its own dispositions back before one can
+	 * reach it. */
+	struct sigaction was[NSTOP], on = {.sa_handler = on_stop_signal, .sa_flags = SA_RESTART};
+	sigset_t stops, before;
 	sigemptyset(&on.sa_mask);
-	stop_signal = 0;
+	sigemptyset(&stops);
 	for (size_t i = 0; i < NSTOP; i++)
-		sigaction(stop_signals[i], &on, &was[i]);
+		sigaddset(&stops, stop_signals[i]);
+	pthread_sigmask(SIG_BLOCK, &stops, &before);
+	stop_signal = 0;
+	for (size_t i = 0; i < NSTOP; i++) {
+		sigaction(stop_signals[i], NULL, &was[i]);
+		if (was[i].sa_handler != SIG_IGN)
+			sigaction(stop_signals[i], &on, NULL);
+	}
 	pid_t parent = getpid();
 	fflush(NULL);
 	for (int r = 0; r < nranks; r++) {
@@ -531,6 +543,7 @@ int tool_run_ranks(const char *name, int nranks, int (*fn)(int rank, void *arg),
 		if (pids[r] == 0) {
 			for (size_t i = 0; i < NSTOP; i++)
 				sigaction(stop_signals[i], &was[i], NULL);
+			pthread_sigmask(SIG_SETMASK, &before, NULL);
 			if (prctl(PR_SET_PDEATHSIG, SIGTERM) < 0 || getppid() != parent)
 				_exit(TOOL_EXIT_FAIL);
 			int rc = fn(r, arg);
@@ -544,6 +557,7 @@ int tool_run_ranks(const char *name, int nranks, int (*fn)(int rank, void *arg),
 		}
 		left++;
 	}
+	pthread_sigmask(SIG_SETMASK, &before, NULL);
 	double deadline = 0;
 	int passed_on = 0;
 	while (left > 0) {
@@ -600,6 +614,9 @@ int tool_run_ranks(const char *name, int nranks, int (*fn)(int rank, void *arg),
 	free(pids);
 	for (size_t i = 0; i < NSTOP; i++)
 		sigaction(stop_signals[i], &was[i], NULL);
+	/* One that came after the last rank ended still ends the tool. */
+	if (!passed_on)
+		passed_on = stop_signal;
 	if (passed_on) {
 		fflush(NULL);
 		raise(passed_on);

@@ -697,9 +697,10 @@ __device__ uint32_t entry_accept(dk_ctx &c, uint32_t qi, dk_qp *q, const dfccl_s
  * (dk_qp.sweep), going round the posted entries: a client whose streams
  * arm entries in the order they were posted has its next armed entry at
  * the head, while a queue may hold a whole lap posted ahead, whose arm
- * words cost a PCIe round trip per DK_SCAN. So a pass costs three round
- * trips at most however long the queue, and an entry armed beyond the
- * window (several streams arming out of order) is seen within
+ * words cost a PCIe round trip per DK_SCAN. So a pass over a pair costs
+ * four round trips (its header, the window, the chunk) however long the
+ * queue, plus the copy of each entry it takes, and an entry armed beyond
+ * the window (several streams arming out of order) is seen within
  * n / DK_SCAN passes.
  */
 #define DK_SCAN_WINDOW 32u
@@ -754,7 +755,6 @@ __device__ uint32_t read_queues(dk_ctx &c)
 			uint64_t at = vload(&q->sweep);
 			if (at > sweep && at <= tail)
 				sweep = at;
-			*(volatile uint64_t *)&q->sweep = sweep + DK_SCAN <= tail ? sweep + DK_SCAN : 0;
 		}
 		bool stop = false;
 		for (uint32_t part = 0; part < 2 && !stop; part++) {
@@ -855,6 +855,10 @@ __device__ uint32_t read_queues(dk_ctx &c)
 				}
 			}
 		}
+		/* The sweep goes on past its chunk once the chunk was read to its
+		 * end; a pass that stopped before reads it again next time. */
+		if (end < tail && !stop)
+			*(volatile uint64_t *)&q->sweep = sweep + DK_SCAN <= tail ? sweep + DK_SCAN : 0;
 		if (looking)
 			*(volatile uint64_t *)&q->look = stopped; /* 0: past the tail, the head next time */
 		while (h <= tail && taken[DFCCL_QP_SLOT(h, n)] == h)

@@ -636,31 +636,64 @@ static int children_of(pid_t pid, pid_t *out, int max)
 	return n;
 }
 
-/* SIGTERM to dfccl-perf reaches its ranks: none outlives it, and it ends
- * by the signal, saying so. */
-static void test_perf_stopped(void **state)
+/* Whether process pid is gone or a zombie: it runs no more. */
+static int process_ended(pid_t pid)
 {
-	struct daemon_proc *d = *state;
-	char log[160];
-	snprintf(log, sizeof(log), "%s/perf-stopped.out", d->dir);
+	char path[64], buf[256] = "";
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	read_text_file(path, buf, sizeof(buf));
+	const char *p = strrchr(buf, ')'); /* the state follows the command's name */
+	return !buf[0] || (p && p[1] == ' ' && p[2] == 'Z');
+}
+
+/* Starts a long dfccl-perf run of 3 ranks, its output into log, and waits
+ * until its rank processes run (their pids into ranks). */
+static pid_t perf_with_ranks(struct daemon_proc *d, const char *log, pid_t *ranks)
+{
 	const char *argv[] = {"dfccl-perf", "--socket", d->socket, "allreduce", "--nranks", "3", "--mem", "host",
 	                      "-b", "4K", "-e", "4K", "-n", "100000000", "-w", "0", NULL};
 	pid_t pid = child_exec(DFCCL_PERF_PATH, argv, log, NULL);
 	assert_true(pid > 0);
-	pid_t ranks[8];
 	int n = 0;
-	for (uint64_t t0 = now_ms(); now_ms() - t0 < 20000 && (n = children_of(pid, ranks, 8)) < 3;)
+	for (uint64_t t0 = now_ms(); now_ms() - t0 < 20000 && (n = children_of(pid, ranks, 3)) < 3;)
 		usleep(20000);
 	assert_int_equal(n, 3);
 	usleep(500000); /* well into their loop */
+	return pid;
+}
+
+/* SIGTERM to dfccl-perf reaches its ranks: none outlives it, and it ends
+ * by the signal, saying so. SIGKILLed, it cannot pass anything on: its
+ * ranks end by the signal their parent's death sends them. */
+static void test_perf_stopped(void **state)
+{
+	struct daemon_proc *d = *state;
+	char log[160], out[4096];
+	pid_t ranks[3];
+	snprintf(log, sizeof(log), "%s/perf-stopped.out", d->dir);
+	pid_t pid = perf_with_ranks(d, log, ranks);
 	assert_int_equal(kill(pid, SIGTERM), 0);
 	assert_int_equal(child_wait(pid, 20000), 128 + SIGTERM);
-	for (int i = 0; i < n; i++)
+	for (int i = 0; i < 3; i++)
 		assert_true(kill(ranks[i], 0) < 0 && errno == ESRCH);
-	char out[4096];
 	read_text_file(log, out, sizeof(out));
 	assert_non_null(strstr(out, "dfccl-perf: stopped by signal 15 (Terminated): stopping the ranks"));
 	assert_null(strstr(out, "did not end within"));
+
+	snprintf(log, sizeof(log), "%s/perf-killed.out", d->dir);
+	pid = perf_with_ranks(d, log, ranks);
+	assert_int_equal(kill(pid, SIGKILL), 0);
+	assert_int_equal(child_wait(pid, 20000), 128 + SIGKILL);
+	int ended = 0;
+	for (uint64_t t0 = now_ms(); now_ms() - t0 < 10000; usleep(20000)) {
+		ended = 0;
+		for (int i = 0; i < 3; i++)
+			ended += process_ended(ranks[i]);
+		if (ended == 3)
+			break;
+	}
+	assert_int_equal(ended, 3);
+
 	/* The daemon still serves a new run. */
 	chaos_expect_ok(state, "--nranks", "3", "--comms", "2", "--iters", "10", "--max-bytes", "64K", NULL);
 }
