@@ -30,7 +30,11 @@
 #
 # Usage: cuda_faults.sh BINDIR   (the folder holding dfccld, dfcclctl,
 #        dfccl-chaos and test_cuda_kill)
-# Environment: DFCCL_TEST_SEED=S repeats a run's data (the seed is printed).
+# Environment: DFCCL_TEST_SEED=S repeats a run's data (the seed is printed);
+#        FAULTS_CLIENTS_SEE=own starts the victim's pair and the bystander
+#        with CUDA_VISIBLE_DEVICES naming only the GPUs each uses (default
+#        all: they see every GPU), to tell whether what a killed client
+#        poisons under MPS depends on the GPUs its process sees.
 set -euo pipefail
 bin=${1:?usage: cuda_faults.sh BINDIR}
 seed=${DFCCL_TEST_SEED:-$(date +%s)}
@@ -74,12 +78,31 @@ sys.exit(0 if ok else 1)
 PY
 }
 
+see=${FAULTS_CLIENTS_SEE:-all}
+case $see in all | own) ;; *) fail "FAULTS_CLIENTS_SEE=$see: use all or own" ;; esac
+
+# client_env A,B: for a client process whose two ranks use GPUs A and B,
+# its environment (`cenv`, for env) and its --gpus list (`cgpus`): with
+# FAULTS_CLIENTS_SEE=own only those GPUs are visible, and the list names
+# them by their ordinals among them.
+client_env() {
+	local a=${1%%,*} b=${1#*,}
+	cenv=() cgpus=$1
+	[ "$see" = own ] || return 0
+	if [ "$a" = "$b" ]; then
+		cenv=("CUDA_VISIBLE_DEVICES=$a") cgpus=0,0
+	else
+		cenv=("CUDA_VISIBLE_DEVICES=$a,$b") cgpus=0,1
+	fi
+}
+
 # bystander_start GPU: the loop on GPU, until it has completed its first
 # iteration.
 bystander_start() {
 	local g=$1 _
-	"$bin/test_cuda_kill" --socket "$sock" --loop 25 --gpus "$g,$g" --max-wait 2 --count 65536 --seed "$seed" \
-		>"$tmp/bystander.out" 2>&1 &
+	client_env "$g,$g"
+	env "${cenv[@]}" "$bin/test_cuda_kill" --socket "$sock" --loop 25 --gpus "$cgpus" --max-wait 2 --count 65536 \
+		--seed "$seed" >"$tmp/bystander.out" 2>&1 &
 	bystander_pid=$!
 	bg_pids+=("$bystander_pid")
 	for _ in $(seq 1 600); do
@@ -115,7 +138,9 @@ fault_case() {
 	else
 		expect=peer-lost latency=$latency_plain
 	fi
-	timeout -k 10 180 "$bin/test_cuda_kill" --socket "$sock" --gpus "$sg,$vg" --expect "$expect" \
+	client_env "$sg,$vg"
+	[ "$see" = own ] && echo "   the pair sees only ${cenv[0]}"
+	timeout -k 10 180 env "${cenv[@]}" "$bin/test_cuda_kill" --socket "$sock" --gpus "$cgpus" --expect "$expect" \
 		--max-latency "$latency" --seed "$seed" 2>&1 | tee "$tmp/kill.out" || rc=$?
 	[ "$rc" = 0 ] || fail "$name: test_cuda_kill failed (exit status $rc)"
 	result=$(grep '^RESULT ' "$tmp/kill.out") || fail "$name: test_cuda_kill printed no RESULT line"
