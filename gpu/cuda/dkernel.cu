@@ -1681,7 +1681,7 @@ __device__ void reader_main(dk_ctx &c)
 	stats_flush(c);
 }
 
-__global__ void __launch_bounds__(DK_THREADS) dk_main(dk_params p)
+__global__ void __launch_bounds__(DK_THREADS, DK_MIN_BLOCKS_PER_SM) dk_main(dk_params p)
 {
 	__shared__ dk_shared sh;
 	dk_ctx c;

@@ -41,6 +41,15 @@
 #define DK_MAX_TASKS SCHED_MAX_TASKS
 #define DK_MAX_BLOCKS DFCCL_COMM_MAX_CHANNELS
 #define DK_THREADS 512u
+/* Blocks of the kernel that an SM must be able to hold at once, which caps
+ * the registers of a thread at 65536 / (DK_THREADS * this): with 1 (128
+ * registers) a daemon block takes a whole SM's registers, and no block of
+ * another process's kernel can share that SM under MPS; with 2 it leaves
+ * half, at the price of spills in the control path. A build setting
+ * (DFCCL_DK_MIN_BLOCKS_PER_SM) while the trade is measured. */
+#ifndef DK_MIN_BLOCKS_PER_SM
+#define DK_MIN_BLOCKS_PER_SM 1
+#endif
 /* The threads of a block that run its tasks; the last warp of block 0 is
  * the queue reader (one lane), which has counters and a trace ring of its
  * own, after the blocks': slot DK_READER. */
