@@ -39,17 +39,18 @@ def label(event, arg):
     return event
 
 
-def read(path, block):
-    events = []
+def records(path):
+    """Every event of the trace: (block, ns, event, arg)."""
     with open(path) as f:
         for line in f:
-            if line.startswith("#"):
-                continue
             parts = line.split()
-            if len(parts) != 4 or int(parts[0]) != block:
+            if line.startswith("#") or len(parts) != 4:
                 continue
-            events.append((int(parts[1]), parts[2], int(parts[3])))
-    return events
+            yield int(parts[0]), int(parts[1]), parts[2], int(parts[3])
+
+
+def read(path, block):
+    return [(t, e, a) for b, t, e, a in records(path) if b == block]
 
 
 def reader_of(path):
@@ -68,16 +69,11 @@ def reader_of(path):
 def turnaround(path):
     reader = reader_of(path)
     completions, takes = [], []
-    with open(path) as f:
-        for line in f:
-            parts = line.split()
-            if line.startswith("#") or len(parts) != 4:
-                continue
-            block, t, event, arg = int(parts[0]), int(parts[1]), parts[2], int(parts[3])
-            if block == reader and event == "queues" and arg > 0:
-                takes.append(t)
-            elif block != reader and event == "complete":
-                completions.append(t)
+    for block, t, event, arg in records(path):
+        if block == reader and event == "queues" and arg > 0:
+            takes.append(t)
+        elif block != reader and event == "complete":
+            completions.append(t)
     takes.sort()
     deltas = []
     for c in sorted(completions):

@@ -29,7 +29,6 @@ set -u
 
 # shellcheck source=perf_lib.sh
 . "$(dirname "$0")/perf_lib.sh" "$@"
-here=$(cd "$(dirname "$0")" && pwd)
 
 gpu_need_gpu latency.sh
 gpu_need_bins dfccld dfcclctl dfccl-perf
@@ -89,24 +88,9 @@ if mps_usable; then
 		echo "== NCCL not measured: $(grep -m1 -i "nccl" "$outdir/nccl_probe.log")"
 	fi
 	stop_daemon
-	# traced NAME ARGS...: one dfccl-perf run on a daemon of its own,
-	# traced, into NAME.json and trace_NAME.txt, and its summary (block 0,
-	# then the turnaround from completions to the reader's next take) into
-	# trace_NAME_summary.txt.
-	traced() {
-		local name=$1 sum=$outdir/trace_$1_summary.txt
-		shift
-		# shellcheck disable=SC2119 # the daemon with its defaults, traced
-		DFCCL_DK_TRACE=$outdir/trace_$name.txt start_daemon
-		perf "$name" "$@" -b 4K -e 4K --mem device
-		stop_daemon
-		{ python3 "$here/dk_trace_summary.py" "$outdir/trace_$name.txt" &&
-			python3 "$here/dk_trace_summary.py" "$outdir/trace_$name.txt" --turnaround; } >"$sum" 2>&1 ||
-			echo "== the trace of $name could not be summarised: $(tail -n 1 "$sum")"
-	}
-	traced traced_callback_2 --nranks 2 --devices 0,0 --mode callback
-	traced traced_callback_1 --nranks 1 --devices 0 --mode callback
-	traced traced_stream_1 --nranks 1 --devices 0 --mode stream
+	traced traced_callback_2 --nranks 2 --devices 0,0 --mode callback --mem device
+	traced traced_callback_1 --nranks 1 --devices 0 --mode callback --mem device
+	traced traced_stream_1 --nranks 1 --devices 0 --mode stream --mem device
 	mps_stop
 else
 	echo "== MPS is not usable here (root and nvidia-cuda-mps-control are needed): the MPS half is left out"
@@ -166,7 +150,7 @@ table("150 all-reduces per wait, 1 rank, under MPS (per all-reduce)",
       ["batch_stream_g1_mps", "batch_stream_g0_mps", "batch_callback_mps"], [4096, 65536, 1048576])
 for name, what in (("traced_callback_2", "2 ranks, callback"), ("traced_callback_1", "1 rank, callback"),
                    ("traced_stream_1", "1 rank, stream-ordered")):
-    summary = os.path.join(out, "trace_%s_summary.txt" % name)
+    summary = os.path.join(out, "trace_%s_gpu0_summary.txt" % name)
     if mps and os.path.exists(summary):
         print("\nThe daemon kernel's trace (%s, 4 KiB, block 0):\n" % what)
         with open(summary) as f:

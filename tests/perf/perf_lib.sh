@@ -11,3 +11,27 @@ bin=$(cd "$1" && pwd) || exit 2
 outdir=${2:-}
 # shellcheck source=../gpu/gpu_lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/../gpu/gpu_lib.sh"
+perf_lib_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+
+# traced NAME ARGS...: one run of 4 KiB through the script's own `perf`
+# function (NAME ARGS...), on a daemon of its own started with
+# DFCCL_DK_TRACE (trace_NAME.txt for GPU 0, trace_NAME.txt.gpuN for the
+# others); each GPU's trace is summarised by dk_trace_summary.py (block 0,
+# then --turnaround) into trace_NAME_gpuN_summary.txt in $outdir.
+traced() {
+	local name=$1 g f sum
+	shift
+	# shellcheck disable=SC2119 # the daemon with its defaults, traced
+	DFCCL_DK_TRACE=$outdir/trace_$name.txt start_daemon
+	perf "$name" "$@" -b 4K -e 4K
+	stop_daemon
+	for g in $(seq 0 $((ngpu - 1))); do
+		f=$outdir/trace_$name.txt
+		[ "$g" = 0 ] || f=$f.gpu$g
+		[ -f "$f" ] || continue
+		sum=$outdir/trace_${name}_gpu${g}_summary.txt
+		{ python3 "$perf_lib_dir/dk_trace_summary.py" "$f" &&
+			python3 "$perf_lib_dir/dk_trace_summary.py" "$f" --turnaround; } >"$sum" 2>&1 ||
+			echo "== the trace of $name on GPU $g could not be summarised: $(tail -n 1 "$sum")"
+	done
+}

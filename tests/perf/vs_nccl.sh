@@ -102,27 +102,7 @@ for size in 4K 64K 1M; do
 done
 stop_daemon
 
-# traced NAME ARGS...: one run of 4 KiB on a daemon of its own, traced
-# (trace_NAME.txt for the first GPU, trace_NAME.txt.gpuN for the others),
-# each GPU's trace summarised into trace_NAME_gpuN_summary.txt.
-traced() {
-	local name=$1 g f sum
-	shift
-	# shellcheck disable=SC2119 # the daemon with its defaults, traced
-	DFCCL_DK_TRACE=$outdir/trace_$name.txt start_daemon
-	perf "$name" "$@" -b 4K -e 4K
-	stop_daemon
-	for g in $(seq 0 $((ngpu - 1))); do
-		f=$outdir/trace_$name.txt
-		[ "$g" = 0 ] || f=$f.gpu$g
-		[ -f "$f" ] || continue
-		sum=$outdir/trace_${name}_gpu${g}_summary.txt
-		{ python3 "$here/dk_trace_summary.py" "$f" --top 15 &&
-			python3 "$here/dk_trace_summary.py" "$f" --turnaround; } >"$sum" 2>&1 ||
-			echo "== the trace of $name on GPU $g could not be summarised: $(tail -n 1 "$sum")"
-	done
-}
-here=$(cd "$(dirname "$0")" && pwd)
+# Traced runs (perf_lib.sh), summarised per GPU after the tables.
 traced traced_callback --backend dfccl --mode callback --mem device
 traced traced_stream --backend dfccl --mode stream --mem device
 
