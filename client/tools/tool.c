@@ -597,15 +597,15 @@ int tool_run_ranks(const char *name, int nranks, int (*fn)(int rank, void *arg),
 			break;
 		if (first_failed >= 0 && tool_now() > deadline) {
 			for (int r = 0; r < nranks; r++) {
-				if (pids[r] > 0 && first_failed == nranks) {
+				if (pids[r] <= 0)
+					continue;
+				if (first_failed == nranks)
 					fprintf(stderr, "%s: rank %d did not end within %d s of signal %d: killed\n", name, r, grace_s,
 					        passed_on);
-					kill(pids[r], SIGKILL);
-				} else if (pids[r] > 0) {
+				else
 					fprintf(stderr, "%s: rank %d did not end within %d s after rank %d failed: killed\n", name, r,
 					        grace_s, first_failed);
-					kill(pids[r], SIGKILL);
-				}
+				kill(pids[r], SIGKILL);
 			}
 			first_failed = -2; /* reported once; the loop reaps them */
 		}
