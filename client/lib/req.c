@@ -33,6 +33,9 @@ struct req_poller {
 	bool stop;
 	pthread_t thread;
 	int refs;                   /* atomic: the owner's, plus the running thread's */
+	/* atomic: the thread's rounds (a scan of every tracker, then the
+	 * callbacks of what it retired) begun, and the last one finished */
+	uint64_t rounds_begun, rounds_done;
 };
 
 /* ---------------------------------------------------------------- one req */
@@ -282,6 +285,20 @@ static void tracker_fini(struct req_tracker *t)
 	pthread_mutex_destroy(&t->lock);
 }
 
+/* Waits until the callbacks that the completion thread may be running
+ * have returned: an entry it took off a tracker before this call was taken
+ * in a round begun by then. Not on that thread, whose callbacks wait for
+ * it to return. */
+static void poller_wait_round(struct req_poller *p)
+{
+	if (on_completion_thread(p))
+		return;
+	uint64_t round = __atomic_load_n(&p->rounds_begun, __ATOMIC_SEQ_CST);
+	struct qp_backoff b = QP_BACKOFF_INIT;
+	while (__atomic_load_n(&p->rounds_done, __ATOMIC_ACQUIRE) < round)
+		qp_backoff_pause(&b);
+}
+
 void req_tracker_drain(struct req_tracker *t)
 {
 	struct qp_backoff b = QP_BACKOFF_ON(t->qp);
@@ -295,6 +312,7 @@ void req_tracker_drain(struct req_tracker *t)
 		qp_backoff_pause(&b);
 	}
 	qp_backoff_end(&b);
+	poller_wait_round(t->poller);
 	tracker_fini(t);
 }
 
@@ -399,6 +417,7 @@ static void *poller_main(void *arg)
 		unsigned retired = 0;
 		struct req *done = NULL;
 		uint64_t oldest;
+		uint64_t round = __atomic_add_fetch(&p->rounds_begun, 1, __ATOMIC_SEQ_CST);
 		for (struct req_tracker *t = p->trackers; t; t = t->next) {
 			pthread_mutex_lock(&t->lock);
 			retired += tracker_scan_locked(t, true, &done, &oldest);
@@ -409,6 +428,7 @@ static void *poller_main(void *arg)
 		pthread_mutex_unlock(&p->orphans.lock);
 		pthread_mutex_unlock(&p->lock);
 		req_retire_all(p, done);
+		__atomic_store_n(&p->rounds_done, round, __ATOMIC_RELEASE);
 		if (retired > 0)
 			qp_backoff_reset(&b);
 		else
@@ -470,6 +490,7 @@ void req_poller_after_fork(struct req_poller *p)
 	pthread_cond_init(&p->wake, NULL);
 	pthread_mutex_init(&p->orphans.lock, NULL);
 	p->started = false;
+	p->rounds_done = p->rounds_begun; /* no round of the parent's thread goes on here */
 	for (struct req_tracker *t = p->trackers; t; t = t->next)
 		pthread_mutex_init(&t->lock, NULL);
 }
