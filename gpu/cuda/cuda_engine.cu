@@ -1046,18 +1046,15 @@ extern "C" int cuda_engine_ops_new(const struct engine_config *cfg, const struct
 	ce_page_counters(e->stats, page);
 	for (int k = 0; k < CE_NCOUNTERS; k++)
 		e->stats_base[k] = __atomic_load_n(page[k], __ATOMIC_RELAXED);
-	int ndev = 0;
-	cudaError_t rc = cudaGetDeviceCount(&ndev);
-	/* Peers' buffers and connectors are reached directly over NVLink or
-	 * PCIe; a pair without P2P fails at registration with a clear error. */
-	for (int d = 0; rc == cudaSuccess && d < ndev; d++) {
-		int can = 0;
-		if (d != (int)cfg->device && cudaDeviceCanAccessPeer(&can, (int)cfg->device, d) == cudaSuccess && can &&
-		    cudaDeviceEnablePeerAccess(d, 0) != cudaSuccess)
-			cudaGetLastError(); /* already enabled */
-	}
-	if (rc == cudaSuccess)
-		rc = (cudaError_t)dk_preload();
+	/* Peers' buffers and protocol words are reached directly over NVLink
+	 * or PCIe, through CUDA IPC handles opened with lazy peer access
+	 * (ce_map_ipc, ce_comm_peers): a worker touches another GPU only once
+	 * a communicator spans the two, and a pair without P2P fails there
+	 * with a clear error. Enabling every peer up front would give this
+	 * process a context on every GPU, and under MPS a client's fault on
+	 * one GPU tears down every process with a context there (measured on
+	 * 2x H200: the fault of a job on GPU 0 reset the worker of GPU 1). */
+	cudaError_t rc = (cudaError_t)dk_preload();
 	enum cudaDriverEntryPointQueryResult q;
 	if (rc == cudaSuccess)
 		rc = cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", (void **)&ce_mem_range, 12000, cudaEnableDefault,

@@ -252,16 +252,63 @@ template <> __device__ __forceinline__ uint64_t ld_cg(const uint64_t *p)
 template <> __device__ __forceinline__ float ld_cg(const float *p) { return __ldcg(p); }
 template <> __device__ __forceinline__ double ld_cg(const double *p) { return __ldcg(p); }
 
-/* 16-byte packs where every pointer allows it, single elements for the rest. */
+/*
+ * 16-byte packs where every pointer allows it, single elements for the rest.
+ * A thread keeps U packs of every source in flight before it combines them
+ * (U * K accumulators, at most 32 registers): a peer's memory over NVLink
+ * answers in microseconds, and a block of a few hundred threads with one
+ * load each in flight would move a few GB/s.
+ */
 template <typename T, typename A, typename E, int OP> __device__ void reduce_run(const dk_op &o)
 {
 	const uint32_t tid = threadIdx.x, nt = DK_WORKERS;
 	const unsigned K = 16 / sizeof(T);
+	const unsigned U = K >= 16 ? 1 : K >= 8 ? 2 : 4;
 	bool aligned = ((uintptr_t)o.dst & 15u) == 0;
 	for (uint32_t k = 0; k < o.nsrc; k++)
 		aligned = aligned && ((uintptr_t)o.src[k] & 15u) == 0;
 	uint64_t npack = aligned ? o.elems / K : 0;
-	for (uint64_t i = tid; i < npack; i += nt) {
+	uint64_t i = tid;
+	for (; i + (uint64_t)(U - 1) * nt < npack; i += (uint64_t)U * nt) {
+		uint4 v[U], w[U];
+		A acc[U][K];
+		/* The first two sources' loads go out together. */
+#pragma unroll
+		for (unsigned u = 0; u < U; u++)
+			v[u] = __ldcg((const uint4 *)o.src[0] + i + u * nt);
+		if (o.nsrc > 1) {
+#pragma unroll
+			for (unsigned u = 0; u < U; u++)
+				w[u] = __ldcg((const uint4 *)o.src[1] + i + u * nt);
+		}
+#pragma unroll
+		for (unsigned u = 0; u < U; u++)
+#pragma unroll
+			for (unsigned j = 0; j < K; j++)
+				acc[u][j] = E::load(((const T *)&v[u])[j]);
+		for (uint32_t k = 1; k < o.nsrc; k++) {
+			if (k > 1) {
+#pragma unroll
+				for (unsigned u = 0; u < U; u++)
+					w[u] = __ldcg((const uint4 *)o.src[k] + i + u * nt);
+			}
+#pragma unroll
+			for (unsigned u = 0; u < U; u++)
+#pragma unroll
+				for (unsigned j = 0; j < K; j++)
+					acc[u][j] = combine<E, A, OP>(acc[u][j], E::load(((const T *)&w[u])[j]));
+		}
+#pragma unroll
+		for (unsigned u = 0; u < U; u++) {
+			uint4 out;
+			T *r = (T *)&out;
+#pragma unroll
+			for (unsigned j = 0; j < K; j++)
+				r[j] = E::store(OP == OP_AVG ? E::avg(acc[u][j], o.div) : acc[u][j]);
+			((uint4 *)o.dst)[i + u * nt] = out;
+		}
+	}
+	for (; i < npack; i += nt) {
 		uint4 v = __ldcg((const uint4 *)o.src[0] + i);
 		const T *t = (const T *)&v;
 		A acc[K];
@@ -282,11 +329,11 @@ template <typename T, typename A, typename E, int OP> __device__ void reduce_run
 			r[j] = E::store(OP == OP_AVG ? E::avg(acc[j], o.div) : acc[j]);
 		((uint4 *)o.dst)[i] = out;
 	}
-	for (uint64_t i = npack * K + tid; i < o.elems; i += nt) {
-		A acc = E::load(ld_cg((const T *)o.src[0] + i));
+	for (uint64_t e = npack * K + tid; e < o.elems; e += nt) {
+		A acc = E::load(ld_cg((const T *)o.src[0] + e));
 		for (uint32_t k = 1; k < o.nsrc; k++)
-			acc = combine<E, A, OP>(acc, E::load(ld_cg((const T *)o.src[k] + i)));
-		((T *)o.dst)[i] = E::store(OP == OP_AVG ? E::avg(acc, o.div) : acc);
+			acc = combine<E, A, OP>(acc, E::load(ld_cg((const T *)o.src[k] + e)));
+		((T *)o.dst)[e] = E::store(OP == OP_AVG ? E::avg(acc, o.div) : acc);
 	}
 }
 
@@ -310,7 +357,19 @@ __device__ void copy_run(const dk_op &o)
 	const char *s = o.src[0];
 	char *d = o.dst;
 	uint64_t npack = (((uintptr_t)s | (uintptr_t)d) & 15u) == 0 ? bytes / 16 : 0;
-	for (uint64_t i = tid; i < npack; i += nt)
+	/* Eight packs in flight per thread (reduce_run says why). */
+	const unsigned U = 8;
+	uint64_t i = tid;
+	for (; i + (uint64_t)(U - 1) * nt < npack; i += (uint64_t)U * nt) {
+		uint4 v[U];
+#pragma unroll
+		for (unsigned u = 0; u < U; u++)
+			v[u] = __ldcg((const uint4 *)s + i + u * nt);
+#pragma unroll
+		for (unsigned u = 0; u < U; u++)
+			((uint4 *)d)[i + u * nt] = v[u];
+	}
+	for (; i < npack; i += nt)
 		((uint4 *)d)[i] = __ldcg((const uint4 *)s + i);
 	if (npack == 0 && (((uintptr_t)s | (uintptr_t)d) & 3u) == 0) {
 		uint64_t nw = bytes / 4;

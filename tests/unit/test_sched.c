@@ -108,12 +108,14 @@ static void test_stickiness(void **state)
 	(void)state;
 	struct sched_state s = {.arrival = 1, .priority = 0, .boost = 1};
 	sched_on_progress(&fifo, &s);
-	/* Raised by stick_mult, capped at spin_max. */
-	assert_int_equal(sched_threshold(&fifo, 1, &s), 200);
+	/* The head's is raised by stick_mult, capped at spin_max; a task
+	 * behind the head keeps its short spin. */
 	assert_int_equal(sched_threshold(&fifo, 0, &s), 15000);
+	assert_int_equal(sched_threshold(&fifo, 1, &s), 10);
+	assert_int_equal(sched_threshold(&fifo, 500, &s), 10);
 	/* Progress again does not compound beyond stick_mult. */
 	sched_on_progress(&fifo, &s);
-	assert_int_equal(sched_threshold(&fifo, 1, &s), 200);
+	assert_int_equal(sched_threshold(&fifo, 0, &s), 15000);
 	/* Preemption resets it. */
 	sched_on_preempt(&s);
 	assert_int_equal(sched_threshold(&fifo, 1, &s), 10);
@@ -122,7 +124,7 @@ static void test_stickiness(void **state)
 	struct sched_params flat = fifo;
 	flat.stick_mult = 0;
 	sched_on_progress(&flat, &s);
-	assert_int_equal(sched_threshold(&flat, 1, &s), 10);
+	assert_int_equal(sched_threshold(&flat, 0, &s), 1000);
 }
 
 /* A wait that needs nothing more of its rank spins like a task behind the
