@@ -100,6 +100,10 @@ static const struct setting settings[] = {
     {"kernel-idle-us", T_INT, F(kernel_idle_us), 0, 60000000, "200", NULL,
      "cuda engine: microseconds a daemon kernel with nothing to do stays resident before it quits; without MPS "
      "keep it short, since a resident kernel makes the trainers' kernels wait for time slices"},
+    {"kernel-idle-mps-us", T_INT, F(kernel_idle_mps_us), 0, 60000000, "5000", NULL,
+     "cuda engine under MPS (where a resident daemon kernel runs beside the trainers' kernels): microseconds it "
+     "stays resident with nothing to do, so that a trainer whose compute between two collectives is shorter "
+     "pays no relaunch"},
     {"coll-timeout-ms", T_INT, F(coll_timeout_ms), 0, 86400000, "600000", NULL,
      "a collective some ranks submitted and others did not, or that made no progress, for this long fails "
      "with a timeout on every rank (0: never); a client's DFCCL_TIMEOUT_MS or config overrides it"},

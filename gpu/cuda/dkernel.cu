@@ -521,12 +521,20 @@ __device__ void complete(dk_ctx &c, dk_qp *q, uint64_t seq, uint32_t status)
 		c.acc.errors++;
 }
 
-/* Fails every rank of a communicator through its region's word (a plain
- * store: every writer stores some failure, and any of them will do), and
- * this GPU's tasks of it through its table entry. */
+/* Fails every rank of a communicator: this GPU's tasks of it through its
+ * table entry, the kernels of the other GPUs it spans through their copies
+ * of the region's word (which they poll, comm_aborted), and the supervisor
+ * through the region's word in host memory. Plain stores: every writer
+ * stores some failure, and any of them will do. */
 __device__ void comm_fail(dk_comm *cm, uint32_t status)
 {
 	atomicCAS(&cm->abort_status, 0u, status);
+	uint64_t *own = &vload(&cm->sync)->aborted;
+	uint32_t np = vload(&cm->npeers);
+	for (uint32_t k = 0; k < np && k < DK_MAX_PEERS; k++)
+		asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"((char *)own + vload(&cm->peer_off[k])),
+		             "l"((uint64_t)status)
+		             : "memory");
 	uint64_t *w = &vload(&cm->hdr)->aborted;
 	if (ld_acq_sys(w) == 0)
 		st_rel_sys(w, status);
@@ -534,14 +542,20 @@ __device__ void comm_fail(dk_comm *cm, uint32_t status)
 
 /*
  * The failure status of a communicator, or 0. Its table entry has what the
- * supervisor (through the worker) and this kernel said; the region's word
- * in host memory adds what the kernels of other GPUs said, so it is read
- * (a PCIe round trip) only for communicators that span GPUs.
+ * supervisor (through the worker) and this kernel said. Where the
+ * communicator spans GPUs, the kernels of the others say it in this GPU's
+ * copy of the region's word (comm_fail), read from this GPU's memory; the
+ * region's word in host memory, which every failure reaches too, costs a
+ * PCIe round trip and is read only where `host` asks (a backstop, at a
+ * fraction of the looks: chan_wait).
  */
-__device__ uint32_t comm_aborted(dk_comm *cm)
+__device__ uint32_t comm_aborted(dk_comm *cm, bool host)
 {
 	uint32_t a = vload(&cm->abort_status);
 	if (a || (vload(&cm->mirror) && !vload(&cm->npeers)))
+		return a;
+	a = dfccl_comm_abort_status(ld_acq_sys(&vload(&cm->sync)->aborted));
+	if (a || !host)
 		return a;
 	return dfccl_comm_abort_status(ld_acq_sys(&vload(&cm->hdr)->aborted));
 }
@@ -657,7 +671,7 @@ __device__ uint32_t entry_accept(dk_ctx &c, uint32_t qi, dk_qp *q, const dfccl_s
 	if (s == DFCCL_CQ_OK)
 		resolve(st, e->recv_reg, sess, e->recv_off, rb, &s);
 	if (s == DFCCL_CQ_OK)
-		s = comm_aborted(cm);
+		s = comm_aborted(cm, false);
 	if (s != DFCCL_CQ_OK)
 		return s;
 	uint32_t ti = task_alloc(st);
@@ -1342,12 +1356,20 @@ __device__ int chan_wait(dk_ctx &c, dk_chan_ctx *x, const dk_task *t, uint32_t c
 	uint64_t spins = 0;
 	int rc;
 	for (;;) {
-		/* The abort word is in host memory: looked at every 64th poll,
-		 * and at the start of every 8th wait of the channel (a wait on a
-		 * rank of this GPU ends after one poll). */
-		bool look = spins ? (spins & 63u) == 0 : (x->waits++ & 7u) == 0;
+		/* The abort words: looked at every 64th poll and at the start of
+		 * every 8th wait of the channel (a wait on a rank of this GPU ends
+		 * after one poll); the one in host memory at an eighth of that. */
+		bool look, host;
+		if (spins) {
+			look = (spins & 63u) == 0;
+			host = (spins & 511u) == 0;
+		} else {
+			uint32_t w = x->waits++;
+			look = (w & 7u) == 0;
+			host = (w & 63u) == 0;
+		}
 		if (look) {
-			uint32_t ab = comm_aborted(cm);
+			uint32_t ab = comm_aborted(cm, host);
 			if (ab) {
 				rc = -(int)ab;
 				break;
