@@ -81,12 +81,15 @@ struct ce_alloc {
 struct ce_comm {
 	uint64_t comm_id;   /* 0: free slot */
 	void *region;
-	char *conn;         /* device memory: the connectors of this device's ranks, one after the other */
+	char *conn;         /* device memory: the connectors of this device's ranks, one after the other in
+	                     * rank order; NULL where the GPU had no memory for them */
 	void *sync;         /* device memory: the protocol words (dk_comm.sync) */
 	uint32_t nranks;
 	uint32_t here;      /* its ranks on this device */
 	uint32_t npeers;
-	void *peer[DK_MAX_PEERS]; /* the other GPUs' copies, mapped (cudaIpcOpenMemHandle) */
+	void *peer[DK_MAX_PEERS];      /* the other GPUs' copies, mapped (cudaIpcOpenMemHandle) */
+	void *peer_conn[DK_MAX_PEERS]; /* their ranks' connectors, mapped (NULL: they have none) */
+	uint32_t device[DFCCL_COMM_MAX_RANKS]; /* by rank */
 	uint32_t gen;
 };
 
@@ -661,8 +664,12 @@ static int ce_mem_alloc(void *impl, uint32_t reg_id, uint64_t size, int *fd, uin
 
 static void ce_comm_release(struct ce_comm *c)
 {
-	for (uint32_t k = 0; k < c->npeers; k++)
+	for (uint32_t k = 0; k < c->npeers; k++) {
 		cudaIpcCloseMemHandle(c->peer[k]);
+		if (c->peer_conn[k])
+			cudaIpcCloseMemHandle(c->peer_conn[k]);
+		c->peer_conn[k] = NULL;
+	}
 	cudaHostUnregister(c->region);
 	cudaFree(c->conn);
 	cudaFree(c->sync);
@@ -701,6 +708,7 @@ static int ce_comm_add(void *impl, uint64_t comm_id, uint32_t nranks, const stru
 	for (uint32_t r = 0; r < nranks; r++) {
 		d->session[members[r].rank] = members[r].session_id;
 		d->device[members[r].rank] = members[r].device;
+		c->device[members[r].rank] = members[r].device;
 		here += members[r].device == e->cfg.device;
 	}
 	/* The plan as the region carries it; an absent or invalid one gives
@@ -711,13 +719,20 @@ static int ce_comm_add(void *impl, uint64_t comm_id, uint32_t nranks, const stru
 	cudaError_t rc = ce_host_map(region, DFCCL_COMM_SYNC_BYTES(nranks), &dev);
 	const char *what = "register its region with";
 	c->region = region;
-	if (rc == cudaSuccess && here == nranks) {
-		/* Every rank is ours: their connectors too (see dk_comm). */
-		what = "allocate its connectors on";
-		rc = cudaMalloc((void **)&c->conn, CE_CONN_RANK_BYTES * nranks);
-		for (uint32_t r = 0; rc == cudaSuccess && r < nranks; r++)
-			d->conn[r] = c->conn + CE_CONN_RANK_BYTES * r;
-		d->conn_all = rc == cudaSuccess;
+	if (rc == cudaSuccess && here) {
+		/* The connectors of the ranks on this GPU (see dk_comm); the other
+		 * GPUs' are mapped by ce_comm_peers. A GPU without the memory for
+		 * them goes without, and says so in its blob: the communicator
+		 * then runs the collectives that need them with the direct
+		 * algorithms, on every GPU alike. */
+		if (cudaMalloc((void **)&c->conn, CE_CONN_RANK_BYTES * here) != cudaSuccess) {
+			cudaGetLastError();
+			c->conn = NULL;
+		}
+		for (uint32_t r = 0, k = 0; c->conn && r < nranks; r++)
+			if (d->device[r] == e->cfg.device)
+				d->conn[r] = c->conn + CE_CONN_RANK_BYTES * k++;
+		d->conn_all = c->conn && here == nranks;
 	}
 	/* The protocol words in this GPU's memory, starting as the region has
 	 * them: the only copy, or this GPU's where the communicator spans
@@ -772,16 +787,19 @@ static struct ce_comm *ce_comm_find(struct cuda_engine *e, uint64_t comm_id, uin
 
 /*
  * What the workers of a communicator's other GPUs need to map this GPU's
- * copy of its protocol words: a CUDA IPC handle of the allocation and its
- * size. Only where the communicator spans GPUs.
+ * copy of its protocol words and the connectors of its ranks: CUDA IPC
+ * handles of the allocations and their sizes. Only where the communicator
+ * spans GPUs.
  */
 struct ce_peer_blob {
 	uint32_t magic; /* CE_PEER_MAGIC */
 	uint32_t device;
-	uint64_t bytes;
-	cudaIpcMemHandle_t handle;
+	uint64_t bytes;                 /* the protocol words' */
+	cudaIpcMemHandle_t handle;      /* of the protocol words */
+	uint64_t conn_bytes;            /* the connectors of its ranks, in rank order; 0: it has none */
+	cudaIpcMemHandle_t conn_handle; /* of the connectors */
 };
-#define CE_PEER_MAGIC 0x64667331u /* "dfs1" */
+#define CE_PEER_MAGIC 0x64667332u /* "dfs2" */
 
 static int ce_comm_export(void *impl, uint64_t comm_id, void *blob, size_t *len, char *err, size_t errlen)
 {
@@ -808,14 +826,23 @@ static int ce_comm_export(void *impl, uint64_t comm_id, void *blob, size_t *len,
 		         (unsigned long long)comm_id, cudaGetErrorString(rc));
 		return -EIO;
 	}
+	/* Connectors that cannot be shared count as none (ce_comm_add). */
+	if (c->conn && cudaIpcGetMemHandle(&b.conn_handle, c->conn) == cudaSuccess)
+		b.conn_bytes = CE_CONN_RANK_BYTES * c->here;
+	else
+		cudaGetLastError();
 	DFCCL_STATIC_ASSERT(sizeof(b) <= ENGINE_PEER_BLOB_MAX, "a peer blob fits the exchange");
 	memcpy(blob, &b, sizeof(b));
 	*len = sizeof(b);
 	return 0;
 }
 
-/* Maps the other GPUs' copies of the protocol words, with the kernel
- * parked, and tells the kernel where they are (dk_comm.peer_off). */
+/* Maps the other GPUs' copies of the protocol words and their ranks'
+ * connectors, with the kernel parked, and tells the kernel where they are
+ * (dk_comm.peer_off, conn, conn_all). Connectors that cannot be mapped
+ * here leave conn_all 0 on this GPU alone: the collectives that need them
+ * then fail with DFCCL_CQ_MISMATCH where a rank asks for rings or trees
+ * (the GPUs choose different algorithms), and everything else runs. */
 static int ce_comm_peers(void *impl, uint64_t comm_id, const struct engine_peer_blob *peers, size_t n, char *err,
                          size_t errlen)
 {
@@ -834,6 +861,9 @@ static int ce_comm_peers(void *impl, uint64_t comm_id, const struct engine_peer_
 	}
 	uint32_t nranks = c->nranks;
 	int64_t off[DK_MAX_PEERS];
+	char *conn[DFCCL_COMM_MAX_RANKS];
+	for (uint32_t r = 0, j = 0; r < nranks; r++)
+		conn[r] = c->conn && c->device[r] == e->cfg.device ? c->conn + CE_CONN_RANK_BYTES * j++ : NULL;
 	ce_park(e);
 	for (size_t k = 0; k < n; k++) {
 		struct ce_peer_blob b;
@@ -843,8 +873,12 @@ static int ce_comm_peers(void *impl, uint64_t comm_id, const struct engine_peer_
 			return -EINVAL;
 		}
 		memcpy(&b, peers[k].data, sizeof(b));
+		uint32_t theirs = 0;
+		for (uint32_t r = 0; r < nranks; r++)
+			theirs += c->device[r] == b.device;
 		if (b.magic != CE_PEER_MAGIC || b.device != peers[k].device || b.device == e->cfg.device ||
-		    b.bytes != DFCCL_COMM_SYNC_BYTES(nranks)) {
+		    b.bytes != DFCCL_COMM_SYNC_BYTES(nranks) || !theirs ||
+		    (b.conn_bytes && b.conn_bytes != CE_CONN_RANK_BYTES * theirs)) {
 			snprintf(err, errlen, "the blob of GPU %u for communicator %llu is not one of its protocol words",
 			         peers[k].device, (unsigned long long)comm_id);
 			return -EINVAL;
@@ -857,11 +891,32 @@ static int ce_comm_peers(void *impl, uint64_t comm_id, const struct engine_peer_
 			         e->cfg.device, (unsigned long long)comm_id, b.device, cudaGetErrorString(rc));
 			return -EIO;
 		}
+		c->peer_conn[c->npeers] = NULL;
 		c->peer[c->npeers++] = p;
 		off[k] = (int64_t)((char *)p - (char *)c->sync);
+		if (!b.conn_bytes)
+			continue;
+		rc = cudaIpcOpenMemHandle(&p, b.conn_handle, cudaIpcMemLazyEnablePeerAccess);
+		if (rc != cudaSuccess) {
+			cudaGetLastError();
+			fprintf(stderr, "GPU %u cannot map the connectors of communicator %llu on GPU %u (%s): its reduce "
+			        "and reduce-scatter run direct\n", e->cfg.device, (unsigned long long)comm_id, b.device,
+			        cudaGetErrorString(rc));
+			continue;
+		}
+		c->peer_conn[c->npeers - 1] = p;
+		for (uint32_t r = 0, j = 0; r < nranks; r++)
+			if (c->device[r] == b.device)
+				conn[r] = (char *)p + CE_CONN_RANK_BYTES * j++;
 	}
-	/* The offsets first, then their count: the kernel reads the count. */
-	if ((n && ce_put(e, OFF(comms[i].peer_off), off, n * sizeof(off[0])) < 0) ||
+	uint32_t all = 1;
+	for (uint32_t r = 0; r < nranks; r++)
+		all = all && conn[r];
+	/* The connectors and the offsets first, then the count of copies:
+	 * the kernel reads the count. */
+	if (ce_put(e, OFF(comms[i].conn), conn, nranks * sizeof(conn[0])) < 0 ||
+	    ce_put32(e, OFF(comms[i].conn_all), all) < 0 ||
+	    (n && ce_put(e, OFF(comms[i].peer_off), off, n * sizeof(off[0])) < 0) ||
 	    ce_put32(e, OFF(comms[i].npeers), (uint32_t)n) < 0) {
 		snprintf(err, errlen, "%s", e->fatal);
 		return -EIO;

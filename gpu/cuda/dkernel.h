@@ -107,11 +107,14 @@ struct dk_reg {
  * Connectors (the staging memory of reduce and reduce-scatter over rings
  * and trees) live in device memory: per rank, DFCCL_COMM_CONN_SLOTS
  * instance slots of DFCCL_COMM_CONN_BYTES, a slot shared out among the
- * instance's channels (dk_conn_bytes each). The host side allocates them
- * for the ranks of this device when every rank of the communicator is on
- * it (conn_all: 1); until connectors are exchanged between workers, a
- * communicator that spans GPUs runs those two collectives with the direct
- * algorithms, which every rank of it decides alike.
+ * instance's channels (dk_conn_bytes each). Each worker allocates them for
+ * the ranks of its device and, where the communicator spans GPUs, maps the
+ * other workers' (CUDA IPC, exchanged with the protocol words), so a step
+ * reads or writes any rank's connector directly over NVLink or PCIe;
+ * conn_all says every rank's is set. Where some GPU had no memory for its
+ * ranks' connectors, conn_all stays 0 on every GPU of the communicator, and
+ * those two collectives run with the direct algorithms, which every rank
+ * of it decides alike.
  */
 struct dk_comm {
 	uint32_t live;                    /* host: as dk_qp.live */
@@ -126,7 +129,7 @@ struct dk_comm {
 	int64_t mirror;                   /* host: (char *)hdr - (char *)sync; 0 when sync is hdr */
 	uint64_t session[DFCCL_COMM_MAX_RANKS]; /* host: by rank */
 	uint32_t device[DFCCL_COMM_MAX_RANKS];  /* host: by rank */
-	char *conn[DFCCL_COMM_MAX_RANKS];       /* host: by rank, device memory (NULL: not here) */
+	char *conn[DFCCL_COMM_MAX_RANKS];       /* host: by rank, this GPU's memory or a peer's mapped */
 	uint32_t conn_all;                      /* host: 1 when every rank's conn is set */
 	uint32_t npeers;                        /* host: the other GPUs' copies of the protocol words */
 	int64_t peer_off[DK_MAX_PEERS];         /* host: (char *)copy - (char *)sync, each mapped here */

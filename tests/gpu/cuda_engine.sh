@@ -112,6 +112,22 @@ run_suite() {
 		echo "collectives started over $algo: $((after - before))"
 		[ $((after - before)) -gt 0 ] || fail "no collective ran over $algo with DFCCL_ALGO=$algo"
 	done
+	# Reduce-scatter and reduce over rings stage partial sums in the ranks'
+	# connectors, which on two GPUs each worker maps from the other: there
+	# they must run over rings, none falling back to direct (dfccl-perf's
+	# own barrier is an all-reduce, over rings too), results checked.
+	if [ "$ngpu" -ge 2 ]; then
+		for c in reducescatter reduce; do
+			before=$(started ring) direct=$(started direct)
+			step "$c over rings: 2 ranks on GPUs $pair, connectors across GPUs" 300 env DFCCL_ALGO=ring \
+				"$bin/dfccl-perf" "$c" --socket "$sock" --nranks 2 --devices "$pair" --mem device -b 8 -e 1M -f 4 \
+				-n 5 -w 1
+			after=$(started ring)
+			echo "$c: collectives started over rings: $((after - before)), direct: $(($(started direct) - direct))"
+			[ $((after - before)) -gt 0 ] || fail "$c with DFCCL_ALGO=ring ran no collective over rings on GPUs $pair"
+			[ "$(started direct)" = "$direct" ] || fail "$c with DFCCL_ALGO=ring ran direct on GPUs $pair"
+		done
+	fi
 
 	# The other kinds of device buffer: each registered (VMM) or allocated
 	# (dfcclMemAlloc) in its own way, freed after every case of its own.
