@@ -21,7 +21,8 @@
 #     all-reduces per wait (4 KiB, 64 KiB, 1 MiB; 1 rank; stream grouped and
 #     ungrouped, callback), NCCL with 1 rank, and three traced runs of
 #     4 KiB (2 ranks callback, 1 rank callback, 1 rank stream-ordered),
-#     each summarised by dk_trace_summary.py (block 0, and --turnaround).
+#     each summarised by dk_trace_summary.py (block 0, and --turnaround);
+#   - first, dk_prims: what the kernel's memory operations cost on GPU 0.
 # LATENCY_ITERS changes -n (default 100). The table gives out-of-place
 # times per all-reduce in us; a run that failed shows as "failed", its log
 # stays in OUTDIR, and the script exits 1 at the end.
@@ -36,6 +37,7 @@ gpu_setup latency
 iters=${LATENCY_ITERS:-100}
 [ -n "$outdir" ] || outdir=$(mktemp -d /tmp/latency-XXXXXX)
 mkdir -p "$outdir" || exit 1
+prims
 
 failed=0
 # perf NAME ARGS...: dfccl-perf allreduce, JSON into NAME.json.
@@ -156,6 +158,7 @@ for name, what in (("traced_callback_2", "2 ranks, callback"), ("traced_callback
         with open(summary) as f:
             print(f.read().rstrip())
 EOF
+	prims_print
 } | tee "$outdir/table.md"
 echo "The runs' JSON and logs, the trace and the table (table.md) are in $outdir"
 [ "$failed" = 0 ] || { echo "FAIL: $failed run(s) failed"; exit 1; }

@@ -13,6 +13,28 @@ outdir=${2:-}
 . "$(dirname "${BASH_SOURCE[0]}")/../gpu/gpu_lib.sh"
 perf_lib_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
+# prims: dk_prims's table of what the daemon kernel's memory operations cost
+# on GPU 0 (with GPU 1 as its peer where there are two) into
+# $outdir/prims.txt, taken before any daemon or MPS runs; prims_print shows
+# it. A dk_prims that is missing or fails is reported, and the script goes
+# on.
+prims() {
+	local peer=()
+	[ "$ngpu" -ge 2 ] && peer=(--peer 1)
+	if [ ! -x "$bin/dk_prims" ]; then
+		echo "== dk_prims is not in $bin: the table of the kernel's memory operations is left out"
+		return 0
+	fi
+	echo "== dk_prims ${peer[*]}"
+	timeout -k 5 120 "$bin/dk_prims" "${peer[@]}" >"$outdir/prims.txt" 2>&1 ||
+		echo "   failed: $(tail -n 1 "$outdir/prims.txt")"
+}
+prims_print() {
+	[ -f "$outdir/prims.txt" ] || return 0
+	echo
+	cat "$outdir/prims.txt"
+}
+
 # traced NAME ARGS...: one run of 4 KiB through the script's own `perf`
 # function (NAME ARGS...), on a daemon of its own started with
 # DFCCL_DK_TRACE (trace_NAME.txt for GPU 0, trace_NAME.txt.gpuN for the

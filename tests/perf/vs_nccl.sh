@@ -31,7 +31,8 @@
 # the tables, its log stays in OUTDIR, and the script exits 1 at the end.
 # Last, two traced runs of 4 KiB (callback and stream-ordered), each on a
 # daemon of its own with DFCCL_DK_TRACE, summarised per GPU by
-# dk_trace_summary.py (block 0, and --turnaround) after the tables.
+# dk_trace_summary.py (block 0, and --turnaround) after the tables, and
+# dk_prims's table of the kernel's memory operations (taken first).
 set -u
 
 # shellcheck source=perf_lib.sh
@@ -62,6 +63,7 @@ if ! timeout -k 10 300 "$bin/dfccl-perf" allreduce --backend nccl --devices "$gp
 	fail "NCCL does not run on GPUs $gpus: $(cat "$outdir/probe.log")"
 fi
 
+prims
 # shellcheck disable=SC2119 # the daemon with its defaults: every GPU
 start_daemon
 
@@ -197,6 +199,7 @@ EOF
 		echo "# the daemon kernel's trace: $(basename "$f" _summary.txt) (4 KiB, block 0)"
 		cat "$f"
 	done
+	prims_print
 } | tee "$outdir/table.txt"
 
 echo "The runs' JSON and logs, and the tables (table.txt), are in $outdir"
