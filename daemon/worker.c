@@ -776,7 +776,7 @@ int worker_main(unsigned device, const struct worker_ident *id, const struct dfc
 	    .reg_ctx = &w,
 	    .algo = (uint32_t)cfg->algo,
 	    .channels = (uint32_t)cfg->channels,
-	    .kernel_idle_ns = (uint64_t)(devices_mps_active() ? cfg->kernel_idle_mps_us : cfg->kernel_idle_us) * 1000u,
+	    .kernel_idle_ns = (uint64_t)cfg->kernel_idle_us * 1000u,
 	    .max_inflight = (uint32_t)cfg->max_inflight_per_session,
 	    .max_inflight_uid = (uint32_t)cfg->max_inflight_per_uid,
 	};

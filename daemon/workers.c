@@ -583,7 +583,7 @@ static int worker_spawn(struct worker *wk)
 	 * ones it uses by name. The engine is the resolved one, never auto. */
 	static const char *const passed[] = {"log-level", "log-target", "spin-head",
 	                                     "spin-other", "stick-mult", "spin-max",
-	                                     "algo",      "channels",   "kernel-idle-us", "kernel-idle-mps-us",
+	                                     "algo",      "channels",   "kernel-idle-us",
 	                                     "max-inflight-per-session", "max-inflight-per-uid"};
 	enum { NPASSED = sizeof(passed) / sizeof(passed[0]) };
 	char devbuf[16], uidbuf[16], gidbuf[16], values[NPASSED][64], flags[NPASSED][32];
@@ -612,7 +612,11 @@ static int worker_spawn(struct worker *wk)
 	}
 	for (int i = 0; i < NPASSED; i++) {
 		snprintf(flags[i], sizeof(flags[i]), "--%s", passed[i]);
-		config_format(&srv->cfg, passed[i], values[i], sizeof(values[i]));
+		/* Under MPS (the supervisor's probe says) the daemon kernel's
+		 * idle time is kernel-idle-mps-us. */
+		const char *from =
+		    srv->mps_active && strcmp(passed[i], "kernel-idle-us") == 0 ? "kernel-idle-mps-us" : passed[i];
+		config_format(&srv->cfg, from, values[i], sizeof(values[i]));
 		args[argc++] = flags[i];
 		args[argc++] = values[i];
 	}

@@ -83,6 +83,7 @@ struct ce_comm {
 	void *region;
 	char *conn;         /* device memory: the connectors of this device's ranks, one after the other in
 	                     * rank order; NULL where the GPU had no memory for them */
+	int conn_unshared;  /* they could not be exported: every GPU runs without them */
 	void *sync;         /* device memory: the protocol words (dk_comm.sync) */
 	uint32_t nranks;
 	uint32_t here;      /* its ranks on this device */
@@ -676,6 +677,7 @@ static void ce_comm_release(struct ce_comm *c)
 	c->comm_id = 0;
 	c->region = NULL;
 	c->conn = NULL;
+	c->conn_unshared = 0;
 	c->sync = NULL;
 	c->npeers = 0;
 }
@@ -826,11 +828,15 @@ static int ce_comm_export(void *impl, uint64_t comm_id, void *blob, size_t *len,
 		         (unsigned long long)comm_id, cudaGetErrorString(rc));
 		return -EIO;
 	}
-	/* Connectors that cannot be shared count as none (ce_comm_add). */
-	if (c->conn && cudaIpcGetMemHandle(&b.conn_handle, c->conn) == cudaSuccess)
+	/* Connectors that cannot be shared count as none, here too
+	 * (ce_comm_peers), as where there was no memory for them. */
+	c->conn_unshared = 0;
+	if (c->conn && cudaIpcGetMemHandle(&b.conn_handle, c->conn) == cudaSuccess) {
 		b.conn_bytes = CE_CONN_RANK_BYTES * c->here;
-	else
+	} else {
 		cudaGetLastError();
+		c->conn_unshared = c->conn != NULL;
+	}
 	DFCCL_STATIC_ASSERT(sizeof(b) <= ENGINE_PEER_BLOB_MAX, "a peer blob fits the exchange");
 	memcpy(blob, &b, sizeof(b));
 	*len = sizeof(b);
@@ -839,10 +845,10 @@ static int ce_comm_export(void *impl, uint64_t comm_id, void *blob, size_t *len,
 
 /* Maps the other GPUs' copies of the protocol words and their ranks'
  * connectors, with the kernel parked, and tells the kernel where they are
- * (dk_comm.peer_off, conn, conn_all). Connectors that cannot be mapped
- * here leave conn_all 0 on this GPU alone: the collectives that need them
- * then fail with DFCCL_CQ_MISMATCH where a rank asks for rings or trees
- * (the GPUs choose different algorithms), and everything else runs. */
+ * (dk_comm.peer_off, conn, conn_all). Every GPU of the communicator must
+ * reach the same conn_all (the algorithm is part of what the ranks post):
+ * a GPU without connectors says so in its blob and every GPU runs without,
+ * and a mapping that fails here fails the communicator's set-up. */
 static int ce_comm_peers(void *impl, uint64_t comm_id, const struct engine_peer_blob *peers, size_t n, char *err,
                          size_t errlen)
 {
@@ -862,8 +868,9 @@ static int ce_comm_peers(void *impl, uint64_t comm_id, const struct engine_peer_
 	uint32_t nranks = c->nranks;
 	int64_t off[DK_MAX_PEERS];
 	char *conn[DFCCL_COMM_MAX_RANKS];
+	char *mine = c->conn_unshared ? NULL : c->conn;
 	for (uint32_t r = 0, j = 0; r < nranks; r++)
-		conn[r] = c->conn && c->device[r] == e->cfg.device ? c->conn + CE_CONN_RANK_BYTES * j++ : NULL;
+		conn[r] = mine && c->device[r] == e->cfg.device ? mine + CE_CONN_RANK_BYTES * j++ : NULL;
 	ce_park(e);
 	for (size_t k = 0; k < n; k++) {
 		struct ce_peer_blob b;
@@ -899,10 +906,9 @@ static int ce_comm_peers(void *impl, uint64_t comm_id, const struct engine_peer_
 		rc = cudaIpcOpenMemHandle(&p, b.conn_handle, cudaIpcMemLazyEnablePeerAccess);
 		if (rc != cudaSuccess) {
 			cudaGetLastError();
-			fprintf(stderr, "GPU %u cannot map the connectors of communicator %llu on GPU %u (%s): its reduce "
-			        "and reduce-scatter run direct\n", e->cfg.device, (unsigned long long)comm_id, b.device,
-			        cudaGetErrorString(rc));
-			continue;
+			snprintf(err, errlen, "GPU %u cannot map the connectors of communicator %llu on GPU %u: %s",
+			         e->cfg.device, (unsigned long long)comm_id, b.device, cudaGetErrorString(rc));
+			return -EIO;
 		}
 		c->peer_conn[c->npeers - 1] = p;
 		for (uint32_t r = 0, j = 0; r < nranks; r++)

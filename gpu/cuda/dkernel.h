@@ -112,7 +112,8 @@ struct dk_reg {
  * other workers' (CUDA IPC, exchanged with the protocol words), so a step
  * reads or writes any rank's connector directly over NVLink or PCIe;
  * conn_all says every rank's is set. Where some GPU had no memory for its
- * ranks' connectors, conn_all stays 0 on every GPU of the communicator, and
+ * ranks' connectors (or could not export them), conn_all stays 0 on every
+ * GPU of the communicator, and
  * those two collectives run with the direct algorithms, which every rank
  * of it decides alike.
  */

@@ -123,6 +123,8 @@ static void test_stickiness(void **state)
 	/* A zero multiplier means no raise. */
 	struct sched_params flat = fifo;
 	flat.stick_mult = 0;
+	sched_on_progress(&fifo, &s);
+	assert_int_equal(sched_threshold(&fifo, 0, &s), 15000);
 	sched_on_progress(&flat, &s);
 	assert_int_equal(sched_threshold(&flat, 0, &s), 1000);
 }
