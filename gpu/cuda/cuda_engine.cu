@@ -663,6 +663,15 @@ static int ce_mem_alloc(void *impl, uint32_t reg_id, uint64_t size, int *fd, uin
 /* Connectors of one rank (dkernel.h, struct dk_comm). */
 #define CE_CONN_RANK_BYTES ((size_t)DFCCL_COMM_CONN_SLOTS * DFCCL_COMM_CONN_BYTES)
 
+/* conn[r] for the ranks on `device`, which keeps their connectors at base,
+ * one after the other in rank order (ce_comm_add); the other entries stay. */
+static void ce_conn_place(const uint32_t *rank_device, uint32_t nranks, uint32_t device, char *base, char **conn)
+{
+	for (uint32_t r = 0, k = 0; r < nranks; r++)
+		if (rank_device[r] == device)
+			conn[r] = base + CE_CONN_RANK_BYTES * k++;
+}
+
 static void ce_comm_release(struct ce_comm *c)
 {
 	for (uint32_t k = 0; k < c->npeers; k++) {
@@ -731,9 +740,8 @@ static int ce_comm_add(void *impl, uint64_t comm_id, uint32_t nranks, const stru
 			cudaGetLastError();
 			c->conn = NULL;
 		}
-		for (uint32_t r = 0, k = 0; c->conn && r < nranks; r++)
-			if (d->device[r] == e->cfg.device)
-				d->conn[r] = c->conn + CE_CONN_RANK_BYTES * k++;
+		if (c->conn)
+			ce_conn_place(c->device, nranks, e->cfg.device, c->conn, d->conn);
 		d->conn_all = c->conn && here == nranks;
 	}
 	/* The protocol words in this GPU's memory, starting as the region has
@@ -867,10 +875,9 @@ static int ce_comm_peers(void *impl, uint64_t comm_id, const struct engine_peer_
 	}
 	uint32_t nranks = c->nranks;
 	int64_t off[DK_MAX_PEERS];
-	char *conn[DFCCL_COMM_MAX_RANKS];
-	char *mine = c->conn_unshared ? NULL : c->conn;
-	for (uint32_t r = 0, j = 0; r < nranks; r++)
-		conn[r] = mine && c->device[r] == e->cfg.device ? mine + CE_CONN_RANK_BYTES * j++ : NULL;
+	char *conn[DFCCL_COMM_MAX_RANKS] = {NULL};
+	if (c->conn && !c->conn_unshared)
+		ce_conn_place(c->device, nranks, e->cfg.device, c->conn, conn);
 	ce_park(e);
 	for (size_t k = 0; k < n; k++) {
 		struct ce_peer_blob b;
@@ -911,9 +918,7 @@ static int ce_comm_peers(void *impl, uint64_t comm_id, const struct engine_peer_
 			return -EIO;
 		}
 		c->peer_conn[c->npeers - 1] = p;
-		for (uint32_t r = 0, j = 0; r < nranks; r++)
-			if (c->device[r] == b.device)
-				conn[r] = (char *)p + CE_CONN_RANK_BYTES * j++;
+		ce_conn_place(c->device, nranks, b.device, (char *)p, conn);
 	}
 	uint32_t all = 1;
 	for (uint32_t r = 0; r < nranks; r++)
