@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# Daemons side by side: the same small-collective measurement against
+# several builds of dfccld, or one build with different settings, each
+# started in turn on the same GPUs in one run, so that a change to the
+# daemon kernel is judged by a ratio taken under the same conditions.
+#
+# Usage: compare_daemons.sh BINDIR [OUTDIR] -- VARIANT...
+#   BINDIR   the folder of dfcclctl and dfccl-perf (and the default dfccld)
+#   OUTDIR   where the JSON and log of every run and the table go (default:
+#            a new folder under /tmp, named at the end)
+#   VARIANT  NAME=DFCCLD[:ARGS]: a label, the dfccld to start ("-" for
+#            BINDIR's) and settings for it, space-separated, e.g.
+#            base=- mb2=/tmp/dfccld-mb2 ch16=-:"--channels 16"
+# What runs, for every variant in the order given and then the first one
+# again (the drift of the machine over the run shows as the difference
+# between the first and last rows): dfccl-perf all-reduce of float on
+# device buffers, callback and stream-ordered forms, -b CMP_MIN -e CMP_MAX
+# -f 8 (default 8 B to 1 MiB), on 2 ranks: GPUs 0,1 where there are two,
+# else both on GPU 0. CMP_ITERS changes -n (default 200). Every result is
+# checked. The table gives the out-of-place time per all-reduce in us; a
+# run that failed shows as "failed", its log stays in OUTDIR, and the
+# script exits 1 at the end. Without a GPU it says SKIPPED and exits 77.
+set -u
+if [ $# -lt 3 ]; then
+	echo "usage: $0 BINDIR [OUTDIR] -- NAME=DFCCLD[:ARGS]..." >&2
+	exit 2
+fi
+args=()
+while [ $# -gt 0 ] && [ "$1" != -- ]; do
+	args+=("$1")
+	shift
+done
+[ "${1:-}" = -- ] || { echo "usage: $0 BINDIR [OUTDIR] -- NAME=DFCCLD[:ARGS]... (the -- is missing)" >&2; exit 2; }
+shift
+variants=("$@")
+[ ${#variants[@]} -gt 0 ] || { echo "$0: no variants after --" >&2; exit 2; }
+for v in "${variants[@]}"; do
+	case $v in
+	?*=?*) ;;
+	*) echo "$0: '$v' is not NAME=DFCCLD[:ARGS]" >&2; exit 2 ;;
+	esac
+done
+
+# shellcheck source=perf_lib.sh
+. "$(dirname "$0")/perf_lib.sh" "${args[@]}"
+
+gpu_need_gpu compare_daemons.sh
+gpu_need_bins dfcclctl dfccl-perf
+gpu_setup compare-daemons
+[ -n "$outdir" ] || outdir=$(mktemp -d /tmp/compare-daemons-XXXXXX)
+mkdir -p "$outdir" || exit 1
+iters=${CMP_ITERS:-200}
+min=${CMP_MIN:-8}
+max=${CMP_MAX:-1M}
+if [ "$ngpu" -ge 2 ]; then devices=0,1; else devices=0,0; fi
+
+failed=0
+order=()
+run_variant() {
+	local label=$1 spec=$2 exe extra mode rc
+	exe=${spec%%:*}
+	extra=
+	[ "$exe" != "$spec" ] && extra=${spec#*:}
+	[ "$exe" = - ] && exe=$bin/dfccld
+	if [ ! -x "$exe" ]; then
+		echo "== $label: $exe is not an executable dfccld"
+		failed=$((failed + 1))
+		return
+	fi
+	echo "== $label: $exe $extra"
+	dfccld_bin=$exe
+	# shellcheck disable=SC2086 # $extra is the variant's settings, split on spaces
+	start_daemon $extra
+	for mode in callback stream; do
+		rc=0
+		timeout -k 10 600 "$bin/dfccl-perf" allreduce --socket "$sock" --nranks 2 --devices "$devices" --mem device \
+			--mode "$mode" -b "$min" -e "$max" -f 8 -n "$iters" -w 20 --json \
+			>"$outdir/${label}_$mode.json" 2>"$outdir/${label}_$mode.log" || rc=$?
+		if [ "$rc" != 0 ]; then
+			echo "   $mode failed (exit $rc): $(tail -n 2 "$outdir/${label}_$mode.log")"
+			failed=$((failed + 1))
+		fi
+	done
+	stop_daemon
+}
+for v in "${variants[@]}"; do
+	order+=("${v%%=*}")
+	run_variant "${v%%=*}" "${v#*=}"
+done
+# The first again, as a check on drift.
+first=${variants[0]}
+order+=("${first%%=*}_again")
+run_variant "${first%%=*}_again" "${first#*=}"
+
+{
+	echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(uname -n), GPUs $devices of $ngpu:" \
+		"$(nvidia-smi --query-gpu=name --format=csv,noheader | sort -u | paste -sd/), -n $iters -w 20," \
+		"all-reduce of float, out of place, us per all-reduce"
+	python3 - "$outdir" "${order[@]}" <<'EOF'
+import json
+import os
+import sys
+
+out, labels = sys.argv[1], sys.argv[2:]
+
+
+def load(name):
+    """Out-of-place times by size; a size whose result was wrong maps to None."""
+    rows = {}
+    try:
+        with open(os.path.join(out, name + ".json")) as f:
+            for line in f:
+                if line.startswith("{"):
+                    d = json.loads(line)
+                    m = d.get("out_of_place") or {}
+                    rows[d["size"]] = None if m.get("wrong") else m.get("time_us")
+    except (OSError, ValueError):
+        pass
+    return rows
+
+
+for mode in ("callback", "stream"):
+    runs = [(label, load("%s_%s" % (label, mode))) for label in labels]
+    sizes = sorted({s for _, r in runs for s in r})
+    print("\n%s form\n" % mode)
+    print("| variant | " + " | ".join("%d B" % s for s in sizes) + " |")
+    print("|---|" + "---:|" * len(sizes))
+    for label, r in runs:
+        cells = []
+        for s in sizes:
+            if s not in r:
+                cells.append("failed")
+            elif r[s] is None:
+                cells.append("wrong")
+            else:
+                cells.append("%.1f" % r[s])
+        print("| %s | %s |" % (label, " | ".join(cells)))
+EOF
+} | tee "$outdir/table.md"
+echo "The runs' JSON and logs, and the table (table.md), are in $outdir"
+if [ "$failed" != 0 ]; then
+	echo "FAIL: $failed run(s) failed"
+	exit 1
+fi
