@@ -29,6 +29,9 @@
 # faster. For the batches the reference is NCCL's better grouped time,
 # which the targets compare against. A run that fails shows as "failed" in
 # the tables, its log stays in OUTDIR, and the script exits 1 at the end.
+# After the tables, the daemon kernel's counters over each dfccl run, per
+# collective completed on a GPU: preemptions, polls spent waiting on peers
+# (spins), context switches, launches and voluntary quits of the kernel.
 # Last, two traced runs of 4 KiB (callback and stream-ordered), each on a
 # daemon of its own with DFCCL_DK_TRACE, summarised per GPU by
 # dk_trace_summary.py (block 0, and --turnaround) after the tables, and
@@ -69,13 +72,16 @@ start_daemon
 
 failed=0
 # perf NAME ARGS...: dfccl-perf allreduce on the two ranks' GPUs, one JSON
-# object per size into $outdir/NAME.json, its messages into NAME.log.
+# object per size into $outdir/NAME.json, its messages into NAME.log, and
+# the daemon's counters before and after (NAME.stats0, NAME.stats1).
 perf() {
 	local name=$1 rc=0
 	shift
 	echo "== $name: dfccl-perf allreduce $*"
+	ctl --json stats >"$outdir/$name.stats0" 2>/dev/null || rm -f "$outdir/$name.stats0"
 	timeout -k 10 1200 "$bin/dfccl-perf" allreduce --socket "$sock" --nranks 2 --devices "$gpus" \
 		-n "$iters" -w "$warmup" --json "$@" >"$outdir/$name.json" 2>"$outdir/$name.log" || rc=$?
+	ctl --json stats >"$outdir/$name.stats1" 2>/dev/null || rm -f "$outdir/$name.stats1"
 	if [ "$rc" != 0 ]; then
 		echo "   failed (exit $rc): $(tail -n 3 "$outdir/$name.log")"
 		failed=$((failed + 1))
@@ -192,6 +198,36 @@ for size in ("4K", "64K", "1M"):
         print("%8s %6d %s %s %s %s %s %s" % (size, g, fmt(t["dfccl_stream"]), fmt(t["dfccl_callback"]),
                                              fmt(t["nccl"]), fmt(t["nccl_sym"]), ratio(t["dfccl_stream"], ref),
                                              ratio(t["dfccl_callback"], ref)))
+
+print()
+print("# the daemon kernel's counters over each dfccl run (both GPUs), per collective completed")
+keys = ("preemptions", "spins", "context_switches", "kernel_launches", "kernel_quits")
+
+
+def counters(name):
+    """Counter deltas over the run, summed over the devices; None without both snapshots."""
+    snaps = []
+    for k in ("stats0", "stats1"):
+        try:
+            with open(os.path.join(out, "%s.%s" % (name, k))) as f:
+                snaps.append(json.load(f))
+        except (OSError, ValueError):
+            return None
+    tot = lambda d, key: sum(int(x.get(key, 0)) for x in d.get("devices", []))
+    return {key: tot(snaps[1], key) - tot(snaps[0], key) for key in ("completed",) + keys}
+
+
+print("%-32s %10s %12s %12s %12s %12s %12s" % ("run", "completed", "preempt/c", "spins/c", "switch/c",
+                                               "launch/c", "quit/c"))
+names = sorted(f[:-len(".stats1")] for f in os.listdir(out) if f.endswith(".stats1"))
+for name in names:
+    if "dfccl" not in name:
+        continue
+    d = counters(name)
+    if not d or not d["completed"]:
+        continue
+    c = d["completed"]
+    print("%-32s %10d %s" % (name, c, " ".join("%12.2f" % (d[k] / c) for k in keys)))
 EOF
 	for f in "$outdir"/trace_*_summary.txt; do
 		[ -f "$f" ] || continue
