@@ -16,10 +16,12 @@
 # between the first and last rows): dfccl-perf all-reduce of float on
 # device buffers, callback and stream-ordered forms, -b CMP_MIN -e CMP_MAX
 # -f 8 (default 8 B to 1 MiB), on 2 ranks: GPUs 0,1 where there are two,
-# else both on GPU 0. CMP_ITERS changes -n (default 200). Every result is
-# checked. The table gives the out-of-place time per all-reduce in us; a
-# run that failed shows as "failed", its log stays in OUTDIR, and the
-# script exits 1 at the end. Without a GPU it says SKIPPED and exits 77.
+# else both on GPU 0. CMP_ITERS changes -n (default 200), CMP_TIMEOUT the
+# seconds a run may take (default 120). Every result is checked. The table
+# gives the out-of-place time per all-reduce in us; a run that failed, or
+# a variant whose daemon failed to start or stop, shows as "failed", its
+# logs (the daemon's too) stay in OUTDIR, the other variants still run, and
+# the script exits 1 at the end. Without a GPU it says SKIPPED and exits 77.
 set -u
 if [ $# -lt 3 ]; then
 	echo "usage: $0 BINDIR [OUTDIR] -- NAME=DFCCLD[:ARGS]..." >&2
@@ -50,22 +52,25 @@ gpu_setup compare-daemons
 [ -n "$outdir" ] || outdir=$(mktemp -d /tmp/compare-daemons-XXXXXX)
 mkdir -p "$outdir" || exit 1
 iters=${CMP_ITERS:-200}
+limit=${CMP_TIMEOUT:-120}
 min=${CMP_MIN:-8}
 max=${CMP_MAX:-1M}
 if [ "$ngpu" -ge 2 ]; then devices=0,1; else devices=0,0; fi
 
 failed=0
 order=()
+# run_variant LABEL SPEC: both forms against one daemon; non-zero where
+# anything failed. It runs in a subshell of its own (variant): gpu_lib's
+# fail exits, and must end only this variant.
 run_variant() {
-	local label=$1 spec=$2 exe extra mode rc
+	local label=$1 spec=$2 exe extra mode rc bad=0
 	exe=${spec%%:*}
 	extra=
 	[ "$exe" != "$spec" ] && extra=${spec#*:}
 	[ "$exe" = - ] && exe=$bin/dfccld
 	if [ ! -x "$exe" ]; then
 		echo "== $label: $exe is not an executable dfccld"
-		failed=$((failed + 1))
-		return
+		return 1
 	fi
 	echo "== $label: $exe $extra"
 	dfccld_bin=$exe
@@ -73,24 +78,36 @@ run_variant() {
 	start_daemon $extra
 	for mode in callback stream; do
 		rc=0
-		timeout -k 10 600 "$bin/dfccl-perf" allreduce --socket "$sock" --nranks 2 --devices "$devices" --mem device \
-			--mode "$mode" -b "$min" -e "$max" -f 8 -n "$iters" -w 20 --json \
+		timeout -k 10 "$limit" "$bin/dfccl-perf" allreduce --socket "$sock" --nranks 2 --devices "$devices" \
+			--mem device --mode "$mode" -b "$min" -e "$max" -f 8 -n "$iters" -w 20 --json \
 			>"$outdir/${label}_$mode.json" 2>"$outdir/${label}_$mode.log" || rc=$?
 		if [ "$rc" != 0 ]; then
 			echo "   $mode failed (exit $rc): $(tail -n 2 "$outdir/${label}_$mode.log")"
-			failed=$((failed + 1))
+			bad=1
 		fi
 	done
 	stop_daemon
+	return "$bad"
+}
+# variant LABEL SPEC: run_variant in a subshell, whose exit (gpu_lib's fail
+# included) kills a daemon it left running and keeps the daemon's log in
+# OUTDIR.
+variant() {
+	local rc=0
+	order+=("$1")
+	(
+		keep=$outdir/$1_dfccld.log
+		trap '[ -n "$daemon_pid" ] && kill -KILL "$daemon_pid" 2>/dev/null; cp "$tmp/dfccld.log" "$keep" 2>/dev/null; rm -f "$tmp/dfccld.log"' EXIT
+		run_variant "$1" "$2"
+	) || rc=$?
+	[ "$rc" = 0 ] || failed=$((failed + 1))
 }
 for v in "${variants[@]}"; do
-	order+=("${v%%=*}")
-	run_variant "${v%%=*}" "${v#*=}"
+	variant "${v%%=*}" "${v#*=}"
 done
 # The first again, as a check on drift.
 first=${variants[0]}
-order+=("${first%%=*}_again")
-run_variant "${first%%=*}_again" "${first#*=}"
+variant "${first%%=*}_again" "${first#*=}"
 
 {
 	echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(uname -n), GPUs $devices of $ngpu:" \
