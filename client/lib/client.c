@@ -932,6 +932,8 @@ dfcclResult_t client_attach(struct client *c, uint32_t device, struct qp **out)
 		rep.nfds = 0; /* qp_map took both descriptors */
 		if (r == dfcclSuccess) {
 			q->ordinal = c->map.by_bus_id ? c->map.ordinal_of[device] : (int)device;
+			if (c->info.engine == DFCCL__V1__ENGINE_KIND__ENGINE_CUDA)
+				q->spin_ns = QP_SPIN_GPU_NS;
 			/* Published whole: the reader thread heartbeats through it. */
 			__atomic_store_n(&c->qps[device], q, __ATOMIC_RELEASE);
 			*out = q;

@@ -9,10 +9,10 @@
  * engine_state) and they keep the compiler from caching or tearing those
  * words.
  *
- * Waiting spins briefly, because the engine answers a NOP in a few
- * microseconds when it is polling, and then sleeps with a doubling delay up
- * to QP_SLEEP_MAX_NS: CI machines have two cores and run eight ranks, so a
- * waiter that kept spinning would steal the very CPU the engine needs.
+ * Waiting spins for the queue pair's spin_ns (qp.h: briefly on the host
+ * engine, whose CPU a spinning waiter would steal, longer on a GPU's), then
+ * sleeps on the completion futex, or with a doubling delay up to
+ * QP_SLEEP_MAX_NS where there is no queue pair to sleep on.
  */
 #include "qp.h"
 
@@ -30,10 +30,8 @@
 #include "errors.h"
 #include "queue.h"
 
-#define QP_SPINS 256u               /* polls before the first sleep, at least */
-#define QP_SPIN_NS 50000ull         /* and for at least this long: a small collective on the daemon kernel
-                                     * completes within it, and the engine's wake-up of a sleeper costs
-                                     * more than the spin */
+#define QP_SPINS 256u               /* polls before the first sleep, at least, and for at least the
+                                     * queue pair's spin_ns (qp.h) */
 #define QP_SLEEP_MIN_NS 1000ull     /* first sleep: 1 us */
 #define QP_SLEEP_MAX_NS 1000000ull  /* longest sleep: 1 ms */
 
@@ -102,6 +100,8 @@ dfcclResult_t qp_map(int memfd, int doorbell, uint64_t region_size, uint32_t dev
 		goto fail;
 	}
 	q = calloc(1, sizeof(*q));
+	if (q)
+		q->spin_ns = QP_SPIN_NS;
 	if (q) {
 		q->tickets = calloc(h->sq_entries, sizeof(*q->tickets));
 		q->reaped = calloc(h->sq_entries, sizeof(*q->reaped));
@@ -236,7 +236,7 @@ void qp_backoff_pause(struct qp_backoff *b)
 		if (b->spins == QP_SPINS) {
 			uint64_t now = monotonic_ns();
 			if (!b->spin_until)
-				b->spin_until = now + QP_SPIN_NS;
+				b->spin_until = now + (b->q ? b->q->spin_ns : QP_SPIN_NS);
 			if (now < b->spin_until)
 				b->spins -= 32;
 		}

@@ -41,6 +41,19 @@ struct qp_ticket {
 	int abandoned;    /* atomic: given up by qp_abandon (never completes) */
 };
 
+/*
+ * How long a waiter spins before it sleeps (qp_backoff). A host engine needs
+ * the CPU that a spinning waiter would take (CI machines run eight ranks on
+ * two cores); the spin covers a small collective, and the engine wakes a
+ * sleeper right after it completes an entry. A GPU's daemon kernel needs no
+ * CPU of the clients, and its worker looks for completions to wake sleepers
+ * only every 20 us (CE_RUNNING_PAUSE_NS), after which the futex wake-up
+ * takes its own time: there a waiter spins up to a millisecond, as CUDA's
+ * own synchronisation spins by default where cores allow.
+ */
+#define QP_SPIN_NS 50000ull
+#define QP_SPIN_GPU_NS 1000000ull
+
 struct qp {
 	struct dfccl_qp_header *hdr;
 	struct dfccl_sqe *sq;
@@ -48,6 +61,7 @@ struct qp {
 	size_t size;       /* bytes mapped */
 	uint32_t entries;  /* n, a power of two */
 	uint32_t device;   /* the daemon's device index */
+	uint64_t spin_ns;  /* QP_SPIN_NS, or QP_SPIN_GPU_NS on the CUDA engine: set before anyone waits */
 	int ordinal;       /* the CUDA ordinal of that device in this process, for driver calls (-1: none) */
 	uint32_t qp_id;
 	int doorbell;      /* eventfd the engine sleeps on */
