@@ -12,7 +12,9 @@
 # Environment: DFCCL_GPU_QUICK=1 trims cuda_engine's sweeps and
 #        cuda_fault_suite's trials; DFCCLD=PATH runs that dfccld instead of
 #        BINDIR's (two builds of the daemon under the same tests); every
-#        script runs with NCCL_NVLS_ENABLE=0.
+#        script runs with NCCL_NVLS_ENABLE=0. A script that fails has the
+#        last RUN_ALL_TAIL lines of its log (default 40) printed after its
+#        summary line.
 set -uo pipefail
 bin=${1:?usage: run_all.sh BINDIR [LOGDIR] [SCRIPT...]}
 logdir=${2:-$(mktemp -d /tmp/dfccl-gpu-logs-XXXXXX)}
@@ -34,6 +36,8 @@ for s in "${scripts[@]}"; do
 	77) echo "$s: SKIPPED (${secs} s): $(grep -m1 SKIPPED "$logdir/$s.log")" ;;
 	*)
 		echo "$s: FAIL, exit $rc (${secs} s): $(grep -m1 'FAIL' "$logdir/$s.log")"
+		# The log's end here too: a GPU machine may keep nothing else.
+		tail -n "${RUN_ALL_TAIL:-40}" "$logdir/$s.log" | sed "s/^/   $s: /"
 		failed=1
 		;;
 	esac
