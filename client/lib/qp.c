@@ -236,7 +236,7 @@ void qp_backoff_pause(struct qp_backoff *b)
 		if (b->spins == QP_SPINS) {
 			uint64_t now = monotonic_ns();
 			if (!b->spin_until)
-				b->spin_until = now + (b->q ? b->q->spin_ns : QP_SPIN_NS);
+				b->spin_until = now + (b->spin_ns ? b->spin_ns : b->q ? b->q->spin_ns : QP_SPIN_NS);
 			if (now < b->spin_until)
 				b->spins -= 32;
 		}

@@ -170,10 +170,12 @@ struct qp_backoff {
 	struct qp *q;       /* the queue pair whose completions end the wait, or NULL */
 	uint32_t mark;      /* futex value seen before the caller's last check */
 	bool waiting;       /* counted in q's waiters */
+	uint64_t spin_ns;   /* how long to spin: 0, q's spin_ns (QP_SPIN_NS without q); a waiter on
+	                     * several queue pairs sets the longest of theirs */
 };
 
-#define QP_BACKOFF_INIT {0, 0, 0, NULL, 0, false}
-#define QP_BACKOFF_ON(qp) {0, 0, 0, (qp), 0, false}
+#define QP_BACKOFF_INIT {0, 0, 0, NULL, 0, false, 0}
+#define QP_BACKOFF_ON(qp) {0, 0, 0, (qp), 0, false, 0}
 
 void qp_backoff_pause(struct qp_backoff *b);
 

@@ -418,11 +418,15 @@ static void *poller_main(void *arg)
 		struct req *done = NULL;
 		uint64_t oldest;
 		uint64_t round = __atomic_add_fetch(&p->rounds_begun, 1, __ATOMIC_SEQ_CST);
+		uint64_t spin = 0; /* the longest spin of the queue pairs with entries left */
 		for (struct req_tracker *t = p->trackers; t; t = t->next) {
 			pthread_mutex_lock(&t->lock);
 			retired += tracker_scan_locked(t, true, &done, &oldest);
+			if (t->head && t->qp && t->qp->spin_ns > spin)
+				spin = t->qp->spin_ns;
 			pthread_mutex_unlock(&t->lock);
 		}
+		b.spin_ns = spin;
 		pthread_mutex_lock(&p->orphans.lock);
 		retired += tracker_scan_locked(&p->orphans, true, &done, &oldest);
 		pthread_mutex_unlock(&p->orphans.lock);
