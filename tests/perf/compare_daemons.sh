@@ -113,27 +113,17 @@ variant "${first%%=*}_again" "${first#*=}"
 	echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(uname -n), GPUs $devices of $ngpu:" \
 		"$(nvidia-smi --query-gpu=name --format=csv,noheader | sort -u | paste -sd/), -n $iters -w 20," \
 		"all-reduce of float, out of place, us per all-reduce"
-	python3 - "$outdir" "${order[@]}" <<'EOF'
-import json
-import os
+	PYTHONPATH=$perf_lib_dir python3 - "$outdir" "${order[@]}" <<'EOF'
 import sys
+
+import perf_json
 
 out, labels = sys.argv[1], sys.argv[2:]
 
 
 def load(name):
     """Out-of-place times by size; a size whose result was wrong maps to None."""
-    rows = {}
-    try:
-        with open(os.path.join(out, name + ".json")) as f:
-            for line in f:
-                if line.startswith("{"):
-                    d = json.loads(line)
-                    m = d.get("out_of_place") or {}
-                    rows[d["size"]] = None if m.get("wrong") else m.get("time_us")
-    except (OSError, ValueError):
-        pass
-    return rows
+    return perf_json.times(out, name) or {}
 
 
 for mode in ("callback", "stream"):

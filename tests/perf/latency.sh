@@ -102,27 +102,18 @@ fi
 	echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(uname -n), GPU 0 of $ngpu:" \
 		"$(nvidia-smi --query-gpu=name --format=csv,noheader | sort -u | paste -sd/), -n $iters -w 5," \
 		"out of place, us per all-reduce"
-	python3 - "$outdir" "$mps" <<'EOF'
-import json
+	PYTHONPATH=$perf_lib_dir python3 - "$outdir" "$mps" <<'EOF'
 import os
 import sys
+
+import perf_json
 
 out, mps = sys.argv[1], sys.argv[2] == "1"
 
 
 def load(name):
     """The run's out-of-place times by size; None when it did not run."""
-    path = os.path.join(out, name + ".json")
-    if not os.path.exists(path):
-        return None
-    rows = {}
-    with open(path) as f:
-        for line in f:
-            if line.startswith("{"):
-                d = json.loads(line)
-                m = d.get("out_of_place") or {}
-                rows[d["size"]] = None if m.get("wrong") else m.get("time_us")
-    return rows
+    return perf_json.times(out, name)
 
 
 def cell(rows, size):

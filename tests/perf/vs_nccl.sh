@@ -119,26 +119,19 @@ traced traced_stream --backend dfccl --mode stream --mem device
 		"$(nvidia-smi --query-gpu=name --format=csv,noheader | sort -u | paste -sd/), -n $iters -w $warmup," \
 		"NCCL_NVLS_ENABLE=$NCCL_NVLS_ENABLE," \
 		"CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-32, as libdfccl sets it for both backends}"
-	python3 - "$outdir" <<'EOF'
+	PYTHONPATH=$perf_lib_dir python3 - "$outdir" <<'EOF'
 import json
 import os
 import sys
+
+import perf_json
 
 out = sys.argv[1]
 
 
 def load(name):
     """The run's JSON objects by size; {} when it failed to start."""
-    rows = {}
-    try:
-        with open(os.path.join(out, name + ".json")) as f:
-            for line in f:
-                if line.startswith("{"):
-                    d = json.loads(line)
-                    rows[d["size"]] = d
-    except (OSError, ValueError):
-        pass
-    return rows
+    return perf_json.runs(out, name) or {}
 
 
 def time_of(rows, size):

@@ -1,0 +1,32 @@
+"""perf_json against files written here with known contents."""
+import os
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import perf_json  # noqa: E402
+
+
+def main():
+    with tempfile.TemporaryDirectory() as out:
+        with open(os.path.join(out, "ok.json"), "w") as f:
+            f.write("# a comment line\n")
+            f.write('{"size": 8, "out_of_place": {"time_us": 12.5, "wrong": 0}}\n')
+            f.write('{"size": 4096, "out_of_place": {"time_us": 20.25, "wrong": 2}}\n')
+        with open(os.path.join(out, "cut.json"), "w") as f:
+            f.write('{"size": 8, "out_of_place": {"time_us": 3.0, "wrong": 0}}\n')
+            f.write('{"size": 64, "out_of_pl')
+        assert perf_json.runs(out, "missing") is None
+        assert perf_json.times(out, "missing") is None
+        r = perf_json.runs(out, "ok")
+        assert sorted(r) == [8, 4096], r
+        assert r[8]["out_of_place"]["time_us"] == 12.5
+        t = perf_json.times(out, "ok")
+        assert t == {8: 12.5, 4096: None}, t
+        # A file that breaks off keeps what came before the break.
+        assert perf_json.times(out, "cut") == {8: 3.0}
+    print("OK: perf_json")
+
+
+if __name__ == "__main__":
+    main()
