@@ -100,9 +100,8 @@ dfcclResult_t qp_map(int memfd, int doorbell, uint64_t region_size, uint32_t dev
 		goto fail;
 	}
 	q = calloc(1, sizeof(*q));
-	if (q)
-		q->spin_ns = QP_SPIN_NS;
 	if (q) {
+		q->spin_ns = QP_SPIN_NS;
 		q->tickets = calloc(h->sq_entries, sizeof(*q->tickets));
 		q->reaped = calloc(h->sq_entries, sizeof(*q->reaped));
 	}

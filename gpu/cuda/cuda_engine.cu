@@ -893,7 +893,8 @@ static int ce_comm_peers(void *impl, uint64_t comm_id, const struct engine_peer_
 		if (b.magic != CE_PEER_MAGIC || b.device != peers[k].device || b.device == e->cfg.device ||
 		    b.bytes != DFCCL_COMM_SYNC_BYTES(nranks) || !theirs ||
 		    (b.conn_bytes && b.conn_bytes != CE_CONN_RANK_BYTES * theirs)) {
-			snprintf(err, errlen, "the blob of GPU %u for communicator %llu is not one of its protocol words",
+			snprintf(err, errlen, "the blob of GPU %u for communicator %llu does not describe its protocol words "
+			         "and connectors",
 			         peers[k].device, (unsigned long long)comm_id);
 			return -EINVAL;
 		}

@@ -77,6 +77,12 @@ __device__ __forceinline__ void st_rel_sys(uint64_t *p, uint64_t v)
 	asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
+/* A store other GPUs may read, ordered by an earlier fence or release. */
+__device__ __forceinline__ void st_rlx_sys(uint64_t *p, uint64_t v)
+{
+	asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
 __device__ __forceinline__ void st_rel_sys32(uint32_t *p, uint32_t v)
 {
 	asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
@@ -127,7 +133,7 @@ __device__ __forceinline__ uint64_t sync_load(const uint64_t *p)
 __device__ __forceinline__ void sync_to_peers(uint64_t *p, uint64_t v)
 {
 	for (uint32_t k = 0; k < vis.npeers; k++)
-		asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"((char *)p + vis.peer_off[k]), "l"(v) : "memory");
+		st_rlx_sys((uint64_t *)((char *)p + vis.peer_off[k]), v);
 }
 
 __device__ __forceinline__ void sync_store(uint64_t *p, uint64_t v)
@@ -135,7 +141,7 @@ __device__ __forceinline__ void sync_store(uint64_t *p, uint64_t v)
 	int64_t m = vis.mirror;
 	if (vis.npeers) {
 		asm volatile("fence.acq_rel.sys;" ::: "memory");
-		asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+		st_rlx_sys(p, v);
 		sync_to_peers(p, v);
 		*(volatile uint64_t *)((char *)p + m) = v;
 	} else if (m) {
@@ -255,7 +261,7 @@ template <> __device__ __forceinline__ double ld_cg(const double *p) { return __
 /*
  * 16-byte packs where every pointer allows it, single elements for the rest.
  * A thread keeps U packs of every source in flight before it combines them
- * (U * K accumulators, at most 32 registers): a peer's memory over NVLink
+ * (U * K accumulators, at most 16): a peer's memory over NVLink
  * answers in microseconds, and a block of a few hundred threads with one
  * load each in flight would move a few GB/s.
  */
@@ -532,9 +538,7 @@ __device__ void comm_fail(dk_comm *cm, uint32_t status)
 	uint64_t *own = &vload(&cm->sync)->aborted;
 	uint32_t np = vload(&cm->npeers);
 	for (uint32_t k = 0; k < np && k < DK_MAX_PEERS; k++)
-		asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"((char *)own + vload(&cm->peer_off[k])),
-		             "l"((uint64_t)status)
-		             : "memory");
+		st_rlx_sys((uint64_t *)((char *)own + vload(&cm->peer_off[k])), status);
 	uint64_t *w = &vload(&cm->hdr)->aborted;
 	if (ld_acq_sys(w) == 0)
 		st_rel_sys(w, status);
