@@ -104,6 +104,10 @@ static const struct setting settings[] = {
      "cuda engine under MPS (where a resident daemon kernel runs beside the trainers' kernels): microseconds it "
      "stays resident with nothing to do, so that a trainer whose compute between two collectives is shorter "
      "pays no relaunch"},
+    {"push-bytes", T_INT, F(push_bytes), 0, 65536, "65536", NULL,
+     "cuda engine: all-reduces up to this many bytes on one channel are pushed: each rank writes its data into "
+     "the other ranks' GPU memory and reduces what it received, one exchange with no reads across GPUs "
+     "(0: never; also bounded by 64 KiB / (ranks - 1))"},
     {"coll-timeout-ms", T_INT, F(coll_timeout_ms), 0, 86400000, "600000", NULL,
      "a collective some ranks submitted and others did not, or that made no progress, for this long fails "
      "with a timeout on every rank (0: never); a client's DFCCL_TIMEOUT_MS or config overrides it"},

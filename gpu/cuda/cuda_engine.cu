@@ -1164,6 +1164,7 @@ extern "C" int cuda_engine_ops_new(const struct engine_config *cfg, const struct
 	e->params.idle_ns = cfg->kernel_idle_ns;
 	e->params.visit_bytes = CE_VISIT_BYTES;
 	e->params.chan_bytes = CE_CHAN_BYTES;
+	e->params.push_bytes = cfg->push_bytes;
 	e->params.algo = cfg->algo;
 	e->params.max_inflight = sched_max_inflight(cfg->max_inflight);
 	e->params.max_inflight_uid = sched_max_inflight_uid(cfg->max_inflight_uid);

@@ -646,6 +646,25 @@ __device__ uint32_t channels_for(const dk_params &p, uint8_t opcode, uint64_t by
 }
 
 /*
+ * Whether an all-reduce is pushed: each rank copies its data into a
+ * region of every peer's connector, stores its channel word, and reduces
+ * its own connector's regions with its own data once every rank's word
+ * says so. One exchange between the ranks (the posts ride along: they are
+ * checked after it), no read of a peer's memory, and no wait for the peers
+ * to finish reading this rank's buffers, since none does. For small ones
+ * on one channel, where each peer's data fits its region of the slot's
+ * connector, and only where every rank's connector is mapped. Every rank
+ * decides alike: from the size, the channel count and conn_all, which are
+ * the same on every GPU of the communicator, and the daemon's setting.
+ */
+__device__ bool push_fits(const dk_params &p, uint8_t opcode, uint8_t algo, uint32_t nch, uint32_t n,
+                          uint64_t bytes, uint32_t conn_all)
+{
+	return opcode == DFCCL_OP_ALLREDUCE && algo == DFCCL_ALGO_DIRECT && nch == 1 && n >= 2 && conn_all &&
+	       bytes <= p.push_bytes && bytes <= dk_push_room(nch, n);
+}
+
+/*
  * Checks a copied entry against its communicator and the registrations,
  * and makes a task of it. Returns the status to complete it with at once
  * (DFCCL_CQ_OK with *task set: queued; DK_NO_TASK: no free task, retry).
@@ -730,8 +749,10 @@ __device__ uint32_t entry_accept(dk_ctx &c, uint32_t qi, dk_qp *q, const dfccl_s
 	 * kernel's rings and trees backs yet (`dfcclctl tune` makes one). */
 	t->algo = e->algo || c.p.algo ? algo_choose(&cm->topo, e->opcode, e->count, dsize, e->algo, (uint8_t)c.p.algo)
 	                              : (uint8_t)DFCCL_ALGO_DIRECT;
-	if (algo_uses_conn(e->opcode, t->algo) && !vload(&cm->conn_all))
+	uint32_t conn_all = vload(&cm->conn_all);
+	if (algo_uses_conn(e->opcode, t->algo) && !conn_all)
 		t->algo = DFCCL_ALGO_DIRECT;
+	t->push = push_fits(c.p, e->opcode, t->algo, t->nch, n, e->count * dsize, conn_all);
 	uint32_t first = sqe_is_p2p(e->opcode) ? (e->opcode == DFCCL_OP_SEND ? DK_BOX_FREE : DK_BOX_WANT) : DK_SLOT;
 	for (uint32_t ch = 0; ch < t->nch; ch++) {
 		t->ch[ch].step = ch == 0 ? first : DK_POSTS;
@@ -1280,6 +1301,65 @@ __device__ void algo_piece(const dk_task *t, uint32_t ch, dk_comm *cm, const alg
 	op.elems = max;
 }
 
+/* Where source rank `src` of a pushed all-reduce puts its data in rank
+ * `dst`'s connector, as this GPU maps it: region (src - dst - 1) mod n of
+ * the channel's share of the instance slot. */
+__device__ char *push_region(const dk_task *t, uint32_t ch, dk_comm *cm, uint32_t dst, uint32_t src)
+{
+	uint32_t n = vis.n;
+	return vload(&cm->conn[dst]) + (uint64_t)t->slot * DFCCL_COMM_CONN_BYTES +
+	       (uint64_t)ch * dk_conn_bytes(t->nch) + (uint64_t)((src + n - dst - 1) % n) * dk_push_room(t->nch, n);
+}
+
+/* This rank's own buffers (all a pushed all-reduce touches besides the
+ * connectors), into b's slots of its rank. */
+__device__ uint32_t bufs_own(dk_ctx &c, const dk_task *t, dk_comm *cm, dk_bufs *b)
+{
+	uint64_t bytes = t->count * t->dsize, session = vload(&cm->session[t->rank]);
+	uint32_t s;
+	b->send[t->rank] = resolve(c.st, t->send_reg, session, t->send_off, bytes, &s);
+	if (s == DFCCL_CQ_OK)
+		b->recv[t->rank] = resolve(c.st, t->recv_reg, session, t->recv_off, bytes, &s);
+	return s;
+}
+
+/*
+ * A piece of a pushed all-reduce's data steps. DK_PUSH: element pos of
+ * len * (n - 1), the channel's share copied into the other ranks'
+ * connectors, rank + 1 first. DK_WORK2: the reduction of the share from
+ * every rank, in rank order, this rank's from its send buffer and the
+ * others' from its own connector, into its receive buffer.
+ */
+__device__ uint64_t push_piece(const dk_task *t, uint32_t ch, dk_comm *cm, uint32_t step, const dk_bufs &b,
+                               uint64_t pos, uint64_t max, dk_op &op)
+{
+	uint32_t n = vis.n, r = t->rank, ds = t->dsize;
+	uint64_t lo, hi;
+	chan_range(t, ch, &lo, &hi);
+	uint64_t len = hi - lo, m = max;
+	op.dsize = ds;
+	op.dtype = t->dtype;
+	op.redop = t->redop;
+	op.div = n;
+	if (step == DK_PUSH) {
+		uint64_t j = pos / len, i = pos % len;
+		if (m > len - i)
+			m = len - i;
+		op.dst = push_region(t, ch, cm, (r + 1 + (uint32_t)j) % n, r) + i * ds;
+		op.src[0] = b.send[r] + (lo + i) * ds;
+		op.nsrc = 1;
+		op.reduce = 0;
+	} else {
+		op.dst = b.recv[r] + (lo + pos) * ds;
+		for (uint32_t k = 0; k < n; k++)
+			op.src[k] = k == r ? b.send[r] + (lo + pos) * ds : push_region(t, ch, cm, r, k) + pos * ds;
+		op.nsrc = n;
+		op.reduce = 1;
+	}
+	op.elems = m;
+	return m;
+}
+
 /* The wait of a channel's step: word(r) >= target for every rank r. */
 struct dk_cond {
 	const uint64_t *word;
@@ -1431,7 +1511,9 @@ __device__ void post_fields(volatile dfccl_rank_post *vp, const dk_task *t)
 	vp->progress = DFCCL_PROGRESS(t->key, 0);
 }
 
-/* Posts this rank's part of the instance (channel 0, thread 0). */
+/* Posts this rank's part of the instance (channel 0, thread 0). A pushed
+ * all-reduce publishes it with the release of its channel word, after its
+ * data: nobody waits for its key alone. */
 __device__ void post(const dk_task *t)
 {
 	dfccl_rank_post *p = &t->posts[t->rank];
@@ -1446,7 +1528,10 @@ __device__ void post(const dk_task *t)
 	for (uint32_t ch = 0; ch < t->nch; ch++)
 		sync_put(dfccl_comm_chan(vis.sync, vis.n, t->slot, t->rank, ch),
 		         DFCCL_PROGRESS(t->key, 0));
-	sync_store(&p->key, t->key);
+	if (t->push)
+		sync_put(&p->key, t->key);
+	else
+		sync_store(&p->key, t->key);
 }
 
 __device__ void box_fields(volatile dfccl_p2p_box *b, const dk_task *t)
@@ -1538,12 +1623,17 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 		switch (x->step) {
 		case DK_WORK1:
 		case DK_WORK2:
+		case DK_PUSH:
 		case DK_AWORK: {
 			algo_step as;
 			uint64_t total;
 			if (x->step == DK_AWORK) {
 				algo_step_get(&tg->alg[ch], x->astep, &as);
 				total = as.nsrc ? as.elems : 0;
+			} else if (t->push) {
+				uint64_t lo, hi;
+				chan_range(t, ch, &lo, &hi);
+				total = x->step == DK_PUSH ? (hi - lo) * (n - 1) : hi - lo;
 			} else {
 				total = work_total(t, ch, x->step, n, x->oneshot);
 			}
@@ -1553,7 +1643,7 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 					return A_RETURN;
 				}
 				dk_bufs b;
-				status = bufs_load(c, tg, cm, &b);
+				status = t->push ? bufs_own(c, t, cm, &b) : bufs_load(c, tg, cm, &b);
 				if (status != DFCCL_CQ_OK) {
 					comm_fail(cm, status);
 					tg->status = status;
@@ -1566,6 +1656,8 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 				if (x->step == DK_AWORK) {
 					algo_piece(t, ch, cm, as, b, x->pos, max, sh.op);
 					sh.npos = sh.op.elems;
+				} else if (t->push) {
+					sh.npos = push_piece(t, ch, cm, x->step, b, x->pos, max, sh.op);
 				} else {
 					sh.npos = work_piece(t, ch, x->step, n, x->oneshot, b, x->pos, max, sh.op);
 				}
@@ -1591,6 +1683,12 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 				x->step = DK_CHDONE;
 				continue;
 			}
+			if (x->step == DK_PUSH) {
+				/* Its data and its post, published to every rank. */
+				sync_store(dfccl_comm_chan(vis.sync, n, t->slot, t->rank, ch), DFCCL_PROGRESS(t->key, 1));
+				x->step = DK_SYNC1;
+				continue;
+			}
 			if (t->opcode == DFCCL_OP_ALLREDUCE && x->step == DK_WORK1 && !x->oneshot) {
 				sync_store(dfccl_comm_chan(vis.sync, n, t->slot, t->rank, ch), DFCCL_PROGRESS(t->key, 1));
 				x->step = DK_SYNC1;
@@ -1600,6 +1698,16 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 			continue;
 		}
 		case DK_CHDONE: {
+			if (t->push) {
+				/* One channel, and no rank reads another's buffers: done
+				 * once its own connector is read (`done` lets the peers
+				 * reuse the slot), and complete at once. */
+				if (tg->status == DFCCL_CQ_OK)
+					sync_store(&t->posts[t->rank].done, t->key);
+				complete(c, q, t->seq, tg->status);
+				sh.ret = R_FREE;
+				return A_RETURN;
+			}
 			/* The last channel of this rank to get here finishes the task;
 			 * its release of `done` covers the other channels' writes,
 			 * which the fence orders before their count. */
@@ -1654,7 +1762,7 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 		switch (x->step) {
 		case DK_SLOT:
 			post(t);
-			x->step = DK_POSTS;
+			x->step = t->push ? DK_PUSH : DK_POSTS;
 			break;
 		case DK_POSTS:
 		case DK_BOX_KEY: {
@@ -1684,7 +1792,19 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 			}
 			break;
 		}
-		case DK_SYNC1: x->step = DK_WORK2; break;
+		case DK_SYNC1:
+			if (t->push) {
+				/* Every rank's post came before its channel word. */
+				status = posts_take(tg, cm);
+				if (status != DFCCL_CQ_OK) {
+					comm_fail(cm, status);
+					tg->status = status;
+					x->step = DK_CHDONE;
+					break;
+				}
+			}
+			x->step = DK_WORK2;
+			break;
 		case DK_AWAIT: x->step = DK_AWORK; break;
 		case DK_BOX_FREE:
 			box_post(t);

@@ -143,6 +143,14 @@ static inline DFCCL_HD uint32_t dk_conn_bytes(uint32_t nch)
 	return DFCCL_COMM_CONN_BYTES / nch / 32u * 32u;
 }
 
+/* What one source of a pushed all-reduce may bring into a channel's
+ * share of a connector: the share is cut into n - 1 regions, one per
+ * other rank, on 16-byte boundaries. */
+static inline DFCCL_HD uint32_t dk_push_room(uint32_t nch, uint32_t n)
+{
+	return n > 1 ? dk_conn_bytes(nch) / (n - 1) / 16u * 16u : 0;
+}
+
 /* Steps of a channel of a task (see dkernel.cu). */
 enum dk_step {
 	DK_SLOT = 0,
@@ -158,6 +166,7 @@ enum dk_step {
 	DK_AWAIT,  /* ring and trees: the waits of algorithm step `astep` */
 	DK_AWORK,  /* ring and trees: its data */
 	DK_BOX_WANT, /* a receive: post `want` once the mailbox's previous message is acknowledged */
+	DK_PUSH,   /* a pushed all-reduce: this rank's data into every peer's connector (dkernel.cu) */
 	DK_LEFT,   /* this channel's part is over: not in its block's queue any more */
 };
 
@@ -205,7 +214,7 @@ struct dk_task {
 	uint8_t algo;       /* enum dfccl_algo, chosen when the entry was taken */
 	uint8_t reserved_part; /* 1: admitted from the reserve, 0: from the shared part (scheduler.h) */
 	uint8_t uid_slot;   /* its queue pair's uid_slot, charged while the task lives */
-	uint8_t reserved[1];
+	uint8_t push;       /* 1: a pushed all-reduce (push_fits, dkernel.cu) */
 	struct dfccl_rank_post *posts; /* collectives: the instance's posts, [rank] */
 	struct dfccl_p2p_box *box;     /* send/recv */
 	uint64_t reserved2;
@@ -305,7 +314,7 @@ struct dk_params {
 	struct dk_trace *trace;  /* device memory, or NULL: the blocks' event trace (DK_TRACE_ENV) */
 	uint32_t epoch;          /* this launch's number, never 0: what a task resolved or checked in
 	                          * this launch needs no new look (the tables change only while parked) */
-	uint32_t reserved;
+	uint32_t push_bytes;     /* all-reduces up to this size may be pushed (push_fits, dkernel.cu); 0: never */
 };
 
 /*

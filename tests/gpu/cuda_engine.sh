@@ -31,7 +31,9 @@
 #   - test_cuda_hostile: raw hostile submission entries, each rejected with
 #     its status, canaries around a registered device buffer intact, and
 #     registrations past the end of a cudaMalloc or VMM allocation refused;
-# then prints the daemon's counters. After the daemon stops, nccl_deadlock
+# then prints the daemon's counters. A daemon with pushed all-reduces off
+# (--push-bytes 0) runs the quick sweep again on the direct paths they
+# replace. After the daemon stops, nccl_deadlock
 # replays the deadlock pattern on NCCL, where it is expected to hang (not a
 # failure of this test). With nvidia-cuda-mps-control and root, the suite
 # runs again, quick, under a private MPS daemon. Any failure prints the
@@ -192,6 +194,16 @@ start_daemon "${daemon_args[@]}"
 ctl status
 [ "$(json "d['engine']" <"$tmp/status.json")" = "cuda" ] || fail "dfccld --engine cuda reports another engine"
 run_suite "" 200
+stop_daemon
+
+# Small all-reduces are pushed by default (push-bytes); without it they run
+# the direct one-shot and two-shot paths, which must stay right too.
+echo "== pushed all-reduces off (--push-bytes 0)"
+start_daemon "${daemon_args[@]}" --push-bytes 0
+step "collectives without pushed all-reduces: 2 ranks on GPUs $([ "$ngpu" -ge 2 ] && echo 0,1 || echo 0,0)" 300 \
+	"${coll[@]}" --quick --nranks 2 --gpus "$([ "$ngpu" -ge 2 ] && echo 0,1 || echo 0,0)"
+step "collectives without pushed all-reduces: 4 ranks sharing GPU 0" 300 "${coll[@]}" --quick --nranks 4 \
+	--gpus 0,0,0,0
 stop_daemon
 
 if [ "$ngpu" -ge 2 ]; then
