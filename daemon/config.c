@@ -89,7 +89,7 @@ static const struct setting settings[] = {
      "it, one user at a time; needs root), or auto (job under MPS, which serves one uid at a time, else daemon)"},
     {"spin-head", T_INT, F(spin_head), 1, 100000000, "20000", NULL,
      "polls a collective at the head of a device's task queue waits on a peer before it is preempted"},
-    {"spin-other", T_INT, F(spin_other), 1, 100000000, "200", NULL,
+    {"spin-other", T_INT, F(spin_other), 1, 100000000, "8", NULL,
      "polls any other collective waits on a peer before it is preempted"},
     {"stick-mult", T_INT, F(stick_mult), 1, 1000, "20", NULL,
      "after a collective progressed, its thresholds are multiplied by this (adaptive stickiness)"},
