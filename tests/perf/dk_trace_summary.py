@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where the daemon kernel's time goes, from its event trace.
 
-Usage: dk_trace_summary.py TRACE [--block B] [--top N] [--turnaround]
+Usage: dk_trace_summary.py TRACE [--block B] [--top N] [--turnaround] [--stalls US]
 
 TRACE is the file a CUDA worker writes when dfccld runs with
 DFCCL_DK_TRACE=TRACE (gpu/cuda/dkernel.h): one line per event of thread 0 of
@@ -18,6 +18,14 @@ With --turnaround it prints instead, over every block, the time from each
 completion to the queue reader's next take of an entry: with one collective
 at a time, the client's (or its stream's) reaction to a completion plus the
 reader's noticing of the next arm word.
+
+With --stalls US it prints instead every interval longer than US
+microseconds in which no block and not the reader recorded anything: the
+kernel was not running (it quit for being idle, or was parked), or the GPU
+ran another context (without MPS, a client's context with work queued takes
+time slices from the daemon kernel's), with their count, total and share of
+the trace's span. Every block of a running kernel records its loop every
+microsecond or so, so a gap of tens of microseconds is none of its own.
 """
 import bisect
 import argparse
@@ -88,6 +96,19 @@ def turnaround(path):
            us(max(deltas))))
 
 
+def stalls(path, min_us):
+    times = sorted(t for _, t, _, _ in records(path))
+    if len(times) < 2:
+        raise ValueError("fewer than two events")
+    gaps = [(a, b - a) for a, b in zip(times, times[1:]) if b - a > min_us * 1000]
+    span = times[-1] - times[0]
+    total = sum(g for _, g in gaps)
+    print("stalls over %s us: %d, total %s us of %s us traced (%.1f %%)" %
+          (min_us, len(gaps), us(total), us(span), 100.0 * total / span if span else 0.0))
+    for start, g in gaps:
+        print("  at %s us: %s us" % (us(start - times[0]), us(g)))
+
+
 def us(ns):
     return "%.2f" % (ns / 1000.0)
 
@@ -129,7 +150,15 @@ def main():
     ap.add_argument("--top", type=int, default=25, help="transitions to list (default 25)")
     ap.add_argument("--turnaround", action="store_true",
                     help="the time from each completion to the queue reader's next take instead")
+    ap.add_argument("--stalls", type=float, metavar="US",
+                    help="the intervals longer than US microseconds with no event of any block instead")
     args = ap.parse_args()
+    if args.stalls is not None:
+        try:
+            stalls(args.trace, args.stalls)
+        except (OSError, ValueError) as e:
+            sys.exit("dk_trace_summary: cannot read %s: %s" % (args.trace, e))
+        return
     if args.turnaround:
         try:
             turnaround(args.trace)

@@ -39,7 +39,8 @@ prims_print() {
 # function (NAME ARGS...), on a daemon of its own started with
 # DFCCL_DK_TRACE (trace_NAME.txt for GPU 0, trace_NAME.txt.gpuN for the
 # others); each GPU's trace is summarised by dk_trace_summary.py (block 0,
-# then --turnaround) into trace_NAME_gpuN_summary.txt in $outdir.
+# then --turnaround, then --stalls 50) into trace_NAME_gpuN_summary.txt in
+# $outdir.
 traced() {
 	local name=$1 g f sum
 	shift
@@ -53,7 +54,8 @@ traced() {
 		[ -f "$f" ] || continue
 		sum=$outdir/trace_${name}_gpu${g}_summary.txt
 		{ python3 "$perf_lib_dir/dk_trace_summary.py" "$f" &&
-			python3 "$perf_lib_dir/dk_trace_summary.py" "$f" --turnaround; } >"$sum" 2>&1 ||
+			python3 "$perf_lib_dir/dk_trace_summary.py" "$f" --turnaround &&
+			python3 "$perf_lib_dir/dk_trace_summary.py" "$f" --stalls 50; } >"$sum" 2>&1 ||
 			echo "== the trace of $name on GPU $g could not be summarised: $(tail -n 1 "$sum")"
 	done
 }

@@ -75,6 +75,19 @@ def main():
         expect(out, "completion to the next entry taken: 2, median %.2f us, mean %.2f us, min %.2f us, "
                "max %.2f us" % (sum(t) / 2e3, sum(t) / 2e3, min(t) / 1e3, max(t) / 1e3))
 
+        # Stalls: the gaps between any two events, of every block, over
+        # 6.5 us. By construction: 13 -> 20 us (7 us, block 0 between its
+        # first two collectives, the reader done) and 37 -> 45 us (8 us).
+        times = sorted(int(l.split()[1]) for l in trace_lines() if not l.startswith("#"))
+        gaps = [(a, b - a) for a, b in zip(times, times[1:]) if b - a > 6500]
+        assert gaps == [(13000, 7000), (37000, 8000)], gaps
+        span = times[-1] - times[0]
+        out = run(path, "--stalls", "6.5")
+        expect(out, "stalls over 6.5 us: 2, total 15.00 us of %.2f us traced (%.1f %%)" %
+               (span / 1e3, 100.0 * 15000 / span))
+        expect(out, "  at 13.00 us: 7.00 us\n  at 37.00 us: 8.00 us\n")
+        expect(run(path, "--stalls", "8"), "stalls over 8.0 us: 0, total 0.00 us")
+
         # The reader's block is read from the header, not assumed.
         with open(path) as f:
             body = f.read().replace("block %d: the queue reader" % READER, "block 3: the queue reader")

@@ -16,6 +16,11 @@
 # socket, as the GPU tests do (tests/gpu/gpu_lib.sh). The two ranks run on
 # GPUs 0 and 1, or the two that VS_NCCL_GPUS names ("2,3");
 # VS_NCCL_ITERS and VS_NCCL_WARMUP change -n and -w (default 20 and 5).
+# VS_NCCL_MPS=1 runs both libraries' runs under a private MPS daemon (root
+# and nvidia-cuda-mps-control, else SKIPPED): without MPS a client's
+# context with stream work queued takes time slices from the daemon
+# kernel's on the same GPU (the traces' stalls show it), as a trainer's
+# would in production, where MPS is the deployment for the stream form.
 #
 # What runs (2 ranks, float sum, every result checked):
 #   - the sweep, -b 8 -e 1G -f 2: dfccl (--mode stream --mem device, and
@@ -67,6 +72,15 @@ if ! timeout -k 10 300 "$bin/dfccl-perf" allreduce --backend nccl --devices "$gp
 fi
 
 prims
+mps=
+if [ -n "${VS_NCCL_MPS:-}" ]; then
+	if ! mps_usable; then
+		echo "SKIPPED: VS_NCCL_MPS asks for MPS, which needs root and nvidia-cuda-mps-control"
+		exit 77
+	fi
+	mps_start
+	mps=", under MPS"
+fi
 # shellcheck disable=SC2119 # the daemon with its defaults: every GPU
 start_daemon
 
@@ -113,12 +127,13 @@ stop_daemon
 # Traced runs (perf_lib.sh), summarised per GPU after the tables.
 traced traced_callback --backend dfccl --mode callback --mem device
 traced traced_stream --backend dfccl --mode stream --mem device
+[ -z "$mps" ] || mps_stop
 
 {
 	echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(uname -n), GPUs $gpus of $ngpu:" \
 		"$(nvidia-smi --query-gpu=name --format=csv,noheader | sort -u | paste -sd/), -n $iters -w $warmup," \
 		"NCCL_NVLS_ENABLE=$NCCL_NVLS_ENABLE," \
-		"CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-32, as libdfccl sets it for both backends}"
+		"CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-32, as libdfccl sets it for both backends}$mps"
 	PYTHONPATH=$perf_lib_dir python3 - "$outdir" <<'EOF'
 import json
 import os
