@@ -80,12 +80,13 @@ ctl() { timeout 30 "$bin/dfcclctl" --socket "$sock" "$@"; }
 json() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
 
 step() {
-	local name=$1 limit=$2 rc=0
+	local name=$1 limit=$2 rc=0 start=$SECONDS
 	shift 2
 	echo "== $name"
 	timeout -k 10 "$limit" "$@" || rc=$?
 	[ "$rc" = 124 ] || [ "$rc" = 137 ] && fail "$name: still running after $limit s"
 	[ "$rc" = 0 ] || fail "$name: exit status $rc"
+	echo "   ($((SECONDS - start)) s)"
 }
 
 start_daemon() {
