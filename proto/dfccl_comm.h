@@ -27,7 +27,10 @@
  *      whose results it needs;
  *   4. stores `done` = key, waits until every rank's `done` >= key (nobody
  *      reads its buffers any more), and only then completes the entry to its
- *      client.
+ *      client. (The daemon kernel's pushed all-reduce, whose ranks read
+ *      only their own connectors, completes right after storing `done`;
+ *      it posts root = 1, so ranks that disagree about pushing fail with a
+ *      mismatch. gpu/cuda/dkernel.cu.)
  * Every wait is a bounded spin followed by preemption (DFCCL, section 4):
  * the task keeps its phase and position, and resumes where it stopped.
  *

@@ -27,7 +27,15 @@
  *   -> CHDONE (the last channel of the rank to get here stores `done`) ->
  *   FINISH (that channel waits until every rank is done, then completes).
  * Send and receive run on one channel through the pair's mailbox, as on
- * the host engine.
+ * the host engine. A pushed all-reduce (small, one channel, push_fits)
+ * runs SLOT -> PUSH (its data into every peer's connector, then its
+ * channel word) -> SYNC1 (every rank's word; then the posts are checked)
+ * -> WORK2 (the reduction from its own connector) -> CHDONE (`done`, and
+ * it completes at once: no rank reads another's buffers, so there is no
+ * FINISH). Its ranks may therefore complete with different statuses: one
+ * that finished before a peer failed (a peer's client gone, its buffer
+ * deregistered) completes with its correct result, the peer with the
+ * error, and the communicator is aborted either way.
  *
  * Algorithms, chosen per entry by the entry's hint (DFCCL_ALGO) or the
  * `algo` setting, with the communicator's plan for its rings and trees
@@ -1030,6 +1038,15 @@ __device__ uint32_t shape_of(const dk_task *t)
 	return DFCCL_POST_SHAPE(t->opcode, t->dtype, t->redop, t->algo | (uint32_t)t->nch << 3);
 }
 
+/* The post's root: a rooted collective's root; for the others whether the
+ * all-reduce is pushed, which rests on settings no entry carries, so that
+ * ranks that decide differently fail with DFCCL_CQ_MISMATCH instead of
+ * reducing what was never pushed. */
+__device__ __forceinline__ uint32_t post_root(const dk_task *t)
+{
+	return sqe_has_root(t->opcode) ? t->peer : t->push;
+}
+
 /* Copies and checks what the peers posted for the instance (the sender's
  * mailbox for a receive), once, when they all have. */
 __device__ uint32_t posts_take(dk_task *t, dk_comm *cm)
@@ -1043,7 +1060,7 @@ __device__ uint32_t posts_take(dk_task *t, dk_comm *cm)
 		return DFCCL_CQ_OK;
 	}
 	uint32_t shape = shape_of(t);
-	uint32_t root = sqe_has_root(t->opcode) ? t->peer : 0;
+	uint32_t root = post_root(t);
 	uint32_t n = vis.n;
 	for (uint32_t r = 0; r < n; r++) {
 		/* The whole post (one cache line) in four independent loads, so
@@ -1385,7 +1402,8 @@ __device__ dk_cond cond_of(const dk_task *t, uint32_t ch, uint32_t step)
 	case DK_BOX_FREE:
 	case DK_BOX_WANT: w.word = &t->box->ack, w.n = 1, w.target = t->slot_free; break;
 	case DK_BOX_ACK: w.word = &t->box->ack, w.n = 1, w.target = t->key; break;
-	default: /* DK_BOX_KEY */ w.word = &t->box->key, w.n = 1, w.target = t->key; break;
+	case DK_BOX_KEY: w.word = &t->box->key, w.n = 1, w.target = t->key; break;
+	default: w.n = 0; break; /* no wait (data steps never get here) */
 	}
 	return w;
 }
@@ -1507,13 +1525,15 @@ __device__ void post_fields(volatile dfccl_rank_post *vp, const dk_task *t)
 	vp->send_reg = t->send_reg;
 	vp->recv_reg = t->recv_reg;
 	vp->shape = shape_of(t);
-	vp->root = sqe_has_root(t->opcode) ? t->peer : 0;
+	vp->root = post_root(t);
 	vp->progress = DFCCL_PROGRESS(t->key, 0);
 }
 
-/* Posts this rank's part of the instance (channel 0, thread 0). A pushed
- * all-reduce publishes it with the release of its channel word, after its
- * data: nobody waits for its key alone. */
+/* Posts this rank's part of the instance (channel 0, thread 0). The key
+ * is released after the fields even for a pushed all-reduce, whose peers
+ * read the post only after its channel word: a peer that disagrees about
+ * the collective waits on the key alone (DK_POSTS), as does the
+ * supervisor's watch, and must see this instance's fields with it. */
 __device__ void post(const dk_task *t)
 {
 	dfccl_rank_post *p = &t->posts[t->rank];
@@ -1528,10 +1548,7 @@ __device__ void post(const dk_task *t)
 	for (uint32_t ch = 0; ch < t->nch; ch++)
 		sync_put(dfccl_comm_chan(vis.sync, vis.n, t->slot, t->rank, ch),
 		         DFCCL_PROGRESS(t->key, 0));
-	if (t->push)
-		sync_put(&p->key, t->key);
-	else
-		sync_store(&p->key, t->key);
+	sync_store(&p->key, t->key);
 }
 
 __device__ void box_fields(volatile dfccl_p2p_box *b, const dk_task *t)
