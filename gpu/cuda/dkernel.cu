@@ -1204,6 +1204,16 @@ __device__ uint64_t work_total(const dk_task *t, uint32_t ch, uint32_t step, uin
 	}
 }
 
+/* What every piece of a task's data has in common: its element type and
+ * reduction (avg divides by n). */
+__device__ __forceinline__ void op_of(const dk_task *t, uint32_t n, dk_op &op)
+{
+	op.dsize = t->dsize;
+	op.dtype = t->dtype;
+	op.redop = t->redop;
+	op.div = n;
+}
+
 /*
  * Describes the next piece of a channel's data step, from element `pos` of
  * the step, at most `max` elements, into op. Returns the elements it covers
@@ -1216,10 +1226,7 @@ __device__ uint64_t work_piece(const dk_task *t, uint32_t ch, uint32_t step, uin
 	uint64_t lo, hi;
 	chan_range(t, ch, &lo, &hi);
 	uint64_t len = hi - lo, m = max;
-	op.dsize = ds;
-	op.dtype = t->dtype;
-	op.redop = t->redop;
-	op.div = n;
+	op_of(t, n, op);
 	op.reduce = 0;
 	op.nsrc = 1;
 	switch (t->opcode) {
@@ -1354,10 +1361,7 @@ __device__ uint64_t push_piece(const dk_task *t, uint32_t ch, dk_comm *cm, uint3
 	uint64_t lo, hi;
 	chan_range(t, ch, &lo, &hi);
 	uint64_t len = hi - lo, m = max;
-	op.dsize = ds;
-	op.dtype = t->dtype;
-	op.redop = t->redop;
-	op.div = n;
+	op_of(t, n, op);
 	if (step == DK_PUSH) {
 		uint64_t j = pos / len, i = pos % len;
 		if (m > len - i)
