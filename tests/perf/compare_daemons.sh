@@ -17,7 +17,9 @@
 # device buffers, callback and stream-ordered forms, -b CMP_MIN -e CMP_MAX
 # -f 8 (default 8 B to 1 MiB), on 2 ranks: GPUs 0,1 where there are two,
 # else both on GPU 0. CMP_ITERS changes -n (default 200), CMP_TIMEOUT the
-# seconds a run may take (default 120). Every result is checked. The table
+# seconds a run may take (default 120), CMP_ARGS adds dfccl-perf options
+# (e.g. "--batch 150 --group 1" for batches of 150 in one group; a batch's
+# figure is per all-reduce). Every result is checked. The table
 # gives the out-of-place time per all-reduce in us; a run that failed, or
 # a variant whose daemon failed to start or stop, shows as "failed", its
 # logs (the daemon's too) stay in OUTDIR, the other variants still run, and
@@ -63,7 +65,7 @@ order=()
 # anything failed. It runs in a subshell of its own (variant): gpu_lib's
 # fail exits, and must end only this variant.
 run_variant() {
-	local label=$1 spec=$2 exe extra mode rc bad=0
+	local label=$1 spec=$2 exe extra mode rc bad=0 more=()
 	exe=${spec%%:*}
 	extra=
 	[ "$exe" != "$spec" ] && extra=${spec#*:}
@@ -76,10 +78,12 @@ run_variant() {
 	dfccld_bin=$exe
 	# shellcheck disable=SC2086 # $extra is the variant's settings, split on spaces
 	start_daemon $extra
+	# shellcheck disable=SC2206 # CMP_ARGS is dfccl-perf options, split on spaces
+	[ -z "${CMP_ARGS:-}" ] || more=($CMP_ARGS)
 	for mode in callback stream; do
 		rc=0
 		timeout -k 10 "$limit" "$bin/dfccl-perf" allreduce --socket "$sock" --nranks 2 --devices "$devices" \
-			--mem device --mode "$mode" -b "$min" -e "$max" -f 8 -n "$iters" -w 20 --json \
+			--mem device --mode "$mode" -b "$min" -e "$max" -f 8 -n "$iters" -w 20 --json "${more[@]}" \
 			>"$outdir/${label}_$mode.json" 2>"$outdir/${label}_$mode.log" || rc=$?
 		if [ "$rc" != 0 ]; then
 			echo "   $mode failed (exit $rc): $(tail -n 2 "$outdir/${label}_$mode.log")"
@@ -112,7 +116,7 @@ variant "${first%%=*}_again" "${first#*=}"
 {
 	echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(uname -n), GPUs $devices of $ngpu:" \
 		"$(nvidia-smi --query-gpu=name --format=csv,noheader | sort -u | paste -sd/), -n $iters -w 20," \
-		"all-reduce of float, out of place, us per all-reduce"
+		"all-reduce of float, out of place, us per all-reduce${CMP_ARGS:+, dfccl-perf $CMP_ARGS}"
 	PYTHONPATH=$perf_lib_dir python3 - "$outdir" "${order[@]}" <<'EOF'
 import sys
 
