@@ -663,7 +663,9 @@ __device__ uint32_t channels_for(const dk_params &p, uint8_t opcode, uint64_t by
  * on one channel, where each peer's data fits its region of the slot's
  * connector, and only where every rank's connector is mapped. Every rank
  * decides alike: from the size, the channel count and conn_all, which are
- * the same on every GPU of the communicator, and the daemon's setting.
+ * the same on every GPU of the communicator, and the daemon's setting; the
+ * decision is posted too (post_root), so ranks that decide otherwise fail
+ * with a mismatch.
  */
 __device__ bool push_fits(const dk_params &p, uint8_t opcode, uint8_t algo, uint32_t nch, uint32_t n,
                           uint64_t bytes, uint32_t conn_all)
