@@ -32,6 +32,10 @@
  * collective added (bench.h). --compute-only US runs that kernel alone in
  * this one process, no daemon and no collective: the bystander of
  * tests/perf/overlap.sh, timed alone and beside a dfccl job on its GPU.
+ * --queue-only times the daemon's queue without a collective: a NOP entry
+ * submitted and waited for, one at a time, in this one process -- the
+ * floor under every collective of the callback form (the client's write,
+ * the engine's take and completion, the client's sight of it).
  *
  * Everything that decides whether the run can happen (options, the NCCL
  * library, CUDA in this build, the GPUs) is settled in the parent before
@@ -51,6 +55,7 @@
 #include "compute.h"
 #include "compute_kernel.h"
 #include "dfccl.h"
+#include "dfccl_internal.h"
 #include "dfccl_queue.h"
 #include "membuf.h"
 #include "nccl_lib.h"
@@ -59,6 +64,7 @@
 static const char usage[] =
     "Usage: dfccl-perf COLLECTIVE [OPTIONS]\n"
     "       dfccl-perf --compute-only US [-n N] [-w N] [--devices D] [--compute-rounds R] [--json]\n"
+    "       dfccl-perf --queue-only [-n N] [-w N] [--devices D] [--json] [--socket PATH]\n"
     "COLLECTIVE: allreduce allgather reducescatter broadcast reduce sendrecv alltoall\n"
     "Measures dfccl collectives the way nccl-tests does: one line per size with\n"
     "size, count, type, redop, root, time, algbw, busbw and #wrong, out of place\n"
@@ -118,6 +124,11 @@ static const char usage[] =
     "      --compute-only US  no collective and no daemon: the compute kernel alone, -n times\n"
     "                         after -w untimed, on the first of --devices (default GPU 0); prints\n"
     "                         its time per iteration and checks its result\n"
+    "      --queue-only       no collective: a NOP entry submitted to the daemon and waited for,\n"
+    "                         one at a time, -n times after -w untimed, on the first of --devices\n"
+    "                         (the daemon's device index, default 0); prints the round trip's\n"
+    "                         median, mean, min, 99th percentile and max: the queue's own cost\n"
+    "                         under every collective of the callback form\n"
     "      --compute-rounds R the kernel's rounds per launch (its length) instead of calibrating\n"
     "                         them to US on the GPU as it is: a second run given the first's R\n"
     "                         does exactly the same work\n"
@@ -135,6 +146,7 @@ static const char usage[] =
 struct perf {
 	struct bench_spec spec;
 	long compute_only_us; /* --compute-only */
+	bool queue_only;      /* --queue-only */
 	bool json;
 	int version;      /* the backend library's version code */
 	char library[80]; /* "dfccl 0.1.0", "NCCL 2.28.9" */
@@ -327,6 +339,56 @@ out:
 	return rc;
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return x < y ? -1 : x > y;
+}
+
+/*
+ * --queue-only: -w untimed and -n timed NOP entries on one device, each
+ * submitted and waited for alone, timed on the host clock. No fork follows.
+ */
+static int perf_queue_only(const struct perf *p)
+{
+	const struct bench_spec *s = &p->spec;
+	int dev = tool_rank_device(&s->devices, 0, 1);
+	double *us = calloc((size_t)s->iters, sizeof(*us));
+	if (!us) {
+		fprintf(stderr, "dfccl-perf: out of memory\n");
+		return TOOL_EXIT_FAIL;
+	}
+	for (long i = -s->warmup; i < s->iters; i++) {
+		double t0 = tool_now();
+		dfcclResult_t r = dfcclInternalNop(dev);
+		if (r != dfcclSuccess) {
+			fprintf(stderr, "dfccl-perf: --queue-only on device %d: %s: %s\n", dev, dfcclGetErrorString(r),
+			        dfcclGetLastError(NULL));
+			free(us);
+			return TOOL_EXIT_FAIL;
+		}
+		if (i >= 0)
+			us[i] = (tool_now() - t0) * 1e6;
+	}
+	double sum = 0;
+	for (long i = 0; i < s->iters; i++)
+		sum += us[i];
+	qsort(us, (size_t)s->iters, sizeof(*us), cmp_double);
+	long n = s->iters;
+	double median = n % 2 ? us[n / 2] : (us[n / 2 - 1] + us[n / 2]) / 2;
+	double p99 = us[n * 99 / 100]; /* n * 99 / 100 < n for every n >= 1 */
+	if (p->json)
+		printf("{\"mode\": \"queue-only\", \"device\": %d, \"warmup\": %ld, \"iters\": %ld, \"median_us\": %.3f, "
+		       "\"mean_us\": %.3f, \"min_us\": %.3f, \"p99_us\": %.3f, \"max_us\": %.3f}\n",
+		       dev, s->warmup, n, median, sum / (double)n, us[0], p99, us[n - 1]);
+	else
+		printf("# dfccl-perf queue-only: device %d, a NOP entry submitted and waited for, %ld warmup and %ld timed\n"
+		       "# round trip (us): median %.2f, mean %.2f, min %.2f, p99 %.2f, max %.2f\n",
+		       dev, s->warmup, n, median, sum / (double)n, us[0], p99, us[n - 1]);
+	free(us);
+	return 0;
+}
+
 static int usage_error(const char *what, const char *arg)
 {
 	fprintf(stderr, "dfccl-perf: %s '%s' (see dfccl-perf --help)\n", what, arg);
@@ -353,6 +415,7 @@ struct perf_ask {
 	bool mem_given;        /* --mem */
 	const char *nccl_path; /* --nccl-lib, or NULL */
 	int other_opt;         /* the last option given that --compute-only does not take */
+	int other_queue_opt;   /* the last option given that --queue-only does not take */
 };
 
 /* The buffers by backend: NCCL's defaults, and the kinds each takes. */
@@ -512,7 +575,7 @@ static const struct option perf_opts[] = {
     {"mode", required_argument, NULL, 'm'},    {"group", required_argument, NULL, 'G'},
     {"nccl-symmetric", no_argument, NULL, 'Y'}, {"nccl-lib", required_argument, NULL, 'L'},
     {"overlap", required_argument, NULL, 'O'}, {"compute-only", required_argument, NULL, 'C'},
-    {"compute-rounds", required_argument, NULL, 'R'},
+    {"compute-rounds", required_argument, NULL, 'R'}, {"queue-only", no_argument, NULL, 'Q'},
     {NULL, 0, NULL, 0},
 };
 
@@ -520,6 +583,8 @@ static const struct option perf_opts[] = {
  * and --socket, which it does not need (no daemon) but scripts that pass it
  * to every dfccl-perf may give. */
 static const char compute_only_opts[] = "CRnwDjS";
+/* The options --queue-only takes. */
+static const char queue_only_opts[] = "QnwDjS";
 
 /* "--NAME" of an option of perf_opts, by its value. */
 static const char *perf_opt_name(int opt, char *buf, size_t size)
@@ -547,6 +612,19 @@ static int perf_compute_only_main(const struct perf *p, const struct perf_ask *a
 	return perf_compute_only(p);
 }
 
+/* --queue-only: what it cannot take is refused, then it runs. */
+static int perf_queue_only_main(const struct perf *p, const struct perf_ask *a, int argc, char **argv)
+{
+	char name[40];
+	if (a->other_queue_opt)
+		return refuse("--queue-only times the daemon's queue alone; it takes -n, -w, --devices, --json and --socket, "
+		              "not %s",
+		              perf_opt_name(a->other_queue_opt, name, sizeof(name)));
+	if (optind < argc)
+		return usage_error("--queue-only runs no collective; unexpected argument", argv[optind]);
+	return perf_queue_only(p);
+}
+
 int main(int argc, char **argv)
 {
 	struct perf p = {.spec = {.name = "dfccl-perf", .dtype = dfcclFloat32, .op = dfcclSum, .nranks = 2, .batch = 1,
@@ -563,6 +641,8 @@ int main(int argc, char **argv)
 	while ((opt = getopt_long(argc, argv, "b:e:f:n:w:c:hV", perf_opts, NULL)) != -1) {
 		if (!strchr(compute_only_opts, opt))
 			ask.other_opt = opt;
+		if (!strchr(queue_only_opts, opt))
+			ask.other_queue_opt = opt;
 		switch (opt) {
 		case 'b':
 		case 'e':
@@ -644,6 +724,7 @@ int main(int argc, char **argv)
 				return usage_error("--compute-only takes the compute kernel's microseconds, 1 to 1000000, not",
 				                   optarg);
 			break;
+		case 'Q': p.queue_only = true; break;
 		case 'R':
 			if (!tool_parse_long(optarg, 1, COMPUTE_MAX_ROUNDS, &s->compute_rounds))
 				return usage_error("--compute-rounds takes 1 to 2147483648 rounds, not", optarg);
@@ -651,8 +732,12 @@ int main(int argc, char **argv)
 		default: return usage_error("unknown option", argv[optind - 1]);
 		}
 	}
+	if (p.compute_only_us > 0 && p.queue_only)
+		return refuse("--compute-only and --queue-only are two separate runs: give one of them");
 	if (p.compute_only_us > 0)
 		return perf_compute_only_main(&p, &ask, argc, argv);
+	if (p.queue_only)
+		return perf_queue_only_main(&p, &ask, argc, argv);
 	if (optind >= argc)
 		return usage_error("no collective given; one of allreduce allgather reducescatter broadcast reduce "
 		                   "sendrecv alltoall", "");

@@ -447,7 +447,9 @@ static void test_tools_memory(void **state)
  * runs with correct results. --overlap and --compute-only refuse bad
  * lengths, host buffers, the callback form and options that do not apply,
  * and, without CUDA, say the build has none; with CUDA, --compute-only
- * finds no GPU or runs its kernel with a correct result. On dfccl (the
+ * finds no GPU or runs its kernel with a correct result. --queue-only
+ * refuses what does not apply, times NOP entries on the host engine, and
+ * names a device the daemon does not have. On dfccl (the
  * host engine), host buffers default to the callback form, ungrouped and
  * grouped batches complete with correct results, and the header and the
  * JSON say backend, library version, mode, symmetric, batch and group.
@@ -525,6 +527,12 @@ static void test_perf_backends(void **state)
 	      "--json, not --nranks"}},
 	    {{"--compute-only", "100", "allreduce"}, usage,
 	     {"--compute-only runs no collective; unexpected argument 'allreduce'"}},
+	    {{"--queue-only", "--nranks", "2"}, usage,
+	     {"--queue-only times the daemon's queue alone; it takes -n, -w, --devices, --json and --socket, not "
+	      "--nranks"}},
+	    {{"--queue-only", "allreduce"}, usage, {"--queue-only runs no collective; unexpected argument 'allreduce'"}},
+	    {{"--queue-only", "--compute-only", "100"}, usage,
+	     {"--compute-only and --queue-only are two separate runs: give one of them"}},
 #ifndef DFCCL_TOOLS_HAVE_CUDA
 	    {{"allreduce", "--overlap", "100"}, usage,
 	     {"--overlap: the compute kernel runs on a GPU, and this build has no CUDA"}},
@@ -589,6 +597,15 @@ static void test_perf_backends(void **state)
 	snprintf(json, sizeof(json), "{\"collective\": \"reducescatter\", \"backend\": \"dfccl\", \"library\": "
 	         "\"dfccl %d.%d.%d\", \"version\": %d, ", DFCCL_MAJOR, DFCCL_MINOR, DFCCL_PATCH, DFCCL_VERSION_CODE);
 	const struct perf_expect ran[] = {
+	    /* The queue alone: NOP entries on the host engine's device 0, and
+	     * a device the daemon does not have. */
+	    {{"--queue-only", "-n", "50", "--devices", "0"}, 0,
+	     {"# dfccl-perf queue-only: device 0, a NOP entry submitted and waited for, 5 warmup and 50 timed",
+	      "# round trip (us): median "}},
+	    {{"--queue-only", "--json", "--devices", "0"}, 0,
+	     {"{\"mode\": \"queue-only\", \"device\": 0, \"warmup\": 5, \"iters\": 20, \"median_us\": "}},
+	    {{"--queue-only", "-n", "5", "--devices", "60"}, TOOL_EXIT_FAIL,
+	     {"--queue-only on device 60: invalid argument: device 60 does not exist"}},
 	    {{"allreduce", "-b", "1K", "-e", "4K", "-n", "3", "--batch", "4", "--group", "0"}, 0,
 	     {header, "# Out of bounds values : 0 OK"}},
 	    {{"reducescatter", "-b", "1K", "-e", "4K", "-n", "3", "--batch", "3", "--json"}, 0,

@@ -22,7 +22,8 @@
 #     ungrouped, callback), NCCL with 1 rank, and three traced runs of
 #     4 KiB (2 ranks callback, 1 rank callback, 1 rank stream-ordered),
 #     each summarised by dk_trace_summary.py (block 0, and --turnaround);
-#   - first, dk_prims: what the kernel's memory operations cost on GPU 0.
+#   - first, dk_prims: what the kernel's memory operations cost on GPU 0;
+#     and the daemon's queue alone on GPU 0 (dfccl-perf --queue-only).
 # LATENCY_ITERS changes -n (default 100). The table gives out-of-place
 # times per all-reduce in us; a run that failed shows as "failed", its log
 # stays in OUTDIR, and the script exits 1 at the end.
@@ -70,6 +71,7 @@ forms() {
 
 # shellcheck disable=SC2119 # the daemon with its defaults: every GPU
 start_daemon
+queue_floor 0
 forms nomps
 stop_daemon
 mps=0
@@ -149,6 +151,7 @@ for name, what in (("traced_callback_2", "2 ranks, callback"), ("traced_callback
         with open(summary) as f:
             print(f.read().rstrip())
 EOF
+	queue_print
 	prims_print
 } | tee "$outdir/table.md"
 echo "The runs' JSON and logs, the trace and the table (table.md) are in $outdir"

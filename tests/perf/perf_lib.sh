@@ -35,6 +35,25 @@ prims_print() {
 	cat "$outdir/prims.txt"
 }
 
+# queue_floor GPU...: the daemon's queue alone on each GPU (dfccl-perf
+# --queue-only: NOP entries submitted and waited for one at a time, the
+# floor under every callback-form collective) against the running daemon,
+# into $outdir/queue.txt; queue_print shows it. A failure is reported and
+# the script goes on.
+queue_floor() {
+	local g
+	: >"$outdir/queue.txt"
+	for g in "$@"; do
+		timeout -k 5 120 "$bin/dfccl-perf" --queue-only -n 2000 -w 100 --devices "$g" --socket "$sock" \
+			>>"$outdir/queue.txt" 2>&1 || echo "== dfccl-perf --queue-only on device $g failed: $(tail -n 1 "$outdir/queue.txt")"
+	done
+}
+queue_print() {
+	[ -s "$outdir/queue.txt" ] || return 0
+	echo
+	cat "$outdir/queue.txt"
+}
+
 # traced NAME ARGS...: one run of 4 KiB through the script's own `perf`
 # function (NAME ARGS...), on a daemon of its own started with
 # DFCCL_DK_TRACE (trace_NAME.txt for GPU 0, trace_NAME.txt.gpuN for the

@@ -39,8 +39,10 @@
 # (spins), context switches, launches and voluntary quits of the kernel.
 # Last, two traced runs of 4 KiB (callback and stream-ordered), each on a
 # daemon of its own with DFCCL_DK_TRACE, summarised per GPU by
-# dk_trace_summary.py (block 0, and --turnaround) after the tables, and
-# dk_prims's table of the kernel's memory operations (taken first).
+# dk_trace_summary.py (block 0, and --turnaround) after the tables, the
+# daemon's queue alone on each GPU (dfccl-perf --queue-only: the floor
+# under every callback-form collective), and dk_prims's table of the
+# kernel's memory operations (taken first).
 set -u
 
 # shellcheck source=perf_lib.sh
@@ -83,6 +85,8 @@ if [ -n "${VS_NCCL_MPS:-}" ]; then
 fi
 # shellcheck disable=SC2119 # the daemon with its defaults: every GPU
 start_daemon
+# shellcheck disable=SC2086 # one argument per GPU
+queue_floor ${gpus//,/ }
 
 failed=0
 # perf NAME ARGS...: dfccl-perf allreduce on the two ranks' GPUs, one JSON
@@ -243,6 +247,7 @@ EOF
 		echo "# the daemon kernel's trace: $(basename "$f" _summary.txt) (4 KiB, block 0)"
 		cat "$f"
 	done
+	queue_print
 	prims_print
 } | tee "$outdir/table.txt"
 
