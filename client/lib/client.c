@@ -30,6 +30,7 @@
 #include "pci_id.h"
 #include "qp.h"
 #include "req.h"
+#include "stream.h"
 
 #define STRINGIFY_(x) #x
 #define STRINGIFY(x) STRINGIFY_(x)
@@ -957,6 +958,60 @@ dfcclResult_t client_nop(struct client *c, uint32_t device)
 	return qp_run(q, &e);
 }
 
+/*
+ * Stream-ordered NOPs: each posted unarmed, then its arm and its wait
+ * queued on the stream (stream.h), so that the stream arms entry i once
+ * entry i - 1 completed. At most half a queue is in flight: the entry half
+ * a queue back is waited for before the next is posted, while the stream
+ * still has the half queued ahead of it.
+ */
+dfcclResult_t client_nop_stream(struct client *c, uint32_t device, dfcclStream_t stream, long count)
+{
+	if (count < 1)
+		return errors_set(dfcclInvalidArgument, "stream-ordered NOPs: count %ld is not positive", count);
+	if (!cudrv_streams_usable())
+		return errors_set(dfcclNotSupported, "stream-ordered NOPs need the CUDA driver: %s", cudrv_last_error());
+	struct qp *q;
+	dfcclResult_t r = client_attach(c, device, &q);
+	if (r != dfcclSuccess)
+		return r;
+	long window = q->entries / 2, posted = 0, waited = 0;
+	struct qp_ticket *t = calloc((size_t)window, sizeof(*t));
+	if (!t)
+		return errors_set(dfcclSystemError, "out of memory");
+	for (long i = 0; i < count && r == dfcclSuccess; i++) {
+		if (i >= window) {
+			r = qp_wait(q, &t[waited % window]);
+			if (r == dfcclSuccess)
+				r = qp_status_result(t[waited % window].status, DFCCL_OP_NOP);
+			waited++;
+			if (r != dfcclSuccess)
+				break;
+		}
+		struct dfccl_sqe e;
+		memset(&e, 0, sizeof(e));
+		e.opcode = DFCCL_OP_NOP;
+		struct stream_item it = {.stream = stream, .qp = q};
+		if ((r = qp_wait_free(q, qp_queue_wait_ms())) != dfcclSuccess ||
+		    (r = qp_submit_unarmed(q, &e, &t[i % window], &it.arm)) != dfcclSuccess)
+			break;
+		posted++;
+		struct stream_batch b = {.items = &it, .n = 1};
+		r = stream_batch_finish(&b);
+	}
+	/* Every posted entry is waited for, whatever failed: its ticket is
+	 * freed below. */
+	for (; waited < posted; waited++) {
+		dfcclResult_t w = qp_wait(q, &t[waited % window]);
+		if (w == dfcclSuccess)
+			w = qp_status_result(t[waited % window].status, DFCCL_OP_NOP);
+		if (r == dfcclSuccess)
+			r = w;
+	}
+	free(t);
+	return r;
+}
+
 /* ---------------------------------------------------------------- public */
 
 dfcclResult_t dfcclSetDevice(int device)
@@ -985,6 +1040,19 @@ dfcclResult_t dfcclGetDeviceCount(int *count)
 		r = devmap_get(c);
 	if (r == dfcclSuccess)
 		*count = c->map.by_bus_id ? c->map.nordinals : (int)client_info(c)->ndevices;
+	client_unref(c);
+	return r;
+}
+
+dfcclResult_t dfcclInternalNopStream(int device, void *stream, long count)
+{
+	if (!stream)
+		return errors_set(dfcclInvalidArgument, "dfcclInternalNopStream: stream is NULL");
+	struct client *c;
+	dfcclResult_t r = client_default(&c);
+	if (r != dfcclSuccess)
+		return r;
+	r = client_nop_stream(c, (uint32_t)device, (dfcclStream_t)stream, count);
 	client_unref(c);
 	return r;
 }

@@ -185,6 +185,8 @@ dfcclResult_t client_attach(struct client *c, uint32_t device, struct qp **out);
 /* Submits a NOP on `device` and waits for its completion: a probe of the
  * whole queue path (dfcclctl ping). */
 dfcclResult_t client_nop(struct client *c, uint32_t device);
+/* dfcclInternalNopStream's work on c. */
+dfcclResult_t client_nop_stream(struct client *c, uint32_t device, dfcclStream_t stream, long count);
 
 /* The calling thread's device (dfcclSetDevice; 0 by default). */
 int client_current_device(void);

@@ -19,6 +19,12 @@ extern "C" {
  * the device's queue pair first if needed) and waits for its completion. */
 dfcclResult_t dfcclInternalNop(int device);
 
+/* Submits `count` NOP entries on `device`, stream-ordered on `stream` (a
+ * cudaStream_t of the device): each is armed by the stream after the one
+ * before completed, as a stream-ordered collective is, and the stream waits
+ * for its completion. Returns once all of them completed. */
+dfcclResult_t dfcclInternalNopStream(int device, void *stream, long count);
+
 #ifdef __cplusplus
 }
 #endif

@@ -64,7 +64,7 @@
 static const char usage[] =
     "Usage: dfccl-perf COLLECTIVE [OPTIONS]\n"
     "       dfccl-perf --compute-only US [-n N] [-w N] [--devices D] [--compute-rounds R] [--json]\n"
-    "       dfccl-perf --queue-only [-n N] [-w N] [--devices D] [--json] [--socket PATH]\n"
+    "       dfccl-perf --queue-only [-n N] [-w N] [--devices D] [--mode MODE] [--json] [--socket PATH]\n"
     "COLLECTIVE: allreduce allgather reducescatter broadcast reduce sendrecv alltoall\n"
     "Measures dfccl collectives the way nccl-tests does: one line per size with\n"
     "size, count, type, redop, root, time, algbw, busbw and #wrong, out of place\n"
@@ -128,7 +128,9 @@ static const char usage[] =
     "                         one at a time, -n times after -w untimed, on the first of --devices\n"
     "                         (the daemon's device index, default 0); prints the round trip's\n"
     "                         median, mean, min, 99th percentile and max: the queue's own cost\n"
-    "                         under every collective of the callback form\n"
+    "                         under every collective of the callback form. With --mode stream,\n"
+    "                         the entries are stream-ordered back to back on a CUDA stream of\n"
+    "                         that GPU (a build with a CUDA toolkit), and it prints their mean\n"
     "      --compute-rounds R the kernel's rounds per launch (its length) instead of calibrating\n"
     "                         them to US on the GPU as it is: a second run given the first's R\n"
     "                         does exactly the same work\n"
@@ -349,10 +351,14 @@ static int cmp_double(const void *a, const void *b)
  * --queue-only: -w untimed and -n timed NOP entries on one device, each
  * submitted and waited for alone, timed on the host clock. No fork follows.
  */
+static int perf_queue_only_stream(const struct perf *p, int dev);
+
 static int perf_queue_only(const struct perf *p)
 {
 	const struct bench_spec *s = &p->spec;
 	int dev = tool_rank_device(&s->devices, 0, 1);
+	if (s->mode == BENCH_STREAM)
+		return perf_queue_only_stream(p, dev);
 	double *us = calloc((size_t)s->iters, sizeof(*us));
 	if (!us) {
 		fprintf(stderr, "dfccl-perf: out of memory\n");
@@ -387,6 +393,46 @@ static int perf_queue_only(const struct perf *p)
 		       dev, s->warmup, n, median, sum / (double)n, us[0], p99, us[n - 1]);
 	free(us);
 	return 0;
+}
+
+/*
+ * --queue-only --mode stream: -w and then -n NOP entries back to back on a
+ * CUDA stream of GPU dev, each armed by the stream once the one before
+ * completed (dfcclInternalNopStream), timed on the host clock from the
+ * first submission to the last completion: the round trip a stream-ordered
+ * collective pays before any of its work, per entry.
+ */
+static int perf_queue_only_stream(const struct perf *p, int dev)
+{
+	const struct bench_spec *s = &p->spec;
+	membuf_stream_t st = NULL;
+	int rc = TOOL_EXIT_FAIL;
+	if (membuf_use_device(MEMBUF_DEVICE, dev) < 0 || membuf_stream_create(&st) < 0) {
+		fprintf(stderr, "dfccl-perf: --queue-only --mode stream on GPU %d: %s\n", dev, membuf_error());
+		return TOOL_EXIT_FAIL;
+	}
+	dfcclResult_t r = s->warmup > 0 ? dfcclInternalNopStream(dev, st, s->warmup) : dfcclSuccess;
+	double t0 = tool_now();
+	if (r == dfcclSuccess)
+		r = dfcclInternalNopStream(dev, st, s->iters);
+	double us = (tool_now() - t0) * 1e6 / (double)s->iters;
+	if (r != dfcclSuccess) {
+		fprintf(stderr, "dfccl-perf: --queue-only --mode stream on device %d: %s: %s\n", dev, dfcclGetErrorString(r),
+		        dfcclGetLastError(NULL));
+		goto out;
+	}
+	if (p->json)
+		printf("{\"mode\": \"queue-only\", \"form\": \"stream\", \"device\": %d, \"warmup\": %ld, \"iters\": %ld, "
+		       "\"mean_us\": %.3f}\n",
+		       dev, s->warmup, s->iters, us);
+	else
+		printf("# dfccl-perf queue-only: device %d, NOP entries stream-ordered back to back on a CUDA stream, %ld "
+		       "warmup and %ld timed\n# round trip (us): mean %.2f\n",
+		       dev, s->warmup, s->iters, us);
+	rc = 0;
+out:
+	membuf_stream_destroy(st);
+	return rc;
 }
 
 static int usage_error(const char *what, const char *arg)
@@ -584,7 +630,7 @@ static const struct option perf_opts[] = {
  * to every dfccl-perf may give. */
 static const char compute_only_opts[] = "CRnwDjS";
 /* The options --queue-only takes. */
-static const char queue_only_opts[] = "QnwDjS";
+static const char queue_only_opts[] = "QnwDjSm";
 
 /* "--NAME" of an option of perf_opts, by its value. */
 static const char *perf_opt_name(int opt, char *buf, size_t size)
@@ -617,12 +663,17 @@ static int perf_queue_only_main(const struct perf *p, const struct perf_ask *a, 
 {
 	char name[40];
 	if (a->other_queue_opt)
-		return refuse("--queue-only times the daemon's queue alone; it takes -n, -w, --devices, --json and --socket, "
-		              "not %s",
+		return refuse("--queue-only times the daemon's queue alone; it takes -n, -w, --devices, --mode, --json and "
+		              "--socket, not %s",
 		              perf_opt_name(a->other_queue_opt, name, sizeof(name)));
 	if (optind < argc)
 		return usage_error("--queue-only runs no collective; unexpected argument", argv[optind]);
-	return perf_queue_only(p);
+	if (a->mode == BENCH_STREAM && membuf_require(MEMBUF_DEVICE) < 0)
+		return refuse("--queue-only --mode stream queues the entries on a CUDA stream, and this build has no CUDA "
+		              "(no CUDA toolkit was found when dfccl was built)");
+	struct perf q = *p;
+	q.spec.mode = a->mode == BENCH_STREAM ? BENCH_STREAM : BENCH_CALLBACK;
+	return perf_queue_only(&q);
 }
 
 int main(int argc, char **argv)

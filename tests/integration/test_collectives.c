@@ -449,7 +449,8 @@ static void test_tools_memory(void **state)
  * and, without CUDA, say the build has none; with CUDA, --compute-only
  * finds no GPU or runs its kernel with a correct result. --queue-only
  * refuses what does not apply, times NOP entries on the host engine, and
- * names a device the daemon does not have. On dfccl (the
+ * names a device the daemon does not have; --queue-only --mode stream
+ * needs CUDA, and finds no GPU or times stream-ordered NOPs. On dfccl (the
  * host engine), host buffers default to the callback form, ungrouped and
  * grouped batches complete with correct results, and the header and the
  * JSON say backend, library version, mode, symmetric, batch and group.
@@ -528,8 +529,8 @@ static void test_perf_backends(void **state)
 	    {{"--compute-only", "100", "allreduce"}, usage,
 	     {"--compute-only runs no collective; unexpected argument 'allreduce'"}},
 	    {{"--queue-only", "--nranks", "2"}, usage,
-	     {"--queue-only times the daemon's queue alone; it takes -n, -w, --devices, --json and --socket, not "
-	      "--nranks"}},
+	     {"--queue-only times the daemon's queue alone; it takes -n, -w, --devices, --mode, --json and --socket, "
+	      "not --nranks"}},
 	    {{"--queue-only", "allreduce"}, usage, {"--queue-only runs no collective; unexpected argument 'allreduce'"}},
 	    {{"--queue-only", "--compute-only", "100"}, usage,
 	     {"--compute-only and --queue-only are two separate runs: give one of them"}},
@@ -538,6 +539,8 @@ static void test_perf_backends(void **state)
 	     {"--overlap: the compute kernel runs on a GPU, and this build has no CUDA"}},
 	    {{"--compute-only", "100"}, usage,
 	     {"--compute-only: the compute kernel runs on a GPU, and this build has no CUDA"}},
+	    {{"--queue-only", "--mode", "stream"}, usage,
+	     {"--queue-only --mode stream queues the entries on a CUDA stream, and this build has no CUDA"}},
 	    {{"allreduce", "--backend", "nccl", "--nccl-lib", FAKE_NCCL_PATH}, usage,
 	     {"--backend nccl runs on GPUs, and this build has no CUDA"}},
 	    {{"allreduce", "--mode", "stream"}, usage,
@@ -587,6 +590,16 @@ static void test_perf_backends(void **state)
 	    {gpu ? "# dfccl-perf compute-only: GPU 0, a kernel of about 50 us" : "--compute-only on GPU 0: ",
 	     gpu ? "# Out of bounds values : 0 OK" : NULL}};
 	perf_expect(d, &compute);
+	/* NOPs stream-ordered on a CUDA stream: without a GPU it says so;
+	 * with one, the host engine completes them as the stream arms them. */
+	const struct perf_expect queue_stream = {
+	    {"--queue-only", "--mode", "stream", "-n", "50", "--devices", "0"},
+	    gpu ? 0 : TOOL_EXIT_FAIL,
+	    {gpu ? "# dfccl-perf queue-only: device 0, NOP entries stream-ordered back to back on a CUDA stream, 5 "
+	           "warmup and 50 timed"
+	         : "--queue-only --mode stream on GPU 0: ",
+	     gpu ? "# round trip (us): mean " : NULL}};
+	perf_expect(d, &queue_stream);
 #endif
 
 	/* dfccl, ungrouped and grouped: correct results, and the header and

@@ -37,15 +37,19 @@ prims_print() {
 
 # queue_floor GPU...: the daemon's queue alone on each GPU (dfccl-perf
 # --queue-only: NOP entries submitted and waited for one at a time, the
-# floor under every callback-form collective) against the running daemon,
-# into $outdir/queue.txt; queue_print shows it. A failure is reported and
-# the script goes on.
+# floor under every callback-form collective, and stream-ordered back to
+# back, the floor under the stream form) against the running daemon, into
+# $outdir/queue.txt; queue_print shows it. A failure is reported and the
+# script goes on.
 queue_floor() {
-	local g
+	local g mode
 	: >"$outdir/queue.txt"
 	for g in "$@"; do
-		timeout -k 5 120 "$bin/dfccl-perf" --queue-only -n 2000 -w 100 --devices "$g" --socket "$sock" \
-			>>"$outdir/queue.txt" 2>&1 || echo "== dfccl-perf --queue-only on device $g failed: $(tail -n 1 "$outdir/queue.txt")"
+		for mode in callback stream; do
+			timeout -k 5 120 "$bin/dfccl-perf" --queue-only --mode "$mode" -n 2000 -w 100 --devices "$g" \
+				--socket "$sock" >>"$outdir/queue.txt" 2>&1 ||
+				echo "== dfccl-perf --queue-only --mode $mode on device $g failed: $(tail -n 1 "$outdir/queue.txt")"
+		done
 	done
 }
 queue_print() {
