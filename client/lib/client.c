@@ -975,13 +975,20 @@ dfcclResult_t client_nop_stream(struct client *c, uint32_t device, dfcclStream_t
 	dfcclResult_t r = client_attach(c, device, &q);
 	if (r != dfcclSuccess)
 		return r;
+	/* As coll_check refuses a collective: a replay of the capture would arm
+	 * entries taken long ago. */
+	if (cudrv_stream_capturing(stream, q->ordinal) > 0)
+		return errors_set(dfcclNotSupported, "stream-ordered NOPs: the stream is being captured into a CUDA graph");
+	/* Every wait is bounded: a stream that never arms (blocked behind other
+	 * work, or with an error) ends it in dfcclTimeout. */
+	uint64_t wait_ms = qp_queue_wait_ms();
 	long window = q->entries / 2, posted = 0, waited = 0;
 	struct qp_ticket *t = calloc((size_t)window, sizeof(*t));
 	if (!t)
 		return errors_set(dfcclSystemError, "out of memory");
 	for (long i = 0; i < count && r == dfcclSuccess; i++) {
 		if (i >= window) {
-			r = qp_wait(q, &t[waited % window]);
+			r = qp_wait_for(q, &t[waited % window], wait_ms);
 			if (r == dfcclSuccess)
 				r = qp_status_result(t[waited % window].status, DFCCL_OP_NOP);
 			waited++;
@@ -992,7 +999,7 @@ dfcclResult_t client_nop_stream(struct client *c, uint32_t device, dfcclStream_t
 		memset(&e, 0, sizeof(e));
 		e.opcode = DFCCL_OP_NOP;
 		struct stream_item it = {.stream = stream, .qp = q};
-		if ((r = qp_wait_free(q, qp_queue_wait_ms())) != dfcclSuccess ||
+		if ((r = qp_wait_free(q, wait_ms)) != dfcclSuccess ||
 		    (r = qp_submit_unarmed(q, &e, &t[i % window], &it.arm)) != dfcclSuccess)
 			break;
 		posted++;
@@ -1002,7 +1009,7 @@ dfcclResult_t client_nop_stream(struct client *c, uint32_t device, dfcclStream_t
 	/* Every posted entry is waited for, whatever failed: its ticket is
 	 * freed below. */
 	for (; waited < posted; waited++) {
-		dfcclResult_t w = qp_wait(q, &t[waited % window]);
+		dfcclResult_t w = qp_wait_for(q, &t[waited % window], wait_ms);
 		if (w == dfcclSuccess)
 			w = qp_status_result(t[waited % window].status, DFCCL_OP_NOP);
 		if (r == dfcclSuccess)

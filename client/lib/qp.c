@@ -189,6 +189,7 @@ struct qp_cond {
 	uint64_t prev;
 	struct qp_ticket *ticket;
 	uint64_t deadline_ns; /* give up then (CLOCK_MONOTONIC); 0: never */
+	uint64_t wait_ms;     /* what deadline_ns allowed, for the message */
 };
 
 bool qp_test(struct qp *q, struct qp_ticket *t)
@@ -298,10 +299,17 @@ static dfcclResult_t qp_poll(struct qp *q, const struct qp_cond *c)
 				break;
 			qp_heartbeat(q);
 			if (c->deadline_ns && monotonic_ns() > c->deadline_ns) {
-				r = errors_set(dfcclTimeout, "the submission queue of device %u stayed full for %llu ms: its "
-				               "entry %llu has not completed (the stream that arms it may be blocked, or "
-				               "dfccld stopped taking entries; dfcclctl queues shows the queue)", q->device,
-				               (unsigned long long)qp_queue_wait_ms(), (unsigned long long)c->prev);
+				if (c->ticket)
+					r = errors_set(dfcclTimeout, "entry %llu of device %u's submission queue has not "
+					               "completed in %llu ms (the stream that arms it may be blocked, or dfccld "
+					               "stopped taking entries; dfcclctl queues shows the queue)",
+					               (unsigned long long)c->ticket->seq, q->device,
+					               (unsigned long long)c->wait_ms);
+				else
+					r = errors_set(dfcclTimeout, "the submission queue of device %u stayed full for %llu ms: "
+					               "its entry %llu has not completed (the stream that arms it may be blocked, "
+					               "or dfccld stopped taking entries; dfcclctl queues shows the queue)",
+					               q->device, (unsigned long long)c->wait_ms, (unsigned long long)c->prev);
 				break;
 			}
 		}
@@ -345,7 +353,7 @@ dfcclResult_t qp_wait_free(struct qp *q, uint64_t wait_ms)
 	uint64_t s = __atomic_load_n(&q->hdr->sq_tail, __ATOMIC_ACQUIRE) + 1;
 	if (s <= q->entries)
 		return dfcclSuccess;
-	struct qp_cond c = {.slot = DFCCL_QP_SLOT(s, q->entries), .prev = s - q->entries};
+	struct qp_cond c = {.slot = DFCCL_QP_SLOT(s, q->entries), .prev = s - q->entries, .wait_ms = wait_ms};
 	if (wait_ms)
 		c.deadline_ns = monotonic_ns() + wait_ms * 1000000ull;
 	return qp_poll(q, &c);
@@ -485,7 +493,14 @@ bool qp_abandon(struct qp *q, struct qp_ticket *t)
 
 dfcclResult_t qp_wait(struct qp *q, struct qp_ticket *t)
 {
-	struct qp_cond c = {.slot = DFCCL_QP_SLOT(t->seq, q->entries), .ticket = t};
+	return qp_wait_for(q, t, 0);
+}
+
+dfcclResult_t qp_wait_for(struct qp *q, struct qp_ticket *t, uint64_t wait_ms)
+{
+	struct qp_cond c = {.slot = DFCCL_QP_SLOT(t->seq, q->entries), .ticket = t, .wait_ms = wait_ms};
+	if (wait_ms)
+		c.deadline_ns = monotonic_ns() + wait_ms * 1000000ull;
 	dfcclResult_t r = qp_poll(q, &c);
 	if (r == dfcclSuccess || qp_abandon(q, t))
 		return r;

@@ -133,6 +133,10 @@ uint64_t qp_queue_wait_ms(void);
  * in t->status. */
 dfcclResult_t qp_wait(struct qp *q, struct qp_ticket *t);
 
+/* qp_wait for at most wait_ms (0: as long as the queue pair lives), then
+ * dfcclTimeout with a sentence, and t given up (qp_abandon). */
+dfcclResult_t qp_wait_for(struct qp *q, struct qp_ticket *t, uint64_t wait_ms);
+
 /* True once the entry of ticket t completed (its status is in t->status);
  * never blocks. Reads the completion word, so it also frees the slot. */
 bool qp_test(struct qp *q, struct qp_ticket *t);

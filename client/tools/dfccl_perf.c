@@ -130,7 +130,9 @@ static const char usage[] =
     "                         median, mean, min, 99th percentile and max: the queue's own cost\n"
     "                         under every collective of the callback form. With --mode stream,\n"
     "                         the entries are stream-ordered back to back on a CUDA stream of\n"
-    "                         that GPU (a build with a CUDA toolkit), and it prints their mean\n"
+    "                         that GPU (a build with a CUDA toolkit), and it prints the time per\n"
+    "                         entry (the stream's round trip, or the host's cost to issue one,\n"
+    "                         whichever is longer); D is then also the GPU's CUDA ordinal\n"
     "      --compute-rounds R the kernel's rounds per launch (its length) instead of calibrating\n"
     "                         them to US on the GPU as it is: a second run given the first's R\n"
     "                         does exactly the same work\n"
@@ -364,7 +366,8 @@ static int perf_queue_only(const struct perf *p)
 		fprintf(stderr, "dfccl-perf: out of memory\n");
 		return TOOL_EXIT_FAIL;
 	}
-	for (long i = -s->warmup; i < s->iters; i++) {
+	/* One more untimed than -w: the first attaches the queue pair. */
+	for (long i = -s->warmup - 1; i < s->iters; i++) {
 		double t0 = tool_now();
 		dfcclResult_t r = dfcclInternalNop(dev);
 		if (r != dfcclSuccess) {
@@ -382,9 +385,10 @@ static int perf_queue_only(const struct perf *p)
 	qsort(us, (size_t)s->iters, sizeof(*us), cmp_double);
 	long n = s->iters;
 	double median = n % 2 ? us[n / 2] : (us[n / 2 - 1] + us[n / 2]) / 2;
-	double p99 = us[n * 99 / 100]; /* n * 99 / 100 < n for every n >= 1 */
+	double p99 = us[(n * 99 + 99) / 100 - 1]; /* nearest rank */
 	if (p->json)
-		printf("{\"mode\": \"queue-only\", \"device\": %d, \"warmup\": %ld, \"iters\": %ld, \"median_us\": %.3f, "
+		printf("{\"mode\": \"queue-only\", \"form\": \"callback\", \"device\": %d, \"warmup\": %ld, \"iters\": %ld, "
+		       "\"median_us\": %.3f, "
 		       "\"mean_us\": %.3f, \"min_us\": %.3f, \"p99_us\": %.3f, \"max_us\": %.3f}\n",
 		       dev, s->warmup, n, median, sum / (double)n, us[0], p99, us[n - 1]);
 	else
@@ -411,7 +415,9 @@ static int perf_queue_only_stream(const struct perf *p, int dev)
 		fprintf(stderr, "dfccl-perf: --queue-only --mode stream on GPU %d: %s\n", dev, membuf_error());
 		return TOOL_EXIT_FAIL;
 	}
-	dfcclResult_t r = s->warmup > 0 ? dfcclInternalNopStream(dev, st, s->warmup) : dfcclSuccess;
+	/* One more untimed than -w: the first attaches the queue pair and
+	 * registers it with the driver. */
+	dfcclResult_t r = dfcclInternalNopStream(dev, st, s->warmup + 1);
 	double t0 = tool_now();
 	if (r == dfcclSuccess)
 		r = dfcclInternalNopStream(dev, st, s->iters);
@@ -423,11 +429,11 @@ static int perf_queue_only_stream(const struct perf *p, int dev)
 	}
 	if (p->json)
 		printf("{\"mode\": \"queue-only\", \"form\": \"stream\", \"device\": %d, \"warmup\": %ld, \"iters\": %ld, "
-		       "\"mean_us\": %.3f}\n",
+		       "\"per_entry_us\": %.3f}\n",
 		       dev, s->warmup, s->iters, us);
 	else
 		printf("# dfccl-perf queue-only: device %d, NOP entries stream-ordered back to back on a CUDA stream, %ld "
-		       "warmup and %ld timed\n# round trip (us): mean %.2f\n",
+		       "warmup and %ld timed\n# time per entry (us): %.2f\n",
 		       dev, s->warmup, s->iters, us);
 	rc = 0;
 out:

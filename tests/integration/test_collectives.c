@@ -598,7 +598,7 @@ static void test_perf_backends(void **state)
 	    {gpu ? "# dfccl-perf queue-only: device 0, NOP entries stream-ordered back to back on a CUDA stream, 5 "
 	           "warmup and 50 timed"
 	         : "--queue-only --mode stream on GPU 0: ",
-	     gpu ? "# round trip (us): mean " : NULL}};
+	     gpu ? "# time per entry (us): " : NULL}};
 	perf_expect(d, &queue_stream);
 #endif
 
@@ -616,7 +616,8 @@ static void test_perf_backends(void **state)
 	     {"# dfccl-perf queue-only: device 0, a NOP entry submitted and waited for, 5 warmup and 50 timed",
 	      "# round trip (us): median "}},
 	    {{"--queue-only", "--json", "--devices", "0"}, 0,
-	     {"{\"mode\": \"queue-only\", \"device\": 0, \"warmup\": 5, \"iters\": 20, \"median_us\": "}},
+	     {"{\"mode\": \"queue-only\", \"form\": \"callback\", \"device\": 0, \"warmup\": 5, \"iters\": 20, "
+	      "\"median_us\": "}},
 	    {{"--queue-only", "-n", "5", "--devices", "60"}, TOOL_EXIT_FAIL,
 	     {"--queue-only on device 60: invalid argument: device 60 does not exist"}},
 	    {{"allreduce", "-b", "1K", "-e", "4K", "-n", "3", "--batch", "4", "--group", "0"}, 0,

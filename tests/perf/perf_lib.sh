@@ -42,13 +42,19 @@ prims_print() {
 # $outdir/queue.txt; queue_print shows it. A failure is reported and the
 # script goes on.
 queue_floor() {
-	local g mode
+	local g mode log rc
 	: >"$outdir/queue.txt"
 	for g in "$@"; do
 		for mode in callback stream; do
+			log=$outdir/queue_${mode}_$g.log
+			rc=0
 			timeout -k 5 120 "$bin/dfccl-perf" --queue-only --mode "$mode" -n 2000 -w 100 --devices "$g" \
-				--socket "$sock" >>"$outdir/queue.txt" 2>&1 ||
-				echo "== dfccl-perf --queue-only --mode $mode on device $g failed: $(tail -n 1 "$outdir/queue.txt")"
+				--socket "$sock" >"$log" 2>&1 || rc=$?
+			if [ "$rc" = 0 ]; then
+				cat "$log" >>"$outdir/queue.txt"
+			else
+				echo "== dfccl-perf --queue-only --mode $mode on device $g failed (exit $rc): $(tail -n 1 "$log")"
+			fi
 		done
 	done
 }

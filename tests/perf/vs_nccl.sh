@@ -40,9 +40,9 @@
 # Last, two traced runs of 4 KiB (callback and stream-ordered), each on a
 # daemon of its own with DFCCL_DK_TRACE, summarised per GPU by
 # dk_trace_summary.py (block 0, and --turnaround) after the tables, the
-# daemon's queue alone on each GPU (dfccl-perf --queue-only: the floor
-# under every callback-form collective), and dk_prims's table of the
-# kernel's memory operations (taken first).
+# daemon's queue alone on each GPU (dfccl-perf --queue-only, both forms:
+# the floor under every collective), and dk_prims's table of the kernel's
+# memory operations (taken first).
 set -u
 
 # shellcheck source=perf_lib.sh

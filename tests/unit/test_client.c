@@ -534,6 +534,33 @@ static void test_qp_threads(void **state)
 	}
 }
 
+static void engine_pause(struct qp_fixture *f, int on)
+{
+	__atomic_store_n(&f->engine_on, on, __ATOMIC_RELEASE);
+	if (!on)
+		usleep(2000); /* let a turn of the engine in progress finish */
+}
+
+/* A bounded wait on an entry nobody completes ends in dfcclTimeout with a
+ * sentence naming the entry and the time, gives the ticket up, and the
+ * queue pair goes on once the engine completes the entry after all. */
+static void test_qp_wait_for_timeout(void **state)
+{
+	struct qp_fixture *f = *state;
+	struct dfccl_sqe e = sqe_of(DFCCL_OP_NOP);
+	struct qp_ticket t;
+	engine_pause(f, 0);
+	assert_int_equal(qp_submit(f->q, &e, &t), dfcclSuccess);
+	char want[128];
+	snprintf(want, sizeof(want), "entry %llu of device 0's submission queue has not completed in 50 ms",
+	         (unsigned long long)t.seq);
+	assert_int_equal(qp_wait_for(f->q, &t, 50), dfcclTimeout);
+	assert_non_null(strstr(dfcclGetLastError(NULL), want));
+	engine_pause(f, 1);
+	for (unsigned i = 0; i < TEST_SQ_ENTRIES + 2; i++)
+		assert_int_equal(qp_run(f->q, &e), dfcclSuccess);
+}
+
 static void test_qp_dead_and_lost(void **state)
 {
 	struct qp_fixture *f = *state;
@@ -573,13 +600,6 @@ static struct req *submit_one(struct qp_fixture *f, struct req_tracker *t, uint3
 	assert_non_null(r);
 	assert_int_equal(req_submit(t, f->q, &e, r, NULL), dfcclSuccess);
 	return r;
-}
-
-static void engine_pause(struct qp_fixture *f, int on)
-{
-	__atomic_store_n(&f->engine_on, on, __ATOMIC_RELEASE);
-	if (!on)
-		usleep(2000); /* let a turn of the engine in progress finish */
 }
 
 static void test_req_wait_and_test(void **state)
@@ -830,6 +850,7 @@ int main(void)
 	    cmocka_unit_test_setup_teardown(test_qp_status_mapping, qp_setup, qp_teardown),
 	    cmocka_unit_test_setup_teardown(test_qp_more_than_a_lap, qp_setup, qp_teardown),
 	    cmocka_unit_test_setup_teardown(test_qp_threads, qp_setup, qp_teardown),
+	    cmocka_unit_test_setup_teardown(test_qp_wait_for_timeout, qp_setup, qp_teardown),
 	    cmocka_unit_test_setup_teardown(test_qp_dead_and_lost, qp_setup, qp_teardown),
 	    cmocka_unit_test_setup_teardown(test_req_wait_and_test, qp_setup, qp_teardown),
 	    cmocka_unit_test_setup_teardown(test_req_sync_first_error, qp_setup, qp_teardown),
