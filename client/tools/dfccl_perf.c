@@ -649,16 +649,28 @@ static const char *perf_opt_name(int opt, char *buf, size_t size)
 	return "?";
 }
 
+/* A run without a collective (`flag`, which `does` and takes the options
+ * `takes` names): an option it does not take (`other`, 0: none) or an
+ * argument is refused. Returns -1 when there is neither. */
+static int perf_alone_refusals(const char *flag, const char *does, const char *takes, int other, int argc,
+                               char **argv)
+{
+	char name[40], what[80];
+	if (other)
+		return refuse("%s %s; it takes %s, not %s", flag, does, takes, perf_opt_name(other, name, sizeof(name)));
+	snprintf(what, sizeof(what), "%s runs no collective; unexpected argument", flag);
+	if (optind < argc)
+		return usage_error(what, argv[optind]);
+	return -1;
+}
+
 /* --compute-only: what it cannot take is refused, then it runs. */
 static int perf_compute_only_main(const struct perf *p, const struct perf_ask *a, int argc, char **argv)
 {
-	char name[40];
-	if (a->other_opt)
-		return refuse("--compute-only runs the compute kernel alone; it takes -n, -w, --devices, "
-		              "--compute-rounds and --json, not %s",
-		              perf_opt_name(a->other_opt, name, sizeof(name)));
-	if (optind < argc)
-		return usage_error("--compute-only runs no collective; unexpected argument", argv[optind]);
+	int rc = perf_alone_refusals("--compute-only", "runs the compute kernel alone",
+	                             "-n, -w, --devices, --compute-rounds and --json", a->other_opt, argc, argv);
+	if (rc >= 0)
+		return rc;
 	if (compute_require() < 0)
 		return refuse("--compute-only: %s", compute_error());
 	return perf_compute_only(p);
@@ -667,13 +679,10 @@ static int perf_compute_only_main(const struct perf *p, const struct perf_ask *a
 /* --queue-only: what it cannot take is refused, then it runs. */
 static int perf_queue_only_main(const struct perf *p, const struct perf_ask *a, int argc, char **argv)
 {
-	char name[40];
-	if (a->other_queue_opt)
-		return refuse("--queue-only times the daemon's queue alone; it takes -n, -w, --devices, --mode, --json and "
-		              "--socket, not %s",
-		              perf_opt_name(a->other_queue_opt, name, sizeof(name)));
-	if (optind < argc)
-		return usage_error("--queue-only runs no collective; unexpected argument", argv[optind]);
+	int rc = perf_alone_refusals("--queue-only", "times the daemon's queue alone",
+	                             "-n, -w, --devices, --mode, --json and --socket", a->other_queue_opt, argc, argv);
+	if (rc >= 0)
+		return rc;
 	if (a->mode == BENCH_STREAM && membuf_require(MEMBUF_DEVICE) < 0)
 		return refuse("--queue-only --mode stream queues the entries on a CUDA stream, and this build has no CUDA "
 		              "(no CUDA toolkit was found when dfccl was built)");
