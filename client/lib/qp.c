@@ -188,8 +188,7 @@ struct qp_cond {
 	uint32_t slot;
 	uint64_t prev;
 	struct qp_ticket *ticket;
-	uint64_t deadline_ns; /* give up then (CLOCK_MONOTONIC); 0: never */
-	uint64_t wait_ms;     /* what deadline_ns allowed, for the message */
+	uint64_t wait_ms; /* give up after this long; 0: never */
 };
 
 bool qp_test(struct qp *q, struct qp_ticket *t)
@@ -285,11 +284,12 @@ bool qp_backoff_sleeping(const struct qp_backoff *b)
 }
 
 /* Polls until c is met, spinning first, then sleeping with a doubling delay;
- * gives up when the queue pair or the connection dies. */
+ * gives up when the queue pair or the connection dies, or after c->wait_ms. */
 static dfcclResult_t qp_poll(struct qp *q, const struct qp_cond *c)
 {
 	struct qp_backoff b = QP_BACKOFF_ON(q);
 	dfcclResult_t r = dfcclSuccess;
+	uint64_t deadline_ns = c->wait_ms ? monotonic_ns() + c->wait_ms * 1000000ull : 0;
 	for (;;) {
 		if (qp_cond_met(q, c))
 			break;
@@ -298,7 +298,7 @@ static dfcclResult_t qp_poll(struct qp *q, const struct qp_cond *c)
 			if (r != dfcclSuccess)
 				break;
 			qp_heartbeat(q);
-			if (c->deadline_ns && monotonic_ns() > c->deadline_ns) {
+			if (deadline_ns && monotonic_ns() > deadline_ns) {
 				if (c->ticket)
 					r = errors_set(dfcclTimeout, "entry %llu of device %u's submission queue has not "
 					               "completed in %llu ms (the stream that arms it may be blocked, or dfccld "
@@ -354,8 +354,6 @@ dfcclResult_t qp_wait_free(struct qp *q, uint64_t wait_ms)
 	if (s <= q->entries)
 		return dfcclSuccess;
 	struct qp_cond c = {.slot = DFCCL_QP_SLOT(s, q->entries), .prev = s - q->entries, .wait_ms = wait_ms};
-	if (wait_ms)
-		c.deadline_ns = monotonic_ns() + wait_ms * 1000000ull;
 	return qp_poll(q, &c);
 }
 
@@ -499,8 +497,6 @@ dfcclResult_t qp_wait(struct qp *q, struct qp_ticket *t)
 dfcclResult_t qp_wait_for(struct qp *q, struct qp_ticket *t, uint64_t wait_ms)
 {
 	struct qp_cond c = {.slot = DFCCL_QP_SLOT(t->seq, q->entries), .ticket = t, .wait_ms = wait_ms};
-	if (wait_ms)
-		c.deadline_ns = monotonic_ns() + wait_ms * 1000000ull;
 	dfcclResult_t r = qp_poll(q, &c);
 	if (r == dfcclSuccess || qp_abandon(q, t))
 		return r;
