@@ -350,11 +350,51 @@ static int cmp_double(const void *a, const void *b)
 }
 
 /*
+ * --queue-only --mode stream: -w and then -n NOP entries back to back on a
+ * CUDA stream of GPU dev, each armed by the stream once the one before
+ * completed (dfcclInternalNopStream), timed on the host clock from the
+ * first submission to the last completion: the round trip a stream-ordered
+ * collective pays before any of its work, per entry.
+ */
+static int perf_queue_only_stream(const struct perf *p, int dev)
+{
+	const struct bench_spec *s = &p->spec;
+	membuf_stream_t st = NULL;
+	int rc = TOOL_EXIT_FAIL;
+	if (membuf_use_device(MEMBUF_DEVICE, dev) < 0 || membuf_stream_create(&st) < 0) {
+		fprintf(stderr, "dfccl-perf: --queue-only --mode stream on GPU %d: %s\n", dev, membuf_error());
+		return TOOL_EXIT_FAIL;
+	}
+	/* One more untimed than -w: the first attaches the queue pair and
+	 * registers it with the driver. */
+	dfcclResult_t r = dfcclInternalNopStream(dev, st, s->warmup + 1);
+	double t0 = tool_now();
+	if (r == dfcclSuccess)
+		r = dfcclInternalNopStream(dev, st, s->iters);
+	double us = (tool_now() - t0) * 1e6 / (double)s->iters;
+	if (r != dfcclSuccess) {
+		fprintf(stderr, "dfccl-perf: --queue-only --mode stream on device %d: %s: %s\n", dev, dfcclGetErrorString(r),
+		        dfcclGetLastError(NULL));
+		goto out;
+	}
+	if (p->json)
+		printf("{\"mode\": \"queue-only\", \"form\": \"stream\", \"device\": %d, \"warmup\": %ld, \"iters\": %ld, "
+		       "\"per_entry_us\": %.3f}\n",
+		       dev, s->warmup, s->iters, us);
+	else
+		printf("# dfccl-perf queue-only: device %d, NOP entries stream-ordered back to back on a CUDA stream, %ld "
+		       "warmup and %ld timed\n# time per entry (us): %.2f\n",
+		       dev, s->warmup, s->iters, us);
+	rc = 0;
+out:
+	membuf_stream_destroy(st);
+	return rc;
+}
+
+/*
  * --queue-only: -w untimed and -n timed NOP entries on one device, each
  * submitted and waited for alone, timed on the host clock. No fork follows.
  */
-static int perf_queue_only_stream(const struct perf *p, int dev);
-
 static int perf_queue_only(const struct perf *p)
 {
 	const struct bench_spec *s = &p->spec;
@@ -397,48 +437,6 @@ static int perf_queue_only(const struct perf *p)
 		       dev, s->warmup, n, median, sum / (double)n, us[0], p99, us[n - 1]);
 	free(us);
 	return 0;
-}
-
-/*
- * --queue-only --mode stream: -w and then -n NOP entries back to back on a
- * CUDA stream of GPU dev, each armed by the stream once the one before
- * completed (dfcclInternalNopStream), timed on the host clock from the
- * first submission to the last completion: the round trip a stream-ordered
- * collective pays before any of its work, per entry.
- */
-static int perf_queue_only_stream(const struct perf *p, int dev)
-{
-	const struct bench_spec *s = &p->spec;
-	membuf_stream_t st = NULL;
-	int rc = TOOL_EXIT_FAIL;
-	if (membuf_use_device(MEMBUF_DEVICE, dev) < 0 || membuf_stream_create(&st) < 0) {
-		fprintf(stderr, "dfccl-perf: --queue-only --mode stream on GPU %d: %s\n", dev, membuf_error());
-		return TOOL_EXIT_FAIL;
-	}
-	/* One more untimed than -w: the first attaches the queue pair and
-	 * registers it with the driver. */
-	dfcclResult_t r = dfcclInternalNopStream(dev, st, s->warmup + 1);
-	double t0 = tool_now();
-	if (r == dfcclSuccess)
-		r = dfcclInternalNopStream(dev, st, s->iters);
-	double us = (tool_now() - t0) * 1e6 / (double)s->iters;
-	if (r != dfcclSuccess) {
-		fprintf(stderr, "dfccl-perf: --queue-only --mode stream on device %d: %s: %s\n", dev, dfcclGetErrorString(r),
-		        dfcclGetLastError(NULL));
-		goto out;
-	}
-	if (p->json)
-		printf("{\"mode\": \"queue-only\", \"form\": \"stream\", \"device\": %d, \"warmup\": %ld, \"iters\": %ld, "
-		       "\"per_entry_us\": %.3f}\n",
-		       dev, s->warmup, s->iters, us);
-	else
-		printf("# dfccl-perf queue-only: device %d, NOP entries stream-ordered back to back on a CUDA stream, %ld "
-		       "warmup and %ld timed\n# time per entry (us): %.2f\n",
-		       dev, s->warmup, s->iters, us);
-	rc = 0;
-out:
-	membuf_stream_destroy(st);
-	return rc;
 }
 
 static int usage_error(const char *what, const char *arg)

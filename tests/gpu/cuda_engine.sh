@@ -200,8 +200,10 @@ stop_daemon
 # the direct one-shot and two-shot paths, which must stay right too.
 echo "== pushed all-reduces off (--push-bytes 0)"
 start_daemon "${daemon_args[@]}" --push-bytes 0
-step "collectives without pushed all-reduces: 2 ranks on GPUs $([ "$ngpu" -ge 2 ] && echo 0,1 || echo 0,0)" 300 \
-	"${coll[@]}" --quick --nranks 2 --gpus "$([ "$ngpu" -ge 2 ] && echo 0,1 || echo 0,0)"
+pair=0,0
+[ "$ngpu" -ge 2 ] && pair=0,1
+step "collectives without pushed all-reduces: 2 ranks on GPUs $pair" 300 "${coll[@]}" --quick --nranks 2 \
+	--gpus "$pair"
 step "collectives without pushed all-reduces: 4 ranks sharing GPU 0" 300 "${coll[@]}" --quick --nranks 4 \
 	--gpus 0,0,0,0
 stop_daemon
