@@ -698,8 +698,9 @@ static int lat_report(struct lat_set *ls)
 	       (unsigned long long)ls->v[(ls->n * 99) / 100], (unsigned long long)ls->v[ls->n - 1],
 	       (unsigned long long)ls->limit_us);
 	if (late)
-		fprintf(stderr, "fault_suite: %d error(s) after a %s came later than %llu ms\n", late, ls->what,
-		        (unsigned long long)ls->limit_us / 1000);
+		fprintf(stderr, "fault_suite: %d error(s) after a %s came later than %llu ms (the latest after %llu ms)\n",
+		        late, ls->what, (unsigned long long)ls->limit_us / 1000,
+		        (unsigned long long)ls->v[ls->n - 1] / 1000);
 	return late;
 }
 
