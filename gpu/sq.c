@@ -7,6 +7,7 @@
 #include "sq.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -80,11 +81,12 @@ int sq_pending(const struct sq_queue *q)
 	return sq_tail_clamped(q) >= q->head;
 }
 
-/* Takes from `from` on, as sq_take_if says; returns how many, and in *end
- * the sequence number after the last one looked at. */
+/* Takes from `from` on, as sq_take_if says (in_order: ending at the first
+ * entry not armed, as sq_take does with its head armed); returns how many,
+ * and in *end the sequence number after the last one looked at. */
 static unsigned take_from(struct sq_queue *q, uint64_t from, uint64_t tail, struct dfccl_sqe *out, unsigned max,
                           int (*want)(void *ctx, const struct dfccl_sqe *e), void *ctx, unsigned looks,
-                          uint64_t *end)
+                          bool in_order, uint64_t *end)
 {
 	unsigned got = 0;
 	uint64_t s;
@@ -93,8 +95,11 @@ static unsigned take_from(struct sq_queue *q, uint64_t from, uint64_t tail, stru
 		if (q->taken[slot] == s)
 			continue;
 		struct dfccl_sqe *e = &q->sq[slot];
-		if (atomic_load_explicit(A64(&e->arm), memory_order_acquire) != s)
+		if (atomic_load_explicit(A64(&e->arm), memory_order_acquire) != s) {
+			if (in_order)
+				break;
 			continue; /* not armed yet: later entries may be */
+		}
 		memcpy(&out[got], e, sizeof(*e));
 		looks--;
 		if (want && !want(ctx, &out[got]))
@@ -117,7 +122,10 @@ static void advance_head(struct sq_queue *q, uint64_t tail)
 unsigned sq_take(struct sq_queue *q, struct dfccl_sqe *out, unsigned max)
 {
 	uint64_t tail = sq_tail_clamped(q), end;
-	unsigned got = take_from(q, q->head, tail, out, max, NULL, NULL, UINT32_MAX, &end);
+	/* In order while the head is armed (scheduler.h, "Taking in order"). */
+	bool in_order = q->head <= tail && atomic_load_explicit(A64(&q->sq[DFCCL_QP_SLOT(q->head, q->n)].arm),
+	                                                        memory_order_acquire) == q->head;
+	unsigned got = take_from(q, q->head, tail, out, max, NULL, NULL, UINT32_MAX, in_order, &end);
 	advance_head(q, tail);
 	return got;
 }
@@ -126,7 +134,8 @@ unsigned sq_take_if(struct sq_queue *q, struct dfccl_sqe *out, unsigned max,
                     int (*want)(void *ctx, const struct dfccl_sqe *e), void *ctx, unsigned looks)
 {
 	uint64_t tail = sq_tail_clamped(q), end;
-	unsigned got = take_from(q, sched_look_start(q->look, q->head, tail), tail, out, max, want, ctx, looks, &end);
+	unsigned got =
+	    take_from(q, sched_look_start(q->look, q->head, tail), tail, out, max, want, ctx, looks, false, &end);
 	q->look = end <= tail ? end : 0; /* past the tail: the next call starts at the head */
 	advance_head(q, tail);
 	return got;

@@ -51,8 +51,10 @@ int sq_queue_open(struct sq_queue *q, void *map, size_t size, uint32_t qp_id, ui
 void sq_queue_close(struct sq_queue *q);
 
 /*
- * Copies up to max ready entries into out (in slot order from head, skipping
- * unarmed ones) and records them as taken. Returns how many.
+ * Copies up to max ready entries into out (in slot order from head) and
+ * records them as taken. Returns how many. With the head armed it takes
+ * the run of armed entries from there and stops at the first that is not
+ * (scheduler.h, "Taking in order"); else it skips the unarmed ones.
  */
 unsigned sq_take(struct sq_queue *q, struct dfccl_sqe *out, unsigned max);
 

@@ -809,7 +809,9 @@ __device__ uint32_t entry_accept(dk_ctx &c, uint32_t qi, dk_qp *q, const dfccl_s
  * four round trips (its header, the window, the chunk) however long the
  * queue, plus the copy of each entry it takes, and an entry armed beyond
  * the window (several streams arming out of order) is seen within
- * n / DK_SCAN passes.
+ * n / DK_SCAN passes. A pass whose head is armed takes in order instead
+ * (scheduler.h): the window and the chunk right after it, up to the
+ * first entry not armed.
  */
 #define DK_SCAN_WINDOW 32u
 
@@ -855,11 +857,15 @@ __device__ uint32_t read_queues(dk_ctx &c)
 		uint32_t room = a.room, beyond = a.beyond, looks = 0;
 		bool looking = a.refuse == DFCCL_CQ_OK && room == 0;
 		uint64_t start = looking ? sched_look_start(vload(&q->look), head, tail) : head, stopped = 0;
+		/* In order (scheduler.h, "Taking in order"): with the head armed
+		 * the pass takes the armed run from it, through the window and on
+		 * into the chunk right after it, and ends at the run's first gap. */
+		bool in_order = !looking && arm_head == head;
 		/* Looking beyond the room keeps its own bounds (scheduler.h);
 		 * else the window, then the sweep's DK_SCAN entries past it. */
 		uint64_t end = !looking && tail - start >= DK_SCAN_WINDOW ? start + DK_SCAN_WINDOW - 1 : tail;
 		uint64_t sweep = end + 1;
-		if (end < tail) {
+		if (end < tail && !in_order) {
 			uint64_t at = vload(&q->sweep);
 			if (at > sweep && at <= tail)
 				sweep = at;
@@ -905,8 +911,12 @@ __device__ uint32_t read_queues(dk_ctx &c)
 					/* Not armed yet: later entries may be. An armed one is
 					 * loaded again with an acquire (the head's already was),
 					 * so that its copy is ordered after the arm word. */
-					if (!(armed >> k & 1u) || (s != head && ld_acq_sys(&sq[slot].arm) != s))
+					if (!(armed >> k & 1u) || (s != head && ld_acq_sys(&sq[slot].arm) != s)) {
+						stop = in_order;
+						if (stop)
+							break;
 						continue;
+					}
 					dfccl_sqe e;
 					/* The copy: everything after is checked on it alone. Eight
 					 * independent 16-byte loads, so they cross PCIe together. */

@@ -632,12 +632,15 @@ static unsigned serve_queue(struct host_engine *e, uint32_t k)
 			return total + got;
 		}
 		/* Refused entries are taken as they come: each is answered. */
-		got = sq_take(q, batch, a.refuse != DFCCL_CQ_OK || a.room > TAKE_BATCH ? TAKE_BATCH : a.room);
-		if (got == 0)
-			return total;
+		unsigned max = a.refuse != DFCCL_CQ_OK || a.room > TAKE_BATCH ? TAKE_BATCH : a.room;
+		got = sq_take(q, batch, max);
 		for (unsigned i = 0; i < got; i++)
 			serve_entry(e, q, &batch[i], a.refuse);
 		total += got;
+		/* Fewer than asked: the pass is over (it may have stopped at an
+		 * entry not yet armed, past which the next pass looks). */
+		if (got < max)
+			return total;
 	}
 }
 

@@ -225,6 +225,45 @@ static void test_unarmed_head_does_not_block(void **state)
 	assert_false(sq_pending(&f->q));
 }
 
+/* With the head armed, a take ends at the first entry not armed: entries
+ * a stream armed past it wait for the next take, so that engines on
+ * different GPUs take a group's entries in the same order. */
+static void test_armed_head_takes_the_run(void **state)
+{
+	struct fixture *f = *state;
+	submit(&f->c, 1);
+	submit(&f->c, 1);
+	uint64_t s3 = submit(&f->c, 0); /* not armed yet ... */
+	uint64_t s4 = submit(&f->c, 0);
+	client_arm(&f->c, s4);          /* ... while the one after it is */
+	submit(&f->c, 1);
+	struct dfccl_sqe out[N];
+	assert_int_equal(sq_take(&f->q, out, N), 2);
+	assert_int_equal(out[0].seq, 1);
+	assert_int_equal(out[1].seq, 2);
+	assert_int_equal(engine_head(f), 3);
+
+	/* Armed in the meantime: the run goes on in order, 3, 4, 5. */
+	client_arm(&f->c, s3);
+	assert_int_equal(sq_take(&f->q, out, N), 3);
+	for (int i = 0; i < 3; i++)
+		assert_int_equal(out[i].seq, 3 + i);
+	assert_int_equal(engine_head(f), 6);
+	assert_false(sq_pending(&f->q));
+
+	/* Still not armed at the next take: the head is not armed, so that
+	 * take looks past it (as test_unarmed_head_does_not_block). */
+	uint64_t s6 = submit(&f->c, 0);
+	submit(&f->c, 1);
+	assert_int_equal(sq_take(&f->q, out, N), 1);
+	assert_int_equal(out[0].seq, 7);
+	assert_int_equal(engine_head(f), 6);
+	client_arm(&f->c, s6);
+	assert_int_equal(sq_take(&f->q, out, N), 1);
+	assert_int_equal(out[0].seq, 6);
+	assert_int_equal(engine_head(f), 8);
+}
+
 /* sq_take_if's test: the entry's count is one of the two wanted. */
 static uint64_t wanted[2];
 
@@ -286,7 +325,11 @@ static void test_head_contiguous(void **state)
 	uint64_t s4 = submit(&f->c, 0);
 	submit(&f->c, 1);
 	struct dfccl_sqe out[N];
-	assert_int_equal(sq_take(&f->q, out, N), 3); /* 1, 3, 5 */
+	assert_int_equal(sq_take(&f->q, out, N), 1); /* the armed run from the head: 1 */
+	assert_int_equal(engine_head(f), 2);
+	assert_int_equal(sq_take(&f->q, out, N), 2); /* the head not armed: 3, 5 */
+	assert_int_equal(out[0].seq, 3);
+	assert_int_equal(out[1].seq, 5);
 	assert_int_equal(engine_head(f), 2);
 	client_arm(&f->c, s4);
 	assert_int_equal(sq_take(&f->q, out, N), 1);
@@ -743,6 +786,7 @@ int main(void)
 	    T(test_take_in_order),
 	    T(test_take_respects_max),
 	    T(test_unarmed_head_does_not_block),
+    T(test_armed_head_takes_the_run),
 	    T(test_take_if_resumes),
 	    T(test_head_contiguous),
 	    T(test_wrong_lap_not_taken),
