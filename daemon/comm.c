@@ -81,9 +81,7 @@ static void comm_timer_closed(uv_handle_t *h)
 /* Unlinks and frees c (after its timer handle is closed). */
 static void comm_free(struct comm *c)
 {
-	for (uint32_t d = 0; d < 64; d++)
-		if (c->acks & (1ull << d))
-			workers_comm_del(c->srv->workers, d, c->id);
+	workers_comm_del(c->srv->workers, c->acks, c->id);
 	if (c->region)
 		munmap(c->region, c->region_size);
 	if (c->region_fd >= 0)
@@ -506,7 +504,8 @@ void comm_worker_acked(struct server *srv, uint64_t comm_id, uint32_t device, in
 	if (!c && code == 0) {
 		/* The init failed elsewhere while this worker was taking c:
 		 * nothing of it may stay there. */
-		workers_comm_del(srv->workers, device, comm_id);
+		if (device < 64)
+			workers_comm_del(srv->workers, 1ull << device, comm_id);
 		return;
 	}
 	if (!c || !comm_setting_up(c) || device >= 64 || !(c->devices & (1ull << device)))

@@ -308,7 +308,9 @@ static void add_comm(struct worker_state *w, const Dfccl__V1__WorkerCommAdd *a, 
 	size_t len = 0;
 	rc = comm_export(w, a->comm_id, blob, &len, msg, sizeof(msg));
 	if (rc < 0) {
+		/* Nobody got what it exported: nothing to wait for. */
 		engine_comm_del(w->eng, a->comm_id);
+		engine_comm_free(w->eng, a->comm_id);
 		code = error_code(rc);
 		goto fail;
 	}
@@ -402,18 +404,37 @@ fail:
 	comm_ack(w, m->comm_id, code, msg, NULL, 0);
 }
 
-static void del_comm(struct worker_state *w, uint64_t comm_id)
+/* Tells the supervisor that this worker maps no other worker's memory of
+ * communicator comm_id any more (WorkerCommDel with await_free). */
+static void comm_released(struct worker_state *w, uint64_t comm_id)
+{
+	Dfccl__V1__WorkerCommReleased m = DFCCL__V1__WORKER_COMM_RELEASED__INIT;
+	m.comm_id = comm_id;
+	Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
+	env.body_case = DFCCL__V1__ENVELOPE__BODY_WORKER_COMM_RELEASED;
+	env.worker_comm_released = &m;
+	ctl_send(w, &env, NULL, 0);
+}
+
+/* WorkerCommDel: the engine lets go of the communicator, keeping what it
+ * exported to other workers until WorkerCommFree when await_free says
+ * that message comes, else freeing it now. */
+static void del_comm(struct worker_state *w, uint64_t comm_id, int await_free)
 {
 	for (struct wcomm **pp = &w->comms; *pp; pp = &(*pp)->next) {
 		if ((*pp)->comm_id == comm_id) {
 			struct wcomm *c = *pp;
 			*pp = c->next;
 			engine_comm_del(w->eng, comm_id);
+			if (!await_free)
+				engine_comm_free(w->eng, comm_id);
 			munmap(c->map, c->size);
 			free(c);
-			return;
+			break;
 		}
 	}
+	if (await_free)
+		comm_released(w, comm_id);
 }
 
 static void add_reg(struct worker_state *w, const Dfccl__V1__WorkerAddReg *a, int *fds, unsigned nfds)
@@ -549,10 +570,15 @@ static int parked_refuse(struct worker_state *w, const dfccl_envelope *env)
 	case DFCCL__V1__ENVELOPE__BODY_WORKER_COMM_PEERS:
 		comm_ack(w, env->worker_comm_peers->comm_id, DFCCL__V1__ERROR_CODE__ERROR_INTERNAL, parked_msg, NULL, 0);
 		return 1;
+	case DFCCL__V1__ENVELOPE__BODY_WORKER_COMM_DEL:
+		/* Nothing mapped here: released at once. */
+		if (env->worker_comm_del->await_free)
+			comm_released(w, env->worker_comm_del->comm_id);
+		return 1;
 	case DFCCL__V1__ENVELOPE__BODY_WORKER_DETACH_QP:
 	case DFCCL__V1__ENVELOPE__BODY_WORKER_DEL_REG:
 	case DFCCL__V1__ENVELOPE__BODY_WORKER_COMM_ABORT:
-	case DFCCL__V1__ENVELOPE__BODY_WORKER_COMM_DEL: return 1;
+	case DFCCL__V1__ENVELOPE__BODY_WORKER_COMM_FREE: return 1;
 	default: return 0;
 	}
 }
@@ -592,7 +618,10 @@ static int handle_ctl(struct worker_state *w)
 		case DFCCL__V1__ENVELOPE__BODY_WORKER_COMM_ABORT:
 			engine_comm_abort(w->eng, env->worker_comm_abort->comm_id, env->worker_comm_abort->status);
 			break;
-		case DFCCL__V1__ENVELOPE__BODY_WORKER_COMM_DEL: del_comm(w, env->worker_comm_del->comm_id); break;
+		case DFCCL__V1__ENVELOPE__BODY_WORKER_COMM_DEL:
+			del_comm(w, env->worker_comm_del->comm_id, env->worker_comm_del->await_free);
+			break;
+		case DFCCL__V1__ENVELOPE__BODY_WORKER_COMM_FREE: engine_comm_free(w->eng, env->worker_comm_free->comm_id); break;
 		default: log_warn("worker", "unexpected message %d from the supervisor", (int)env->body_case); break;
 		}
 		frame_close_fds(fds, nfds);
@@ -821,7 +850,7 @@ int worker_main(unsigned device, const struct worker_ident *id, const struct dfc
 		wqp_free(&w, p);
 	}
 	while (w.comms)
-		del_comm(&w, w.comms->comm_id);
+		del_comm(&w, w.comms->comm_id, 0);
 	while (w.regs)
 		del_reg(&w, w.regs->r.reg_id);
 	engine_free(w.eng);

@@ -112,12 +112,22 @@ struct worker {
 	struct reg_rec *regs;
 };
 
+/* A communicator spanning devices, deleted: the devices whose workers have
+ * still to say they released the others' memory of it, and those holding
+ * memory of their own for it (workers_comm_del). */
+struct comm_release {
+	struct comm_release *next;
+	uint64_t comm_id;
+	uint64_t waiting, holders; /* bit d: device d */
+};
+
 struct workers {
 	struct server *srv;
 	unsigned n;
 	struct worker *w;
 	struct reg_wait *reg_waits;
 	struct alloc_wait *alloc_waits;
+	struct comm_release *releases;
 	void (*stop_done)(struct server *srv);
 	unsigned handles_open; /* timers, process handles and ctl polls still open */
 };
@@ -125,6 +135,7 @@ struct workers {
 static int worker_spawn(struct worker *wk);
 static int worker_send_env(struct workers *w, uint32_t device, Dfccl__V1__Envelope *env, const int *fds,
                            unsigned nfds);
+static void release_answer(struct workers *ws, uint64_t comm_id, uint32_t device);
 static void reg_wait_answer(struct workers *ws, uint32_t reg_id, uint32_t device, int code, const char *msg);
 static void alloc_wait_answer(struct workers *ws, uint32_t device, uint32_t reg_id, int code, const char *msg, int fd,
                               uint64_t map_size);
@@ -357,6 +368,14 @@ static void worker_exit_cb(uv_process_t *p, int64_t status, int sig)
 	 * to its replacement; their clients need not wait for that. */
 	for (struct reg_rec *r = wk->regs; r; r = r->next)
 		reg_wait_answer(ws, r->reg_id, wk->device, 0, "");
+	/* Its mappings and its memory went with it. */
+	for (struct comm_release *r = ws->releases, *next; r; r = next) {
+		next = r->next;
+		if (wk->device < 64 && (r->holders & (1ull << wk->device))) {
+			r->holders &= ~(1ull << wk->device);
+			release_answer(ws, r->comm_id, wk->device);
+		}
+	}
 	/* Allocations it never answered are gone with it. Those that wait for
 	 * a worker serving their uid go to the replacement of a planned exit. */
 	for (struct alloc_wait *a = ws->alloc_waits, *next; a; a = next) {
@@ -540,6 +559,8 @@ static void worker_on_frame(struct conn *c, dfccl_envelope *env, int *fds, unsig
 		const Dfccl__V1__WorkerCommAck *a = env->worker_comm_ack;
 		comm_worker_acked(wk->ws->srv, a->comm_id, wk->device, a->code, a->message, a->peer_blob.data,
 		                  a->peer_blob.len);
+	} else if (env->body_case == DFCCL__V1__ENVELOPE__BODY_WORKER_COMM_RELEASED) {
+		release_answer(wk->ws, env->worker_comm_released->comm_id, wk->device);
 	} else if (env->body_case != DFCCL__V1__ENVELOPE__BODY_WORKER_ALLOC_DONE) {
 		log_warn("worker", "device %u: unexpected message %d from the worker", wk->device, (int)env->body_case);
 	}
@@ -1124,14 +1145,79 @@ void workers_comm_abort(struct workers *w, uint32_t device, uint64_t comm_id, ui
 	worker_send_env(w, device, &env, NULL, 0);
 }
 
-void workers_comm_del(struct workers *w, uint32_t device, uint64_t comm_id)
+static int comm_del_send(struct workers *w, uint32_t device, uint64_t comm_id, int await_free)
 {
 	Dfccl__V1__WorkerCommDel a = DFCCL__V1__WORKER_COMM_DEL__INIT;
 	a.comm_id = comm_id;
+	a.await_free = await_free;
 	Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
 	env.body_case = DFCCL__V1__ENVELOPE__BODY_WORKER_COMM_DEL;
 	env.worker_comm_del = &a;
-	worker_send_env(w, device, &env, NULL, 0);
+	return worker_send_env(w, device, &env, NULL, 0);
+}
+
+void workers_comm_del(struct workers *w, uint64_t devices, uint64_t comm_id)
+{
+	/* One device: nobody else maps its memory of the communicator. */
+	struct comm_release *r = NULL;
+	if (devices & (devices - 1)) {
+		r = calloc(1, sizeof(*r));
+		if (!r)
+			log_warn("worker", "communicator %llu: out of memory; its workers free their memory of it at once",
+			         (unsigned long long)comm_id);
+	}
+	for (uint32_t d = 0; d < 64; d++)
+		if ((devices & (1ull << d)) && comm_del_send(w, d, comm_id, r != NULL) == 0 && r)
+			r->waiting |= 1ull << d;
+	if (!r)
+		return;
+	if (!r->waiting) {
+		free(r);
+		return;
+	}
+	r->comm_id = comm_id;
+	r->holders = r->waiting;
+	r->next = w->releases;
+	w->releases = r;
+}
+
+unsigned workers_comm_releases(const struct workers *w)
+{
+	unsigned n = 0;
+	for (const struct comm_release *r = w ? w->releases : NULL; r; r = r->next)
+		n++;
+	return n;
+}
+
+/* Device `device` let go of the other workers' memory of comm_id (its
+ * WorkerCommReleased, or its death): once every one did, each holder frees
+ * its own. */
+static void release_answer(struct workers *ws, uint64_t comm_id, uint32_t device)
+{
+	for (struct comm_release **pp = &ws->releases; *pp; pp = &(*pp)->next) {
+		struct comm_release *r = *pp;
+		if (r->comm_id != comm_id)
+			continue;
+		if (device < 64)
+			r->waiting &= ~(1ull << device);
+		if (r->waiting)
+			return;
+		*pp = r->next;
+		log_debug("worker", "communicator %llu: every worker released the others' memory of it; freeing",
+		          (unsigned long long)comm_id);
+		Dfccl__V1__WorkerCommFree f = DFCCL__V1__WORKER_COMM_FREE__INIT;
+		f.comm_id = comm_id;
+		Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
+		env.body_case = DFCCL__V1__ENVELOPE__BODY_WORKER_COMM_FREE;
+		env.worker_comm_free = &f;
+		for (uint32_t d = 0; d < 64; d++)
+			if (r->holders & (1ull << d))
+				worker_send_env(ws, d, &env, NULL, 0);
+		free(r);
+		return;
+	}
+	log_debug("worker", "device %u: released communicator %llu, which awaits no release", device,
+	          (unsigned long long)comm_id);
 }
 
 static uint64_t load64(const uint64_t *p)
@@ -1324,6 +1410,11 @@ void workers_free(struct workers *w)
 		struct alloc_wait *a = w->alloc_waits;
 		w->alloc_waits = a->next;
 		free(a);
+	}
+	while (w->releases) {
+		struct comm_release *r = w->releases;
+		w->releases = r->next;
+		free(r);
 	}
 	free(w->w);
 	free(w);

@@ -120,8 +120,16 @@ int workers_comm_peers(struct workers *w, uint32_t device, uint64_t comm_id, con
 /* The communicator failed with status (DFCCL_CQ_*): the worker fails its
  * pending and later entries. */
 void workers_comm_abort(struct workers *w, uint32_t device, uint64_t comm_id, uint32_t status);
-/* The communicator is gone. */
-void workers_comm_del(struct workers *w, uint32_t device, uint64_t comm_id);
+/*
+ * The communicator is gone: the workers of `devices` (bit d: device d) let
+ * go of it. Where it spans several, each may still map memory the others
+ * exported, so they are told to keep their own until every one of them has
+ * released the others' (WorkerCommReleased) or died, and then to free it
+ * (WorkerCommFree); with one, it frees everything at once.
+ */
+void workers_comm_del(struct workers *w, uint64_t devices, uint64_t comm_id);
+/* Deleted communicators whose workers have not all released them yet. */
+unsigned workers_comm_releases(const struct workers *w);
 
 /* Fills status->devices / reply->stats / reply->queues (allocating; freed by
  * workers_query_free). */

@@ -117,6 +117,12 @@ void engine_comm_del(struct engine *e, uint64_t comm_id)
 	e->ops->comm_del(e->impl, comm_id);
 }
 
+void engine_comm_free(struct engine *e, uint64_t comm_id)
+{
+	if (e->ops->comm_free)
+		e->ops->comm_free(e->impl, comm_id);
+}
+
 unsigned engine_poll(struct engine *e)
 {
 	return e->ops->poll(e->impl);

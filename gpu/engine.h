@@ -147,8 +147,19 @@ int engine_comm_peers(struct engine *e, uint64_t comm_id, const struct engine_pe
 /* Every pending and later collective of the communicator fails with status. */
 void engine_comm_abort(struct engine *e, uint64_t comm_id, uint32_t status);
 
-/* On return the engine no longer touches the communicator's region. */
+/*
+ * On return the engine no longer touches the communicator's region, nor
+ * the memory other workers exported to it (engine_comm_peers: unmapped).
+ * What it exported itself (engine_comm_export) stays allocated, since
+ * other workers may still map it, until engine_comm_free: the supervisor
+ * says when every worker of the communicator has let go (WorkerCommDel,
+ * WorkerCommFree in proto/dfccl.proto).
+ */
 void engine_comm_del(struct engine *e, uint64_t comm_id);
+
+/* Frees what engine_comm_del kept of the communicator; nothing for an id
+ * it holds nothing of. */
+void engine_comm_free(struct engine *e, uint64_t comm_id);
 
 /*
  * One turn of the worker's loop: takes what is armed, runs or watches the
@@ -205,6 +216,7 @@ struct engine_ops {
 	                  size_t errlen);
 	void (*comm_abort)(void *impl, uint64_t comm_id, uint32_t status);
 	void (*comm_del)(void *impl, uint64_t comm_id);
+	void (*comm_free)(void *impl, uint64_t comm_id); /* may be NULL: comm_del keeps nothing */
 	unsigned (*poll)(void *impl);
 	int (*busy)(void *impl, uint64_t *pause_ns);
 	int (*sleep)(void *impl);

@@ -78,6 +78,15 @@ struct ce_alloc {
 	unsigned long long handle;
 };
 
+/* What ce_comm_del kept of a communicator: the memory it exported, which
+ * other GPUs' workers may still map, until ce_comm_free. */
+struct ce_kept {
+	struct ce_kept *next;
+	uint64_t comm_id;
+	void *sync;
+	char *conn;
+};
+
 struct ce_comm {
 	uint64_t comm_id;   /* 0: free slot */
 	void *region;
@@ -92,6 +101,8 @@ struct ce_comm {
 	void *peer_conn[DK_MAX_PEERS]; /* their ranks' connectors, mapped (NULL: they have none) */
 	uint32_t device[DFCCL_COMM_MAX_RANKS]; /* by rank */
 	uint32_t gen;
+	struct ce_kept *keep; /* ce_comm_export handed out its memory, which other GPUs may map: where
+	                       * ce_comm_del keeps it (allocated by the export, so keeping cannot fail) */
 };
 
 struct cuda_engine {
@@ -108,6 +119,7 @@ struct cuda_engine {
 	uint8_t reg_used[DK_REG_CAP]; /* mirror of the device table's states */
 	struct ce_reg *regs;
 	struct ce_alloc *allocs;
+	struct ce_kept *kept;
 	uint64_t stats_base[CE_NCOUNTERS]; /* the page's counters when this engine started (they survive restarts) */
 	uint32_t nqps;          /* queue-pair slots below this may be in use */
 	uint32_t ncomms;        /* communicator slots below this may be in use */
@@ -672,7 +684,9 @@ static void ce_conn_place(const uint32_t *rank_device, uint32_t nranks, uint32_t
 			conn[r] = base + CE_CONN_RANK_BYTES * k++;
 }
 
-static void ce_comm_release(struct ce_comm *c)
+/* Lets go of c's slot: unmaps the other GPUs' memory and frees this
+ * GPU's, or, given keep, records it there instead (ce_comm_del). */
+static void ce_comm_release(struct ce_comm *c, struct ce_kept *keep)
 {
 	for (uint32_t k = 0; k < c->npeers; k++) {
 		cudaIpcCloseMemHandle(c->peer[k]);
@@ -681,8 +695,17 @@ static void ce_comm_release(struct ce_comm *c)
 		c->peer_conn[k] = NULL;
 	}
 	cudaHostUnregister(c->region);
-	cudaFree(c->conn);
-	cudaFree(c->sync);
+	if (keep) {
+		keep->comm_id = c->comm_id;
+		keep->sync = c->sync;
+		keep->conn = c->conn;
+	} else {
+		cudaFree(c->conn);
+		cudaFree(c->sync);
+	}
+	if (c->keep != keep)
+		free(c->keep);
+	c->keep = NULL;
 	c->comm_id = 0;
 	c->region = NULL;
 	c->conn = NULL;
@@ -761,7 +784,7 @@ static int ce_comm_add(void *impl, uint64_t comm_id, uint32_t nranks, const stru
 		         (unsigned long long)comm_id, cudaGetErrorString(rc));
 		free(d);
 		if (dev)
-			ce_comm_release(c);
+			ce_comm_release(c, NULL);
 		c->region = NULL;
 		return -ENOMEM;
 	}
@@ -774,7 +797,7 @@ static int ce_comm_add(void *impl, uint64_t comm_id, uint32_t nranks, const stru
 	free(d);
 	if (bad) {
 		snprintf(err, errlen, "%s", e->fatal);
-		ce_comm_release(c);
+		ce_comm_release(c, NULL);
 		return -EIO;
 	}
 	c->comm_id = comm_id;
@@ -824,6 +847,12 @@ static int ce_comm_export(void *impl, uint64_t comm_id, void *blob, size_t *len,
 	uint32_t nranks = c->nranks;
 	if (c->here == nranks)
 		return 0; /* every rank is here: nothing to share */
+	if (!c->keep)
+		c->keep = (struct ce_kept *)calloc(1, sizeof(*c->keep));
+	if (!c->keep) {
+		snprintf(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
 	struct ce_peer_blob b;
 	memset(&b, 0, sizeof(b));
 	b.magic = CE_PEER_MAGIC;
@@ -955,6 +984,26 @@ static void ce_comm_abort(void *impl, uint64_t comm_id, uint32_t status)
 		ce_launch(e);
 }
 
+/* Frees what ce_comm_del kept of comm_id, if anything. The kernel is
+ * parked first: cudaFree may wait for the device. */
+static void ce_kept_free(struct cuda_engine *e, uint64_t comm_id)
+{
+	for (struct ce_kept **pp = &e->kept; *pp; pp = &(*pp)->next) {
+		struct ce_kept *k = *pp;
+		if (k->comm_id != comm_id)
+			continue;
+		*pp = k->next;
+		ce_park(e);
+		cudaFree(k->conn);
+		cudaFree(k->sync);
+		free(k);
+		return;
+	}
+}
+
+/* The memory this GPU exported stays until ce_comm_free (engine.h): the
+ * other GPUs' workers may not have unmapped it yet, and freeing memory
+ * another process still maps through a CUDA IPC handle is undefined. */
 static void ce_comm_del(void *impl, uint64_t comm_id)
 {
 	struct cuda_engine *e = (struct cuda_engine *)impl;
@@ -964,7 +1013,17 @@ static void ce_comm_del(void *impl, uint64_t comm_id)
 		return;
 	ce_park(e);
 	ce_put32(e, OFF(comms[i].live), 0);
-	ce_comm_release(c);
+	struct ce_kept *k = c->keep;
+	ce_comm_release(c, k);
+	if (k) {
+		k->next = e->kept;
+		e->kept = k;
+	}
+}
+
+static void ce_comm_free(void *impl, uint64_t comm_id)
+{
+	ce_kept_free((struct cuda_engine *)impl, comm_id);
 }
 
 static unsigned ce_poll(void *impl)
@@ -1076,7 +1135,9 @@ static void ce_free(void *impl)
 		ce_alloc_drop(e, e->allocs->reg_id);
 	for (uint32_t i = 0; i < DK_MAX_COMMS; i++)
 		if (e->comms[i].comm_id)
-			ce_comm_release(&e->comms[i]);
+			ce_comm_release(&e->comms[i], NULL);
+	while (e->kept)
+		ce_kept_free(e, e->kept->comm_id);
 	for (uint32_t i = 0; i < DK_MAX_QPS; i++)
 		if (e->qps[i].q)
 			ce_qp_release(&e->qps[i]);
@@ -1095,8 +1156,8 @@ static void ce_free(void *impl)
 
 static const struct engine_ops cuda_ops = {
     "cuda",         ce_free,       ce_qp_add,     ce_qp_del,   ce_reg_add, ce_reg_del, ce_mem_alloc, ce_comm_add,
-    ce_comm_export, ce_comm_peers, ce_comm_abort, ce_comm_del, ce_poll,    ce_busy,    ce_sleep,     ce_wake,
-    ce_fatal,
+    ce_comm_export, ce_comm_peers, ce_comm_abort, ce_comm_del, ce_comm_free, ce_poll,    ce_busy,    ce_sleep,
+    ce_wake,        ce_fatal,
 };
 
 extern "C" int cuda_engine_ops_new(const struct engine_config *cfg, const struct engine_ops **ops, void **impl,

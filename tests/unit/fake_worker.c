@@ -16,13 +16,15 @@
  *     or refuses it, or answers late, when told to;
  *     and acknowledges every WorkerCommPeers, or refuses it, or never
  *     answers it, when told to;
+ *   - answers WorkerCommDel with await_free by WorkerCommReleased, or
+ *     never ("release-silent"), or by exiting ("release-die");
  *   - appends one line per message to the log file, naming each received
  *     descriptor by its inode and each peer's blob by its text, so the
  *     test sees which worker got what.
  * What to do comes from the file $DFCCL_FAKE_WORKER_CTL, read at each
  * message: lines of a word (ok, refuse-reg, alloc-fail, alloc-nofd,
  * alloc-slow, alloc-die, blob, refuse-peers, peers-silent, blob-die,
- * refuse-comm, comm-slow) and the device it applies to ("alloc-fail 1"); a device no line names does
+ * refuse-comm, comm-slow, release-silent, release-die) and the device it applies to ("alloc-fail 1"); a device no line names does
  * "ok". The log goes to $DFCCL_FAKE_WORKER_LOG. It exits when the
  * supervisor hangs up.
  */
@@ -153,6 +155,25 @@ static void comm_ack(uint64_t comm_id, int code, const char *msg, const char *bl
 	send_env(&env, NULL, 0);
 }
 
+/* Logs "commdel dev=D comm=C" (with " await" when await_free) and, with
+ * await_free, answers as told. */
+static void comm_del(const Dfccl__V1__WorkerCommDel *d)
+{
+	char m[32];
+	mode(m, sizeof(m));
+	logf_line("commdel dev=%u comm=%llu%s", device, (unsigned long long)d->comm_id, d->await_free ? " await" : "");
+	if (!d->await_free || !strcmp(m, "release-silent"))
+		return;
+	if (!strcmp(m, "release-die"))
+		exit(3);
+	Dfccl__V1__WorkerCommReleased r = DFCCL__V1__WORKER_COMM_RELEASED__INIT;
+	r.comm_id = d->comm_id;
+	Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
+	env.body_case = DFCCL__V1__ENVELOPE__BODY_WORKER_COMM_RELEASED;
+	env.worker_comm_released = &r;
+	send_env(&env, NULL, 0);
+}
+
 /* "blob", "refuse-peers", "peers-silent" and "blob-die" export "dev N". */
 static void comm_add(const Dfccl__V1__WorkerCommAdd *a, unsigned nfds)
 {
@@ -222,8 +243,9 @@ int main(int argc, char **argv)
 		case DFCCL__V1__ENVELOPE__BODY_WORKER_ALLOC_MEM: alloc_mem(e->worker_alloc_mem); break;
 		case DFCCL__V1__ENVELOPE__BODY_WORKER_COMM_ADD: comm_add(e->worker_comm_add, nfds); break;
 		case DFCCL__V1__ENVELOPE__BODY_WORKER_COMM_PEERS: comm_peers(e->worker_comm_peers); break;
-		case DFCCL__V1__ENVELOPE__BODY_WORKER_COMM_DEL:
-			logf_line("commdel dev=%u comm=%llu", device, (unsigned long long)e->worker_comm_del->comm_id);
+		case DFCCL__V1__ENVELOPE__BODY_WORKER_COMM_DEL: comm_del(e->worker_comm_del); break;
+		case DFCCL__V1__ENVELOPE__BODY_WORKER_COMM_FREE:
+			logf_line("commfree dev=%u comm=%llu", device, (unsigned long long)e->worker_comm_free->comm_id);
 			break;
 		default: break;
 		}

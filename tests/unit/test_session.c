@@ -82,7 +82,7 @@ struct peer {
 struct fixture {
 	uv_loop_t loop;
 	struct server srv;
-	struct peer p[3];
+	struct peer p[4];
 	unsigned npeers;
 	int fds_before;
 	char dir[64];       /* with fake workers: their log and control files */
@@ -126,7 +126,7 @@ static int teardown(void **state)
 /* Opens a session whose client end is the returned peer. */
 static struct peer *peer_open(struct fixture *fx)
 {
-	assert_true(fx->npeers < 3);
+	assert_true(fx->npeers < 4);
 	struct peer *p = &fx->p[fx->npeers++];
 	int sv[2];
 	assert_int_equal(tu_socketpair(sv), 0);
@@ -1606,6 +1606,122 @@ static void test_comm_late_ack(void **state)
 	expect_fd_count(fx, base);
 }
 
+/* The log line of the first fake-worker line containing needle (0: none). */
+static unsigned worker_log_line(struct fixture *fx, const char *needle)
+{
+	FILE *f = fopen(fx->log, "r");
+	char line[512];
+	unsigned n = 0, at = 0;
+	while (f && !at && fgets(line, sizeof(line), f)) {
+		n++;
+		if (strstr(line, needle))
+			at = n;
+	}
+	if (f)
+		fclose(f);
+	return at;
+}
+
+/* A communicator on devices 0 and 1, ready; then both ranks' sessions end. */
+static uint64_t pair_ready_then_gone(struct fixture *fx, struct peer *a, struct peer *b)
+{
+	uint64_t id = join_pair(fx, a, b, 1);
+	assert_int_equal(expect_comm_ready(fx, a, 1, 0, 2), id);
+	assert_int_equal(expect_comm_ready(fx, b, 2, 1, 2), id);
+	close(a->fd);
+	a->fd = -1;
+	close(b->fd);
+	b->fd = -1;
+	return id;
+}
+
+/*
+ * A communicator spanning devices is deleted in two steps: each worker
+ * first lets go of the others' memory of it, keeping its own, which the
+ * others may still map, and only once both said so are they told to free
+ * their own.
+ */
+static void test_comm_free_after_release(void **state)
+{
+	struct fixture *fx = *state;
+	struct peer *a, *b;
+	open_two(fx, &a, &b);
+	worker_modes(fx, "blob", "blob");
+	uint64_t id = pair_ready_then_gone(fx, a, b);
+	char want[64];
+	unsigned del_at[2], free_at[2];
+	for (unsigned d = 0; d < 2; d++) {
+		snprintf(want, sizeof(want), "commdel dev=%u comm=%llu await\n", d, (unsigned long long)id);
+		assert_true(worker_logged(fx, want, 2000));
+		del_at[d] = worker_log_line(fx, want);
+	}
+	for (unsigned d = 0; d < 2; d++) {
+		snprintf(want, sizeof(want), "commfree dev=%u comm=%llu\n", d, (unsigned long long)id);
+		assert_true(worker_logged(fx, want, 2000));
+		free_at[d] = worker_log_line(fx, want);
+	}
+	/* Each worker logs the deletion before it answers: both came before
+	 * either free. */
+	for (unsigned d = 0; d < 2; d++)
+		for (unsigned e = 0; e < 2; e++)
+			assert_true(del_at[d] < free_at[e]);
+	assert_int_equal(worker_log_count(fx, "commfree "), 2);
+	assert_int_equal(workers_comm_releases(fx->srv.workers), 0);
+}
+
+/* A worker that does not answer holds the others' memory: nobody is told
+ * to free it. One that dies instead has let go of everything. */
+static void test_comm_free_waits_for_release(void **state)
+{
+	struct fixture *fx = *state;
+	struct peer *a, *b;
+	open_two(fx, &a, &b);
+	worker_modes(fx, "ok", "release-silent");
+	uint64_t id = pair_ready_then_gone(fx, a, b);
+	char want[64];
+	snprintf(want, sizeof(want), "commdel dev=1 comm=%llu await\n", (unsigned long long)id);
+	assert_true(worker_logged(fx, want, 2000));
+	assert_false(worker_logged(fx, "commfree ", 300));
+
+	assert_int_equal(workers_comm_releases(fx->srv.workers), 1);
+
+	/* The worker of device 1 dies on the next deletion: device 0 frees
+	 * its memory of both communicators, device 1 is told nothing. */
+	struct peer *c, *d;
+	open_two(fx, &c, &d);
+	worker_modes(fx, "ok", "release-die");
+	uint64_t id2 = pair_ready_then_gone(fx, c, d);
+	uint64_t ids[2] = {id, id2};
+	for (unsigned k = 0; k < 2; k++) {
+		snprintf(want, sizeof(want), "commfree dev=0 comm=%llu\n", (unsigned long long)ids[k]);
+		assert_true(worker_logged(fx, want, 3000));
+	}
+	assert_false(worker_logged(fx, "commfree dev=1 ", 200));
+	assert_int_equal(worker_log_count(fx, "commfree "), 2);
+	assert_int_equal(workers_comm_releases(fx->srv.workers), 0);
+}
+
+/* With every rank on one device nobody else maps its memory: one step. */
+static void test_comm_free_one_device(void **state)
+{
+	struct fixture *fx = *state;
+	struct peer *a, *b;
+	open_two(fx, &a, &b);
+	char err[512], want[64];
+	uint64_t id = fx->srv.next_comm_id + 1;
+	assert_int_equal(join_device(fx, a, 1, uid_a, 128, 2, 0, 0, 0, err), 0);
+	assert_int_equal(join_device(fx, b, 2, uid_a, 128, 2, 1, 0, 0, err), 0);
+	assert_int_equal(expect_comm_ready(fx, a, 1, 0, 2), id);
+	close(a->fd);
+	a->fd = -1;
+	close(b->fd);
+	b->fd = -1;
+	snprintf(want, sizeof(want), "commdel dev=0 comm=%llu\n", (unsigned long long)id);
+	assert_true(worker_logged(fx, want, 2000));
+	assert_false(worker_logged(fx, "commfree ", 100));
+	assert_int_equal(workers_comm_releases(fx->srv.workers), 0);
+}
+
 static void test_comm_no_blobs(void **state)
 {
 	struct fixture *fx = *state;
@@ -1682,6 +1798,9 @@ int main(void)
 	    cmocka_unit_test_setup_teardown(test_comm_peers_timeout, setup_workers, teardown_workers),
 	    cmocka_unit_test_setup_teardown(test_comm_late_ack, setup_workers, teardown_workers),
 	    cmocka_unit_test_setup_teardown(test_comm_no_blobs, setup_workers, teardown_workers),
+	    cmocka_unit_test_setup_teardown(test_comm_free_after_release, setup_workers, teardown_workers),
+	    cmocka_unit_test_setup_teardown(test_comm_free_waits_for_release, setup_workers, teardown_workers),
+	    cmocka_unit_test_setup_teardown(test_comm_free_one_device, setup_workers, teardown_workers),
 	};
 #undef T
 	return cmocka_run_group_tests(tests, NULL, NULL);
