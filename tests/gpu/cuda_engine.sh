@@ -173,6 +173,24 @@ run_suite() {
 	step "dfccl-chaos on host buffers through the CUDA engine's workers, 2 ranks per GPU" 300 \
 		"$bin/dfccl-chaos" --socket "$sock" --mem host --nranks $((2 * ngpu)) --comms 4 --iters 10 \
 		--min-bytes 64 --max-bytes 256K --seed "$seed"
+	if [ "$ngpu" -ge 2 ]; then
+		# Each communicator across GPUs holds about 66 MiB of connectors
+		# per rank on each GPU, freed in two steps once every worker let
+		# go of it (WorkerCommDel, WorkerCommFree): 40 of them must not
+		# stay behind.
+		local used_before used_after
+		used_before=$(gpu_mem_used_mib 0,1)
+		for k in 1 2 3 4 5; do
+			step "communicators across GPUs come and go ($k of 5): 8 of them, GPUs 0,1" 120 \
+				"$bin/dfccl-chaos" --socket "$sock" --mem device --devices 0,1 --nranks 2 --comms 8 --iters 1 \
+				--min-bytes 64 --max-bytes 4K --seed "$seed"
+		done
+		sleep 1
+		used_after=$(gpu_mem_used_mib 0,1)
+		echo "GPU memory used on GPUs 0,1: $used_before MiB before 40 communicators, $used_after MiB after"
+		[ $((used_after - used_before)) -le 256 ] ||
+			fail "40 communicators across GPUs 0,1 left $((used_after - used_before)) MiB behind on them"
+	fi
 	# A small sweep: the columns are the point here (the checks run
 	# anyway); tests/perf holds the real measurements.
 	step "dfccl-perf on GPU buffers: all-reduce, 2 ranks on GPUs $pair" 300 \

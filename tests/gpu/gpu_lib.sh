@@ -79,6 +79,12 @@ fail() {
 ctl() { timeout 30 "$bin/dfcclctl" --socket "$sock" "$@"; }
 json() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
 
+# gpu_mem_used_mib LIST: the memory in use on the GPUs of the comma-separated
+# list of indices, summed, in MiB (nvidia-smi's count: every process's).
+gpu_mem_used_mib() {
+	nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i "$1" | awk '{s += $1} END {print s}'
+}
+
 step() {
 	local name=$1 limit=$2 rc=0 start=$SECONDS
 	shift 2
