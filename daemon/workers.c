@@ -136,6 +136,7 @@ static int worker_spawn(struct worker *wk);
 static int worker_send_env(struct workers *w, uint32_t device, Dfccl__V1__Envelope *env, const int *fds,
                            unsigned nfds);
 static void release_answer(struct workers *ws, uint64_t comm_id, uint32_t device);
+static void release_clear(struct workers *ws, struct comm_release **pp, uint32_t device);
 static void reg_wait_answer(struct workers *ws, uint32_t reg_id, uint32_t device, int code, const char *msg);
 static void alloc_wait_answer(struct workers *ws, uint32_t device, uint32_t reg_id, int code, const char *msg, int fd,
                               uint64_t map_size);
@@ -369,12 +370,17 @@ static void worker_exit_cb(uv_process_t *p, int64_t status, int sig)
 	for (struct reg_rec *r = wk->regs; r; r = r->next)
 		reg_wait_answer(ws, r->reg_id, wk->device, 0, "");
 	/* Its mappings and its memory went with it. */
-	for (struct comm_release *r = ws->releases, *next; r; r = next) {
-		next = r->next;
-		if (wk->device < 64 && (r->holders & (1ull << wk->device))) {
-			r->holders &= ~(1ull << wk->device);
-			release_answer(ws, r->comm_id, wk->device);
+	for (struct comm_release **pp = &ws->releases; *pp;) {
+		struct comm_release *r = *pp;
+		uint64_t bit = wk->device < 64 ? 1ull << wk->device : 0;
+		if (!(r->holders & bit)) {
+			pp = &r->next;
+			continue;
 		}
+		r->holders &= ~bit;
+		release_clear(ws, pp, wk->device);
+		if (*pp == r) /* still waiting for others */
+			pp = &r->next;
 	}
 	/* Allocations it never answered are gone with it. Those that wait for
 	 * a worker serving their uid go to the replacement of a planned exit. */
@@ -1166,9 +1172,19 @@ void workers_comm_del(struct workers *w, uint64_t devices, uint64_t comm_id)
 			log_warn("worker", "communicator %llu: out of memory; its workers free their memory of it at once",
 			         (unsigned long long)comm_id);
 	}
-	for (uint32_t d = 0; d < 64; d++)
-		if ((devices & (1ull << d)) && comm_del_send(w, d, comm_id, r != NULL) == 0 && r)
+	for (uint32_t d = 0; d < 64; d++) {
+		if (!(devices & (1ull << d)))
+			continue;
+		if (comm_del_send(w, d, comm_id, r != NULL) == 0) {
+			if (r)
+				r->waiting |= 1ull << d;
+		} else if (r && d < w->n && w->w[d].proc_alive &&
+		           (w->w[d].state == W_SWITCHING || w->w[d].state == W_STOPPING)) {
+			/* On its way out, its mappings still there: its exit
+			 * releases them (worker_exit_cb). */
 			r->waiting |= 1ull << d;
+		}
+	}
 	if (!r)
 		return;
 	if (!r->waiting) {
@@ -1189,32 +1205,38 @@ unsigned workers_comm_releases(const struct workers *w)
 	return n;
 }
 
-/* Device `device` let go of the other workers' memory of comm_id (its
- * WorkerCommReleased, or its death): once every one did, each holder frees
- * its own. */
+/* Device `device` let go of the other workers' memory of the record at
+ * *pp (its WorkerCommReleased, or its death): once every one did, each
+ * holder frees its own, and the record goes. */
+static void release_clear(struct workers *ws, struct comm_release **pp, uint32_t device)
+{
+	struct comm_release *r = *pp;
+	if (device < 64)
+		r->waiting &= ~(1ull << device);
+	if (r->waiting)
+		return;
+	*pp = r->next;
+	log_debug("worker", "communicator %llu: every worker released the others' memory of it; freeing",
+	          (unsigned long long)r->comm_id);
+	Dfccl__V1__WorkerCommFree f = DFCCL__V1__WORKER_COMM_FREE__INIT;
+	f.comm_id = r->comm_id;
+	Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
+	env.body_case = DFCCL__V1__ENVELOPE__BODY_WORKER_COMM_FREE;
+	env.worker_comm_free = &f;
+	for (uint32_t d = 0; d < 64; d++)
+		if (r->holders & (1ull << d))
+			worker_send_env(ws, d, &env, NULL, 0);
+	free(r);
+}
+
+/* WorkerCommReleased from the worker of `device`. */
 static void release_answer(struct workers *ws, uint64_t comm_id, uint32_t device)
 {
 	for (struct comm_release **pp = &ws->releases; *pp; pp = &(*pp)->next) {
-		struct comm_release *r = *pp;
-		if (r->comm_id != comm_id)
-			continue;
-		if (device < 64)
-			r->waiting &= ~(1ull << device);
-		if (r->waiting)
+		if ((*pp)->comm_id == comm_id) {
+			release_clear(ws, pp, device);
 			return;
-		*pp = r->next;
-		log_debug("worker", "communicator %llu: every worker released the others' memory of it; freeing",
-		          (unsigned long long)comm_id);
-		Dfccl__V1__WorkerCommFree f = DFCCL__V1__WORKER_COMM_FREE__INIT;
-		f.comm_id = comm_id;
-		Dfccl__V1__Envelope env = DFCCL__V1__ENVELOPE__INIT;
-		env.body_case = DFCCL__V1__ENVELOPE__BODY_WORKER_COMM_FREE;
-		env.worker_comm_free = &f;
-		for (uint32_t d = 0; d < 64; d++)
-			if (r->holders & (1ull << d))
-				worker_send_env(ws, d, &env, NULL, 0);
-		free(r);
-		return;
+		}
 	}
 	log_debug("worker", "device %u: released communicator %llu, which awaits no release", device,
 	          (unsigned long long)comm_id);

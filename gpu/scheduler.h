@@ -198,9 +198,15 @@ static inline DFCCL_HD struct sched_admission sched_admit(const struct sched_lim
  * So a pass whose first entry not yet taken (the
  * head) is armed takes the run of armed entries from the head and ends
  * at its first gap; the entries past the gap wait for the next pass. A
- * pass whose head is not armed looks past it as before: an entry armed
- * out of order (several streams) waits one pass more at most, and one
- * behind an entry that waits for it is still taken.
+ * pass whose head is not armed looks past it as before, so that an entry
+ * armed out of order (several streams), or one that an entry before it
+ * waits for, is still taken -- once a pass finds the head not armed.
+ * Such a pass takes an entry past entries it left only if none of them
+ * reads armed when loaded again after that entry's arm word: a stream
+ * arms in order, each write after a fence, so one of them armed first
+ * shows then, where the pass's first look at it came too early. Only
+ * entries of different streams, armed at about the same moment, can still
+ * be taken in different orders by different GPUs.
  */
 
 /* Entries beyond a queue pair's room an engine looks at per pass for one

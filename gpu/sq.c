@@ -81,25 +81,46 @@ int sq_pending(const struct sq_queue *q)
 	return sq_tail_clamped(q) >= q->head;
 }
 
-/* Takes from `from` on, as sq_take_if says (in_order: ending at the first
- * entry not armed, as sq_take does with its head armed); returns how many,
+/* Whether an entry of [from, s) not taken yet reads armed, loaded after
+ * the acquire of s's arm word (scheduler.h, "Taking in order"). */
+static bool armed_before(const struct sq_queue *q, uint64_t from, uint64_t s)
+{
+	for (uint64_t x = from; x < s; x++) {
+		uint32_t slot = DFCCL_QP_SLOT(x, q->n);
+		if (q->taken[slot] != x && atomic_load_explicit(A64(&q->sq[slot].arm), memory_order_acquire) == x)
+			return true;
+	}
+	return false;
+}
+
+/* Takes from `from` on, as sq_take_if says, or with `ordered` as sq_take
+ * does (from the head, in order while it is armed); returns how many,
  * and in *end the sequence number after the last one looked at. */
 static unsigned take_from(struct sq_queue *q, uint64_t from, uint64_t tail, struct dfccl_sqe *out, unsigned max,
                           int (*want)(void *ctx, const struct dfccl_sqe *e), void *ctx, unsigned looks,
-                          bool in_order, uint64_t *end)
+                          bool ordered, uint64_t *end)
 {
 	unsigned got = 0;
+	bool in_order = false;
+	uint64_t open = 0; /* the first entry looked at and left (0: none) */
 	uint64_t s;
 	for (s = from; s <= tail && got < max && looks > 0; s++) {
 		uint32_t slot = DFCCL_QP_SLOT(s, q->n);
 		if (q->taken[slot] == s)
 			continue;
 		struct dfccl_sqe *e = &q->sq[slot];
-		if (atomic_load_explicit(A64(&e->arm), memory_order_acquire) != s) {
+		bool armed = atomic_load_explicit(A64(&e->arm), memory_order_acquire) == s;
+		if (ordered && s == from)
+			in_order = armed;
+		if (!armed) {
 			if (in_order)
 				break;
+			open = open ? open : s;
 			continue; /* not armed yet: later entries may be */
 		}
+		/* Past entries left: only if none was armed before this one. */
+		if (ordered && open && armed_before(q, open, s))
+			break;
 		memcpy(&out[got], e, sizeof(*e));
 		looks--;
 		if (want && !want(ctx, &out[got]))
@@ -122,10 +143,7 @@ static void advance_head(struct sq_queue *q, uint64_t tail)
 unsigned sq_take(struct sq_queue *q, struct dfccl_sqe *out, unsigned max)
 {
 	uint64_t tail = sq_tail_clamped(q), end;
-	/* In order while the head is armed (scheduler.h, "Taking in order"). */
-	bool in_order = q->head <= tail && atomic_load_explicit(A64(&q->sq[DFCCL_QP_SLOT(q->head, q->n)].arm),
-	                                                        memory_order_acquire) == q->head;
-	unsigned got = take_from(q, q->head, tail, out, max, NULL, NULL, UINT32_MAX, in_order, &end);
+	unsigned got = take_from(q, q->head, tail, out, max, NULL, NULL, UINT32_MAX, true, &end);
 	advance_head(q, tail);
 	return got;
 }

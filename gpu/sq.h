@@ -54,7 +54,8 @@ void sq_queue_close(struct sq_queue *q);
  * Copies up to max ready entries into out (in slot order from head) and
  * records them as taken. Returns how many. With the head armed it takes
  * the run of armed entries from there and stops at the first that is not
- * (scheduler.h, "Taking in order"); else it skips the unarmed ones.
+ * (scheduler.h, "Taking in order"); else it skips the unarmed ones, and
+ * stops before an entry past them when one of them reads armed by then.
  */
 unsigned sq_take(struct sq_queue *q, struct dfccl_sqe *out, unsigned max);
 

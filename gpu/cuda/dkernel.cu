@@ -811,11 +811,43 @@ __device__ uint32_t entry_accept(dk_ctx &c, uint32_t qi, dk_qp *q, const dfccl_s
  * the window (several streams arming out of order) is seen within
  * n / DK_SCAN passes. A pass whose head is armed takes in order instead
  * (scheduler.h): the window and the chunk right after it, up to the
- * first entry not armed.
+ * first entry not armed; one whose head is not takes an entry past
+ * entries not taken only if none of them reads armed after it
+ * (armed_before).
  */
 #define DK_SCAN_WINDOW 32u
 
-__device__ uint32_t read_queues(dk_ctx &c)
+/*
+ * Whether an entry of [from, s) not taken yet reads armed, loaded after the
+ * acquire of s's arm word (scheduler.h, "Taking in order"): a stream arms
+ * its entries one after the other, each write after a fence, so an entry
+ * armed before s shows here even where the pass's first look missed it.
+ * Out of line, as the reader is: it is off the common path.
+ */
+__device__ __noinline__ bool armed_before(const dfccl_sqe *sq, const volatile uint64_t *taken, uint32_t n,
+                                          uint64_t from, uint64_t s)
+{
+	for (uint64_t s0 = from; s0 < s; s0 += DK_SCAN) {
+		uint64_t tk[DK_SCAN], arm[DK_SCAN];
+#pragma unroll
+		for (uint32_t k = 0; k < DK_SCAN; k++) {
+			uint32_t slot = DFCCL_QP_SLOT(s0 + k, n);
+			tk[k] = s0 + k < s ? taken[slot] : s0 + k;
+			arm[k] = s0 + k < s ? vload(&sq[slot].arm) : 0;
+		}
+#pragma unroll
+		for (uint32_t k = 0; k < DK_SCAN; k++)
+			if (tk[k] != s0 + k && arm[k] == s0 + k)
+				return true;
+	}
+	return false;
+}
+
+/* Out of line: the queue reader is one thread of its own (reader_main),
+ * and inlined into dk_main its registers shaped the allocation of the
+ * blocks' loop too (ptxas: 714 bytes of dk_main's spills, 610 with the
+ * reader apart). */
+__device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 {
 	dk_state *st = c.st;
 	uint32_t got = 0;
@@ -916,6 +948,15 @@ __device__ uint32_t read_queues(dk_ctx &c)
 						if (stop)
 							break;
 						continue;
+					}
+					/* Past entries this pass looked at and did not take: only
+					 * if none of them was armed before this one (a first look
+					 * that came too early). */
+					if (!looking && h < s &&
+					    (armed_before(sq, taken, n, h, part == 0 ? s : end + 1) ||
+					     (part == 1 && armed_before(sq, taken, n, sweep, s)))) {
+						stop = true;
+						break;
 					}
 					dfccl_sqe e;
 					/* The copy: everything after is checked on it alone. Eight
