@@ -136,7 +136,7 @@ static int worker_spawn(struct worker *wk);
 static int worker_send_env(struct workers *w, uint32_t device, Dfccl__V1__Envelope *env, const int *fds,
                            unsigned nfds);
 static void release_answer(struct workers *ws, uint64_t comm_id, uint32_t device);
-static void release_clear(struct workers *ws, struct comm_release **pp, uint32_t device);
+static int release_clear(struct workers *ws, struct comm_release **pp, uint32_t device);
 static void reg_wait_answer(struct workers *ws, uint32_t reg_id, uint32_t device, int code, const char *msg);
 static void alloc_wait_answer(struct workers *ws, uint32_t device, uint32_t reg_id, int code, const char *msg, int fd,
                               uint64_t map_size);
@@ -378,9 +378,8 @@ static void worker_exit_cb(uv_process_t *p, int64_t status, int sig)
 			continue;
 		}
 		r->holders &= ~bit;
-		release_clear(ws, pp, wk->device);
-		if (*pp == r) /* still waiting for others */
-			pp = &r->next;
+		if (!release_clear(ws, pp, wk->device))
+			pp = &r->next; /* still waiting for others */
 	}
 	/* Allocations it never answered are gone with it. Those that wait for
 	 * a worker serving their uid go to the replacement of a planned exit. */
@@ -1178,9 +1177,9 @@ void workers_comm_del(struct workers *w, uint64_t devices, uint64_t comm_id)
 		if (comm_del_send(w, d, comm_id, r != NULL) == 0) {
 			if (r)
 				r->waiting |= 1ull << d;
-		} else if (r && d < w->n && w->w[d].proc_alive &&
-		           (w->w[d].state == W_SWITCHING || w->w[d].state == W_STOPPING)) {
-			/* On its way out, its mappings still there: its exit
+		} else if (r && d < w->n && w->w[d].proc_alive && w->w[d].state != W_STARTING) {
+			/* Alive but not taking messages (switching uid, stopping,
+			 * its channel closed), its mappings still there: its exit
 			 * releases them (worker_exit_cb). */
 			r->waiting |= 1ull << d;
 		}
@@ -1207,14 +1206,15 @@ unsigned workers_comm_releases(const struct workers *w)
 
 /* Device `device` let go of the other workers' memory of the record at
  * *pp (its WorkerCommReleased, or its death): once every one did, each
- * holder frees its own, and the record goes. */
-static void release_clear(struct workers *ws, struct comm_release **pp, uint32_t device)
+ * holder frees its own, and the record goes (unlinked from *pp): returns
+ * 1 then, else 0. */
+static int release_clear(struct workers *ws, struct comm_release **pp, uint32_t device)
 {
 	struct comm_release *r = *pp;
 	if (device < 64)
 		r->waiting &= ~(1ull << device);
 	if (r->waiting)
-		return;
+		return 0;
 	*pp = r->next;
 	log_debug("worker", "communicator %llu: every worker released the others' memory of it; freeing",
 	          (unsigned long long)r->comm_id);
@@ -1227,6 +1227,7 @@ static void release_clear(struct workers *ws, struct comm_release **pp, uint32_t
 		if (r->holders & (1ull << d))
 			worker_send_env(ws, d, &env, NULL, 0);
 	free(r);
+	return 1;
 }
 
 /* WorkerCommReleased from the worker of `device`. */

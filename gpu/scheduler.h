@@ -201,12 +201,15 @@ static inline DFCCL_HD struct sched_admission sched_admit(const struct sched_lim
  * pass whose head is not armed looks past it as before, so that an entry
  * armed out of order (several streams), or one that an entry before it
  * waits for, is still taken -- once a pass finds the head not armed.
- * Such a pass takes an entry past entries it left only if none of them
+ * Such a pass takes an entry past entries not taken only if none of them
  * reads armed when loaded again after that entry's arm word: a stream
  * arms in order, each write after a fence, so one of them armed first
- * shows then, where the pass's first look at it came too early. Only
- * entries of different streams, armed at about the same moment, can still
- * be taken in different orders by different GPUs.
+ * shows then, where the pass's first look at it came too early or did not
+ * come at all (the daemon kernel's sweep, which then starts again right
+ * after its window). Only entries of different streams, armed at about
+ * the same moment, can still be taken in different orders by different
+ * GPUs. The check costs a pass a read of those entries' arm words for
+ * each entry it takes out of order.
  */
 
 /* Entries beyond a queue pair's room an engine looks at per pass for one

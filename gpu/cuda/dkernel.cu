@@ -949,12 +949,15 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 							break;
 						continue;
 					}
-					/* Past entries this pass looked at and did not take: only
-					 * if none of them was armed before this one (a first look
-					 * that came too early). */
-					if (!looking && h < s &&
-					    (armed_before(sq, taken, n, h, part == 0 ? s : end + 1) ||
-					     (part == 1 && armed_before(sq, taken, n, sweep, s)))) {
+					/* Past entries not taken: only if none of them was armed
+					 * before this one -- one this pass looked at too early,
+					 * or, in the sweep's chunk, one between the window and
+					 * the chunk, which this pass did not look at: the sweep
+					 * then starts again right after the window, so that the
+					 * next passes take them in order. */
+					if (!looking && h < s && armed_before(sq, taken, n, h, s)) {
+						if (part == 1)
+							*(volatile uint64_t *)&q->sweep = 0;
 						stop = true;
 						break;
 					}
