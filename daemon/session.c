@@ -766,6 +766,7 @@ static void handle_query(struct session *s, uint64_t req, const Dfccl__V1__Query
 		st.nsessions = srv->nsessions;
 		st.ncomms = ready;
 		st.npending_comms = pending;
+		st.nreleasing_comms = workers_comm_releases(srv->workers);
 		st.socket_path = srv->cfg.socket_path;
 		st.worker_user = (char *)worker_user_mode_name(&srv->worker_users);
 		st.worker_user_can_switch = srv->worker_users.can_switch;

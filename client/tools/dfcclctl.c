@@ -253,7 +253,11 @@ static void print_status(const Dfccl__V1__StatusInfo *s, const char *socket_path
 	table_cell(&t, "sessions");
 	table_cell(&t, "%u", s->nsessions);
 	table_cell(&t, "communicators");
-	table_cell(&t, "%u (%u initializing)", s->ncomms, s->npending_comms);
+	if (s->nreleasing_comms)
+		table_cell(&t, "%u (%u initializing; %u deleted, waiting for their workers to release them)", s->ncomms,
+		           s->npending_comms, s->nreleasing_comms);
+	else
+		table_cell(&t, "%u (%u initializing)", s->ncomms, s->npending_comms);
 	table_cell(&t, "worker uids");
 	table_cell(&t, "%s", worker_user_text(s));
 	table_print_free(&t);

@@ -1689,6 +1689,10 @@ static void test_comm_free_waits_for_release(void **state)
 	 * its memory of both communicators, device 1 is told nothing. */
 	struct peer *c, *d;
 	open_two(fx, &c, &d);
+	dfccl_envelope *env;
+	Dfccl__V1__QueryReply *q = query(fx, c, 9, DFCCL__V1__QUERY_KIND__QUERY_STATUS, &env);
+	assert_int_equal(q->status->nreleasing_comms, 1);
+	frame_envelope_free(env);
 	worker_modes(fx, "ok", "release-die");
 	uint64_t id2 = pair_ready_then_gone(fx, c, d);
 	uint64_t ids[2] = {id, id2};
