@@ -205,8 +205,8 @@ static inline DFCCL_HD struct sched_admission sched_admit(const struct sched_lim
  * reads armed when loaded again after that entry's arm word: a stream
  * arms in order, each write after a fence, so one of them armed first
  * shows then, where the pass's first look at it came too early or did not
- * come at all (the daemon kernel's sweep, which then starts again right
- * after its window). Only entries of different streams, armed at about
+ * come at all (the daemon kernel's sweep, which then starts at it on the
+ * next pass). Only entries of different streams, armed at about
  * the same moment, can still be taken in different orders by different
  * GPUs. The check costs a pass a read of those entries' arm words for
  * each entry it takes out of order.

@@ -818,14 +818,14 @@ __device__ uint32_t entry_accept(dk_ctx &c, uint32_t qi, dk_qp *q, const dfccl_s
 #define DK_SCAN_WINDOW 32u
 
 /*
- * Whether an entry of [from, s) not taken yet reads armed, loaded after the
- * acquire of s's arm word (scheduler.h, "Taking in order"): a stream arms
- * its entries one after the other, each write after a fence, so an entry
- * armed before s shows here even where the pass's first look missed it.
- * Out of line, as the reader is: it is off the common path.
+ * The first entry of [from, s) not taken yet that reads armed, loaded after
+ * the acquire of s's arm word (0: none; scheduler.h, "Taking in order"): a
+ * stream arms its entries one after the other, each write after a fence,
+ * so an entry armed before s shows here even where the pass's first look
+ * missed it. Out of line, as the reader is: it is off the common path.
  */
-__device__ __noinline__ bool armed_before(const dfccl_sqe *sq, const volatile uint64_t *taken, uint32_t n,
-                                          uint64_t from, uint64_t s)
+__device__ __noinline__ uint64_t armed_before(const dfccl_sqe *sq, const volatile uint64_t *taken, uint32_t n,
+                                              uint64_t from, uint64_t s)
 {
 	for (uint64_t s0 = from; s0 < s; s0 += DK_SCAN) {
 		uint64_t tk[DK_SCAN], arm[DK_SCAN];
@@ -838,9 +838,9 @@ __device__ __noinline__ bool armed_before(const dfccl_sqe *sq, const volatile ui
 #pragma unroll
 		for (uint32_t k = 0; k < DK_SCAN; k++)
 			if (tk[k] != s0 + k && arm[k] == s0 + k)
-				return true;
+				return s0 + k;
 	}
-	return false;
+	return 0;
 }
 
 /* Out of line: the queue reader is one thread of its own (reader_main),
@@ -952,12 +952,12 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 					/* Past entries not taken: only if none of them was armed
 					 * before this one -- one this pass looked at too early,
 					 * or, in the sweep's chunk, one between the window and
-					 * the chunk, which this pass did not look at: the sweep
-					 * then starts again right after the window, so that the
-					 * next passes take them in order. */
-					if (!looking && h < s && armed_before(sq, taken, n, h, s)) {
-						if (part == 1)
-							*(volatile uint64_t *)&q->sweep = 0;
+					 * the chunk, which this pass did not look at: the next
+					 * pass's sweep then starts at it. */
+					uint64_t first = !looking && h < s ? armed_before(sq, taken, n, h, s) : 0;
+					if (first) {
+						if (part == 1 && first > end)
+							*(volatile uint64_t *)&q->sweep = first;
 						stop = true;
 						break;
 					}
