@@ -1622,16 +1622,22 @@ static unsigned worker_log_line(struct fixture *fx, const char *needle)
 	return at;
 }
 
+/* Both clients go: their sessions end. */
+static void close_pair(struct peer *a, struct peer *b)
+{
+	close(a->fd);
+	a->fd = -1;
+	close(b->fd);
+	b->fd = -1;
+}
+
 /* A communicator on devices 0 and 1, ready; then both ranks' sessions end. */
 static uint64_t pair_ready_then_gone(struct fixture *fx, struct peer *a, struct peer *b)
 {
 	uint64_t id = join_pair(fx, a, b, 1);
 	assert_int_equal(expect_comm_ready(fx, a, 1, 0, 2), id);
 	assert_int_equal(expect_comm_ready(fx, b, 2, 1, 2), id);
-	close(a->fd);
-	a->fd = -1;
-	close(b->fd);
-	b->fd = -1;
+	close_pair(a, b);
 	return id;
 }
 
@@ -1716,10 +1722,7 @@ static void test_comm_free_one_device(void **state)
 	assert_int_equal(join_device(fx, a, 1, uid_a, 128, 2, 0, 0, 0, err), 0);
 	assert_int_equal(join_device(fx, b, 2, uid_a, 128, 2, 1, 0, 0, err), 0);
 	assert_int_equal(expect_comm_ready(fx, a, 1, 0, 2), id);
-	close(a->fd);
-	a->fd = -1;
-	close(b->fd);
-	b->fd = -1;
+	close_pair(a, b);
 	snprintf(want, sizeof(want), "commdel dev=0 comm=%llu\n", (unsigned long long)id);
 	assert_true(worker_logged(fx, want, 2000));
 	assert_false(worker_logged(fx, "commfree ", 100));
