@@ -43,7 +43,11 @@
 # Usage: cuda_engine.sh BINDIR   (the folder holding dfccld, dfcclctl,
 #        dfccl-chaos, dfccl-perf and the test programs)
 # Environment: DFCCL_GPU_QUICK=1 trims every sweep; DFCCL_TEST_SEED=S
-#        repeats a run's data and orders (the seed is printed).
+#        repeats a run's data and orders (the seed is printed);
+#        CUDA_ENGINE_PARTS names the parts to run, of "main" (the suite
+#        without MPS), "push" (pushed all-reduces off), "nccl" (the pattern
+#        on NCCL) and "mps" (the suite under MPS), comma-separated (default
+#        all), so that a long run can be split between calls.
 set -euo pipefail
 bin=${1:?usage: cuda_engine.sh BINDIR}
 seed=${DFCCL_TEST_SEED:-$(date +%s)}
@@ -207,26 +211,42 @@ run_suite() {
 		x.get('kernel_launches', 'n/a'), x.get('kernel_quits', 'n/a')) for x in d['devices'])"
 }
 
-echo "== $ngpu GPU(s); seed $seed"
-start_daemon "${daemon_args[@]}"
-ctl status
-[ "$(json "d['engine']" <"$tmp/status.json")" = "cuda" ] || fail "dfccld --engine cuda reports another engine"
-run_suite "" 200
-stop_daemon
+parts=${CUDA_ENGINE_PARTS:-main,push,nccl,mps}
+for p in ${parts//,/ }; do
+	case $p in
+	main | push | nccl | mps) ;;
+	*) fail "CUDA_ENGINE_PARTS: unknown part '$p' (main, push, nccl, mps)" ;;
+	esac
+done
+# part_on NAME: whether CUDA_ENGINE_PARTS asks for part NAME.
+part_on() { [[ ",$parts," == *",$1,"* ]]; }
+
+echo "== $ngpu GPU(s); seed $seed; parts $parts"
+if part_on main; then
+	start_daemon "${daemon_args[@]}"
+	ctl status
+	[ "$(json "d['engine']" <"$tmp/status.json")" = "cuda" ] || fail "dfccld --engine cuda reports another engine"
+	run_suite "" 200
+	stop_daemon
+fi
 
 # Small all-reduces are pushed by default (push-bytes); without it they run
 # the direct one-shot and two-shot paths, which must stay right too.
-echo "== pushed all-reduces off (--push-bytes 0)"
-start_daemon "${daemon_args[@]}" --push-bytes 0
-pair=0,0
-[ "$ngpu" -ge 2 ] && pair=0,1
-step "collectives without pushed all-reduces: 2 ranks on GPUs $pair" 300 "${coll[@]}" --quick --nranks 2 \
-	--gpus "$pair"
-step "collectives without pushed all-reduces: 4 ranks sharing GPU 0" 300 "${coll[@]}" --quick --nranks 4 \
-	--gpus 0,0,0,0
-stop_daemon
+if part_on push; then
+	echo "== pushed all-reduces off (--push-bytes 0)"
+	start_daemon "${daemon_args[@]}" --push-bytes 0
+	pair=0,0
+	[ "$ngpu" -ge 2 ] && pair=0,1
+	step "collectives without pushed all-reduces: 2 ranks on GPUs $pair" 300 "${coll[@]}" --quick --nranks 2 \
+		--gpus "$pair"
+	step "collectives without pushed all-reduces: 4 ranks sharing GPU 0" 300 "${coll[@]}" --quick --nranks 4 \
+		--gpus 0,0,0,0
+	stop_daemon
+fi
 
-if [ "$ngpu" -ge 2 ]; then
+if ! part_on nccl; then
+	:
+elif [ "$ngpu" -ge 2 ]; then
 	# NCCL runs a rank's collectives in its issue order: the permuted
 	# pattern is expected to hang there. Informational only.
 	"${coll[@]}" --deadlock A --comms 8 --iters 200 --nranks 2 --gpus 0,1 --print-pattern >"$tmp/pattern"
@@ -243,7 +263,9 @@ else
 	echo "== NCCL comparison skipped (NCCL needs 2 GPUs)"
 fi
 
-if mps_usable; then
+if ! part_on mps; then
+	:
+elif mps_usable; then
 	echo "== under MPS"
 	mps_start
 	start_daemon "${daemon_args[@]}"
@@ -254,4 +276,4 @@ if mps_usable; then
 else
 	echo "== MPS part skipped (needs nvidia-cuda-mps-control and root)"
 fi
-echo "PASS: cuda_engine on $ngpu GPU(s)"
+echo "PASS: cuda_engine on $ngpu GPU(s) (parts $parts)"
