@@ -11,6 +11,7 @@
  * the kill to its first error is recorded), shrink every communicator with
  * DFCCL_SHRINK_ABORT and run more checked all-reduces on the shrunk ones.
  * After each trial the daemon must hold no session and no communicator,
+ * and every deleted communicator's workers must have released it,
  * and no worker may have died -- except on the CUDA engine under MPS, where
  * a SIGKILLed client poisons every CUDA context on its GPU and the
  * supervisor restarts that GPU's worker (DESIGN.md, "Processes"): there
@@ -405,6 +406,7 @@ static long rss_kib(pid_t pid)
 struct daemon_state {
 	unsigned sessions;  /* besides the one asking */
 	unsigned comms;     /* made and pending */
+	unsigned releasing; /* deleted, their workers' memory of them not yet freed */
 	unsigned restarts;  /* worker restarts, summed over the devices */
 	unsigned ndev, up;  /* devices, and those whose worker is up */
 	int mps;            /* MPS active (CUDA engine) */
@@ -423,6 +425,7 @@ static int daemon_status(const struct daemon_proc *d, struct daemon_state *out)
 	memset(out, 0, sizeof(*out));
 	out->sessions = st->nsessions - 1;
 	out->comms = st->ncomms + st->npending_comms;
+	out->releasing = st->nreleasing_comms;
 	out->ndev = (unsigned)st->n_devices;
 	out->mps = st->mps_active;
 	for (size_t i = 0; i < st->n_devices; i++) {
@@ -444,7 +447,7 @@ static int wait_settled(const struct daemon_proc *d, struct daemon_state *st)
 	memset(st, 0, sizeof(*st));
 	for (uint64_t t0 = now_ms();; usleep(10000)) {
 		answered = daemon_status(d, st) == 0;
-		int idle = answered && st->sessions == 0 && st->comms == 0;
+		int idle = answered && st->sessions == 0 && st->comms == 0 && st->releasing == 0;
 		if ((idle && st->up == st->ndev) || now_ms() - t0 > (idle ? BACK_MS : 5000))
 			break;
 	}
@@ -452,9 +455,11 @@ static int wait_settled(const struct daemon_proc *d, struct daemon_state *st)
 		fprintf(stderr, "fault_suite: the daemon does not answer a status query\n");
 		return -1;
 	}
-	if (st->sessions || st->comms) {
-		fprintf(stderr, "fault_suite: the daemon still holds %u session(s) and %u communicator(s)\n", st->sessions,
-		        st->comms);
+	if (st->sessions || st->comms || st->releasing) {
+		fprintf(stderr,
+		        "fault_suite: the daemon still holds %u session(s), %u communicator(s) and %u deleted one(s) its "
+		        "workers have not released\n",
+		        st->sessions, st->comms, st->releasing);
 		return -1;
 	}
 	if (st->up != st->ndev) {
