@@ -211,13 +211,15 @@ run_suite() {
 		x.get('kernel_launches', 'n/a'), x.get('kernel_quits', 'n/a')) for x in d['devices'])"
 }
 
-parts=${CUDA_ENGINE_PARTS:-main,push,nccl,mps}
-for p in ${parts//,/ }; do
+IFS=', ' read -ra part_list <<<"${CUDA_ENGINE_PARTS:-main,push,nccl,mps}"
+[ ${#part_list[@]} -gt 0 ] || fail "CUDA_ENGINE_PARTS names no part (main, push, nccl, mps)"
+for p in "${part_list[@]}"; do
 	case $p in
 	main | push | nccl | mps) ;;
 	*) fail "CUDA_ENGINE_PARTS: unknown part '$p' (main, push, nccl, mps)" ;;
 	esac
 done
+parts=$(IFS=,; echo "${part_list[*]}")
 # part_on NAME: whether CUDA_ENGINE_PARTS asks for part NAME.
 part_on() { [[ ",$parts," == *",$1,"* ]]; }
 

@@ -438,7 +438,8 @@ static int daemon_status(const struct daemon_proc *d, struct daemon_state *out)
 
 static unsigned worker_restarts; /* under MPS: restarts the kills cost, over the suite */
 
-/* Waits until the daemon holds no session and no communicator (5 s) and
+/* Waits until the daemon holds no session, no communicator and no deleted
+ * one its workers have not released (5 s) and
  * every worker is up (BACK_MS: a restarted one starts afresh); its state
  * into *st. 0, or -1 naming what is left. */
 static int wait_settled(const struct daemon_proc *d, struct daemon_state *st)
