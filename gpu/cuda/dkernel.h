@@ -50,6 +50,20 @@
 #ifndef DK_MIN_BLOCKS_PER_SM
 #define DK_MIN_BLOCKS_PER_SM 1
 #endif
+/* What a thread of a block keeps in flight when it moves data (reduce_run,
+ * copy_run): the accumulators of a reduction (16-byte packs per source:
+ * this divided by the elements of a pack) and the packs of a copy. A peer's
+ * memory answers a load over NVLink in microseconds, so a channel's
+ * bandwidth is what its threads keep in flight over that time: 32 rather
+ * than 16 took a 512 MiB all-reduce on two H200 from 4.46 to 3.87 ms, for
+ * spills in the control path that cost no measurable time (RESULTS.md,
+ * ninth run). Build settings, so that the trade can be measured again. */
+#ifndef DK_REDUCE_ACC
+#define DK_REDUCE_ACC 32
+#endif
+#ifndef DK_COPY_PACKS
+#define DK_COPY_PACKS 8
+#endif
 /* The threads of a block that run its tasks; the last warp of block 0 is
  * the queue reader (one lane), which has counters and a trace ring of its
  * own, after the blocks': slot DK_READER. */

@@ -67,7 +67,7 @@ static void test_defaults(void **state)
 	assert_int_equal(c.sq_entries, 1024);
 	assert_int_equal(c.worker_restart_delay_ms, 100);
 	assert_int_equal(c.worker_start_timeout_ms, 30000);
-	assert_int_equal(c.channels, 8);
+	assert_int_equal(c.channels, 16);
 	assert_int_equal(c.kernel_idle_us, 200);
 	assert_int_equal(c.kernel_idle_mps_us, 5000);
 	assert_int_equal(c.push_bytes, 65536);
