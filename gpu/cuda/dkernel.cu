@@ -1723,6 +1723,16 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 					sh.ret = R_PROGRESS;
 					return A_RETURN;
 				}
+				/* Phase 2 of a two-shot all-reduce writes into the peers'
+				 * buffers: once the communicator failed, a peer may have
+				 * completed with the error and its client reuse them,
+				 * so no piece starts after the failure is seen. */
+				uint32_t ab = x->step == DK_WORK2 && !t->push ? comm_aborted(cm, false) : 0;
+				if (ab) {
+					tg->status = ab;
+					x->step = DK_CHDONE;
+					continue;
+				}
 				dk_bufs b;
 				status = t->push ? bufs_own(c, t, cm, &b) : bufs_load(c, tg, cm, &b);
 				if (status != DFCCL_CQ_OK) {
