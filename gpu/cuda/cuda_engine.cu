@@ -1221,6 +1221,17 @@ extern "C" int cuda_engine_ops_new(const struct engine_config *cfg, const struct
 	e->params.blocks = cfg->channels ? cfg->channels : 1;
 	if (e->params.blocks > DK_MAX_BLOCKS)
 		e->params.blocks = DK_MAX_BLOCKS;
+	uint32_t fit = 0;
+	if (dk_max_blocks((int)cfg->device, &fit) != cudaSuccess)
+		cudaGetLastError();
+	if (fit && e->params.blocks > fit) {
+		/* Fewer SMs than channels (a MIG instance, an MPS share): a block
+		 * that never starts would stop the kernel. Communicators that span
+		 * this GPU and one with more channels fail with a mismatch. */
+		fprintf(stderr, "GPU %u: %u channels asked, %u blocks of the daemon kernel fit at once: running %u\n",
+		        cfg->device, e->params.blocks, fit, fit);
+		e->params.blocks = fit;
+	}
 	e->params.device = cfg->device;
 	e->params.idle_ns = cfg->kernel_idle_ns;
 	e->params.visit_bytes = CE_VISIT_BYTES;

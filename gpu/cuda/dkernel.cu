@@ -23,7 +23,7 @@
  * instance never wait for each other. Per channel of a collective:
  *   SLOT (channel 0: wait until the slot's previous instance is finished on
  *   every rank, reset this rank's channel words, post) -> POSTS (wait for
- *   every rank's post, check them) -> WORK1 -> [two-shot all-reduce: WORK2]
+ *   every rank's post, check them) -> WORK1 -> [all-reduce: SYNC1 -> WORK2]
  *   -> CHDONE (the last channel of the rank to get here stores `done`) ->
  *   FINISH (that channel waits until every rank is done, then completes).
  * Send and receive run on one channel through the pair's mailbox, as on
@@ -45,8 +45,7 @@
  *   direct: over every rank's buffers as this GPU maps them (CUDA IPC over
  *   NVLink or PCIe, or the GPU itself for ranks sharing it): two-shot
  *   all-reduce (rank r reduces chunk r of its channel's share into its own
- *   buffer, then stores it into every peer's: FINISH, which waits for every
- *   rank's `done`, sees the chunks of the others arrived), one-shot for
+ *   buffer, then copies the other chunks from their owners), one-shot for
  *   small ones where no rank works in place (each rank reduces the whole
  *   share from every rank's input: no second phase, oneshot_fits), and
  *   all-gather, reduce-scatter, broadcast and reduce by reading the peers'
@@ -270,7 +269,8 @@ template <> __device__ __forceinline__ double ld_cg(const double *p) { return __
 /*
  * 16-byte packs where every pointer allows it, single elements for the rest.
  * A thread keeps U packs of every source in flight before it combines them
- * (U * K accumulators, at most DK_REDUCE_ACC): a peer's memory over NVLink
+ * (U * K accumulators, at most DK_REDUCE_ACC, and at most 8 packs a
+ * source: two sources' take 64 registers): a peer's memory over NVLink
  * answers in microseconds, and a block of a few hundred threads with one
  * load each in flight would move a few GB/s.
  */
@@ -278,7 +278,7 @@ template <typename T, typename A, typename E, int OP> __device__ void reduce_run
 {
 	const uint32_t tid = threadIdx.x, nt = DK_WORKERS;
 	const unsigned K = 16 / sizeof(T);
-	const unsigned U = K >= DK_REDUCE_ACC ? 1 : DK_REDUCE_ACC / K;
+	const unsigned U = K >= DK_REDUCE_ACC ? 1 : DK_REDUCE_ACC / K > 8 ? 8 : DK_REDUCE_ACC / K;
 	bool aligned = ((uintptr_t)o.dst & 15u) == 0;
 	for (uint32_t k = 0; k < o.nsrc; k++)
 		aligned = aligned && ((uintptr_t)o.src[k] & 15u) == 0;
@@ -1251,13 +1251,10 @@ __device__ uint64_t work_total(const dk_task *t, uint32_t ch, uint32_t step, uin
 	chan_range(t, ch, &lo, &hi);
 	uint64_t len = hi - lo;
 	switch (t->opcode) {
-	case DFCCL_OP_ALLREDUCE: {
-		if (oneshot)
+	case DFCCL_OP_ALLREDUCE:
+		if (oneshot || step != DK_WORK1)
 			return len;
-		/* Two shots: this rank's chunk, reduced, then pushed to every peer. */
-		uint64_t own = split_at(len, n, t->rank + 1, t->dsize) - split_at(len, n, t->rank, t->dsize);
-		return step == DK_WORK1 ? own : own * (n - 1);
-	}
+		return split_at(len, n, t->rank + 1, t->dsize) - split_at(len, n, t->rank, t->dsize);
 	case DFCCL_OP_ALLGATHER: return len * n;
 	case DFCCL_OP_REDUCE: return t->rank == t->peer ? len : 0;
 	default: return len;
@@ -1300,19 +1297,27 @@ __device__ uint64_t work_piece(const dk_task *t, uint32_t ch, uint32_t step, uin
 			op.nsrc = n;
 			op.reduce = 1;
 		} else {
-			/* Phase 2 pushes the reduced chunk r into the same place of
-			 * every peer's receive buffer, rank r + 1 first: stores over
-			 * the links, which a thread does not wait for as it would
-			 * for a peer's loads. Nobody else touches that range of a
-			 * peer's buffer (in place, only this rank read it, in its
-			 * phase 1), so it needs no wait for the peers' phase 1. */
-			uint64_t c0 = split_at(len, n, r, ds), own = split_at(len, n, r + 1, ds) - c0;
-			uint64_t d = pos / own, i = pos % own;
-			uint32_t o = (uint32_t)((r + 1 + d) % n);
-			if (m > own - i)
-				m = own - i;
-			op.dst = b.recv[o] + (lo + c0 + i) * ds;
-			op.src[0] = b.recv[r] + (lo + c0 + i) * ds;
+			/* The owner of element pos of the channel's share. Phase 2
+			 * loads the other chunks from their owners rather than
+			 * storing this rank's into theirs, which would be faster
+			 * (a store does not hold the thread for a round trip over
+			 * the links): once the communicator fails, a rank completes
+			 * with the error and its client may reuse its buffer at
+			 * once, and a peer's kernel must never write into it then.
+			 * Stores need a rank that failed to wait until every peer
+			 * is past its last one first. */
+			uint32_t o = 0;
+			while (o + 1 < n && split_at(len, n, o + 1, ds) <= pos)
+				o++;
+			uint64_t end = split_at(len, n, o + 1, ds);
+			if (m > end - pos)
+				m = end - pos;
+			if (o == r) {
+				op.elems = 0; /* our own chunk is final since phase 1 */
+				return m;
+			}
+			op.dst = b.recv[r] + (lo + pos) * ds;
+			op.src[0] = b.recv[o] + (lo + pos) * ds;
 		}
 		break;
 	case DFCCL_OP_ALLGATHER: {
@@ -1723,16 +1728,6 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 					sh.ret = R_PROGRESS;
 					return A_RETURN;
 				}
-				/* Phase 2 of a two-shot all-reduce writes into the peers'
-				 * buffers: once the communicator failed, a peer may have
-				 * completed with the error and its client reuse them,
-				 * so no piece starts after the failure is seen. */
-				uint32_t ab = x->step == DK_WORK2 && !t->push ? comm_aborted(cm, false) : 0;
-				if (ab) {
-					tg->status = ab;
-					x->step = DK_CHDONE;
-					continue;
-				}
 				dk_bufs b;
 				status = t->push ? bufs_own(c, t, cm, &b) : bufs_load(c, tg, cm, &b);
 				if (status != DFCCL_CQ_OK) {
@@ -1781,9 +1776,8 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 				continue;
 			}
 			if (t->opcode == DFCCL_OP_ALLREDUCE && x->step == DK_WORK1 && !x->oneshot) {
-				/* The chunk this block reduced is read by its own
-				 * threads in phase 2: the block's barrier orders it. */
-				x->step = DK_WORK2;
+				sync_store(dfccl_comm_chan(vis.sync, n, t->slot, t->rank, ch), DFCCL_PROGRESS(t->key, 1));
+				x->step = DK_SYNC1;
 			} else {
 				x->step = DK_CHDONE;
 			}
@@ -2107,6 +2101,16 @@ extern "C" int dk_launch(const struct dk_params *p, void *stream)
 {
 	dk_main<<<p->blocks, DK_THREADS, 0, (cudaStream_t)stream>>>(*p);
 	return (int)cudaGetLastError();
+}
+
+extern "C" int dk_max_blocks(int device, uint32_t *blocks)
+{
+	int sms = 0, per_sm = 0;
+	cudaError_t rc = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+	if (rc == cudaSuccess)
+		rc = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, dk_main, DK_THREADS, 0);
+	*blocks = rc == cudaSuccess && sms > 0 && per_sm > 0 ? (uint32_t)sms * (uint32_t)per_sm : 0;
+	return (int)rc;
 }
 
 extern "C" int dk_preload(void)

@@ -55,9 +55,10 @@
  * this divided by the elements of a pack) and the packs of a copy. A peer's
  * memory answers a load over NVLink in microseconds, so a channel's
  * bandwidth is what its threads keep in flight over that time: 32 rather
- * than 16 took a 512 MiB all-reduce on two H200 from 4.46 to 3.87 ms, for
- * spills in the control path that cost no measurable time (RESULTS.md,
- * ninth run). Build settings, so that the trade can be measured again. */
+ * than 16 (float: 8 packs a source instead of 4) took a 512 MiB all-reduce
+ * on two H200 from 4.46 to 3.87 ms, for more spills in dk_main (RESULTS.md,
+ * ninth run, a build whose phase 2 stored into the peers). Build settings,
+ * so that the trade can be measured again. */
 #ifndef DK_REDUCE_ACC
 #define DK_REDUCE_ACC 32
 #endif
@@ -378,6 +379,11 @@ extern "C" {
 #endif
 /* Launches the daemon kernel (dkernel.cu) on stream; returns a cudaError_t. */
 int dk_launch(const struct dk_params *p, void *stream);
+/* How many blocks of the kernel device can hold at once (its SMs, as this
+ * context sees them: a MIG instance's, an MPS client's share), into
+ * *blocks (0 when unknown); returns a cudaError_t. Every block of the
+ * kernel must be resident together: the queue reader waits for them all. */
+int dk_max_blocks(int device, uint32_t *blocks);
 /* Loads the kernel's module now (lazy loading must not happen while it runs). */
 int dk_preload(void);
 #if defined(__cplusplus)
