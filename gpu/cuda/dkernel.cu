@@ -278,7 +278,7 @@ template <typename T, typename A, typename E, int OP> __device__ void reduce_run
 {
 	const uint32_t tid = threadIdx.x, nt = DK_WORKERS;
 	const unsigned K = 16 / sizeof(T);
-	const unsigned U = K >= DK_REDUCE_ACC ? 1 : DK_REDUCE_ACC / K > 8 ? 8 : DK_REDUCE_ACC / K;
+	const unsigned per = DK_REDUCE_ACC / K, U = per < 1 ? 1 : per > 8 ? 8 : per;
 	bool aligned = ((uintptr_t)o.dst & 15u) == 0;
 	for (uint32_t k = 0; k < o.nsrc; k++)
 		aligned = aligned && ((uintptr_t)o.src[k] & 15u) == 0;
@@ -372,8 +372,8 @@ __device__ void copy_run(const dk_op &o)
 	const char *s = o.src[0];
 	char *d = o.dst;
 	uint64_t npack = (((uintptr_t)s | (uintptr_t)d) & 15u) == 0 ? bytes / 16 : 0;
-	/* Packs in flight per thread (reduce_run says why). */
-	const unsigned U = DK_COPY_PACKS;
+	/* Eight packs in flight per thread (reduce_run says why). */
+	const unsigned U = 8;
 	uint64_t i = tid;
 	for (; i + (uint64_t)(U - 1) * nt < npack; i += (uint64_t)U * nt) {
 		uint4 v[U];

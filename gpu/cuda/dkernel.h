@@ -50,20 +50,16 @@
 #ifndef DK_MIN_BLOCKS_PER_SM
 #define DK_MIN_BLOCKS_PER_SM 1
 #endif
-/* What a thread of a block keeps in flight when it moves data (reduce_run,
- * copy_run): the accumulators of a reduction (16-byte packs per source:
- * this divided by the elements of a pack) and the packs of a copy. A peer's
- * memory answers a load over NVLink in microseconds, so a channel's
- * bandwidth is what its threads keep in flight over that time: 32 rather
- * than 16 (float: 8 packs a source instead of 4) took a 512 MiB all-reduce
- * on two H200 from 4.46 to 3.87 ms, for more spills in dk_main (RESULTS.md,
- * ninth run, a build whose phase 2 stored into the peers). Build settings,
- * so that the trade can be measured again. */
+/* The accumulators a thread of a block keeps when it reduces (reduce_run:
+ * 16-byte packs of every source in flight, this divided by the elements of
+ * a pack, 1 to 8). A peer's memory answers a load over NVLink in
+ * microseconds, so a channel's bandwidth is what its threads keep in
+ * flight over that time: 32 rather than 16 (float: 8 packs a source
+ * instead of 4) took a 512 MiB all-reduce on two H200 from 4.46 to 3.87
+ * ms (RESULTS.md, ninth run, a build whose phase 2 stored into the
+ * peers). A build setting, so that the trade can be measured again. */
 #ifndef DK_REDUCE_ACC
 #define DK_REDUCE_ACC 32
-#endif
-#ifndef DK_COPY_PACKS
-#define DK_COPY_PACKS 8
 #endif
 /* The threads of a block that run its tasks; the last warp of block 0 is
  * the queue reader (one lane), which has counters and a trace ring of its
