@@ -23,7 +23,8 @@
  * instance never wait for each other. Per channel of a collective:
  *   SLOT (channel 0: wait until the slot's previous instance is finished on
  *   every rank, reset this rank's channel words, post) -> POSTS (wait for
- *   every rank's post, check them) -> WORK1 -> [all-reduce: SYNC1 -> WORK2]
+ *   every rank's post, check them) -> WORK1 -> [all-reduce: SYNC1 -> WORK2;
+ *   DK_PHASE2_STORES: WORK2, and DRAIN before a failed rank completes]
  *   -> CHDONE (the last channel of the rank to get here stores `done`) ->
  *   FINISH (that channel waits until every rank is done, then completes).
  * Send and receive run on one channel through the pair's mailbox, as on
@@ -45,7 +46,8 @@
  *   direct: over every rank's buffers as this GPU maps them (CUDA IPC over
  *   NVLink or PCIe, or the GPU itself for ranks sharing it): two-shot
  *   all-reduce (rank r reduces chunk r of its channel's share into its own
- *   buffer, then copies the other chunks from their owners), one-shot for
+ *   buffer, then copies the other chunks from their owners, or with
+ *   DK_PHASE2_STORES stores its own into theirs), one-shot for
  *   small ones where no rank works in place (each rank reduces the whole
  *   share from every rank's input: no second phase, oneshot_fits), and
  *   all-gather, reduce-scatter, broadcast and reduce by reading the peers'
@@ -1251,10 +1253,17 @@ __device__ uint64_t work_total(const dk_task *t, uint32_t ch, uint32_t step, uin
 	chan_range(t, ch, &lo, &hi);
 	uint64_t len = hi - lo;
 	switch (t->opcode) {
-	case DFCCL_OP_ALLREDUCE:
-		if (oneshot || step != DK_WORK1)
+	case DFCCL_OP_ALLREDUCE: {
+		if (oneshot)
 			return len;
-		return split_at(len, n, t->rank + 1, t->dsize) - split_at(len, n, t->rank, t->dsize);
+		uint64_t own = split_at(len, n, t->rank + 1, t->dsize) - split_at(len, n, t->rank, t->dsize);
+#if DK_PHASE2_STORES
+		/* Phase 2: this rank's chunk, to each of the n - 1 others. */
+		return step == DK_WORK1 ? own : own * (n - 1);
+#else
+		return step == DK_WORK1 ? own : len;
+#endif
+	}
 	case DFCCL_OP_ALLGATHER: return len * n;
 	case DFCCL_OP_REDUCE: return t->rank == t->peer ? len : 0;
 	default: return len;
@@ -1297,15 +1306,25 @@ __device__ uint64_t work_piece(const dk_task *t, uint32_t ch, uint32_t step, uin
 			op.nsrc = n;
 			op.reduce = 1;
 		} else {
+#if DK_PHASE2_STORES
+			/* Chunk r into the same range of every peer's buffer (the
+			 * comment before sync_fence_sc says why that is safe), rank
+			 * r + 1 first, so that the ranks' first stores go to
+			 * different peers. */
+			uint64_t c0 = split_at(len, n, r, ds), own = split_at(len, n, r + 1, ds) - c0;
+			uint64_t d = pos / own, i = pos % own;
+			uint32_t o = (uint32_t)((r + 1 + d) % n);
+			if (m > own - i)
+				m = own - i;
+			op.dst = b.recv[o] + (lo + c0 + i) * ds;
+			op.src[0] = b.recv[r] + (lo + c0 + i) * ds;
+#else
 			/* The owner of element pos of the channel's share. Phase 2
-			 * loads the other chunks from their owners rather than
-			 * storing this rank's into theirs, which would be faster
-			 * (a store does not hold the thread for a round trip over
-			 * the links): once the communicator fails, a rank completes
-			 * with the error and its client may reuse its buffer at
-			 * once, and a peer's kernel must never write into it then.
-			 * Stores need a rank that failed to wait until every peer
-			 * is past its last one first. */
+			 * loads the other chunks from their owners: storing this
+			 * rank's into theirs would not hold the threads for round
+			 * trips over the links, but lets a peer's kernel write into
+			 * a buffer whose rank already failed and whose client may
+			 * be reusing it, unless failures drain (DK_PHASE2_STORES). */
 			uint32_t o = 0;
 			while (o + 1 < n && split_at(len, n, o + 1, ds) <= pos)
 				o++;
@@ -1318,6 +1337,7 @@ __device__ uint64_t work_piece(const dk_task *t, uint32_t ch, uint32_t step, uin
 			}
 			op.dst = b.recv[r] + (lo + pos) * ds;
 			op.src[0] = b.recv[o] + (lo + pos) * ds;
+#endif
 		}
 		break;
 	case DFCCL_OP_ALLGATHER: {
@@ -1446,19 +1466,109 @@ __device__ uint64_t push_piece(const dk_task *t, uint32_t ch, dk_comm *cm, uint3
 	return m;
 }
 
+#if DK_PHASE2_STORES
+/*
+ * Phase 2 of the two-shot all-reduce as stores (DK_PHASE2_STORES): rank r
+ * stores its reduced chunk into the same range of every peer's receive
+ * buffer. Nothing else touches that range of a peer's buffer (in place,
+ * only rank r read it, in its own phase 1), so the phases need no wait
+ * between them, and FINISH, which waits for every rank's `done`, sees the
+ * chunks arrived. A failure needs more: a rank that fails completes and
+ * its client may reuse its buffers, so no peer may store into them after
+ * that. Channel ch of a rank announces its stores (its channel word =
+ * DFCCL_PROGRESS(key, 1)), then, after a sequentially consistent fence,
+ * looks at the communicator's abort word in its GPU's memory. A rank that
+ * fails, once all its channels have left and if it posted the instance,
+ * sets that word (comm_fail: every GPU's copy), fences alike, and then
+ * waits (DK_DRAIN, a wait that gives way like any other) until every
+ * channel of every rank either never announced or ended its stores
+ * (DFCCL_PROGRESS(key, DK_STORES_OFF), stored on every way out of a channel
+ * that announced), and only then completes. Each side's store reaches the GPU copy that the other
+ * side loads, so one of them sees the other: a channel that missed the
+ * abort was seen announcing, and is waited for. Phase 2 also looks at the
+ * abort word before every piece, so the wait lasts a piece or the time a
+ * peer's kernel needs to notice. It is bounded (DK_DRAIN_UNITS, then one
+ * more look at each channel): a peer whose GPU stopped stores nothing
+ * more either. Not covered: a rank whose worker dies has its entries
+ * failed by the supervisor (DEVICE_LOST) without a drain, and the task of
+ * a client that died is freed without one.
+ */
+#define DK_STORES_OFF 2u
+#define DK_DRAIN_UNITS 200u /* the drain's bound, in units of 2^20 ns (about 210 ms) */
+
+__device__ __forceinline__ void sync_fence_sc(void)
+{
+	if (vis.mirror && !vis.npeers)
+		asm volatile("fence.sc.gpu;" ::: "memory");
+	else
+		asm volatile("fence.sc.sys;" ::: "memory");
+}
+
+/* A task whose phase 2 stores into the peers: a two-shot all-reduce on the
+ * direct algorithm (a pushed one writes into connectors only), on a
+ * communicator still in place (a deleted one's words are gone). */
+__device__ __forceinline__ bool stores_task(dk_comm *cm, const dk_task *t, const dk_chan_ctx *x)
+{
+	return t->opcode == DFCCL_OP_ALLREDUCE && t->algo == DFCCL_ALGO_DIRECT && !t->push && !x->oneshot &&
+	       vload(&cm->live) && vload(&cm->gen) == t->comm_gen;
+}
+
+/* Channel ch announces its stores; returns the failure it then sees, or 0. */
+__device__ uint32_t stores_begin(dk_comm *cm, const dk_task *t, uint32_t ch)
+{
+	sync_store(dfccl_comm_chan(vis.sync, vis.n, t->slot, t->rank, ch), DFCCL_PROGRESS(t->key, 1));
+	sync_fence_sc();
+	return comm_aborted(cm, false);
+}
+
+/* Channel ch stores into no peer any more: said where it announced. */
+__device__ void stores_off(const dk_task *t, uint32_t ch)
+{
+	uint64_t *w = dfccl_comm_chan(vis.sync, vis.n, t->slot, t->rank, ch);
+	if (sync_load(w) == DFCCL_PROGRESS(t->key, 1))
+		sync_store(w, DFCCL_PROGRESS(t->key, DK_STORES_OFF));
+}
+
+/* Whether this rank posted this instance: only then may peers be storing
+ * into its buffers (they start after every rank's post). */
+__device__ __forceinline__ bool own_posted(const dk_task *t)
+{
+	return sync_load(&t->posts[t->rank].key) == t->key;
+}
+
+__device__ __forceinline__ uint32_t drain_clock(void)
+{
+	return (uint32_t)(now_ns() >> 20);
+}
+
+/* A failed rank's drain begins, in the channel that completes its task (the
+ * last to leave, or the one in FINISH): every channel (x->pos), then the
+ * completion. */
+__device__ void drain_begin(dk_comm *cm, const dk_task *t, dk_chan_ctx *x, uint32_t status)
+{
+	comm_fail(cm, status);
+	sync_fence_sc();
+	x->pos = 0;
+	x->astep = drain_clock();
+	x->wait_rank = 0;
+	x->step = DK_DRAIN;
+}
+#endif
+
 /* The wait of a channel's step: word(r) >= target for every rank r. */
 struct dk_cond {
 	const uint64_t *word;
 	uint32_t stride; /* words between two ranks' words */
 	uint32_t n;
 	uint64_t target;
+	uint64_t below; /* a word below this is ready too (0: none is) */
 };
 
 __device__ dk_cond cond_of(const dk_task *t, uint32_t ch, uint32_t step)
 {
 	const uint32_t post_words = sizeof(dfccl_rank_post) / sizeof(uint64_t);
 	uint32_t n = vis.n;
-	dk_cond w = {NULL, post_words, n, 0};
+	dk_cond w = {NULL, post_words, n, 0, 0};
 	switch (step) {
 	case DK_SLOT: w.word = &t->posts[0].done, w.target = t->slot_free; break;
 	case DK_POSTS: w.word = &t->posts[0].key, w.target = t->key; break;
@@ -1468,6 +1578,14 @@ __device__ dk_cond cond_of(const dk_task *t, uint32_t ch, uint32_t step)
 		w.target = DFCCL_PROGRESS(t->key, 1);
 		break;
 	case DK_FINISH: w.word = &t->posts[0].done, w.target = t->key; break;
+#if DK_PHASE2_STORES
+	case DK_DRAIN: /* channel ch of every rank: announced no stores, or ended them */
+		w.word = dfccl_comm_chan(vis.sync, n, t->slot, 0, ch);
+		w.stride = DFCCL_COMM_MAX_CHANNELS;
+		w.target = DFCCL_PROGRESS(t->key, DK_STORES_OFF);
+		w.below = DFCCL_PROGRESS(t->key, 1);
+		break;
+#endif
 	case DK_BOX_FREE:
 	case DK_BOX_WANT: w.word = &t->box->ack, w.n = 1, w.target = t->slot_free; break;
 	case DK_BOX_ACK: w.word = &t->box->ack, w.n = 1, w.target = t->key; break;
@@ -1501,7 +1619,8 @@ __device__ bool cond_ready(const dk_task *t, dk_chan_ctx *x, const dk_cond &w, c
 		return true;
 	}
 	for (uint32_t r = x->wait_rank; r < w.n; r++) {
-		if (sync_load(w.word + (uint64_t)r * w.stride) < w.target) {
+		uint64_t v = sync_load(w.word + (uint64_t)r * w.stride);
+		if (v < w.target && v >= w.below) {
 			x->wait_rank = r;
 			*blocker = w.n == 1 ? t->peer : r;
 			return false;
@@ -1519,8 +1638,14 @@ __device__ bool cond_ready(const dk_task *t, dk_chan_ctx *x, const dk_cond &w, c
 __device__ int chan_wait(dk_ctx &c, dk_chan_ctx *x, const dk_task *t, uint32_t ch, dk_comm *cm, uint32_t position,
                          sched_state *s, const algo_step *as)
 {
+#if DK_PHASE2_STORES
+	bool draining = x->step == DK_DRAIN;
+	dk_cond w = as ? dk_cond{} : cond_of(t, draining ? (uint32_t)x->pos : ch, x->step);
+#else
+	const bool draining = false;
 	dk_cond w = as ? dk_cond{} : cond_of(t, ch, x->step);
-	bool drain = x->step == DK_FINISH || x->step == DK_BOX_ACK;
+#endif
+	bool drain = x->step == DK_FINISH || x->step == DK_BOX_ACK || draining;
 	uint32_t threshold = drain ? sched_threshold_drain(&c.p.sched) : sched_threshold(&c.p.sched, position, s);
 	dk_inbox *ib = &c.st->inbox[c.b];
 	uint32_t arrived = vload(&ib->tail);
@@ -1540,7 +1665,8 @@ __device__ int chan_wait(dk_ctx &c, dk_chan_ctx *x, const dk_task *t, uint32_t c
 			host = (w & 63u) == 0;
 		}
 		if (look) {
-			uint32_t ab = comm_aborted(cm, host);
+			/* A drain runs because the communicator failed. */
+			uint32_t ab = draining ? 0 : comm_aborted(cm, host);
 			if (ab) {
 				rc = -(int)ab;
 				break;
@@ -1689,7 +1815,13 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 			 * is the last to leave. */
 			if (vload(&cm->live) && vload(&cm->gen) == t->comm_gen)
 				comm_fail(cm, DFCCL_CQ_PEER_LOST);
-			bool last = x->step == DK_FINISH || chan_leave(tg, ch) + 1 == t->nch;
+			bool finishing = x->step == DK_FINISH;
+#if DK_PHASE2_STORES
+			if (stores_task(cm, t, x))
+				stores_off(t, ch);
+			finishing = finishing || x->step == DK_DRAIN;
+#endif
+			bool last = finishing || chan_leave(tg, ch) + 1 == t->nch;
 			sh.ret = last ? R_FREE : R_CHDONE;
 			return A_RETURN;
 		}
@@ -1728,6 +1860,15 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 					sh.ret = R_PROGRESS;
 					return A_RETURN;
 				}
+#if DK_PHASE2_STORES
+				/* Stores into the peers stop at the piece after a failure. */
+				uint32_t ab = x->step == DK_WORK2 && stores_task(cm, t, x) ? comm_aborted(cm, false) : 0;
+				if (ab) {
+					tg->status = ab;
+					x->step = DK_CHDONE;
+					continue;
+				}
+#endif
 				dk_bufs b;
 				status = t->push ? bufs_own(c, t, cm, &b) : bufs_load(c, tg, cm, &b);
 				if (status != DFCCL_CQ_OK) {
@@ -1776,8 +1917,20 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 				continue;
 			}
 			if (t->opcode == DFCCL_OP_ALLREDUCE && x->step == DK_WORK1 && !x->oneshot) {
+#if DK_PHASE2_STORES
+				/* The chunk this block reduced is read by its own
+				 * threads in phase 2: the block's barrier orders it. */
+				uint32_t ab = stores_begin(cm, t, ch);
+				if (ab) {
+					tg->status = ab;
+					x->step = DK_CHDONE;
+					continue;
+				}
+				x->step = DK_WORK2;
+#else
 				sync_store(dfccl_comm_chan(vis.sync, n, t->slot, t->rank, ch), DFCCL_PROGRESS(t->key, 1));
 				x->step = DK_SYNC1;
+#endif
 			} else {
 				x->step = DK_CHDONE;
 			}
@@ -1794,6 +1947,11 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 				sh.ret = R_FREE;
 				return A_RETURN;
 			}
+#if DK_PHASE2_STORES
+			/* Before any drain: two failed ranks drain each other. */
+			if (stores_task(cm, t, x))
+				stores_off(t, ch);
+#endif
 			/* The last channel of this rank to get here finishes the task;
 			 * its release of `done` covers the other channels' writes,
 			 * which the fence orders before their count. */
@@ -1804,6 +1962,15 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 				return A_RETURN;
 			}
 			if (tg->status != DFCCL_CQ_OK || sqe_is_p2p(t->opcode)) {
+#if DK_PHASE2_STORES
+				/* Every channel has left, so whether this rank posted
+				 * is settled: if it did, peers may be storing into any
+				 * channel's range of its buffers. */
+				if (tg->status != DFCCL_CQ_OK && stores_task(cm, t, x) && own_posted(t)) {
+					drain_begin(cm, t, x, tg->status);
+					continue;
+				}
+#endif
 				complete(c, q, t->seq, tg->status);
 				sh.ret = R_FREE;
 				return A_RETURN;
@@ -1828,7 +1995,22 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 				continue;
 			}
 		}
+#if DK_PHASE2_STORES
 		int rc = chan_wait(c, x, t, ch, cm, position, s, x->step == DK_AWAIT ? &as : NULL);
+		/* Past the bound, a channel's drain ends after one look at the
+		 * peers' words: a peer whose GPU stopped stores nothing more. */
+		if (rc == 0 && x->step == DK_DRAIN && drain_clock() - x->astep > DK_DRAIN_UNITS)
+			rc = 1;
+		if (rc < 0 && x->step == DK_FINISH && stores_task(cm, t, x) && own_posted(t)) {
+			/* Every channel of this rank is past its stores; the peers'
+			 * may not be. */
+			tg->status = (uint32_t)-rc;
+			drain_begin(cm, t, x, tg->status);
+			continue;
+		}
+#else
+		int rc = chan_wait(c, x, t, ch, cm, position, s, x->step == DK_AWAIT ? &as : NULL);
+#endif
 		if (rc < 0) {
 			tg->status = (uint32_t)-rc;
 			if (x->step == DK_FINISH) {
@@ -1903,6 +2085,15 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 			x->step = DK_BOX_KEY;
 			break;
 		case DK_BOX_ACK: x->step = DK_CHDONE; break;
+#if DK_PHASE2_STORES
+		case DK_DRAIN:
+			x->wait_rank = 0; /* a look past the bound may have left it */
+			if (++x->pos < t->nch)
+				break; /* the next channel */
+			complete(c, q, t->seq, tg->status);
+			sh.ret = R_FREE;
+			return A_RETURN;
+#endif
 		default: /* DK_FINISH */
 			complete(c, q, t->seq, DFCCL_CQ_OK);
 			sh.ret = R_FREE;

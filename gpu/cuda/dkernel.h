@@ -61,6 +61,14 @@
 #ifndef DK_REDUCE_ACC
 #define DK_REDUCE_ACC 32
 #endif
+/* Phase 2 of the two-shot all-reduce: 1 stores this rank's chunk into the
+ * peers' buffers, with a drain on failure (dkernel.cu, stores_begin); 0
+ * loads the other chunks from theirs. A build setting
+ * (DFCCL_DK_PHASE2_STORES) until the stores have passed the fault suites
+ * on the GPUs. */
+#ifndef DK_PHASE2_STORES
+#define DK_PHASE2_STORES 0
+#endif
 /* The threads of a block that run its tasks; the last warp of block 0 is
  * the queue reader (one lane), which has counters and a trace ring of its
  * own, after the blocks': slot DK_READER. */
@@ -179,6 +187,7 @@ enum dk_step {
 	DK_BOX_WANT, /* a receive: post `want` once the mailbox's previous message is acknowledged */
 	DK_PUSH,   /* a pushed all-reduce: this rank's data into every peer's connector (dkernel.cu) */
 	DK_LEFT,   /* this channel's part is over: not in its block's queue any more */
+	DK_DRAIN,  /* DK_PHASE2_STORES: a failed rank waits until no peer stores into its buffers */
 };
 
 /* The dynamic context of one channel of a task: its step and position. */

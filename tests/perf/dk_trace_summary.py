@@ -34,7 +34,7 @@ import sys
 
 # enum dk_step, in order (gpu/cuda/dkernel.h).
 STEPS = ["SLOT", "POSTS", "WORK1", "SYNC1", "WORK2", "CHDONE", "FINISH", "BOX_FREE", "BOX_ACK", "BOX_KEY",
-         "AWAIT", "AWORK", "BOX_WANT", "PUSH", "LEFT"]
+         "AWAIT", "AWORK", "BOX_WANT", "PUSH", "LEFT", "DRAIN"]
 
 
 def label(event, arg):
