@@ -271,8 +271,7 @@ template <> __device__ __forceinline__ double ld_cg(const double *p) { return __
 /*
  * 16-byte packs where every pointer allows it, single elements for the rest.
  * A thread keeps U packs of every source in flight before it combines them
- * (U * K accumulators, at most DK_REDUCE_ACC, and at most 8 packs a
- * source: two sources' take 64 registers): a peer's memory over NVLink
+ * (U * K accumulators, at most 16): a peer's memory over NVLink
  * answers in microseconds, and a block of a few hundred threads with one
  * load each in flight would move a few GB/s.
  */
@@ -280,7 +279,7 @@ template <typename T, typename A, typename E, int OP> __device__ void reduce_run
 {
 	const uint32_t tid = threadIdx.x, nt = DK_WORKERS;
 	const unsigned K = 16 / sizeof(T);
-	const unsigned per = DK_REDUCE_ACC / K, U = per < 1 ? 1 : per > 8 ? 8 : per;
+	const unsigned U = K >= 16 ? 1 : K >= 8 ? 2 : 4;
 	bool aligned = ((uintptr_t)o.dst & 15u) == 0;
 	for (uint32_t k = 0; k < o.nsrc; k++)
 		aligned = aligned && ((uintptr_t)o.src[k] & 15u) == 0;

@@ -50,17 +50,6 @@
 #ifndef DK_MIN_BLOCKS_PER_SM
 #define DK_MIN_BLOCKS_PER_SM 1
 #endif
-/* The accumulators a thread of a block keeps when it reduces (reduce_run:
- * 16-byte packs of every source in flight, this divided by the elements of
- * a pack, 1 to 8). A peer's memory answers a load over NVLink in
- * microseconds, so a channel's bandwidth is what its threads keep in
- * flight over that time: 32 rather than 16 (float: 8 packs a source
- * instead of 4) took a 512 MiB all-reduce on two H200 from 4.46 to 3.87
- * ms (RESULTS.md, ninth run, a build whose phase 2 stored into the
- * peers). A build setting, so that the trade can be measured again. */
-#ifndef DK_REDUCE_ACC
-#define DK_REDUCE_ACC 32
-#endif
 /* Phase 2 of the two-shot all-reduce: 1 stores this rank's chunk into the
  * peers' buffers, with a drain on failure (dkernel.cu, stores_begin); 0
  * loads the other chunks from theirs. A build setting

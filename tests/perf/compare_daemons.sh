@@ -10,7 +10,7 @@
 #            a new folder under /tmp, named at the end)
 #   VARIANT  NAME=DFCCLD[:ARGS]: a label, the dfccld to start ("-" for
 #            BINDIR's) and settings for it, space-separated, e.g.
-#            base=- mb2=/tmp/dfccld-mb2 ch16=-:"--channels 16"
+#            base=- mb2=/tmp/dfccld-mb2 ch8=-:"--channels 8"
 # What runs, for every variant in the order given and then the first one
 # again (the drift of the machine over the run shows as the difference
 # between the first and last rows): dfccl-perf all-reduce of float on
