@@ -1481,9 +1481,10 @@ __device__ uint64_t push_piece(const dk_task *t, uint32_t ch, dk_comm *cm, uint3
  * sets that word (comm_fail: every GPU's copy), fences alike, and then
  * waits (DK_DRAIN, a wait that gives way like any other) until every
  * channel of every rank either never announced or ended its stores
- * (DFCCL_PROGRESS(key, DK_STORES_OFF), stored on every way out of a channel
- * that announced), and only then completes. Each side's store reaches the GPU copy that the other
- * side loads, so one of them sees the other: a channel that missed the
+ * (DFCCL_PROGRESS(key, DK_STORES_OFF), stored on every way out of a
+ * channel that announced), and only then completes. Each side's store
+ * reaches the GPU copy that the other side loads, so one of them sees
+ * the other: a channel that missed the
  * abort was seen announcing, and is waited for. Phase 2 also looks at the
  * abort word before every piece, so the wait lasts a piece or the time a
  * peer's kernel needs to notice. It is bounded (DK_DRAIN_UNITS, then one
@@ -1994,8 +1995,8 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 				continue;
 			}
 		}
-#if DK_PHASE2_STORES
 		int rc = chan_wait(c, x, t, ch, cm, position, s, x->step == DK_AWAIT ? &as : NULL);
+#if DK_PHASE2_STORES
 		/* Past the bound, a channel's drain ends after one look at the
 		 * peers' words: a peer whose GPU stopped stores nothing more. */
 		if (rc == 0 && x->step == DK_DRAIN && drain_clock() - x->astep > DK_DRAIN_UNITS)
@@ -2007,8 +2008,6 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 			drain_begin(cm, t, x, tg->status);
 			continue;
 		}
-#else
-		int rc = chan_wait(c, x, t, ch, cm, position, s, x->step == DK_AWAIT ? &as : NULL);
 #endif
 		if (rc < 0) {
 			tg->status = (uint32_t)-rc;

@@ -51,7 +51,8 @@
 #define DK_MIN_BLOCKS_PER_SM 1
 #endif
 /* Phase 2 of the two-shot all-reduce: 1 stores this rank's chunk into the
- * peers' buffers, with a drain on failure (dkernel.cu, stores_begin); 0
+ * peers' buffers, with a drain on failure (dkernel.cu, before
+ * sync_fence_sc); 0
  * loads the other chunks from theirs. A build setting
  * (DFCCL_DK_PHASE2_STORES) until the stores have passed the fault suites
  * on the GPUs. */
