@@ -1221,9 +1221,7 @@ extern "C" int cuda_engine_ops_new(const struct engine_config *cfg, const struct
 	e->params.blocks = cfg->channels ? cfg->channels : 1;
 	if (e->params.blocks > DK_MAX_BLOCKS)
 		e->params.blocks = DK_MAX_BLOCKS;
-	uint32_t fit = 0;
-	if (dk_max_blocks((int)cfg->device, &fit) != cudaSuccess)
-		cudaGetLastError();
+	uint32_t fit = dk_max_blocks((int)cfg->device);
 	if (fit && e->params.blocks > fit) {
 		/* Fewer SMs than channels (a MIG instance, an MPS share): a block
 		 * that never starts would stop the kernel. Communicators that span

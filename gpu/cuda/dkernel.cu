@@ -2292,14 +2292,17 @@ extern "C" int dk_launch(const struct dk_params *p, void *stream)
 	return (int)cudaGetLastError();
 }
 
-extern "C" int dk_max_blocks(int device, uint32_t *blocks)
+extern "C" uint32_t dk_max_blocks(int device)
 {
 	int sms = 0, per_sm = 0;
 	cudaError_t rc = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
 	if (rc == cudaSuccess)
 		rc = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, dk_main, DK_THREADS, 0);
-	*blocks = rc == cudaSuccess && sms > 0 && per_sm > 0 ? (uint32_t)sms * (uint32_t)per_sm : 0;
-	return (int)rc;
+	if (rc != cudaSuccess) {
+		cudaGetLastError();
+		return 0;
+	}
+	return sms > 0 && per_sm > 0 ? (uint32_t)sms * (uint32_t)per_sm : 0;
 }
 
 extern "C" int dk_preload(void)

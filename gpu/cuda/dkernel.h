@@ -375,10 +375,10 @@ extern "C" {
 /* Launches the daemon kernel (dkernel.cu) on stream; returns a cudaError_t. */
 int dk_launch(const struct dk_params *p, void *stream);
 /* How many blocks of the kernel device can hold at once (its SMs, as this
- * context sees them: a MIG instance's, an MPS client's share), into
- * *blocks (0 when unknown); returns a cudaError_t. Every block of the
- * kernel must be resident together: the queue reader waits for them all. */
-int dk_max_blocks(int device, uint32_t *blocks);
+ * context sees them: a MIG instance's, an MPS client's share), or 0 when
+ * unknown. Every block of the kernel must be resident together: the queue
+ * reader waits for them all. */
+uint32_t dk_max_blocks(int device);
 /* Loads the kernel's module now (lazy loading must not happen while it runs). */
 int dk_preload(void);
 #if defined(__cplusplus)
