@@ -95,7 +95,7 @@ static const struct setting settings[] = {
      "after a collective progressed, its thresholds are multiplied by this (adaptive stickiness)"},
     {"spin-max", T_INT, F(spin_max), 1, 1000000000, "2000000", NULL,
      "the largest spin threshold stickiness can reach"},
-    {"channels", T_INT, F(channels), 1, 16, "16", NULL,
+    {"channels", T_INT, F(channels), 1, 32, "16", NULL,
      "cuda engine: blocks (channels) of each GPU's daemon kernel; a collective uses up to this many, by size"},
     {"kernel-idle-us", T_INT, F(kernel_idle_us), 0, 60000000, "200", NULL,
      "cuda engine: microseconds a daemon kernel with nothing to do stays resident before it quits; without MPS "

@@ -62,7 +62,7 @@
  * workers (WorkerCommAck.peer_blob, engine_comm_export). */
 #define DFCCL_PEER_BLOB_MAX 256u
 
-#define DFCCL_COMM_MAX_CHANNELS 16u  /* channels (daemon-kernel blocks) one instance may use */
+#define DFCCL_COMM_MAX_CHANNELS 32u  /* channels (daemon-kernel blocks) one instance may use */
 
 #define DFCCL_COMM_CONN_BYTES 65536u /* connector of one rank in one instance slot: two halves */
 #define DFCCL_COMM_CONN_HALF (DFCCL_COMM_CONN_BYTES / 2)
@@ -78,10 +78,15 @@
 	(((uint64_t)(key) << DFCCL_PROGRESS_BITS) | ((uint64_t)(phase)&DFCCL_PROGRESS_MAX_PHASE))
 
 /* What every rank of an instance must agree on besides the count: the
- * post's `shape`. */
+ * post's `shape`. Its algorithm byte holds the enum dfccl_algo in bits 0-2
+ * and, where the engine splits an instance into channels (the daemon
+ * kernel), the channel count less one in bits 3-7
+ * (DFCCL_POST_ALGO_CHANNELS), so that ranks that would split the data
+ * differently disagree. */
 #define DFCCL_POST_SHAPE(opcode, dtype, redop, algo) \
 	((uint32_t)(opcode) | (uint32_t)(dtype) << 8 | (uint32_t)(redop) << 16 | (uint32_t)(algo) << 24)
-#define DFCCL_POST_SHAPE_ALGO(shape) ((uint32_t)(shape) >> 24)
+#define DFCCL_POST_ALGO_CHANNELS(algo, nch) ((uint32_t)(algo) | ((uint32_t)(nch)-1u) << 3)
+#define DFCCL_POST_SHAPE_ALGO(shape) ((uint32_t)(shape) >> 24 & 7u)
 
 /* One rank's part of one collective instance: one cache line. */
 struct dfccl_rank_post {
@@ -146,6 +151,9 @@ struct dfccl_comm_plan {
 };
 
 #define DFCCL_COMM_PLAN_OFFSET 64u
+
+DFCCL_STATIC_ASSERT(DFCCL_ALGO_COUNT_ <= 8 && DFCCL_COMM_MAX_CHANNELS <= 32,
+                    "the algorithm and the channel count share the shape's algorithm byte");
 
 DFCCL_STATIC_ASSERT(sizeof(struct dfccl_rank_post) == 64, "rank post is one cache line");
 DFCCL_STATIC_ASSERT(sizeof(struct dfccl_p2p_box) == 64, "p2p box is one cache line");

@@ -473,6 +473,7 @@ struct dk_ctx {
 	uint64_t trace_n;   /* events this block recorded (its ring's count, kept here) */
 	uint32_t b;
 	uint32_t slot;      /* its counters and trace ring: b, or DK_READER for the queue reader */
+	uint32_t passes;    /* the queue reader: its passes over the queue pairs so far */
 };
 
 /* Records an event of thread 0 of this block (dkernel.h, DK_TRACE_ENV). */
@@ -702,9 +703,9 @@ __device__ uint32_t entry_accept(dk_ctx &c, uint32_t qi, dk_qp *q, const dfccl_s
 	uint64_t sb, rb;
 	if (sqe_buf_bytes(e->opcode, e->count, dsize, n, e->peer == e->rank, &sb, &rb) < 0)
 		return DFCCL_CQ_OUT_OF_RANGE;
-	resolve(st, e->send_reg, sess, e->send_off, sb, &s);
+	char *own_send = resolve(st, e->send_reg, sess, e->send_off, sb, &s), *own_recv = NULL;
 	if (s == DFCCL_CQ_OK)
-		resolve(st, e->recv_reg, sess, e->recv_off, rb, &s);
+		own_recv = resolve(st, e->recv_reg, sess, e->recv_off, rb, &s);
 	if (s == DFCCL_CQ_OK)
 		s = comm_aborted(cm, false);
 	if (s != DFCCL_CQ_OK)
@@ -729,6 +730,9 @@ __device__ uint32_t entry_accept(dk_ctx &c, uint32_t qi, dk_qp *q, const dfccl_s
 	t->count = e->count;
 	t->send_off = e->send_off;
 	t->recv_off = e->recv_off;
+	t->own_send = own_send;
+	t->own_recv = own_recv;
+	t->accept_epoch = c.p.epoch;
 	t->opcode = e->opcode;
 	t->dtype = e->dtype;
 	t->redop = e->redop;
@@ -820,6 +824,18 @@ __device__ uint32_t entry_accept(dk_ctx &c, uint32_t qi, dk_qp *q, const dfccl_s
 #define DK_SCAN_WINDOW 32u
 
 /*
+ * A pass whose head is not armed costs a PCIe round trip for the header
+ * and the head's arm word, and one more per DK_SCAN entries it looks at
+ * past the head. A stream arms its entries in order, so the next entry
+ * of a queue pair is mostly its head: only every DK_LOOK_PAST-th pass
+ * looks past an unarmed head, and the others come round at a fraction of
+ * the cost, so that the head's arm is seen sooner. An entry armed out of
+ * order, and one beyond the pair's room whose instance a peer posted
+ * (scheduler.h), is seen within DK_LOOK_PAST passes more.
+ */
+#define DK_LOOK_PAST 4u
+
+/*
  * The first entry of [from, s) not taken yet that reads armed, loaded after
  * the acquire of s's arm word (0: none; scheduler.h, "Taking in order"): a
  * stream arms its entries one after the other, each write after a fence,
@@ -876,6 +892,10 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 		uint64_t tail = vload(&hdr->sq_tail);
 		uint64_t arm_head = ld_acq_sys(&sq[DFCCL_QP_SLOT(head, n)].arm);
 		if (tail < head || qstate != DFCCL_QP_ACTIVE)
+			continue;
+		/* Past an unarmed head only every DK_LOOK_PAST-th pass, before the
+		 * admission's loads too. */
+		if (arm_head != head && c.passes % DK_LOOK_PAST != 0)
 			continue;
 		/* The client owns the tail: never look further than one lap. */
 		if (tail >= head + n)
@@ -1093,7 +1113,7 @@ __device__ uint32_t shape_of(const dk_task *t)
 {
 	/* The algorithm byte carries the channel count too, so ranks that
 	 * would split the data differently fail instead of mixing parts. */
-	return DFCCL_POST_SHAPE(t->opcode, t->dtype, t->redop, t->algo | (uint32_t)t->nch << 3);
+	return DFCCL_POST_SHAPE(t->opcode, t->dtype, t->redop, DFCCL_POST_ALGO_CHANNELS(t->algo, t->nch));
 }
 
 /* The post's root: a rooted collective's root; for the others whether the
@@ -1420,9 +1440,15 @@ __device__ char *push_region(const dk_task *t, uint32_t ch, dk_comm *cm, uint32_
 }
 
 /* This rank's own buffers (all a pushed all-reduce touches besides the
- * connectors), into b's slots of its rank. */
+ * connectors), into b's slots of its rank: as the queue reader resolved
+ * them, in the launch that took the entry; resolved again in a later one. */
 __device__ uint32_t bufs_own(dk_ctx &c, const dk_task *t, dk_comm *cm, dk_bufs *b)
 {
+	if (t->accept_epoch == c.p.epoch) {
+		b->send[t->rank] = t->own_send;
+		b->recv[t->rank] = t->own_recv;
+		return DFCCL_CQ_OK;
+	}
 	uint64_t bytes = t->count * t->dsize, session = vload(&cm->session[t->rank]);
 	uint32_t s;
 	b->send[t->rank] = resolve(c.st, t->send_reg, session, t->send_off, bytes, &s);
@@ -1940,9 +1966,14 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 			if (t->push) {
 				/* One channel, and no rank reads another's buffers: done
 				 * once its own connector is read (`done` lets the peers
-				 * reuse the slot), and complete at once. */
+				 * reuse the slot), and complete at once. `done` orders
+				 * nothing but the block's loads of the connector, which
+				 * have returned (their sums are stored) before the
+				 * barrier that led here: a plain store, which the
+				 * completion's release publishes, without a fence of
+				 * its own. */
 				if (tg->status == DFCCL_CQ_OK)
-					sync_store(&t->posts[t->rank].done, t->key);
+					sync_put(&t->posts[t->rank].done, t->key);
 				complete(c, q, t->seq, tg->status);
 				sh.ret = R_FREE;
 				return A_RETURN;
@@ -2136,8 +2167,10 @@ __device__ void reader_main(dk_ctx &c)
 		__nanosleep(100);
 	}
 	uint64_t last_active = now_ns();
+	c.passes = 0;
 	while (!vload(&st->ctl.stop) && !vload(&st->ctl.park)) {
 		uint32_t got = read_queues(c);
+		c.passes++;
 		trace(c, DK_EV_QUEUES, got);
 		uint64_t now = now_ns();
 		if (got || vload(&st->live_tasks))
@@ -2146,6 +2179,7 @@ __device__ void reader_main(dk_ctx &c)
 			/* Going: say so, then look once more, so an entry armed
 			 * before a client saw SLEEPING is not missed. */
 			set_engine_state(st, DFCCL_ENGINE_SLEEPING);
+			c.passes = 0; /* a whole look: past every unarmed head too */
 			if (read_queues(c) > 0) {
 				set_engine_state(st, DFCCL_ENGINE_POLLING);
 				last_active = now_ns();

@@ -227,7 +227,13 @@ struct dk_task {
 	uint8_t push;       /* 1: a pushed all-reduce (push_fits, dkernel.cu) */
 	struct dfccl_rank_post *posts; /* collectives: the instance's posts, [rank] */
 	struct dfccl_p2p_box *box;     /* send/recv */
-	uint64_t reserved2;
+	/* This rank's own buffers as the queue reader resolved them when it
+	 * checked the entry, valid in launch accept_epoch only (registrations
+	 * change while the kernel is parked): what a pushed all-reduce
+	 * touches besides the connectors (bufs_own, dkernel.cu). */
+	char *own_send, *own_recv;
+	uint32_t accept_epoch;
+	uint32_t reserved2;
 	/* What changes. */
 	uint32_t state;     /* enum dk_task_state */
 	uint32_t chdone;    /* channels finished (atomic) */

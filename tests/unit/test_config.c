@@ -122,6 +122,8 @@ static void test_set_good(void **state)
 	char err[512];
 	assert_int_equal(config_set(&c, "host-devices", "1", err, sizeof(err)), 0);
 	assert_int_equal(c.host_devices, 1);
+	assert_int_equal(config_set(&c, "channels", "32", err, sizeof(err)), 0);
+	assert_int_equal(c.channels, 32);
 	assert_int_equal(config_set(&c, "host-devices", "64", err, sizeof(err)), 0);
 	assert_int_equal(c.host_devices, 64);
 	assert_int_equal(config_set(&c, "engine", "cuda", err, sizeof(err)), 0);
@@ -203,6 +205,8 @@ static void test_set_bad(void **state)
 	expect_set("sq-entries", "48", -EINVAL);
 	expect_set("sq-entries", "8", -ERANGE);
 	expect_set("sq-entries", "131072", -ERANGE);
+	expect_set("channels", "0", -ERANGE);
+	expect_set("channels", "33", -ERANGE); /* DFCCL_COMM_MAX_CHANNELS */
 	expect_set("engine", "gpu", -EINVAL);
 	expect_set("engine", "", -EINVAL);
 	expect_set("engine", "CUDA", -EINVAL);

@@ -19,6 +19,7 @@
 
 #include <cmocka.h>
 
+#include "dfccl_comm.h"
 #include "dfccl_queue.h"
 #include "dfccl_stats.h"
 #include "queue.h"
@@ -79,6 +80,24 @@ static void test_completion_word(void **state)
 	/* A status wider than 16 bits cannot bleed into the sequence. */
 	assert_int_equal(DFCCL_CW_MAKE(5, 0x12345), 5 * 65536 + 0x2345);
 	assert_int_equal(DFCCL_CW_STATUS_BITS, 16);
+}
+
+/* The post's shape: every channel count of the daemon kernel is a shape
+ * of its own, and the algorithm reads back whatever the channel count. */
+static void test_post_shape(void **state)
+{
+	(void)state;
+	for (uint32_t algo = DFCCL_ALGO_DIRECT; algo < DFCCL_ALGO_COUNT_; algo++)
+		for (uint32_t nch = 1; nch <= DFCCL_COMM_MAX_CHANNELS; nch++) {
+			uint32_t shape = DFCCL_POST_SHAPE(DFCCL_OP_ALLREDUCE, 7, 0, DFCCL_POST_ALGO_CHANNELS(algo, nch));
+			assert_int_equal(DFCCL_POST_SHAPE_ALGO(shape), algo);
+			assert_int_equal(shape & 0xffffffu, DFCCL_POST_SHAPE(DFCCL_OP_ALLREDUCE, 7, 0, 0));
+			if (nch > 1)
+				assert_int_not_equal(shape, DFCCL_POST_SHAPE(DFCCL_OP_ALLREDUCE, 7, 0,
+				                                             DFCCL_POST_ALGO_CHANNELS(algo, nch - 1)));
+		}
+	/* The host engine posts the algorithm alone. */
+	assert_int_equal(DFCCL_POST_SHAPE_ALGO(DFCCL_POST_SHAPE(DFCCL_OP_REDUCE, 2, 1, DFCCL_ALGO_RING)), DFCCL_ALGO_RING);
 }
 
 static void test_stats_page(void **state)
@@ -247,7 +266,8 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_region_geometry), cmocka_unit_test(test_slot),
-	    cmocka_unit_test(test_completion_word), cmocka_unit_test(test_stats_page),
+	    cmocka_unit_test(test_completion_word), cmocka_unit_test(test_post_shape),
+	    cmocka_unit_test(test_stats_page),
 	    cmocka_unit_test(test_names),           cmocka_unit_test(test_create_map_check),
 	    cmocka_unit_test(test_create_bad_entries), cmocka_unit_test(test_corrupt_header),
 	    cmocka_unit_test(test_sealed),
