@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where the daemon kernel's time goes, from its event trace.
 
-Usage: dk_trace_summary.py TRACE [--block B] [--top N] [--turnaround] [--stalls US]
+Usage: dk_trace_summary.py TRACE [--block B|reader] [--top N] [--turnaround] [--stalls US]
 
 TRACE is the file a CUDA worker writes when dfccld runs with
 DFCCL_DK_TRACE=TRACE (gpu/cuda/dkernel.h): one line per event of thread 0 of
@@ -13,6 +13,11 @@ a block, "block ns event arg". For block B (default 0) this prints
     the N (default 25) with the largest total first;
   - per task, the time from its arrival on the block to its completion;
   - the time between two completions, the figure a client sees back to back.
+
+--block reader does the same for the queue reader (its block number is in
+the trace's header): the time of its passes over the queue pairs, those that
+took nothing ("queues (took none)") and those that took entries, and, for
+entries it completed itself (NOPs, refusals), its completions.
 
 With --turnaround it prints instead, over every block, the time from each
 completion to the queue reader's next take of an entry: with one collective
@@ -146,7 +151,8 @@ def summary(events, top):
 def main():
     ap = argparse.ArgumentParser(description="Where the daemon kernel's time goes, from its event trace.")
     ap.add_argument("trace", help="the file dfccld's CUDA worker wrote (DFCCL_DK_TRACE)")
-    ap.add_argument("--block", type=int, default=0, help="the block (channel) to look at (default 0)")
+    ap.add_argument("--block", default="0",
+                    help="the block (channel) to look at (default 0), or 'reader': the queue reader's passes")
     ap.add_argument("--top", type=int, default=25, help="transitions to list (default 25)")
     ap.add_argument("--turnaround", action="store_true",
                     help="the time from each completion to the queue reader's next take instead")
@@ -165,12 +171,15 @@ def main():
         except (OSError, ValueError) as e:
             sys.exit("dk_trace_summary: cannot read %s: %s" % (args.trace, e))
         return
+    if args.block != "reader" and not args.block.isdigit():
+        sys.exit("dk_trace_summary: --block takes a block number or 'reader', not %r" % args.block)
     try:
-        events = read(args.trace, args.block)
+        block = reader_of(args.trace) if args.block == "reader" else int(args.block)
+        events = read(args.trace, block)
     except (OSError, ValueError) as e:
         sys.exit("dk_trace_summary: cannot read %s: %s" % (args.trace, e))
     if len(events) < 2:
-        sys.exit("dk_trace_summary: block %d has %d event(s) in %s" % (args.block, len(events), args.trace))
+        sys.exit("dk_trace_summary: block %d has %d event(s) in %s" % (block, len(events), args.trace))
     summary(events, args.top)
 
 

@@ -59,6 +59,7 @@ def main():
         with open(path, "w") as f:
             f.write("\n".join(trace_lines()) + "\n")
 
+        t0, t1 = TAKE_AFTER
         out = run(path)
         # task -> step POSTS: 1 us, three times.
         expect(out, "%-28s %-28s %8d %9s %9s %11s" % ("task", "step POSTS", 3, "1.00", "1.00", "3.00"))
@@ -69,6 +70,16 @@ def main():
         gaps = [b - a for a, b in zip(STARTS, STARTS[1:])]
         expect(out, "between completions: 2, median %.2f us, mean %.2f us, min %.2f us, max %.2f us" %
                (sum(gaps) / 2e3, sum(gaps) / 2e3, min(gaps) / 1e3, max(gaps) / 1e3))
+
+        # The reader's passes: an empty pass 0.5 us after each completion,
+        # then the take 2.5 and 6.5 us after that empty pass.
+        out = run(path, "--block", "reader")
+        expect(out, "%-28s %-28s %8d %9s %9s %11s" % ("queues (took none)", "queues (took some)", 2,
+                                                      "%.2f" % ((t0 + t1) / 2e3 - 0.5), "%.2f" % ((t0 + t1) / 2e3 - 0.5),
+                                                      "%.2f" % ((t0 + t1) / 1e3 - 1.0)))
+        r = subprocess.run([sys.executable, SCRIPT, path, "--block", "first"], capture_output=True, text=True)
+        if r.returncode == 0 or "'reader'" not in r.stderr:
+            sys.exit("FAIL: --block first was taken: %r" % r.stderr)
 
         out = run(path, "--turnaround")
         t = TAKE_AFTER
