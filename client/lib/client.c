@@ -965,7 +965,8 @@ dfcclResult_t client_nop(struct client *c, uint32_t device)
  * a queue back is waited for before the next is posted, while the stream
  * still has the half queued ahead of it.
  */
-dfcclResult_t client_nop_stream(struct client *c, uint32_t device, dfcclStream_t stream, long count)
+dfcclResult_t client_nop_stream(struct client *c, uint32_t device, dfcclStream_t stream, long count,
+                                double *issue_us)
 {
 	if (count < 1)
 		return errors_set(dfcclInvalidArgument, "stream-ordered NOPs: count %ld is not positive", count);
@@ -986,9 +987,12 @@ dfcclResult_t client_nop_stream(struct client *c, uint32_t device, dfcclStream_t
 	struct qp_ticket *t = calloc((size_t)window, sizeof(*t));
 	if (!t)
 		return errors_set(dfcclSystemError, "out of memory");
+	uint64_t start = qp_now_ns(), waiting = 0;
 	for (long i = 0; i < count && r == dfcclSuccess; i++) {
 		if (i >= window) {
+			uint64_t w0 = qp_now_ns();
 			r = qp_wait_for(q, &t[waited % window], wait_ms);
+			waiting += qp_now_ns() - w0;
 			if (r == dfcclSuccess)
 				r = qp_status_result(t[waited % window].status, DFCCL_OP_NOP);
 			waited++;
@@ -1006,6 +1010,8 @@ dfcclResult_t client_nop_stream(struct client *c, uint32_t device, dfcclStream_t
 		struct stream_batch b = {.items = &it, .n = 1};
 		r = stream_batch_finish(&b);
 	}
+	if (issue_us)
+		*issue_us = posted ? (double)(qp_now_ns() - start - waiting) / 1e3 / (double)posted : 0;
 	/* Every posted entry is waited for, whatever failed: its ticket is
 	 * freed below. */
 	for (; waited < posted; waited++) {
@@ -1051,7 +1057,7 @@ dfcclResult_t dfcclGetDeviceCount(int *count)
 	return r;
 }
 
-dfcclResult_t dfcclInternalNopStream(int device, void *stream, long count)
+dfcclResult_t dfcclInternalNopStream(int device, void *stream, long count, double *issue_us)
 {
 	if (!stream)
 		return errors_set(dfcclInvalidArgument, "dfcclInternalNopStream: stream is NULL");
@@ -1059,7 +1065,7 @@ dfcclResult_t dfcclInternalNopStream(int device, void *stream, long count)
 	dfcclResult_t r = client_default(&c);
 	if (r != dfcclSuccess)
 		return r;
-	r = client_nop_stream(c, (uint32_t)device, (dfcclStream_t)stream, count);
+	r = client_nop_stream(c, (uint32_t)device, (dfcclStream_t)stream, count, issue_us);
 	client_unref(c);
 	return r;
 }

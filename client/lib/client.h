@@ -186,7 +186,8 @@ dfcclResult_t client_attach(struct client *c, uint32_t device, struct qp **out);
  * whole queue path (dfcclctl ping). */
 dfcclResult_t client_nop(struct client *c, uint32_t device);
 /* dfcclInternalNopStream's work on c. */
-dfcclResult_t client_nop_stream(struct client *c, uint32_t device, dfcclStream_t stream, long count);
+dfcclResult_t client_nop_stream(struct client *c, uint32_t device, dfcclStream_t stream, long count,
+                                double *issue_us);
 
 /* The calling thread's device (dfcclSetDevice; 0 by default). */
 int client_current_device(void);

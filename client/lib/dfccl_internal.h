@@ -22,8 +22,12 @@ dfcclResult_t dfcclInternalNop(int device);
 /* Submits `count` NOP entries on `device`, stream-ordered on `stream` (a
  * cudaStream_t of the device): each is armed by the stream after the one
  * before completed, as a stream-ordered collective is, and the stream waits
- * for its completion. Returns once all of them completed. */
-dfcclResult_t dfcclInternalNopStream(int device, void *stream, long count);
+ * for its completion. Returns once all of them completed. With issue_us,
+ * the host time the calls took per entry besides their waits for earlier
+ * entries' completions: posting, and queuing the arm and the wait on the
+ * stream (where it is close to the time per entry, the host is what paces
+ * the stream). */
+dfcclResult_t dfcclInternalNopStream(int device, void *stream, long count, double *issue_us);
 
 #ifdef __cplusplus
 }

@@ -44,7 +44,7 @@ static inline void cpu_relax(void)
 #endif
 }
 
-static uint64_t monotonic_ns(void)
+uint64_t qp_now_ns(void)
 {
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -54,7 +54,7 @@ static uint64_t monotonic_ns(void)
 /* The supervisor reads this to tell a stopped client from a slow one. */
 void qp_heartbeat(struct qp *q)
 {
-	__atomic_store_n(&q->hdr->client_heartbeat_ns, monotonic_ns(), __ATOMIC_RELAXED);
+	__atomic_store_n(&q->hdr->client_heartbeat_ns, qp_now_ns(), __ATOMIC_RELAXED);
 }
 
 const char *qp_op_name(unsigned opcode)
@@ -233,7 +233,7 @@ void qp_backoff_pause(struct qp_backoff *b)
 		b->spins++;
 		/* Past the count, keep spinning until the time is up too. */
 		if (b->spins == QP_SPINS) {
-			uint64_t now = monotonic_ns();
+			uint64_t now = qp_now_ns();
 			if (!b->spin_until)
 				b->spin_until = now + (b->spin_ns ? b->spin_ns : b->q ? b->q->spin_ns : QP_SPIN_NS);
 			if (now < b->spin_until)
@@ -289,7 +289,7 @@ static dfcclResult_t qp_poll(struct qp *q, const struct qp_cond *c)
 {
 	struct qp_backoff b = QP_BACKOFF_ON(q);
 	dfcclResult_t r = dfcclSuccess;
-	uint64_t deadline_ns = c->wait_ms ? monotonic_ns() + c->wait_ms * 1000000ull : 0;
+	uint64_t deadline_ns = c->wait_ms ? qp_now_ns() + c->wait_ms * 1000000ull : 0;
 	for (;;) {
 		if (qp_cond_met(q, c))
 			break;
@@ -298,7 +298,7 @@ static dfcclResult_t qp_poll(struct qp *q, const struct qp_cond *c)
 			if (r != dfcclSuccess)
 				break;
 			qp_heartbeat(q);
-			if (deadline_ns && monotonic_ns() > deadline_ns) {
+			if (deadline_ns && qp_now_ns() > deadline_ns) {
 				if (c->ticket)
 					r = errors_set(dfcclTimeout, "entry %llu of device %u's submission queue has not "
 					               "completed in %llu ms (the stream that arms it may be blocked, or dfccld "

@@ -196,6 +196,9 @@ bool qp_backoff_sleeping(const struct qp_backoff *b);
 /* Tells the supervisor this client is alive and polling. */
 void qp_heartbeat(struct qp *q);
 
+/* CLOCK_MONOTONIC in nanoseconds. */
+uint64_t qp_now_ns(void);
+
 /* The result for a completion status of an entry of `opcode`; sets the last
  * error for every status but DFCCL_CQ_OK. */
 dfcclResult_t qp_status_result(uint32_t status, unsigned opcode);

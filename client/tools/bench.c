@@ -408,10 +408,12 @@ static dfcclResult_t bench_iteration(struct bench_rank *b, unsigned what, const 
 /*
  * n iterations, completed: in callback mode each one waited for, timed on
  * the host clock; in stream mode back to back between two events and
- * waited for once, timed by the GPU. With us, the time per iteration.
+ * waited for once, timed by the GPU. With us, the time per iteration; with
+ * issue (stream mode), the host's time per iteration to make the calls,
+ * before the wait.
  */
 static dfcclResult_t bench_run(struct bench_rank *b, unsigned what, const void *send, void *recv, size_t count,
-                               long n, double *us)
+                               long n, double *us, double *issue)
 {
 	const struct bench_spec *s = b->spec;
 	dfcclResult_t r = dfcclSuccess;
@@ -428,6 +430,8 @@ static dfcclResult_t bench_run(struct bench_rank *b, unsigned what, const void *
 			return bench_mem_failed(b, "starting the stream's timer");
 		for (long i = 0; i < n && r == dfcclSuccess; i++)
 			r = bench_iteration(b, what, send, recv, count);
+		if (issue && n > 0)
+			*issue = (tool_now() - t0) * 1e6 / (double)n;
 		if (r == dfcclSuccess && membuf_event_record(b->ev[1], b->stream) < 0)
 			return bench_mem_failed(b, "stopping the stream's timer");
 		if (r == dfcclSuccess)
@@ -451,18 +455,19 @@ dfcclResult_t bench_measure(struct bench_rank *b, const struct bench_size *z, bo
 	*m = (struct bench_result){0};
 	if (inplace && !tool_inplace(s->coll, b->bufs.recv.ptr, z->count, s->dtype, b->rank, &send, &recv))
 		return dfcclSuccess;
-	dfcclResult_t r = bench_run(b, what, send, recv, z->count, s->warmup, NULL);
+	dfcclResult_t r = bench_run(b, what, send, recv, z->count, s->warmup, NULL, NULL);
 	if (r == dfcclSuccess)
 		r = bench_allsum(b, 0, &sum);
 	if (r == dfcclSuccess && overlap)
-		r = bench_run(b, RUN_COMPUTE, send, recv, z->count, s->iters, &m->compute_us);
+		r = bench_run(b, RUN_COMPUTE, send, recv, z->count, s->iters, &m->compute_us, NULL);
 	if (r == dfcclSuccess && overlap)
 		r = bench_allsum(b, 0, &sum);
 	if (r == dfcclSuccess)
-		r = bench_run(b, what, send, recv, z->count, s->iters, &m->total_us);
+		r = bench_run(b, what, send, recv, z->count, s->iters, &m->total_us, &m->issue_us);
 	if (r != dfcclSuccess)
 		return r;
 	m->us = (m->total_us - m->compute_us) / s->batch;
+	m->issue_us /= s->batch;
 	m->valid = true;
 	if (!s->check)
 		return dfcclSuccess;
