@@ -67,14 +67,17 @@ queue_print() {
 # traced NAME ARGS...: one run of 4 KiB through the script's own `perf`
 # function (NAME ARGS...), on a daemon of its own started with
 # DFCCL_DK_TRACE (trace_NAME.txt for GPU 0, trace_NAME.txt.gpuN for the
-# others); each GPU's trace is summarised by dk_trace_summary.py (block 0,
-# then --turnaround, then --stalls 50) into trace_NAME_gpuN_summary.txt in
-# $outdir.
+# others; with the script's daemon_args, where it has them); each GPU's
+# trace is summarised by dk_trace_summary.py (block 0, then --turnaround,
+# then the queue reader's passes, then --stalls 50) into
+# trace_NAME_gpuN_summary.txt in $outdir.
 traced() {
 	local name=$1 g f sum
 	shift
-	# shellcheck disable=SC2119 # the daemon with its defaults, traced
-	DFCCL_DK_TRACE=$outdir/trace_$name.txt start_daemon
+	# The daemon with the script's settings (daemon_args, where it has
+	# them), traced.
+	# shellcheck disable=SC2154 # daemon_args is the sourcing script's
+	DFCCL_DK_TRACE=$outdir/trace_$name.txt start_daemon "${daemon_args[@]+"${daemon_args[@]}"}"
 	perf "$name" "$@" -b 4K -e 4K
 	stop_daemon
 	for g in $(seq 0 $((ngpu - 1))); do
@@ -84,6 +87,7 @@ traced() {
 		sum=$outdir/trace_${name}_gpu${g}_summary.txt
 		{ python3 "$perf_lib_dir/dk_trace_summary.py" "$f" &&
 			python3 "$perf_lib_dir/dk_trace_summary.py" "$f" --turnaround &&
+			python3 "$perf_lib_dir/dk_trace_summary.py" "$f" --block reader --top 12 &&
 			python3 "$perf_lib_dir/dk_trace_summary.py" "$f" --stalls 50; } >"$sum" 2>&1 ||
 			echo "== the trace of $name on GPU $g could not be summarised: $(tail -n 1 "$sum")"
 	done

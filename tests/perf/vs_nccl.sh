@@ -15,7 +15,9 @@
 # exits 77. It starts its own dfccld (CUDA engine, every GPU) on a private
 # socket, as the GPU tests do (tests/gpu/gpu_lib.sh). The two ranks run on
 # GPUs 0 and 1, or the two that VS_NCCL_GPUS names ("2,3");
-# VS_NCCL_ITERS and VS_NCCL_WARMUP change -n and -w (default 20 and 5).
+# VS_NCCL_ITERS and VS_NCCL_WARMUP change -n and -w (default 20 and 5);
+# VS_NCCL_DAEMON_ARGS gives dfccld settings (e.g. "--channels 32"), for
+# its every start here, and the header names them.
 # VS_NCCL_MPS=1 runs both libraries' runs under a private MPS daemon (root
 # and nvidia-cuda-mps-control, else SKIPPED): without MPS a client's
 # context with stream work queued takes time slices from the daemon
@@ -83,8 +85,10 @@ if [ -n "${VS_NCCL_MPS:-}" ]; then
 	mps_start
 	mps=", under MPS"
 fi
-# shellcheck disable=SC2119 # the daemon with its defaults: every GPU
-start_daemon
+# The daemon's settings (VS_NCCL_DAEMON_ARGS), for perf_lib's traced runs too.
+daemon_args=()
+[ -z "${VS_NCCL_DAEMON_ARGS:-}" ] || read -ra daemon_args <<<"$VS_NCCL_DAEMON_ARGS"
+start_daemon "${daemon_args[@]+"${daemon_args[@]}"}"
 # shellcheck disable=SC2086 # one argument per GPU
 queue_floor ${gpus//,/ }
 
@@ -137,7 +141,8 @@ traced traced_stream --backend dfccl --mode stream --mem device
 	echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(uname -n), GPUs $gpus of $ngpu:" \
 		"$(nvidia-smi --query-gpu=name --format=csv,noheader | sort -u | paste -sd/), -n $iters -w $warmup," \
 		"NCCL_NVLS_ENABLE=$NCCL_NVLS_ENABLE," \
-		"CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-32, as libdfccl sets it for both backends}$mps"
+		"CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-32, as libdfccl sets it for both backends}$mps" \
+		"${VS_NCCL_DAEMON_ARGS:+, dfccld $VS_NCCL_DAEMON_ARGS}"
 	PYTHONPATH=$perf_lib_dir python3 - "$outdir" <<'EOF'
 import json
 import os
