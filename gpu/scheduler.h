@@ -80,9 +80,11 @@ struct sched_queue {
  * slot or mailbox is over, which the same holds for. The other ranks'
  * entries of a posted instance, once armed, read as peer-posted to their
  * engines, which take them beyond the room: an engine looks at
- * SCHED_BEYOND_LOOKS entries beyond the room per pass, each pass resuming
- * where the last stopped (sched_look_start), so every armed entry is looked
- * at within a bounded number of passes. Only the limits end this, with an
+ * SCHED_BEYOND_LOOKS entries beyond the room per looking pass (the daemon
+ * kernel's reader looks past an unarmed head on every 4th pass only,
+ * dkernel.cu's DK_LOOK_PAST), each resuming where the last stopped
+ * (sched_look_start), so every armed entry is looked at within a bounded
+ * number of passes. Only the limits end this, with an
  * error that names them. Sends are why receives post `want`: without it,
  * two ranks whose admitted tasks are receives from each other and whose
  * sends lie beyond the room would wait for each other forever.
@@ -198,23 +200,24 @@ static inline DFCCL_HD struct sched_admission sched_admit(const struct sched_lim
  * So a pass whose first entry not yet taken (the
  * head) is armed takes the run of armed entries from the head and ends
  * at its first gap; the entries past the gap wait for the next pass. A
- * pass whose head is not armed looks past it as before, so that an entry
- * armed out of order (several streams), or one that an entry before it
- * waits for, is still taken -- once a pass finds the head not armed.
+ * pass whose head is not armed looks past it as before (in the daemon
+ * kernel, every 4th such pass: DK_LOOK_PAST), so that an entry armed out
+ * of order (several streams), or one that an entry before it waits for,
+ * is still taken -- once a looking pass finds the head not armed.
  * Such a pass takes an entry past entries not taken only if none of them
  * reads armed when loaded again after that entry's arm word: a stream
  * arms in order, each write after a fence, so one of them armed first
  * shows then, where the pass's first look at it came too early or did not
  * come at all (the daemon kernel's sweep, which then starts at it on the
  * next pass). Only entries of different streams, armed at about
- * the same moment, can still be taken in different orders by different
- * GPUs. The check costs a pass a read of those entries' arm words for
+ * the same moment (in the daemon kernel, within a few passes), can still
+ * be taken in different orders by different GPUs. The check costs a pass a read of those entries' arm words for
  * each entry it takes out of order.
  */
 
-/* Entries beyond a queue pair's room an engine looks at per pass for one
- * whose instance a peer posted: a flooder's full queue must not cost every
- * pass a scan. */
+/* Entries beyond a queue pair's room an engine looks at per looking pass
+ * for one whose instance a peer posted: a flooder's full queue must not
+ * cost every pass a scan. */
 #define SCHED_BEYOND_LOOKS 16u
 
 /* Where a pass looking beyond the room starts: where the last one stopped

@@ -162,7 +162,9 @@ __device__ __forceinline__ void sync_store(uint64_t *p, uint64_t v)
 	}
 }
 
-/* A plain store of a protocol word (published by a later sync_store). */
+/* A plain store of a protocol word, published by a later release of the
+ * same thread: a sync_store, or (a pushed all-reduce's `done`) the
+ * completion word's release in complete(). */
 __device__ __forceinline__ void sync_put(uint64_t *p, uint64_t v)
 {
 	int64_t m = vis.mirror;
@@ -811,11 +813,12 @@ __device__ uint32_t entry_accept(dk_ctx &c, uint32_t qi, dk_qp *q, const dfccl_s
  * (dk_qp.sweep), going round the posted entries: a client whose streams
  * arm entries in the order they were posted has its next armed entry at
  * the head, while a queue may hold a whole lap posted ahead, whose arm
- * words cost a PCIe round trip per DK_SCAN. So a pass over a pair costs
- * four round trips (its header, the window, the chunk) however long the
- * queue, plus the copy of each entry it takes, and an entry armed beyond
- * the window (several streams arming out of order) is seen within
- * n / DK_SCAN passes. A pass whose head is armed takes in order instead
+ * words cost a PCIe round trip per DK_SCAN. So a pass over a pair that
+ * looks costs four round trips (its header, the window, the chunk)
+ * however long the queue, plus the copy of each entry it takes, and an
+ * entry armed beyond the window (several streams arming out of order) is
+ * seen within n / DK_SCAN looking passes (DK_LOOK_PAST: every 4th pass
+ * looks past an unarmed head). A pass whose head is armed takes in order instead
  * (scheduler.h): the window and the chunk right after it, up to the
  * first entry not armed; one whose head is not takes an entry past
  * entries not taken only if none of them reads armed after it
@@ -829,9 +832,15 @@ __device__ uint32_t entry_accept(dk_ctx &c, uint32_t qi, dk_qp *q, const dfccl_s
  * past the head. A stream arms its entries in order, so the next entry
  * of a queue pair is mostly its head: only every DK_LOOK_PAST-th pass
  * looks past an unarmed head, and the others come round at a fraction of
- * the cost, so that the head's arm is seen sooner. An entry armed out of
- * order, and one beyond the pair's room whose instance a peer posted
- * (scheduler.h), is seen within DK_LOOK_PAST passes more.
+ * the cost, so that the head's arm is seen sooner. The looks past the
+ * head (the window, the sweep, and beyond the pair's room for entries
+ * whose instance a peer posted: scheduler.h) thus take DK_LOOK_PAST times
+ * the passes they took, and their cursors move on looking passes only.
+ * The price: two GPUs' readers are at different points of their cycles,
+ * so entries of different streams armed a few passes apart, the later
+ * one past the head, may be taken in different orders by different GPUs
+ * (scheduler.h, "Taking in order"), where before they had to be armed
+ * within about one pass of each other.
  */
 #define DK_LOOK_PAST 4u
 
