@@ -56,6 +56,7 @@ struct engine_config {
 	void *reg_ctx;
 	uint32_t algo;                    /* enum dfccl_algo: for entries without a hint */
 	uint32_t channels;                /* cuda: blocks of the daemon kernel */
+	uint32_t spread_blocks;           /* cuda: 1: a collective starts on a block chosen by its instance */
 	uint64_t kernel_idle_ns;          /* cuda: idle time before the daemon kernel quits */
 	uint32_t push_bytes;              /* cuda: largest pushed all-reduce (0: none) */
 	uint32_t max_inflight;            /* collectives of one queue pair in the engine (0: the most, scheduler.h) */

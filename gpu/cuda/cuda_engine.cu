@@ -1235,6 +1235,7 @@ extern "C" int cuda_engine_ops_new(const struct engine_config *cfg, const struct
 	e->params.visit_bytes = CE_VISIT_BYTES;
 	e->params.chan_bytes = CE_CHAN_BYTES;
 	e->params.push_bytes = cfg->push_bytes;
+	e->params.spread = cfg->spread_blocks ? 1u : 0u;
 	e->params.algo = cfg->algo;
 	e->params.max_inflight = sched_max_inflight(cfg->max_inflight);
 	e->params.max_inflight_uid = sched_max_inflight_uid(cfg->max_inflight_uid);

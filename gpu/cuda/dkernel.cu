@@ -659,6 +659,37 @@ __device__ uint32_t channels_for(const dk_params &p, uint8_t opcode, uint64_t by
 }
 
 /*
+ * The block that runs channel 0 of a task of instance `key` on nch
+ * channels; channel c runs on block (that + c) % blocks. With the spread
+ * setting, a task that leaves blocks free starts on block key % blocks,
+ * so that consecutive small collectives run side by side on different
+ * blocks rather than one after the other on block 0. Every rank computes
+ * the same from the instance, so the ranks' blocks that run a channel
+ * see the same tasks in the same order and run them together. A
+ * channel's context and scheduling state are kept by the block that runs
+ * it (dk_task.ch, dk_state.states), its protocol words and connector share
+ * by the channel.
+ */
+__device__ __forceinline__ uint32_t block_of(const dk_params &p, uint64_t key, uint32_t nch)
+{
+	return p.spread && nch < p.blocks ? (uint32_t)(key % p.blocks) : 0u;
+}
+
+/* The channel of task t that block b runs (>= t->nch: none); and the
+ * block that runs channel ch. Both without a division: block0 < blocks and
+ * ch < nch <= blocks. */
+__device__ __forceinline__ uint32_t chan_of(const dk_params &p, const dk_task *t, uint32_t b)
+{
+	return b >= t->block0 ? b - t->block0 : b + p.blocks - t->block0;
+}
+
+__device__ __forceinline__ uint32_t block_for(const dk_params &p, const dk_task *t, uint32_t ch)
+{
+	uint32_t b = t->block0 + ch;
+	return b >= p.blocks ? b - p.blocks : b;
+}
+
+/*
  * Whether an all-reduce is pushed: each rank copies its data into a
  * region of every peer's connector, stores its channel word, and reduces
  * its own connector's regions with its own data once every rank's word
@@ -772,17 +803,19 @@ __device__ uint32_t entry_accept(dk_ctx &c, uint32_t qi, dk_qp *q, const dfccl_s
 		t->algo = DFCCL_ALGO_DIRECT;
 	t->push = push_fits(c.p, e->opcode, t->algo, t->nch, n, e->count * dsize, conn_all);
 	uint32_t first = sqe_is_p2p(e->opcode) ? (e->opcode == DFCCL_OP_SEND ? DK_BOX_FREE : DK_BOX_WANT) : DK_SLOT;
+	t->block0 = (uint8_t)block_of(c.p, t->key, t->nch);
 	for (uint32_t ch = 0; ch < t->nch; ch++) {
-		t->ch[ch].step = ch == 0 ? first : DK_POSTS;
-		t->ch[ch].wait_rank = 0;
-		t->ch[ch].pos = 0;
-		t->ch[ch].waits = 0;
-		t->ch[ch].astep = 0;
-		t->ch[ch].epoch = c.p.epoch; /* its pair and communicator were just found */
-		t->ch[ch].oneshot = 0;
-		st->states[ch][ti].arrival = t->arrival;
-		st->states[ch][ti].priority = (e->flags & DFCCL_SQE_F_PRIORITY) ? e->priority : 0;
-		st->states[ch][ti].boost = 1;
+		uint32_t b = block_for(c.p, t, ch);
+		t->ch[b].step = ch == 0 ? first : DK_POSTS;
+		t->ch[b].wait_rank = 0;
+		t->ch[b].pos = 0;
+		t->ch[b].waits = 0;
+		t->ch[b].astep = 0;
+		t->ch[b].epoch = c.p.epoch; /* its pair and communicator were just found */
+		t->ch[b].oneshot = 0;
+		st->states[b][ti].arrival = t->arrival;
+		st->states[b][ti].priority = (e->flags & DFCCL_SQE_F_PRIORITY) ? e->priority : 0;
+		st->states[b][ti].boost = 1;
 	}
 	t->reserved_part = (uint8_t)sched_admit_reserved(atomicAdd(&q->inflight, 1u));
 	t->uid_slot = (uint8_t)vload(&q->uid_slot);
@@ -792,7 +825,7 @@ __device__ uint32_t entry_accept(dk_ctx &c, uint32_t qi, dk_qp *q, const dfccl_s
 	atomicAdd(&st->live_tasks, 1u);
 	__threadfence();
 	for (uint32_t ch = 0; ch < t->nch; ch++) {
-		dk_inbox *ib = &st->inbox[ch];
+		dk_inbox *ib = &st->inbox[block_for(c.p, t, ch)];
 		uint32_t tail = vload(&ib->tail);
 		ib->idx[tail % DK_MAX_TASKS] = ti;
 		__threadfence();
@@ -1801,15 +1834,15 @@ __device__ void box_post(const dk_task *t)
 }
 
 /*
- * A channel leaves its task: its context says so in global memory (a
- * relaunch does not queue it again) before the count of channels done
- * moves, since once the last channel is counted the task may be freed and
- * its slot reused, and nothing of this channel may be stored there after.
- * Returns the count before this channel's.
+ * The channel that block b runs leaves its task: its context says so in
+ * global memory (a relaunch does not queue it again) before the count of
+ * channels done moves, since once the last channel is counted the task may
+ * be freed and its slot reused, and nothing of this channel may be stored
+ * there after. Returns the count before this channel's.
  */
-__device__ uint32_t chan_leave(dk_task *tg, uint32_t ch)
+__device__ uint32_t chan_leave(dk_task *tg, uint32_t b)
 {
-	*(volatile uint32_t *)&tg->ch[ch].step = DK_LEFT;
+	*(volatile uint32_t *)&tg->ch[b].step = DK_LEFT;
 	__threadfence();
 	return atomicAdd(&tg->chdone, 1u);
 }
@@ -1820,12 +1853,13 @@ __device__ uint32_t chan_leave(dk_task *tg, uint32_t ch)
  * elements it covers) or the visit ends (A_RETURN with sh.ret).
  * `piece_done` says the block just finished the piece described last time.
  */
-__device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t ch, uint32_t position,
-                                 bool piece_done, uint64_t *budget, bool *progressed)
+__device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t position, bool piece_done,
+                                 uint64_t *budget, bool *progressed)
 {
 	dk_state *st = c.st;
 	dk_task *tg = &st->tasks[ti];                 /* what changes, in global memory */
 	const dk_task *t = (const dk_task *)sh.tfix; /* its fixed part, copied for this visit */
+	const uint32_t ch = chan_of(c.p, t, c.b);     /* the channel this block runs */
 	dk_chan_ctx *x = &sh.x;                       /* the channel's context, and */
 	sched_state *s = &sh.s;                       /* its scheduling state: copies (dk_main) */
 	dk_qp *q = &st->qps[t->qp];
@@ -1856,7 +1890,7 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 				stores_off(t, ch);
 			finishing = finishing || x->step == DK_DRAIN;
 #endif
-			bool last = finishing || chan_leave(tg, ch) + 1 == t->nch;
+			bool last = finishing || chan_leave(tg, c.b) + 1 == t->nch;
 			sh.ret = last ? R_FREE : R_CHDONE;
 			return A_RETURN;
 		}
@@ -1996,7 +2030,7 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 			 * its release of `done` covers the other channels' writes,
 			 * which the fence orders before their count. */
 			sync_fence();
-			uint32_t done = chan_leave(tg, ch) + 1;
+			uint32_t done = chan_leave(tg, c.b) + 1;
 			if (done < t->nch) {
 				sh.ret = R_CHDONE;
 				return A_RETURN;
@@ -2234,7 +2268,7 @@ __global__ void __launch_bounds__(DK_THREADS, DK_MIN_BLOCKS_PER_SM) dk_main(dk_p
 		uint32_t live = vload(&st->live_tasks);
 		for (uint32_t ti = 0; live && ti < DK_MAX_TASKS; ti++) {
 			dk_task *t = &st->tasks[ti];
-			if (vload(&t->state) == DK_TASK_LIVE && c.b < t->nch && t->ch[c.b].step != DK_LEFT)
+			if (vload(&t->state) == DK_TASK_LIVE && chan_of(p, t, c.b) < t->nch && t->ch[c.b].step != DK_LEFT)
 				sched_insert(&p.sched, &sh.q, st->states[c.b], ti);
 		}
 		__threadfence();
@@ -2288,7 +2322,7 @@ __global__ void __launch_bounds__(DK_THREADS, DK_MIN_BLOCKS_PER_SM) dk_main(dk_p
 			bool progressed = false, piece_done = false;
 			for (;;) {
 				if (tid == 0)
-					sh.act = chan_control(c, sh, ti, c.b, pos, piece_done, &budget, &progressed);
+					sh.act = chan_control(c, sh, ti, pos, piece_done, &budget, &progressed);
 				work_sync();
 				if (sh.act != A_DATA)
 					break;

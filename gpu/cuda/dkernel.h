@@ -233,13 +233,15 @@ struct dk_task {
 	 * touches besides the connectors (bufs_own, dkernel.cu). */
 	char *own_send, *own_recv;
 	uint32_t accept_epoch;
-	uint32_t reserved2;
+	uint8_t block0;     /* the block that runs channel 0; channel c runs on block (block0 + c) % blocks
+	                     * (block_of, dkernel.cu) */
+	uint8_t reserved2[3];
 	/* What changes. */
 	uint32_t state;     /* enum dk_task_state */
 	uint32_t chdone;    /* channels finished (atomic) */
 	uint32_t status;    /* completion status once known */
 	uint32_t bufs_epoch; /* the launch whose registrations `bufs` was resolved against (0: none) */
-	struct dk_chan_ctx ch[DK_MAX_BLOCKS];
+	struct dk_chan_ctx ch[DK_MAX_BLOCKS]; /* by the block that runs the channel */
 	struct algo_run alg[DK_MAX_BLOCKS]; /* ring and trees: each channel's part (set at POSTS) */
 	/* Every rank's post (or the sender's mailbox), copied once checked:
 	 * posts do not change while the instance runs, and reading them again
@@ -292,6 +294,7 @@ struct dk_host {
 	uint32_t quit_voluntary; /* the queue reader: set when the kernel quit for being idle */
 	uint32_t reserved[15];
 };
+DFCCL_STATIC_ASSERT(DK_MAX_BLOCKS <= 256, "a task's first block is a byte");
 
 /* Everything of one daemon kernel in device memory. */
 struct dk_state {
@@ -331,6 +334,7 @@ struct dk_params {
 	uint32_t epoch;          /* this launch's number, never 0: what a task resolved or checked in
 	                          * this launch needs no new look (the tables change only while parked) */
 	uint32_t push_bytes;     /* all-reduces up to this size may be pushed (push_fits, dkernel.cu); 0: never */
+	uint32_t spread;         /* 1: a task's channels start at a block chosen by its instance (block_of) */
 };
 
 /*

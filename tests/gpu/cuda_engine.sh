@@ -33,7 +33,10 @@
 #     registrations past the end of a cudaMalloc or VMM allocation refused;
 # then prints the daemon's counters. A daemon with pushed all-reduces off
 # (--push-bytes 0) runs the quick sweep again on the direct paths they
-# replace. After the daemon stops, nccl_deadlock
+# replace, and one whose collectives start on blocks chosen by their
+# instance (--spread-blocks 1) the quick sweep, both forms, the deadlock
+# programs and chaos again, and batches of 150 small all-reduces checked
+# (collectives side by side on several blocks). After the daemon stops, nccl_deadlock
 # replays the deadlock pattern on NCCL, where it is expected to hang (not a
 # failure of this test). With nvidia-cuda-mps-control and root, the suite
 # runs again, quick, under a private MPS daemon. Any failure prints the
@@ -45,9 +48,10 @@
 # Environment: DFCCL_GPU_QUICK=1 trims every sweep; DFCCL_TEST_SEED=S
 #        repeats a run's data and orders (the seed is printed);
 #        CUDA_ENGINE_PARTS names the parts to run, of "main" (the suite
-#        without MPS), "push" (pushed all-reduces off), "nccl" (the pattern
-#        on NCCL) and "mps" (the suite under MPS), comma-separated (default
-#        all), so that a long run can be split between calls.
+#        without MPS), "push" (pushed all-reduces off), "spread"
+#        (--spread-blocks 1), "nccl" (the pattern on NCCL) and "mps" (the
+#        suite under MPS), comma-separated (default all), so that a long
+#        run can be split between calls.
 set -euo pipefail
 bin=${1:?usage: cuda_engine.sh BINDIR}
 seed=${DFCCL_TEST_SEED:-$(date +%s)}
@@ -211,12 +215,12 @@ run_suite() {
 		x.get('kernel_launches', 'n/a'), x.get('kernel_quits', 'n/a')) for x in d['devices'])"
 }
 
-IFS=', ' read -ra part_list <<<"${CUDA_ENGINE_PARTS:-main,push,nccl,mps}"
-[ ${#part_list[@]} -gt 0 ] || fail "CUDA_ENGINE_PARTS names no part (main, push, nccl, mps)"
+IFS=', ' read -ra part_list <<<"${CUDA_ENGINE_PARTS:-main,push,spread,nccl,mps}"
+[ ${#part_list[@]} -gt 0 ] || fail "CUDA_ENGINE_PARTS names no part (main, push, spread, nccl, mps)"
 for p in "${part_list[@]}"; do
 	case $p in
-	main | push | nccl | mps) ;;
-	*) fail "CUDA_ENGINE_PARTS: unknown part '$p' (main, push, nccl, mps)" ;;
+	main | push | spread | nccl | mps) ;;
+	*) fail "CUDA_ENGINE_PARTS: unknown part '$p' (main, push, spread, nccl, mps)" ;;
 	esac
 done
 parts=$(IFS=,; echo "${part_list[*]}")
@@ -243,6 +247,35 @@ if part_on push; then
 		--gpus "$pair"
 	step "collectives without pushed all-reduces: 4 ranks sharing GPU 0" 300 "${coll[@]}" --quick --nranks 4 \
 		--gpus 0,0,0,0
+	stop_daemon
+fi
+
+# Collectives on blocks chosen by their instance (spread-blocks): small
+# ones then run side by side on different blocks of each GPU, so the
+# protocol's channel words and connectors must not depend on the block.
+if part_on spread; then
+	echo "== collectives spread over the kernel's blocks (--spread-blocks 1)"
+	start_daemon "${daemon_args[@]}" --spread-blocks 1
+	pair=0,0
+	[ "$ngpu" -ge 2 ] && pair=0,1
+	step "spread: collectives, 2 ranks on GPUs $pair" 300 "${coll[@]}" --quick --nranks 2 --gpus "$pair"
+	step "spread: collectives, 4 ranks sharing GPU 0" 300 "${coll[@]}" --quick --nranks 4 --gpus 0,0,0,0
+	step "spread: stream-ordered collectives, 2 ranks on GPUs $pair" 300 "${coll[@]}" --stream --quick --nranks 2 \
+		--gpus "$pair"
+	step "spread: stream-ordered deadlock program A, 8 streams, 2 ranks on GPUs $pair" 300 \
+		"${coll[@]}" --stream --deadlock A --comms 8 --iters 50 --nranks 2 --gpus "$pair"
+	step "spread: deadlock program B, 2 ranks on GPUs $pair" 300 \
+		"${coll[@]}" --deadlock B --comms 8 --iters 50 --nranks 2 --gpus "$pair"
+	step "spread: dfccl-chaos on GPU buffers, 2 ranks per GPU" 300 \
+		"$bin/dfccl-chaos" --socket "$sock" --mem device --nranks $((2 * ngpu)) --comms 4 --iters 20 \
+		--min-bytes 64 --max-bytes 256K --seed "$seed"
+	for g in 1 0; do
+		for mode in callback stream; do
+			step "spread: 150 all-reduces of 4 KiB per wait ($mode, group $g), 2 ranks on GPUs $pair" 300 \
+				"$bin/dfccl-perf" allreduce --socket "$sock" --mem device --devices "$pair" --nranks 2 \
+				--mode "$mode" --batch 150 --group "$g" -b 4K -e 64K -f 16 -n 5 -w 2 -c 1
+		done
+	done
 	stop_daemon
 fi
 
