@@ -9,8 +9,9 @@
  * max-inflight-per-session entries are refused), copies an armed entry,
  * checks the copy (gpu/sqe_check.h, the same checks the host engine makes),
  * and either completes it at once with an error status or makes a task of
- * it and hands the task to blocks 0..c-1 through their inboxes, c channels
- * chosen by size. Each block then runs its part of the task -- its channel's
+ * it and hands the task to c blocks through their inboxes, c channels
+ * chosen by size: blocks 0..c-1, or with the spread-blocks setting c
+ * blocks from one chosen by the instance (block_of). Each block then runs its part of the task -- its channel's
  * share of the data -- interleaved with its other tasks under the shared
  * scheduling policy (gpu/scheduler.h): a wait on a peer spins up to the
  * task's threshold and is then preempted; the channel's step and position
@@ -659,20 +660,35 @@ __device__ uint32_t channels_for(const dk_params &p, uint8_t opcode, uint64_t by
 }
 
 /*
- * The block that runs channel 0 of a task of instance `key` on nch
- * channels; channel c runs on block (that + c) % blocks. With the spread
- * setting, a task that leaves blocks free starts on block key % blocks,
- * so that consecutive small collectives run side by side on different
- * blocks rather than one after the other on block 0. Every rank computes
- * the same from the instance, so the ranks' blocks that run a channel
- * see the same tasks in the same order and run them together. A
- * channel's context and scheduling state are kept by the block that runs
- * it (dk_task.ch, dk_state.states), its protocol words and connector share
- * by the channel.
+ * The block that runs channel 0 of the task of entry e (instance key, nch
+ * channels); channel c runs on block (that + c) % blocks. With the spread
+ * setting, a task that leaves blocks free starts on block (key + s) %
+ * blocks, where s is a hash of what the instance's numbering is counted
+ * in: the communicator, and the registered collective or the sending and
+ * receiving ranks of a message. So consecutive collectives of one
+ * communicator run side by side on consecutive blocks rather than one
+ * after the other on block 0, and the i-th of different communicators
+ * (or of the registered collectives of an iteration) do not all land on
+ * one block. Every rank computes the same from the entry, so the ranks'
+ * blocks that run a channel see the same tasks in the same order and run
+ * them together. A channel's context and scheduling state are kept by the
+ * block that runs it (dk_task.ch, dk_state.states), its protocol words and
+ * connector share by the channel.
  */
-__device__ __forceinline__ uint32_t block_of(const dk_params &p, uint64_t key, uint32_t nch)
+__device__ uint32_t block_of(const dk_params &p, const dfccl_sqe *e, uint64_t key, uint32_t nch)
 {
-	return p.spread && nch < p.blocks ? (uint32_t)(key % p.blocks) : 0u;
+	if (!p.spread || nch >= p.blocks)
+		return 0;
+	uint64_t s = e->comm_id * 0x9E3779B97F4A7C15ull;
+	if (sqe_is_p2p(e->opcode)) {
+		uint64_t from = e->opcode == DFCCL_OP_SEND ? e->rank : e->peer;
+		uint64_t to = e->opcode == DFCCL_OP_SEND ? e->peer : e->rank;
+		s += (from << 32 | to) * 0xC2B2AE3D27D4EB4Full;
+	} else if (e->flags & DFCCL_SQE_F_REGISTERED) {
+		s += ((uint64_t)e->coll_id + 1) * 0x165667B19E3779F9ull;
+	}
+	s ^= s >> 29;
+	return (uint32_t)((key + s) % p.blocks);
 }
 
 /* The channel of task t that block b runs (>= t->nch: none); and the
@@ -803,7 +819,7 @@ __device__ uint32_t entry_accept(dk_ctx &c, uint32_t qi, dk_qp *q, const dfccl_s
 		t->algo = DFCCL_ALGO_DIRECT;
 	t->push = push_fits(c.p, e->opcode, t->algo, t->nch, n, e->count * dsize, conn_all);
 	uint32_t first = sqe_is_p2p(e->opcode) ? (e->opcode == DFCCL_OP_SEND ? DK_BOX_FREE : DK_BOX_WANT) : DK_SLOT;
-	t->block0 = (uint8_t)block_of(c.p, t->key, t->nch);
+	t->block0 = (uint8_t)block_of(c.p, e, t->key, t->nch);
 	for (uint32_t ch = 0; ch < t->nch; ch++) {
 		uint32_t b = block_for(c.p, t, ch);
 		t->ch[b].step = ch == 0 ? first : DK_POSTS;

@@ -36,7 +36,9 @@
 # replace, and one whose collectives start on blocks chosen by their
 # instance (--spread-blocks 1) the quick sweep, both forms, the deadlock
 # programs and chaos again, and batches of 150 small all-reduces checked
-# (collectives side by side on several blocks). After the daemon stops, nccl_deadlock
+# (collectives side by side on several blocks); then one with 4 blocks and
+# nothing pushed, whose tasks wrap past the last block, over the direct
+# paths and rings. After the daemon stops, nccl_deadlock
 # replays the deadlock pattern on NCCL, where it is expected to hang (not a
 # failure of this test). With nvidia-cuda-mps-control and root, the suite
 # runs again, quick, under a private MPS daemon. Any failure prints the
@@ -276,6 +278,20 @@ if part_on spread; then
 				--mode "$mode" --batch 150 --group "$g" -b 4K -e 64K -f 16 -n 5 -w 2 -c 1
 		done
 	done
+	stop_daemon
+	# Few blocks and nothing pushed: tasks of several channels wrap past
+	# the last block, and every step of the direct paths, rings and trees
+	# (their parts by channel) runs on blocks other than the channel's.
+	echo "== spread over 4 blocks, nothing pushed (--channels 4 --spread-blocks 1 --push-bytes 0)"
+	start_daemon "${daemon_args[@]}" --channels 4 --spread-blocks 1 --push-bytes 0
+	step "spread, 4 blocks: collectives, 2 ranks on GPUs $pair" 300 "${coll[@]}" --quick --nranks 2 --gpus "$pair"
+	step "spread, 4 blocks: collectives over rings, 3 ranks sharing GPU 0" 300 env DFCCL_ALGO=ring "${coll[@]}" \
+		--quick --nranks 3 --gpus 0,0,0
+	step "spread, 4 blocks: deadlock program A, 2 ranks on GPUs $pair" 300 \
+		"${coll[@]}" --deadlock A --comms 8 --iters 50 --nranks 2 --gpus "$pair"
+	step "spread, 4 blocks: 150 all-reduces of 64-512 KiB per wait, 2 ranks on GPUs $pair" 300 \
+		"$bin/dfccl-perf" allreduce --socket "$sock" --mem device --devices "$pair" --nranks 2 \
+		--mode callback --batch 150 --group 0 -b 64K -e 512K -f 8 -n 3 -w 1 -c 1
 	stop_daemon
 fi
 
