@@ -52,10 +52,11 @@
 #endif
 /* Phase 2 of the two-shot all-reduce: 1 stores this rank's chunk into the
  * peers' buffers, with a drain on failure (dkernel.cu, before
- * sync_fence_sc); 0
- * loads the other chunks from theirs. A build setting
- * (DFCCL_DK_PHASE2_STORES) until the stores have passed the fault suites
- * on the GPUs. */
+ * sync_fence_sc); 0 loads the other chunks from theirs. A build setting
+ * (DFCCL_DK_PHASE2_STORES), off: on 2 H100s the stores passed the quick
+ * GPU suites and gained 9 % at 512 MiB with 16 channels, nothing with 32
+ * (tests/perf/RESULTS.md, tenth run), and the drain leaves cases it does
+ * not cover (dkernel.cu). */
 #ifndef DK_PHASE2_STORES
 #define DK_PHASE2_STORES 0
 #endif
