@@ -829,6 +829,7 @@ __device__ uint32_t entry_accept(dk_ctx &c, uint32_t qi, dk_qp *q, const dfccl_s
 		t->ch[b].astep = 0;
 		t->ch[b].epoch = c.p.epoch; /* its pair and communicator were just found */
 		t->ch[b].oneshot = 0;
+		t->ch[b].chan = (uint16_t)ch;
 		st->states[b][ti].arrival = t->arrival;
 		st->states[b][ti].priority = (e->flags & DFCCL_SQE_F_PRIORITY) ? e->priority : 0;
 		st->states[b][ti].boost = 1;
@@ -1875,7 +1876,7 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 	dk_state *st = c.st;
 	dk_task *tg = &st->tasks[ti];                 /* what changes, in global memory */
 	const dk_task *t = (const dk_task *)sh.tfix; /* its fixed part, copied for this visit */
-	const uint32_t ch = chan_of(c.p, t, c.b);     /* the channel this block runs */
+	const uint32_t ch = sh.x.chan;               /* the channel this block runs */
 	dk_chan_ctx *x = &sh.x;                       /* the channel's context, and */
 	sched_state *s = &sh.s;                       /* its scheduling state: copies (dk_main) */
 	dk_qp *q = &st->qps[t->qp];

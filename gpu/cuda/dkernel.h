@@ -190,7 +190,8 @@ struct dk_chan_ctx {
 	uint32_t astep;     /* ring and trees: the algorithm's step */
 	uint32_t epoch;     /* the launch (dk_params.epoch) in which the task's queue pair and communicator
 	                     * were last found in place: tables change only between launches */
-	uint32_t oneshot;   /* direct all-reduce in one pass (decided at POSTS, dkernel.cu) */
+	uint16_t oneshot;   /* direct all-reduce in one pass (decided at POSTS, dkernel.cu) */
+	uint16_t chan;      /* the channel this context's block runs (set with the task: block_for) */
 };
 
 enum dk_task_state { DK_TASK_FREE = 0, DK_TASK_LIVE = 1 };
