@@ -1313,6 +1313,20 @@ int workers_fill_stats(struct workers *w, Dfccl__V1__QueryReply *r)
 		d->n_by_algo = DFCCL_ALGO_COUNT_;
 		for (unsigned a = 0; a < DFCCL_ALGO_COUNT_; a++)
 			d->by_algo[a] = load64(&wk->stats->by_algo[a]);
+		/* Per block, up to the last that completed anything (none on
+		 * the host engine). */
+		unsigned nb = 0;
+		for (unsigned b = 0; b < DFCCL_STATS_BLOCKS; b++)
+			if (load64(&wk->stats->by_block[b]))
+				nb = b + 1;
+		if (nb) {
+			d->by_block = calloc(nb, sizeof(*d->by_block));
+			if (!d->by_block)
+				return -ENOMEM;
+			d->n_by_block = nb;
+			for (unsigned b = 0; b < nb; b++)
+				d->by_block[b] = load64(&wk->stats->by_block[b]);
+		}
 	}
 	return 0;
 }
@@ -1360,6 +1374,7 @@ void workers_query_free(Dfccl__V1__QueryReply *r, Dfccl__V1__StatusInfo *st)
 	if (r) {
 		for (size_t i = 0; i < r->n_stats; i++) {
 			free(r->stats[i]->by_algo);
+			free(r->stats[i]->by_block);
 			free(r->stats[i]);
 		}
 		free(r->stats);

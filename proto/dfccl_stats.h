@@ -17,6 +17,7 @@
 
 #define DFCCL_STATS_MAGIC 0x3130535443434644ull /* "DFCCST01" */
 #define DFCCL_STATS_SIZE 4096u
+#define DFCCL_STATS_BLOCKS 32u /* daemon-kernel blocks counted apiece (by_block) */
 
 struct dfccl_worker_stats {
 	uint64_t magic;            /* supervisor, at creation */
@@ -33,7 +34,10 @@ struct dfccl_worker_stats {
 	                                      * (send/recv and all-to-all count as direct) */
 	uint64_t kernel_launches;  /* worker (CUDA engine): daemon-kernel launches */
 	uint64_t kernel_quits;     /* worker (CUDA engine): voluntary quits of the daemon kernel */
-	uint8_t reserved[DFCCL_STATS_SIZE - 88 - 8 * DFCCL_ALGO_COUNT_];
+	uint64_t by_block[DFCCL_STATS_BLOCKS]; /* worker (CUDA engine): entries each block of the daemon kernel
+	                                        * completed, with either status (the queue reader's own, NOPs
+	                                        * and refusals, are in completed and errors only) */
+	uint8_t reserved[DFCCL_STATS_SIZE - 88 - 8 * DFCCL_ALGO_COUNT_ - 8 * DFCCL_STATS_BLOCKS];
 };
 
 DFCCL_STATIC_ASSERT(sizeof(struct dfccl_worker_stats) == DFCCL_STATS_SIZE, "stats page size");
@@ -44,5 +48,6 @@ DFCCL_STATIC_ASSERT(offsetof(struct dfccl_worker_stats, heartbeat_ns) == 64, "he
 DFCCL_STATIC_ASSERT(offsetof(struct dfccl_worker_stats, by_algo) == 72, "by_algo offset");
 DFCCL_STATIC_ASSERT(offsetof(struct dfccl_worker_stats, kernel_launches) == 72 + 8 * DFCCL_ALGO_COUNT_,
                     "kernel_launches offset");
+DFCCL_STATIC_ASSERT(offsetof(struct dfccl_worker_stats, by_block) == 88 + 8 * DFCCL_ALGO_COUNT_, "by_block offset");
 
 #endif

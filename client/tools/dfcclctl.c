@@ -41,7 +41,8 @@ static const char usage[] =
     "  sessions     connected client processes\n"
     "  comms        communicators: ranks, members, state, the ring of their plan (--json: trees too)\n"
     "  queues       queue pairs: submitted, consumed, completed entries\n"
-    "  stats        per-device engine counters\n"
+    "  stats        per-device engine counters (CUDA engine: BLOCKS, the daemon-kernel blocks that\n"
+    "               completed entries; --json: by_block, how many each)\n"
     "  stuck        what waited at least one watch tick, per communicator: the oldest unfinished\n"
     "               collective, the lowest pending run of each registered collective and the lowest\n"
     "               pending message of each sender -> receiver pair; for each, how long, which\n"
@@ -371,8 +372,8 @@ static void print_queues(const Dfccl__V1__QueryReply *q, const char *socket_path
 static void print_stats(const Dfccl__V1__QueryReply *q, const char *socket_path)
 {
 	struct table t;
-	table_start(&t, 10, "DEVICE", "COMPLETED", "PREEMPTIONS", "ERRORS", "CTX SWITCHES", "SPINS", "LAUNCHES", "QUITS",
-	            "QUEUE PAIRS", "WORKER");
+	table_start(&t, 11, "DEVICE", "COMPLETED", "PREEMPTIONS", "ERRORS", "CTX SWITCHES", "SPINS", "LAUNCHES", "QUITS",
+	            "BLOCKS", "QUEUE PAIRS", "WORKER");
 	for (size_t i = 0; i < q->n_stats; i++) {
 		const Dfccl__V1__DeviceStats *s = q->stats[i];
 		table_cell(&t, "%u", s->device);
@@ -383,6 +384,10 @@ static void print_stats(const Dfccl__V1__QueryReply *q, const char *socket_path)
 		table_cell(&t, "%llu", (unsigned long long)s->spins);
 		table_cell(&t, "%llu", (unsigned long long)s->kernel_launches);
 		table_cell(&t, "%llu", (unsigned long long)s->kernel_quits);
+		unsigned used = 0;
+		for (size_t b = 0; b < s->n_by_block; b++)
+			used += s->by_block[b] != 0;
+		table_cell(&t, "%u", used);
 		table_cell(&t, "%u", s->queue_pairs);
 		table_cell(&t, "%s", s->worker_up ? "up" : "down");
 	}

@@ -121,6 +121,8 @@ struct cuda_engine {
 	struct ce_alloc *allocs;
 	struct ce_kept *kept;
 	uint64_t stats_base[CE_NCOUNTERS]; /* the page's counters when this engine started (they survive restarts) */
+	uint64_t block_base[DK_MAX_BLOCKS]; /* the page's by_block then */
+	DFCCL_STATIC_ASSERT(DK_MAX_BLOCKS <= DFCCL_STATS_BLOCKS, "every block has its counter on the page");
 	uint32_t nqps;          /* queue-pair slots below this may be in use */
 	uint32_t ncomms;        /* communicator slots below this may be in use */
 	int running;
@@ -312,6 +314,10 @@ static unsigned ce_completions(struct cuda_engine *e)
 	}
 	for (int k = 0; k < CE_NCOUNTERS; k++)
 		__atomic_store_n(page[k], sum[k], __ATOMIC_RELAXED);
+	for (uint32_t b = 0; b < DK_MAX_BLOCKS; b++) {
+		const volatile dk_block_stats *v = &e->host->block[b];
+		__atomic_store_n(&e->stats->by_block[b], e->block_base[b] + v->completed + v->errors, __ATOMIC_RELAXED);
+	}
 	return moved;
 }
 
@@ -1174,6 +1180,8 @@ extern "C" int cuda_engine_ops_new(const struct engine_config *cfg, const struct
 	ce_page_counters(e->stats, page);
 	for (int k = 0; k < CE_NCOUNTERS; k++)
 		e->stats_base[k] = __atomic_load_n(page[k], __ATOMIC_RELAXED);
+	for (uint32_t b = 0; b < DK_MAX_BLOCKS; b++)
+		e->block_base[b] = __atomic_load_n(&e->stats->by_block[b], __ATOMIC_RELAXED);
 	/* Peers' buffers and protocol words are reached directly over NVLink
 	 * or PCIe, through CUDA IPC handles opened with lazy peer access
 	 * (ce_map_ipc, ce_comm_peers): a worker touches another GPU only once

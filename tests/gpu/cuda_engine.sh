@@ -260,6 +260,14 @@ if part_on spread; then
 	start_daemon "${daemon_args[@]}" --spread-blocks 1
 	pair=0,0
 	[ "$ngpu" -ge 2 ] && pair=0,1
+	# First, on the fresh daemon, single-channel collectives only: without
+	# the spread every one of them completes on block 0.
+	step "spread: 150 all-reduces of 4 KiB per wait, 2 ranks on GPUs $pair" 300 \
+		"$bin/dfccl-perf" allreduce --socket "$sock" --mem device --devices "$pair" --nranks 2 \
+		--mode callback --batch 150 --group 0 -b 4K -e 4K -n 5 -w 2 -c 1
+	blocks=$(ctl --json stats | json "min(sum(1 for v in x.get('by_block', []) if v) for x in d['devices'] if x.get('completed', 0))")
+	echo "blocks that completed collectives, on the GPU that used fewest: $blocks"
+	[ "$blocks" -ge 2 ] || fail "with --spread-blocks 1, single-channel collectives all completed on one block"
 	step "spread: collectives, 2 ranks on GPUs $pair" 300 "${coll[@]}" --quick --nranks 2 --gpus "$pair"
 	step "spread: collectives, 4 ranks sharing GPU 0" 300 "${coll[@]}" --quick --nranks 4 --gpus 0,0,0,0
 	step "spread: stream-ordered collectives, 2 ranks on GPUs $pair" 300 "${coll[@]}" --stream --quick --nranks 2 \
