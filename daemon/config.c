@@ -99,8 +99,9 @@ static const struct setting settings[] = {
      "cuda engine: blocks (channels) of each GPU's daemon kernel; a collective uses up to this many, by size"},
     {"spread-blocks", T_INT, F(spread_blocks), 0, 1, "0", NULL,
      "cuda engine: 1 starts each collective that uses fewer channels than the daemon kernel has blocks on a "
-     "block chosen by its instance number, so that small collectives run side by side on different blocks; 0 "
-     "starts every collective on block 0"},
+     "block chosen by its instance number and a hash of its communicator (and registered collective, or the "
+     "ranks of a message), the same on every rank, so that small collectives run side by side on different "
+     "blocks; 0 starts every collective on block 0"},
     {"kernel-idle-us", T_INT, F(kernel_idle_us), 0, 60000000, "200", NULL,
      "cuda engine: microseconds a daemon kernel with nothing to do stays resident before it quits; without MPS "
      "keep it short, since a resident kernel makes the trainers' kernels wait for time slices"},

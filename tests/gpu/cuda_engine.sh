@@ -265,7 +265,7 @@ if part_on spread; then
 	step "spread: 150 all-reduces of 4 KiB per wait, 2 ranks on GPUs $pair" 300 \
 		"$bin/dfccl-perf" allreduce --socket "$sock" --mem device --devices "$pair" --nranks 2 \
 		--mode callback --batch 150 --group 0 -b 4K -e 4K -n 5 -w 2 -c 1
-	blocks=$(ctl --json stats | json "min(sum(1 for v in x.get('by_block', []) if v) for x in d['devices'] if x.get('completed', 0))")
+	blocks=$(ctl --json stats | json "min([sum(1 for v in x.get('by_block', []) if v) for x in d['devices'] if x.get('completed', 0)] or [0])")
 	echo "blocks that completed collectives, on the GPU that used fewest: $blocks"
 	[ "$blocks" -ge 2 ] || fail "with --spread-blocks 1, single-channel collectives all completed on one block"
 	step "spread: collectives, 2 ranks on GPUs $pair" 300 "${coll[@]}" --quick --nranks 2 --gpus "$pair"
