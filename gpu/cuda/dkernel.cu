@@ -11,12 +11,12 @@
  * and either completes it at once with an error status or makes a task of
  * it and hands the task to c blocks through their inboxes, c channels
  * chosen by size: blocks 0..c-1, or with the spread-blocks setting c
- * blocks from one chosen by the instance (block_of). Each block then runs its part of the task -- its channel's
- * share of the data -- interleaved with its other tasks under the shared
- * scheduling policy (gpu/scheduler.h): a wait on a peer spins up to the
- * task's threshold and is then preempted; the channel's step and position
- * are kept in global memory, so a preempted collective resumes exactly where
- * it stopped.
+ * blocks from one chosen by the instance (block_of). Each block then runs
+ * its part of the task -- its channel's share of the data -- interleaved
+ * with its other tasks under the shared scheduling policy
+ * (gpu/scheduler.h): a wait on a peer spins up to the task's threshold and
+ * is then preempted; the channel's step and position are kept in global
+ * memory, so a preempted collective resumes exactly where it stopped.
  *
  * The instance protocol is the host engine's (proto/dfccl_comm.h), over the
  * communicator's region in host memory, with one addition: the progress of
