@@ -1283,6 +1283,20 @@ int workers_fill_status(struct workers *w, Dfccl__V1__StatusInfo *st)
 	return 0;
 }
 
+/* A reply's copy of n counters of the statistics page (none when n is 0). */
+static int counters_copy(uint64_t **out, size_t *nout, const uint64_t *page, unsigned n)
+{
+	if (n == 0)
+		return 0;
+	*out = calloc(n, sizeof(**out));
+	if (!*out)
+		return -ENOMEM;
+	*nout = n;
+	for (unsigned k = 0; k < n; k++)
+		(*out)[k] = load64(&page[k]);
+	return 0;
+}
+
 int workers_fill_stats(struct workers *w, Dfccl__V1__QueryReply *r)
 {
 	if (!w)
@@ -1307,26 +1321,15 @@ int workers_fill_stats(struct workers *w, Dfccl__V1__QueryReply *r)
 		d->worker_up = wk->state == W_READY;
 		d->kernel_launches = load64(&wk->stats->kernel_launches);
 		d->kernel_quits = load64(&wk->stats->kernel_quits);
-		d->by_algo = calloc(DFCCL_ALGO_COUNT_, sizeof(*d->by_algo));
-		if (!d->by_algo)
-			return -ENOMEM;
-		d->n_by_algo = DFCCL_ALGO_COUNT_;
-		for (unsigned a = 0; a < DFCCL_ALGO_COUNT_; a++)
-			d->by_algo[a] = load64(&wk->stats->by_algo[a]);
 		/* Per block, up to the last that completed anything (none on
 		 * the host engine). */
 		unsigned nb = 0;
 		for (unsigned b = 0; b < DFCCL_STATS_BLOCKS; b++)
 			if (load64(&wk->stats->by_block[b]))
 				nb = b + 1;
-		if (nb) {
-			d->by_block = calloc(nb, sizeof(*d->by_block));
-			if (!d->by_block)
-				return -ENOMEM;
-			d->n_by_block = nb;
-			for (unsigned b = 0; b < nb; b++)
-				d->by_block[b] = load64(&wk->stats->by_block[b]);
-		}
+		if (counters_copy(&d->by_algo, &d->n_by_algo, wk->stats->by_algo, DFCCL_ALGO_COUNT_) < 0 ||
+		    counters_copy(&d->by_block, &d->n_by_block, wk->stats->by_block, nb) < 0)
+			return -ENOMEM;
 	}
 	return 0;
 }

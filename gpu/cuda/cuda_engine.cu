@@ -309,15 +309,15 @@ static unsigned ce_completions(struct cuda_engine *e)
 	memcpy(sum, e->stats_base, sizeof(sum));
 	for (uint32_t b = 0; b < DK_SLOTS; b++) {
 		const volatile uint64_t *v = (const volatile uint64_t *)&e->host->block[b];
+		uint64_t x[CE_NCOUNTERS];
 		for (int k = 0; k < CE_NCOUNTERS; k++)
-			sum[k] += v[k];
+			sum[k] += x[k] = v[k];
+		/* x[0], x[1]: the block's completions and errors (dk_block_stats) */
+		if (b < DK_MAX_BLOCKS)
+			__atomic_store_n(&e->stats->by_block[b], e->block_base[b] + x[0] + x[1], __ATOMIC_RELAXED);
 	}
 	for (int k = 0; k < CE_NCOUNTERS; k++)
 		__atomic_store_n(page[k], sum[k], __ATOMIC_RELAXED);
-	for (uint32_t b = 0; b < DK_MAX_BLOCKS; b++) {
-		const volatile dk_block_stats *v = &e->host->block[b];
-		__atomic_store_n(&e->stats->by_block[b], e->block_base[b] + v->completed + v->errors, __ATOMIC_RELAXED);
-	}
 	return moved;
 }
 
