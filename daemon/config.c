@@ -97,7 +97,7 @@ static const struct setting settings[] = {
      "the largest spin threshold stickiness can reach"},
     {"channels", T_INT, F(channels), 1, 32, "16", NULL,
      "cuda engine: blocks (channels) of each GPU's daemon kernel; a collective uses up to this many, by size"},
-    {"spread-blocks", T_INT, F(spread_blocks), 0, 1, "0", NULL,
+    {"spread-blocks", T_INT, F(spread_blocks), 0, 1, "1", NULL,
      "cuda engine: 1 starts each collective that uses fewer channels than the daemon kernel has blocks on a "
      "block chosen by its instance number and a hash of its communicator (and registered collective, or the "
      "ranks of a message), the same on every rank, so that small collectives run side by side on different "

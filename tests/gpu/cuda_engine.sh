@@ -32,9 +32,10 @@
 #     its status, canaries around a registered device buffer intact, and
 #     registrations past the end of a cudaMalloc or VMM allocation refused;
 # then prints the daemon's counters. A daemon with pushed all-reduces off
-# (--push-bytes 0) runs the quick sweep again on the direct paths they
-# replace, and one whose collectives start on blocks chosen by their
-# instance (--spread-blocks 1) the quick sweep, both forms, the deadlock
+# and every collective starting on block 0 (--push-bytes 0 --spread-blocks
+# 0) runs the quick sweep again on the direct paths they replace, and one
+# whose collectives start on blocks chosen by their instance
+# (--spread-blocks 1, the default) the quick sweep, both forms, the deadlock
 # programs and chaos again, and batches of 150 small all-reduces checked
 # (collectives side by side on several blocks); then one with 4 blocks and
 # nothing pushed, whose tasks wrap past the last block, over the direct
@@ -50,7 +51,7 @@
 # Environment: DFCCL_GPU_QUICK=1 trims every sweep; DFCCL_TEST_SEED=S
 #        repeats a run's data and orders (the seed is printed);
 #        CUDA_ENGINE_PARTS names the parts to run, of "main" (the suite
-#        without MPS), "push" (pushed all-reduces off), "spread"
+#        without MPS), "push" (pushed all-reduces off, no spread), "spread"
 #        (--spread-blocks 1), "nccl" (the pattern on NCCL) and "mps" (the
 #        suite under MPS), comma-separated (default all), so that a long
 #        run can be split between calls.
@@ -241,8 +242,8 @@ fi
 # Small all-reduces are pushed by default (push-bytes); without it they run
 # the direct one-shot and two-shot paths, which must stay right too.
 if part_on push; then
-	echo "== pushed all-reduces off (--push-bytes 0)"
-	start_daemon "${daemon_args[@]}" --push-bytes 0
+	echo "== pushed all-reduces off, every collective from block 0 (--push-bytes 0 --spread-blocks 0)"
+	start_daemon "${daemon_args[@]}" --push-bytes 0 --spread-blocks 0
 	pair=0,0
 	[ "$ngpu" -ge 2 ] && pair=0,1
 	step "collectives without pushed all-reduces: 2 ranks on GPUs $pair" 300 "${coll[@]}" --quick --nranks 2 \

@@ -68,7 +68,7 @@ static void test_defaults(void **state)
 	assert_int_equal(c.worker_restart_delay_ms, 100);
 	assert_int_equal(c.worker_start_timeout_ms, 30000);
 	assert_int_equal(c.channels, 16);
-	assert_int_equal(c.spread_blocks, 0);
+	assert_int_equal(c.spread_blocks, 1);
 	assert_int_equal(c.kernel_idle_us, 200);
 	assert_int_equal(c.kernel_idle_mps_us, 5000);
 	assert_int_equal(c.push_bytes, 65536);
@@ -125,8 +125,8 @@ static void test_set_good(void **state)
 	assert_int_equal(c.host_devices, 1);
 	assert_int_equal(config_set(&c, "channels", "32", err, sizeof(err)), 0);
 	assert_int_equal(c.channels, 32);
-	assert_int_equal(config_set(&c, "spread-blocks", "1", err, sizeof(err)), 0);
-	assert_int_equal(c.spread_blocks, 1);
+	assert_int_equal(config_set(&c, "spread-blocks", "0", err, sizeof(err)), 0);
+	assert_int_equal(c.spread_blocks, 0);
 	assert_int_equal(config_set(&c, "host-devices", "64", err, sizeof(err)), 0);
 	assert_int_equal(c.host_devices, 64);
 	assert_int_equal(config_set(&c, "engine", "cuda", err, sizeof(err)), 0);
