@@ -6,8 +6,9 @@
  * queues while the blocks run their tasks: it polls the arm word of every
  * queue pair's next entries in host memory (as far as fair
  * admission lets the pair hold more tasks, gpu/scheduler.h; at its
- * max-inflight-per-session entries are refused), copies an armed entry,
- * checks the copy (gpu/sqe_check.h, the same checks the host engine makes),
+ * max-inflight-per-session entries are refused), has the warp's copier
+ * lanes copy the armed entries (one PCIe read each, together), checks each
+ * copy (gpu/sqe_check.h, the same checks the host engine makes),
  * and either completes it at once with an error status or makes a task of
  * it and hands the task to c blocks through their inboxes, c channels
  * chosen by size: blocks 0..c-1, or with the spread-blocks setting c
@@ -580,10 +581,12 @@ __device__ uint32_t comm_aborted(dk_comm *cm, bool host)
 
 /* ------------------------------------------------------------------ taking entries (the queue reader) */
 
-/* Whether communicator slot i is comm_id's. */
+/* Whether communicator slot i is comm_id's: both words loaded at once. */
 __device__ __forceinline__ bool comm_is(dk_state *st, uint32_t i, uint64_t comm_id)
 {
-	return vload(&st->comms[i].live) && vload(&st->comms[i].comm_id) == comm_id;
+	uint32_t live = vload(&st->comms[i].live);
+	uint64_t id = vload(&st->comms[i].comm_id);
+	return live && id == comm_id;
 }
 
 /*
@@ -597,8 +600,9 @@ __device__ dk_comm *comm_find(dk_state *st, dk_qp *q, uint64_t comm_id, uint32_t
 	uint32_t nc = vload(&st->ctl.ncomms);
 	if (nc > DK_MAX_COMMS)
 		nc = DK_MAX_COMMS;
+	/* The hint's words are loaded while the count's load is on its way. */
 	uint32_t hint = q->comm_hint - 1u;
-	if (hint < nc && comm_is(st, hint, comm_id)) {
+	if (hint < DK_MAX_COMMS && comm_is(st, hint, comm_id) && hint < nc) {
 		*index = hint;
 		return &st->comms[hint];
 	}
@@ -653,8 +657,8 @@ __device__ void task_free(dk_state *st, dk_task *t)
  * Every rank computes the same, and posts it in its shape. */
 __device__ uint32_t channels_for(const dk_params &p, uint8_t opcode, uint64_t bytes)
 {
-	if (sqe_is_p2p(opcode))
-		return 1;
+	if (sqe_is_p2p(opcode) || bytes < p.chan_bytes)
+		return 1; /* without a 64-bit division, which one thread pays for in every small entry */
 	uint64_t c = bytes / p.chan_bytes + 1;
 	return c > p.blocks ? p.blocks : (uint32_t)c;
 }
@@ -688,7 +692,10 @@ __device__ uint32_t block_of(const dk_params &p, const dfccl_sqe *e, uint64_t ke
 		s += ((uint64_t)e->coll_id + 1) * 0x165667B19E3779F9ull;
 	}
 	s ^= s >> 29;
-	return (uint32_t)((key + s) % p.blocks);
+	/* In 32 bits: a 64-bit remainder costs the reader a long chain of
+	 * instructions per entry. Consecutive keys still go to consecutive
+	 * blocks (but once in 2^32). */
+	return ((uint32_t)key + (uint32_t)(s ^ s >> 32)) % p.blocks;
 }
 
 /* The channel of task t that block b runs (>= t->nch: none); and the
@@ -739,12 +746,27 @@ __device__ uint32_t entry_accept(dk_ctx &c, uint32_t qi, dk_qp *q, const dfccl_s
 	*cmo = NULL;
 	uint32_t ci;
 	dk_comm *cm = comm_find(st, q, e->comm_id, &ci);
+	trace(c, DK_EV_TAKE, DK_TAKE_COMM);
 	if (!cm)
 		return DFCCL_CQ_BAD_COMM;
+	/* Every word of the pair and the communicator that the checks and the
+	 * task need, loaded before any is used: a load waited for on its own
+	 * costs an L2 round trip, and the reader's time per entry is what a
+	 * batch of small collectives takes per collective. The rank's words
+	 * are loaded for any rank within the arrays, and used only for one
+	 * below nranks. */
+	uint32_t rk = e->rank < DFCCL_COMM_MAX_RANKS ? e->rank : 0;
 	uint32_t n = vload(&cm->nranks);
 	uint64_t sess = vload(&q->session_id);
-	uint32_t s = sqe_check_member(e, n, e->rank < n ? vload(&cm->session[e->rank]) : 0,
-	                              e->rank < n ? vload(&cm->device[e->rank]) : 0, sess, c.p.device);
+	uint64_t member_sess = vload(&cm->session[rk]);
+	uint32_t member_dev = vload(&cm->device[rk]);
+	uint32_t aborted = vload(&cm->abort_status);
+	uint32_t qp_gen = vload(&q->gen), comm_gen = vload(&cm->gen), conn_all = vload(&cm->conn_all);
+	uint32_t uid_slot = vload(&q->uid_slot);
+	void *region = vload(&cm->sync);
+	uint32_t s = sqe_check_member(e, n, e->rank < n ? member_sess : 0, e->rank < n ? member_dev : 0, sess,
+	                              c.p.device);
+	trace(c, DK_EV_TAKE, DK_TAKE_MEMBER);
 	if (s != DFCCL_CQ_OK)
 		return s;
 	*cmo = cm;
@@ -755,20 +777,27 @@ __device__ uint32_t entry_accept(dk_ctx &c, uint32_t qi, dk_qp *q, const dfccl_s
 	char *own_send = resolve(st, e->send_reg, sess, e->send_off, sb, &s), *own_recv = NULL;
 	if (s == DFCCL_CQ_OK)
 		own_recv = resolve(st, e->recv_reg, sess, e->recv_off, rb, &s);
-	if (s == DFCCL_CQ_OK)
-		s = comm_aborted(cm, false);
+	trace(c, DK_EV_TAKE, DK_TAKE_RESOLVED);
+	/* Aborted here (comm_fail, the host); an abort in the protocol words
+	 * (another GPU's rank failed) is seen by the task's first wait, which
+	 * comes before anything it stores (run_channel's abort looks), so the
+	 * reader does not wait for those words' round trip. */
+	if (s == DFCCL_CQ_OK && aborted)
+		s = aborted;
+	trace(c, DK_EV_TAKE, DK_TAKE_ABORT);
 	if (s != DFCCL_CQ_OK)
 		return s;
 	uint32_t ti = task_alloc(st);
+	trace(c, DK_EV_TAKE, DK_TAKE_TASK);
 	if (ti == DK_NO_TASK) {
 		*task = DK_NO_TASK;
 		return DFCCL_CQ_OK;
 	}
 	dk_task *t = &st->tasks[ti];
 	t->qp = qi;
-	t->qp_gen = vload(&q->gen);
+	t->qp_gen = qp_gen;
 	t->comm = ci;
-	t->comm_gen = vload(&cm->gen);
+	t->comm_gen = comm_gen;
 	t->rank = e->rank;
 	t->peer = e->peer;
 	t->dsize = dsize;
@@ -789,7 +818,6 @@ __device__ uint32_t entry_accept(dk_ctx &c, uint32_t qi, dk_qp *q, const dfccl_s
 	t->chdone = 0;
 	t->bufs_epoch = 0;
 	t->arrival = ++st->arrivals;
-	void *region = vload(&cm->sync);
 	uint64_t nslots;
 	if (sqe_is_p2p(e->opcode)) {
 		int sending = e->opcode == DFCCL_OP_SEND;
@@ -814,7 +842,6 @@ __device__ uint32_t entry_accept(dk_ctx &c, uint32_t qi, dk_qp *q, const dfccl_s
 	 * kernel's rings and trees backs yet (`dfcclctl tune` makes one). */
 	t->algo = e->algo || c.p.algo ? algo_choose(&cm->topo, e->opcode, e->count, dsize, e->algo, (uint8_t)c.p.algo)
 	                              : (uint8_t)DFCCL_ALGO_DIRECT;
-	uint32_t conn_all = vload(&cm->conn_all);
 	if (algo_uses_conn(e->opcode, t->algo) && !conn_all)
 		t->algo = DFCCL_ALGO_DIRECT;
 	t->push = push_fits(c.p, e->opcode, t->algo, t->nch, n, e->count * dsize, conn_all);
@@ -834,28 +861,112 @@ __device__ uint32_t entry_accept(dk_ctx &c, uint32_t qi, dk_qp *q, const dfccl_s
 		st->states[b][ti].priority = (e->flags & DFCCL_SQE_F_PRIORITY) ? e->priority : 0;
 		st->states[b][ti].boost = 1;
 	}
+	trace(c, DK_EV_TAKE, DK_TAKE_FILLED);
 	t->reserved_part = (uint8_t)sched_admit_reserved(atomicAdd(&q->inflight, 1u));
-	t->uid_slot = (uint8_t)vload(&q->uid_slot);
+	t->uid_slot = (uint8_t)uid_slot;
 	atomicAdd(&st->uid_inflight[t->uid_slot], 1u);
 	atomicAdd(t->reserved_part ? &st->admit_reserve : &st->admit_shared, 1u);
 	t->state = DK_TASK_LIVE;
 	atomicAdd(&st->live_tasks, 1u);
+	trace(c, DK_EV_TAKE, DK_TAKE_ADMITTED);
+	/* The task in each of its blocks' inboxes: its index in the next
+	 * place, then, after one fence that publishes the task and those
+	 * places, the tails (the reader alone moves them, so each reads back
+	 * what it was). */
+	for (uint32_t ch = 0; ch < t->nch; ch++) {
+		dk_inbox *ib = &st->inbox[block_for(c.p, t, ch)];
+		ib->idx[vload(&ib->tail) % DK_MAX_TASKS] = ti;
+	}
 	__threadfence();
 	for (uint32_t ch = 0; ch < t->nch; ch++) {
 		dk_inbox *ib = &st->inbox[block_for(c.p, t, ch)];
-		uint32_t tail = vload(&ib->tail);
-		ib->idx[tail % DK_MAX_TASKS] = ti;
-		__threadfence();
-		*(volatile uint32_t *)&ib->tail = tail + 1;
+		*(volatile uint32_t *)&ib->tail = vload(&ib->tail) + 1;
 	}
+	trace(c, DK_EV_TAKE, DK_TAKE_HANDED);
 	*task = ti;
 	c.acc.started[t->algo - 1]++;
 	return DFCCL_CQ_OK;
 }
 
+/* The admission of queue pair q's next entries as its tasks stand now
+ * (scheduler.h). */
+__device__ __forceinline__ struct sched_admission qp_admission(const dk_ctx &c, dk_qp *q)
+{
+	dk_state *st = c.st;
+	struct sched_limits lim = {c.p.max_inflight, c.p.max_inflight_uid};
+	struct sched_load load = {vload(&q->inflight), vload(&st->uid_inflight[vload(&q->uid_slot)]),
+	                          vload(&st->admit_reserve), vload(&st->admit_shared)};
+	return sched_admit(&lim, &load);
+}
+
 /* Takes the armed entries of every queue pair. Returns how many. */
 /* Entries whose words read_queues loads together. */
 #define DK_SCAN 16u
+
+/*
+ * The copiers: lanes 8-31 of the queue reader's warp copy the armed entries
+ * of a chunk for the reader (lane 0) into shared memory, eight lanes per
+ * entry, so that each entry crosses PCIe as one 128-byte read. Loads of one
+ * line of host memory from one thread are served one after another
+ * (dk_prims, H200: eight 16-byte loads of an entry 5.7 us, sixteen loads of
+ * different lines 1.3 us); one warp instruction's loads of a line are one
+ * request, and the three entries of each instruction, and the instructions
+ * after it, are in flight together. The reader names the entries and meets
+ * the copiers at a warp barrier, which they wait at without taking issue
+ * slots; a second barrier ends the copy (both order the shared memory
+ * between them). Lanes 1-7 take no part: with lane 0 busy elsewhere, the
+ * copies of an instruction are whole lines only with lanes 8-31.
+ */
+#define DK_COPIERS 0xFFFFFF00u                /* lanes 8-31 */
+#define DK_COPY_LANES (DK_COPIERS | 1u)      /* and the reader: the barriers' mask */
+#define DK_COPY_PER_ROUND 3u                  /* entries per warp instruction */
+#define DK_COPY_ROUNDS ((DK_SCAN + DK_COPY_PER_ROUND - 1) / DK_COPY_PER_ROUND)
+#define DK_COPY_QUIT 0xFFFFFFFFu              /* rcopy.n: the copiers leave */
+DFCCL_STATIC_ASSERT(sizeof(dfccl_sqe) == 8 * 16, "an entry is eight 16-byte pieces, one per copier lane");
+
+struct dk_rcopy {
+	const uint4 *src[DK_SCAN]; /* the entries to copy */
+	uint32_t n;                /* how many, or DK_COPY_QUIT */
+	uint4 buf[DK_SCAN][8];     /* their copies */
+};
+__shared__ dk_rcopy rcopy;
+
+/* A copier lane's loop, until the reader says quit. */
+__device__ __noinline__ void copier_main(uint32_t lane)
+{
+	const uint32_t g = (lane - 8u) / 8u, piece = lane % 8u;
+	for (;;) {
+		__syncwarp(DK_COPY_LANES); /* a request */
+		uint32_t n = *(volatile uint32_t *)&rcopy.n;
+		if (n == DK_COPY_QUIT)
+			return;
+		uint4 v[DK_COPY_ROUNDS];
+#pragma unroll
+		for (uint32_t r = 0; r < DK_COPY_ROUNDS; r++) {
+			uint32_t i = r * DK_COPY_PER_ROUND + g;
+			if (i < n)
+				v[r] = __ldcv(*(const uint4 *const volatile *)&rcopy.src[i] + piece);
+		}
+#pragma unroll
+		for (uint32_t r = 0; r < DK_COPY_ROUNDS; r++) {
+			uint32_t i = r * DK_COPY_PER_ROUND + g;
+			if (i < n)
+				rcopy.buf[i][piece] = v[r];
+		}
+		__syncwarp(DK_COPY_LANES); /* done */
+	}
+}
+
+/* The reader: the copiers copy rcopy.src[0..n) into rcopy.buf (n <=
+ * DK_SCAN), or leave (DK_COPY_QUIT). */
+__device__ void copy_entries(uint32_t n)
+{
+	*(volatile uint32_t *)&rcopy.n = n;
+	__syncwarp(DK_COPY_LANES);
+	if (n != DK_COPY_QUIT)
+		__syncwarp(DK_COPY_LANES);
+	asm volatile("" ::: "memory"); /* the copies are read after the barrier */
+}
 
 /*
  * A pass over a queue pair looks at DK_SCAN_WINDOW entries from its head
@@ -956,6 +1067,7 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 		 * admission's loads too. */
 		if (arm_head != head && c.passes % DK_LOOK_PAST != 0)
 			continue;
+		trace(c, DK_EV_TAKE, DK_TAKE_HEADER);
 		/* The client owns the tail: never look further than one lap. */
 		if (tail >= head + n)
 			tail = head + n - 1;
@@ -963,11 +1075,9 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 		 * stay armed in its queue, but for those whose instance a peer
 		 * posted; at a limit they are refused. A pass that starts with
 		 * no room looks at a few entries, from where the last stopped. */
-		struct sched_limits lim = {c.p.max_inflight, c.p.max_inflight_uid};
-		struct sched_load load = {vload(&q->inflight), vload(&st->uid_inflight[vload(&q->uid_slot)]),
-		                          vload(&st->admit_reserve), vload(&st->admit_shared)};
-		struct sched_admission a = sched_admit(&lim, &load);
+		struct sched_admission a = qp_admission(c, q);
 		uint32_t room = a.room, beyond = a.beyond, looks = 0;
+		bool readmitted = false;
 		bool looking = a.refuse == DFCCL_CQ_OK && room == 0;
 		uint64_t start = looking ? sched_look_start(vload(&q->look), head, tail) : head, stopped = 0;
 		/* In order (scheduler.h, "Taking in order"): with the head armed
@@ -999,18 +1109,47 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 				 * are reduced to two masks: a value stored to memory right
 				 * after its load would make every load wait for the one
 				 * before. */
-				uint64_t tk[DK_SCAN], arm[DK_SCAN];
-#pragma unroll
-				for (uint32_t k = 0; k < DK_SCAN; k++) {
-					uint32_t slot = DFCCL_QP_SLOT(s0 + k, n);
-					tk[k] = s0 + k <= hi ? taken[slot] : 0;
-					arm[k] = s0 + k <= hi && s0 + k != head ? vload(&sq[slot].arm) : arm_head;
-				}
 				uint32_t was_taken = 0, armed = 0; /* bit k: entry s0 + k */
+				{
+					/* The arm words (PCIe) first, reduced to a mask before
+					 * the taken words (L2) are loaded: half the registers
+					 * live at once. */
+					uint64_t arm[DK_SCAN];
 #pragma unroll
-				for (uint32_t k = 0; k < DK_SCAN; k++) {
-					was_taken |= (uint32_t)(tk[k] == s0 + k) << k;
-					armed |= (uint32_t)(tk[k] != s0 + k && arm[k] == s0 + k) << k;
+					for (uint32_t k = 0; k < DK_SCAN; k++)
+						arm[k] = s0 + k <= hi && s0 + k != head ? vload(&sq[DFCCL_QP_SLOT(s0 + k, n)].arm)
+						                                       : arm_head;
+#pragma unroll
+					for (uint32_t k = 0; k < DK_SCAN; k++)
+						armed |= (uint32_t)(arm[k] == s0 + k) << k;
+				}
+				{
+					uint64_t tk[DK_SCAN];
+#pragma unroll
+					for (uint32_t k = 0; k < DK_SCAN; k++)
+						tk[k] = s0 + k <= hi ? taken[DFCCL_QP_SLOT(s0 + k, n)] : 0;
+#pragma unroll
+					for (uint32_t k = 0; k < DK_SCAN; k++)
+						was_taken |= (uint32_t)(tk[k] == s0 + k) << k;
+				}
+				armed &= ~was_taken;
+				/* One acquire for every armed entry of the chunk but the
+				 * head (its arm word was an acquire load): the fence after
+				 * the relaxed loads orders the copies after them, where a
+				 * second load of each arm word with an acquire cost a PCIe
+				 * round trip per entry. */
+				if (armed & ~(s0 == head ? 1u : 0u))
+					__threadfence_system();
+				trace(c, DK_EV_TAKE, DK_TAKE_SCANNED);
+				/* Every armed entry of the chunk copied at once, after the
+				 * acquire; those the pass then leaves cost nothing more. */
+				if (armed) {
+					uint32_t nc = 0;
+					for (uint32_t k = 0; k < DK_SCAN; k++)
+						if (armed >> k & 1u)
+							rcopy.src[nc++] = (const uint4 *)&sq[DFCCL_QP_SLOT(s0 + k, n)];
+					copy_entries(nc);
+					trace(c, DK_EV_TAKE, DK_TAKE_COPIED);
 				}
 				for (uint32_t k = 0; k < DK_SCAN && !stop; k++) {
 					uint64_t s = s0 + k;
@@ -1021,10 +1160,8 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 						h += h == s; /* taken by an earlier pass */
 						continue;
 					}
-					/* Not armed yet: later entries may be. An armed one is
-					 * loaded again with an acquire (the head's already was),
-					 * so that its copy is ordered after the arm word. */
-					if (!(armed >> k & 1u) || (s != head && ld_acq_sys(&sq[slot].arm) != s)) {
+					/* Not armed yet: later entries may be. */
+					if (!(armed >> k & 1u)) {
 						stop = in_order;
 						if (stop)
 							break;
@@ -1035,6 +1172,7 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 					 * or, in the sweep's chunk, one between the window and
 					 * the chunk, which this pass did not look at: the next
 					 * pass's sweep then starts at it. */
+					trace(c, DK_EV_TAKE, DK_TAKE_ARMED);
 					uint64_t first = !looking && h < s ? armed_before(sq, taken, n, h, s) : 0;
 					if (first) {
 						if (part == 1 && first > end)
@@ -1042,19 +1180,28 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 						stop = true;
 						break;
 					}
+					/* The room ran out in a pass that takes: the pair's tasks
+					 * may have gone past its guarantee from the reserve, and
+					 * sched_admit gives the shared part's room only then. So
+					 * the admission is made again, once a pass, rather than
+					 * copying the entry to look beyond the room and leaving
+					 * it for the next pass: with few tasks of the pair
+					 * live, its passes would take a guarantee's worth each. */
+					if (room == 0 && !looking && !readmitted && a.refuse == DFCCL_CQ_OK) {
+						readmitted = true;
+						a = qp_admission(c, q);
+						room = a.room;
+						beyond = a.beyond;
+					}
+					/* The copy (made with the chunk's): everything after is
+					 * checked on it alone. */
 					dfccl_sqe e;
-					/* The copy: everything after is checked on it alone. Eight
-					 * independent 16-byte loads, so they cross PCIe together. */
-					const uint4 *src = (const uint4 *)&sq[slot];
-					uint4 v[sizeof(e) / 16];
-#pragma unroll
-					for (int w = 0; w < (int)(sizeof(e) / 16); w++)
-						v[w] = __ldcv(src + w);
-					memcpy(&e, v, sizeof(e));
+					memcpy(&e, rcopy.buf[__popc(armed & ((1u << k) - 1u))], sizeof(e));
 					e.arm = s; /* what it was taken under; e.seq is the client's claim */
 					uint64_t bytes;
 					uint32_t status = sqe_check_entry(&e, &bytes);
 					e.arm = s;
+					trace(c, DK_EV_TAKE, DK_TAKE_CHECKED);
 					uint32_t ti = DK_NO_TASK;
 					dk_comm *cm = NULL;
 					if (status == DFCCL_CQ_OK && e.opcode != DFCCL_OP_NOP && a.refuse == DFCCL_CQ_OK && room == 0) {
@@ -1090,11 +1237,12 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 					taken[slot] = s;
 					h += h == s;
 					got++;
-					if (ti != DK_NO_TASK)
-						continue;
-					if (status != DFCCL_CQ_OK && cm)
-						comm_fail(cm, status);
-					complete(c, q, s, status);
+					if (ti == DK_NO_TASK) {
+						if (status != DFCCL_CQ_OK && cm)
+							comm_fail(cm, status);
+						complete(c, q, s, status);
+					}
+					trace(c, DK_EV_TAKE, DK_TAKE_DONE);
 				}
 			}
 		}
@@ -2264,10 +2412,14 @@ __global__ void __launch_bounds__(DK_THREADS, DK_MIN_BLOCKS_PER_SM) dk_main(dk_p
 	c.b = blockIdx.x;
 	const uint32_t tid = threadIdx.x;
 	if (tid >= DK_WORKERS) {
-		if (c.b == 0 && tid == DK_WORKERS) {
+		uint32_t lane = tid - DK_WORKERS;
+		if (c.b == 0 && lane == 0) {
 			c.slot = DK_READER;
 			c.bs = &p.host->block[DK_READER];
 			reader_main(c);
+			copy_entries(DK_COPY_QUIT);
+		} else if (c.b == 0 && (DK_COPIERS >> lane & 1u)) {
+			copier_main(lane);
 		}
 		return;
 	}

@@ -61,8 +61,9 @@
 #define DK_PHASE2_STORES 0
 #endif
 /* The threads of a block that run its tasks; the last warp of block 0 is
- * the queue reader (one lane), which has counters and a trace ring of its
- * own, after the blocks': slot DK_READER. */
+ * the queue reader (lane 0, with lanes 8-31 copying entries for it), which
+ * has counters and a trace ring of its own, after the blocks': slot
+ * DK_READER. */
 #define DK_WORKERS (DK_THREADS - 32u)
 #define DK_READER DK_MAX_BLOCKS
 #define DK_SLOTS (DK_MAX_BLOCKS + 1u)
@@ -359,10 +360,33 @@ enum dk_trace_event {
 	DK_EV_PREEMPT,     /* a wait gave up; arg: task << 16 | step */
 	DK_EV_DATA,        /* a piece of data was moved; arg: bytes (saturated) */
 	DK_EV_COMPLETE,    /* an entry completed; arg: its status */
+	DK_EV_TAKE,        /* the queue reader's take of an entry reached a phase; arg: enum dk_take_phase */
 	DK_EV_COUNT_
 };
 
-#define DK_TRACE_NAMES {"loop", "queues", "task", "step", "preempt", "data", "complete"}
+#define DK_TRACE_NAMES {"loop", "queues", "task", "step", "preempt", "data", "complete", "take"}
+
+/* The phases of the queue reader's pass over a queue pair and of its take
+ * of an entry, in order, as the trace records them (DK_EV_TAKE): the time
+ * between two is what the part between them costs. A phase is recorded
+ * when the reader gets there, which may be before the loads it issued
+ * return: their wait then counts to the phase that uses them. */
+enum dk_take_phase {
+	DK_TAKE_HEADER = 0, /* the pair's header and head arm word read (a pass going on to take or look) */
+	DK_TAKE_SCANNED,   /* DK_SCAN entries' taken and arm words read */
+	DK_TAKE_COPIED,    /* those of them armed copied from the submission queue (the copier lanes) */
+	DK_TAKE_ARMED,     /* an armed entry's turn in the pass */
+	DK_TAKE_CHECKED,   /* the copy checked on its own (sqe_check_entry) */
+	DK_TAKE_COMM,      /* its communicator found */
+	DK_TAKE_MEMBER,    /* its rank checked against the communicator */
+	DK_TAKE_RESOLVED,  /* its buffers resolved in the registrations */
+	DK_TAKE_ABORT,     /* its communicator's abort word read */
+	DK_TAKE_TASK,      /* a free task found */
+	DK_TAKE_FILLED,    /* the task filled in */
+	DK_TAKE_ADMITTED,  /* its admission counted, the task live */
+	DK_TAKE_HANDED,    /* the task in its blocks' inboxes */
+	DK_TAKE_DONE,      /* the entry marked taken (or completed at once) */
+};
 
 struct dk_trace_rec {
 	uint64_t t_ns;  /* %globaltimer */

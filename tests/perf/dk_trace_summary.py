@@ -16,8 +16,10 @@ a block, "block ns event arg". For block B (default 0) this prints
 
 --block reader does the same for the queue reader (its block number is in
 the trace's header): the time of its passes over the queue pairs, those that
-took nothing ("queues (took none)") and those that took entries, and, for
-entries it completed itself (NOPs, refusals), its completions.
+took nothing ("queues (took none)") and those that took entries, the phases
+of each take of an entry ("take copied -> take checked": the check of the
+copy), and, for entries it completed itself (NOPs, refusals), its
+completions.
 
 With --turnaround it prints instead, over every block, the time from each
 completion to the queue reader's next take of an entry: with one collective
@@ -40,6 +42,9 @@ import sys
 # enum dk_step, in order (gpu/cuda/dkernel.h).
 STEPS = ["SLOT", "POSTS", "WORK1", "SYNC1", "WORK2", "CHDONE", "FINISH", "BOX_FREE", "BOX_ACK", "BOX_KEY",
          "AWAIT", "AWORK", "BOX_WANT", "PUSH", "LEFT", "DRAIN"]
+# enum dk_take_phase, in order (gpu/cuda/dkernel.h): the queue reader's pass and take of an entry.
+TAKES = ["header", "scanned", "copied", "armed", "checked", "comm", "member", "resolved", "abort", "task", "filled", "admitted",
+         "handed", "done"]
 
 
 def label(event, arg):
@@ -47,6 +52,8 @@ def label(event, arg):
     if event in ("step", "preempt"):
         step = arg & 0xFFFF
         return "%s %s" % (event, STEPS[step] if step < len(STEPS) else str(step))
+    if event == "take":
+        return "take %s" % (TAKES[arg] if arg < len(TAKES) else str(arg))
     if event == "queues":
         return "queues (took %s)" % ("none" if arg == 0 else "some")
     return event
