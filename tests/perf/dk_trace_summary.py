@@ -16,7 +16,8 @@ a block, "block ns event arg". For block B (default 0) this prints
 
 --block reader does the same for the queue reader (its block number is in
 the trace's header): the time of its passes over the queue pairs, those that
-took nothing ("queues (took none)") and those that took entries, the phases
+took nothing ("queues (took none)") and those that took entries (and then
+the passes by how many entries each took, with the time per entry), the phases
 of each take of an entry ("take copied -> take checked": the check of the
 copy), and, for entries it completed itself (NOPs, refusals), its
 completions.
@@ -188,6 +189,23 @@ def main():
     if len(events) < 2:
         sys.exit("dk_trace_summary: block %d has %d event(s) in %s" % (block, len(events), args.trace))
     summary(events, args.top)
+    if args.block == "reader":
+        passes(events)
+
+
+def passes(events):
+    """The reader's passes by how many entries each took: the time from the
+    end of one pass to the end of the next, so the time per entry shows
+    where a batch arrives at once."""
+    ends = [(t, a) for t, e, a in events if e == "queues"]
+    by = {}
+    for (t0, _), (t1, got) in zip(ends, ends[1:]):
+        by.setdefault(got, []).append(t1 - t0)
+    print("passes by entries taken: taken, count, median us, mean us, median us per entry")
+    for got in sorted(by):
+        d = by[got]
+        med = statistics.median(d)
+        print("%6d %8d %9s %9s %9s" % (got, len(d), us(med), us(statistics.mean(d)), us(med / got) if got else "-"))
 
 
 if __name__ == "__main__":

@@ -74,6 +74,10 @@ def main():
         # The reader's passes: an empty pass 0.5 us after each completion,
         # then the take 2.5 and 6.5 us after that empty pass.
         out = run(path, "--block", "reader")
+        # By entries taken: the two passes that took one entry each ended
+        # 2.5 and 6.5 us after the empty pass before them.
+        expect(out, "%6d %8d %9s %9s %9s" % (1, 2, "%.2f" % ((t0 + t1) / 2e3 - 0.5),
+                                           "%.2f" % ((t0 + t1) / 2e3 - 0.5), "%.2f" % ((t0 + t1) / 2e3 - 0.5)))
         expect(out, "%-28s %-28s %8d %9s %9s %11s" % ("queues (took none)", "queues (took some)", 2,
                                                       "%.2f" % ((t0 + t1) / 2e3 - 0.5), "%.2f" % ((t0 + t1) / 2e3 - 0.5),
                                                       "%.2f" % ((t0 + t1) / 1e3 - 1.0)))
@@ -118,6 +122,8 @@ def main():
                          ("armed", "done", "4.30"), ("done", "99", "0.30")):
             expect(out, "%-28s %-28s %8d %9s %9s %11s" % ("take " + a, "take " + b, 1, us, us, us))
         expect(out, "%-28s %-28s %8d %9s %9s %11s" % ("take 99", "queues (took some)", 1, "0.20", "0.20", "0.20"))
+        # One pass that took one entry, 9.5 us after the empty one.
+        expect(out, "%6d %8d %9s %9s %9s" % (1, 1, "9.50", "9.50", "9.50"))
     print("OK: dk_trace_summary.py's tables match the constructed trace")
 
 
