@@ -84,6 +84,13 @@ __device__ __forceinline__ uint64_t ld_acq_sys(const uint64_t *p)
 
 
 
+__device__ __forceinline__ uint32_t ld_acq_gpu32(const uint32_t *p)
+{
+	uint32_t v;
+	asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+	return v;
+}
+
 __device__ __forceinline__ void st_rel_sys(uint64_t *p, uint64_t v)
 {
 	asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
@@ -427,42 +434,74 @@ __device__ void op_run(const dk_op &o)
 
 /* ------------------------------------------------------------------ tables */
 
-/* A copy of reg_id's live entry, or false. Each probe loads a whole entry
- * (two independent 16-byte loads through L2, so one round trip), rather
- * than its words one after another. */
-__device__ bool reg_find(dk_state *st, uint32_t reg_id, dk_reg *out)
+/* Probe i of reg_id's search: a whole table entry, two independent 16-byte
+ * loads through L2, so one round trip, rather than its words one after
+ * another. */
+__device__ __forceinline__ void reg_load(dk_state *st, uint32_t reg_id, uint32_t i, dk_reg *out)
 {
 	DFCCL_STATIC_ASSERT(sizeof(dk_reg) == 32, "a registration is two 16-byte words");
+	const uint4 *src = (const uint4 *)&st->regs[(dk_reg_hash(reg_id) + i) & (DK_REG_CAP - 1u)];
+	uint4 v[2] = {__ldcg(src), __ldcg(src + 1)};
+	memcpy(out, v, sizeof(*out));
+}
+
+/* Whether the probe r ends reg_id's search, and then *found. */
+__device__ __forceinline__ bool reg_ends(const dk_reg &r, uint32_t reg_id, bool *found)
+{
+	*found = r.state == DK_REG_LIVE && r.reg_id == reg_id;
+	return *found || r.state == DK_REG_EMPTY;
+}
+
+/* A copy of reg_id's live entry, or false. */
+__device__ bool reg_find(dk_state *st, uint32_t reg_id, dk_reg *out)
+{
 	if (reg_id == 0)
 		return false;
-	uint32_t h = dk_reg_hash(reg_id);
 	for (uint32_t i = 0; i < DK_REG_CAP; i++) {
-		const uint4 *src = (const uint4 *)&st->regs[(h + i) & (DK_REG_CAP - 1u)];
-		uint4 v[2] = {__ldcg(src), __ldcg(src + 1)};
-		memcpy(out, v, sizeof(*out));
-		if (out->state == DK_REG_EMPTY)
-			return false;
-		if (out->state == DK_REG_LIVE && out->reg_id == reg_id)
-			return true;
+		bool found;
+		reg_load(st, reg_id, i, out);
+		if (reg_ends(*out, reg_id, &found))
+			return found;
 	}
 	return false;
 }
 
-/* The address of [off, off + bytes) of reg_id owned by session; NULL with
- * *st set when that is not a buffer of this session. */
-__device__ char *resolve(dk_state *st, uint32_t reg_id, uint64_t session, uint64_t off, uint64_t bytes, uint32_t *status)
+/* reg_find of an entry's two registrations, with both first probes loaded
+ * together: one L2 round trip for the pair where neither collides. */
+__device__ void reg_find2(dk_state *st, const uint32_t id[2], dk_reg out[2], bool found[2])
+{
+	for (int k = 0; k < 2; k++)
+		reg_load(st, id[k], 0, &out[k]);
+	for (int k = 0; k < 2; k++)
+		if (id[k] == 0)
+			found[k] = false;
+		else if (!reg_ends(out[k], id[k], &found[k]))
+			found[k] = reg_find(st, id[k], &out[k]);
+}
+
+/* The address of [off, off + bytes) of reg_id (found: its entry r) owned
+ * by session; NULL with *status set when that is not a buffer of this
+ * session, or NULL for no bytes. */
+__device__ char *resolve_found(uint32_t reg_id, bool found, const dk_reg &r, uint64_t session, uint64_t off,
+                               uint64_t bytes, uint32_t *status)
 {
 	*status = DFCCL_CQ_OK;
 	if (bytes == 0)
 		return NULL;
-	dk_reg r;
-	bool found = reg_find(st, reg_id, &r);
 	uint32_t s = sqe_check_range(reg_id, found, found ? r.session_id : 0, found ? r.size : 0, session, off, bytes, 1);
 	if (s != DFCCL_CQ_OK) {
 		*status = s;
 		return NULL;
 	}
 	return r.base + off;
+}
+
+/* resolve_found, looking reg_id up. */
+__device__ char *resolve(dk_state *st, uint32_t reg_id, uint64_t session, uint64_t off, uint64_t bytes, uint32_t *status)
+{
+	dk_reg r = {};
+	bool found = bytes && reg_find(st, reg_id, &r);
+	return resolve_found(reg_id, found, r, session, off, bytes, status);
 }
 
 /* ------------------------------------------------------------------ completions and counters */
@@ -764,6 +803,10 @@ __device__ uint32_t entry_accept(dk_ctx &c, uint32_t qi, dk_qp *q, const dfccl_s
 	uint32_t qp_gen = vload(&q->gen), comm_gen = vload(&cm->gen), conn_all = vload(&cm->conn_all);
 	uint32_t uid_slot = vload(&q->uid_slot);
 	void *region = vload(&cm->sync);
+	const uint32_t reg_ids[2] = {e->send_reg, e->recv_reg};
+	dk_reg regs[2];
+	bool found[2];
+	reg_find2(st, reg_ids, regs, found);
 	uint32_t s = sqe_check_member(e, n, e->rank < n ? member_sess : 0, e->rank < n ? member_dev : 0, sess,
 	                              c.p.device);
 	trace(c, DK_EV_TAKE, DK_TAKE_MEMBER);
@@ -774,9 +817,9 @@ __device__ uint32_t entry_accept(dk_ctx &c, uint32_t qi, dk_qp *q, const dfccl_s
 	uint64_t sb, rb;
 	if (sqe_buf_bytes(e->opcode, e->count, dsize, n, e->peer == e->rank, &sb, &rb) < 0)
 		return DFCCL_CQ_OUT_OF_RANGE;
-	char *own_send = resolve(st, e->send_reg, sess, e->send_off, sb, &s), *own_recv = NULL;
+	char *own_send = resolve_found(e->send_reg, found[0], regs[0], sess, e->send_off, sb, &s), *own_recv = NULL;
 	if (s == DFCCL_CQ_OK)
-		own_recv = resolve(st, e->recv_reg, sess, e->recv_off, rb, &s);
+		own_recv = resolve_found(e->recv_reg, found[1], regs[1], sess, e->recv_off, rb, &s);
 	trace(c, DK_EV_TAKE, DK_TAKE_RESOLVED);
 	/* Aborted here (comm_fail, the host); an abort in the protocol words
 	 * (another GPU's rank failed) is seen by the task's first wait, which
@@ -931,13 +974,33 @@ struct dk_rcopy {
 };
 __shared__ dk_rcopy rcopy;
 
+/* rcopy.n, stored by the reader with a release and loaded by the copiers
+ * with an acquire (CTA scope): with the reader's system fence after the arm
+ * words before it, the copiers' loads of the entries are ordered after the
+ * arm words by the memory model itself, not only by the warp barrier. */
+__device__ __forceinline__ void rcopy_put_n(uint32_t n)
+{
+	asm volatile("st.release.cta.shared.u32 [%0], %1;" ::"r"((uint32_t)__cvta_generic_to_shared(&rcopy.n)), "r"(n)
+	             : "memory");
+}
+
+__device__ __forceinline__ uint32_t rcopy_get_n(void)
+{
+	uint32_t n;
+	asm volatile("ld.acquire.cta.shared.u32 %0, [%1];"
+	             : "=r"(n)
+	             : "r"((uint32_t)__cvta_generic_to_shared(&rcopy.n))
+	             : "memory");
+	return n;
+}
+
 /* A copier lane's loop, until the reader says quit. */
 __device__ __noinline__ void copier_main(uint32_t lane)
 {
 	const uint32_t g = (lane - 8u) / 8u, piece = lane % 8u;
 	for (;;) {
 		__syncwarp(DK_COPY_LANES); /* a request */
-		uint32_t n = *(volatile uint32_t *)&rcopy.n;
+		uint32_t n = rcopy_get_n();
 		if (n == DK_COPY_QUIT)
 			return;
 		uint4 v[DK_COPY_ROUNDS];
@@ -961,7 +1024,7 @@ __device__ __noinline__ void copier_main(uint32_t lane)
  * DK_SCAN), or leave (DK_COPY_QUIT). */
 __device__ void copy_entries(uint32_t n)
 {
-	*(volatile uint32_t *)&rcopy.n = n;
+	rcopy_put_n(n);
 	__syncwarp(DK_COPY_LANES);
 	if (n != DK_COPY_QUIT)
 		__syncwarp(DK_COPY_LANES);
@@ -1188,10 +1251,13 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 					 * it for the next pass: with few tasks of the pair
 					 * live, its passes would take a guarantee's worth each. */
 					if (room == 0 && !looking && !readmitted && a.refuse == DFCCL_CQ_OK) {
+						/* Only more room counts: a limit the pass's own
+						 * entries reached, or no room, leaves the rest for
+						 * the next pass, as before. */
 						readmitted = true;
-						a = qp_admission(c, q);
-						room = a.room;
-						beyond = a.beyond;
+						struct sched_admission again = qp_admission(c, q);
+						if (again.refuse == DFCCL_CQ_OK)
+							room = again.room;
 					}
 					/* The copy (made with the chunk's): everything after is
 					 * checked on it alone. */
@@ -2448,7 +2514,9 @@ __global__ void __launch_bounds__(DK_THREADS, DK_MIN_BLOCKS_PER_SM) dk_main(dk_p
 		if (tid == 0) {
 			trace(c, DK_EV_LOOP, sh.q.n);
 			dk_inbox *ib = &st->inbox[c.b];
-			uint32_t tail = vload(&ib->tail);
+			/* An acquire: the places and tasks the reader published with
+			 * its fence before the tail are read after it. */
+			uint32_t tail = ld_acq_gpu32(&ib->tail);
 			while (ib->head != tail && sh.q.n < SCHED_MAX_TASKS) {
 				uint32_t ti = vload(&ib->idx[ib->head % DK_MAX_TASKS]);
 				trace(c, DK_EV_TASK, ti);
