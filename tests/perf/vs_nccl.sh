@@ -39,9 +39,11 @@
 # After the tables, the daemon kernel's counters over each dfccl run, per
 # collective completed on a GPU: preemptions, polls spent waiting on peers
 # (spins), context switches, launches and voluntary quits of the kernel.
-# Last, two traced runs of 4 KiB (callback and stream-ordered), each on a
+# Last, three traced runs of 4 KiB (callback, stream-ordered, and callback
+# batches of 150 in one group, whose pace is the queue reader's), each on a
 # daemon of its own with DFCCL_DK_TRACE, summarised per GPU by
-# dk_trace_summary.py (block 0, and --turnaround) after the tables, the
+# dk_trace_summary.py (block 0, --turnaround, and the queue reader's phases
+# and passes) after the tables, the
 # daemon's queue alone on each GPU (dfccl-perf --queue-only, both forms:
 # the floor under every collective), and dk_prims's table of the kernel's
 # memory operations (taken first).
@@ -135,6 +137,7 @@ stop_daemon
 # Traced runs (perf_lib.sh), summarised per GPU after the tables.
 traced traced_callback --backend dfccl --mode callback --mem device
 traced traced_stream --backend dfccl --mode stream --mem device
+traced traced_batch --backend dfccl --mode callback --mem device --batch 150 --group 1
 [ -z "$mps" ] || mps_stop
 
 {
