@@ -286,7 +286,7 @@ template <> __device__ __forceinline__ double ld_cg(const double *p) { return __
  * answers in microseconds, and a block of a few hundred threads with one
  * load each in flight would move a few GB/s.
  */
-template <typename T, typename A, typename E, int OP> __device__ void reduce_run(const dk_op &o)
+template <typename T, typename A, typename E, int OP> __device__ __noinline__ void reduce_run(const dk_op &o)
 {
 	const uint32_t tid = threadIdx.x, nt = DK_WORKERS;
 	const unsigned K = 16 / sizeof(T);
@@ -296,6 +296,33 @@ template <typename T, typename A, typename E, int OP> __device__ void reduce_run
 		aligned = aligned && ((uintptr_t)o.src[k] & 15u) == 0;
 	uint64_t npack = aligned ? o.elems / K : 0;
 	uint64_t i = tid;
+	/* Two sources (two ranks' halves, the common case): each result comes
+	 * from one pack of each, without accumulators, so twice the packs fit
+	 * in flight (16 per thread) in the same registers. */
+	if (o.nsrc == 2) {
+		const unsigned U2 = 8;
+		for (; i + (uint64_t)(U2 - 1) * nt < npack; i += (uint64_t)U2 * nt) {
+			uint4 v[U2], w[U2];
+#pragma unroll
+			for (unsigned u = 0; u < U2; u++)
+				v[u] = __ldcg((const uint4 *)o.src[0] + i + u * nt);
+#pragma unroll
+			for (unsigned u = 0; u < U2; u++)
+				w[u] = __ldcg((const uint4 *)o.src[1] + i + u * nt);
+#pragma unroll
+			for (unsigned u = 0; u < U2; u++) {
+				const T *a = (const T *)&v[u], *b = (const T *)&w[u];
+				uint4 out;
+				T *r = (T *)&out;
+#pragma unroll
+				for (unsigned j = 0; j < K; j++) {
+					A x = combine<E, A, OP>(E::load(a[j]), E::load(b[j]));
+					r[j] = E::store(OP == OP_AVG ? E::avg(x, o.div) : x);
+				}
+				((uint4 *)o.dst)[i + u * nt] = out;
+			}
+		}
+	}
 	for (; i + (uint64_t)(U - 1) * nt < npack; i += (uint64_t)U * nt) {
 		uint4 v[U], w[U];
 		A acc[U][K];
@@ -517,6 +544,11 @@ struct dk_ctx {
 	uint32_t b;
 	uint32_t slot;      /* its counters and trace ring: b, or DK_READER for the queue reader */
 	uint32_t passes;    /* the queue reader: its passes over the queue pairs so far */
+	/* The queue reader's own (reader_main loads them at its start): */
+	uint64_t arrivals;  /* dk_state.arrivals, stored back by inbox_publish */
+	uint32_t rtail[DK_MAX_BLOCKS]; /* each inbox's next place (its tail once published) */
+	uint32_t rpend;     /* blocks whose inbox has places not published */
+	uint32_t free_base, free_mask; /* bit k: task free_base + k is known free (task_alloc) */
 };
 
 /* Records an event of thread 0 of this block (dkernel.h, DK_TRACE_ENV). */
@@ -666,16 +698,36 @@ __device__ dk_comm *comm_find(dk_state *st, dk_qp *q, uint64_t comm_id, uint32_t
 	return NULL;
 }
 
-__device__ uint32_t task_alloc(dk_state *st)
+/*
+ * A free task, or DK_NO_TASK. The queue reader alone makes tasks live, so a
+ * task seen free stays free until it takes it: the states of 32 tasks are
+ * loaded at once and those found free are kept (c.free_mask), one L2 round
+ * trip per 32 tasks rather than one per task. The search goes round from
+ * where the last one ended (the oldest frees first).
+ */
+#define DK_TASK_PROBE 32u
+DFCCL_STATIC_ASSERT(DK_MAX_TASKS % DK_TASK_PROBE == 0, "task probes of whole groups");
+__device__ uint32_t task_alloc(dk_ctx &c)
 {
-	for (uint32_t i = 0; i < DK_MAX_TASKS; i++) {
-		uint32_t t = (st->task_cursor + i) % DK_MAX_TASKS;
-		if (vload(&st->tasks[t].state) == DK_TASK_FREE) {
-			st->task_cursor = t + 1;
-			return t;
-		}
+	dk_state *st = c.st;
+	for (uint32_t r = 0; !c.free_mask && r < DK_MAX_TASKS / DK_TASK_PROBE; r++) {
+		uint32_t base = st->task_cursor / DK_TASK_PROBE * DK_TASK_PROBE % DK_MAX_TASKS;
+		uint32_t state[DK_TASK_PROBE], m = 0;
+#pragma unroll
+		for (uint32_t k = 0; k < DK_TASK_PROBE; k++)
+			state[k] = vload(&st->tasks[base + k].state);
+#pragma unroll
+		for (uint32_t k = 0; k < DK_TASK_PROBE; k++)
+			m |= (uint32_t)(state[k] == DK_TASK_FREE) << k;
+		c.free_base = base;
+		c.free_mask = m;
+		st->task_cursor = (base + DK_TASK_PROBE) % DK_MAX_TASKS;
 	}
-	return DK_NO_TASK;
+	if (!c.free_mask)
+		return DK_NO_TASK;
+	uint32_t k = __ffs(c.free_mask) - 1;
+	c.free_mask &= c.free_mask - 1;
+	return c.free_base + k;
 }
 
 __device__ void task_free(dk_state *st, dk_task *t)
@@ -773,77 +825,128 @@ __device__ bool push_fits(const dk_params &p, uint8_t opcode, uint8_t algo, uint
 }
 
 /*
- * Checks a copied entry against its communicator and the registrations,
- * and makes a task of it. Returns the status to complete it with at once
- * (DFCCL_CQ_OK with *task set: queued; DK_NO_TASK: no free task, retry).
+ * What the checks of an entry found, made by a copier lane for each entry
+ * of a chunk at once (entry_prepare) and used by the reader in the
+ * entries' order (read_queues, entry_accept). Every load of the checks is
+ * in the tables, which change only between launches (dk_chan_ctx.epoch),
+ * so a look a few microseconds before the entry's turn is as good as one
+ * at it, and the chunk's lookups overlap instead of following each other:
+ * the reader's time per entry is what a batch of small collectives takes
+ * per collective.
  */
-__device__ uint32_t entry_accept(dk_ctx &c, uint32_t qi, dk_qp *q, const dfccl_sqe *e, uint32_t *task,
-                                 dk_comm **cmo)
+#define DK_NO_COMM 0xFFFFFFFFu
+struct dk_prep {
+	char *own_send, *own_recv; /* the entry's buffers, resolved */
+	void *region;              /* its communicator's protocol words (sync) */
+	uint32_t check;            /* sqe_check_entry: the entry on its own */
+	uint32_t status;           /* with check OK and not a NOP: what accepting it would complete with
+	                            * (DFCCL_CQ_OK: acceptable) */
+	uint32_t ci;               /* its communicator's slot, or DK_NO_COMM */
+	uint32_t member;           /* 1: its rank is the submitting session's in ci (refusals fail the
+	                            * communicator's peers: read_queues) */
+	uint32_t checked;          /* 1: sqe_check_member passed (a failure after it fails the communicator) */
+	uint32_t n, conn_all;      /* the communicator's ranks, and conn_all */
+	uint32_t qp_gen, comm_gen, uid_slot;
+	uint32_t dsize;
+};
+
+/* The checks of entry e of queue pair q (taken under e->arm), for accepting
+ * it or completing it at once: into *o. Loads only. */
+__device__ void entry_prepare(dk_state *st, uint32_t device, dk_qp *q, const dfccl_sqe *e, dk_prep *o)
 {
-	dk_state *st = c.st;
-	*task = DK_NO_TASK;
-	*cmo = NULL;
+	uint64_t bytes;
+	o->check = sqe_check_entry(e, &bytes);
+	o->status = o->check;
+	o->ci = DK_NO_COMM;
+	o->member = o->checked = 0;
+	o->own_send = o->own_recv = NULL;
+	o->region = NULL;
+	o->n = o->conn_all = 0;
+	o->dsize = sqe_dtype_size(e->dtype);
+	if (e->opcode == DFCCL_OP_NOP && o->check == DFCCL_CQ_OK)
+		return;
 	uint32_t ci;
 	dk_comm *cm = comm_find(st, q, e->comm_id, &ci);
-	trace(c, DK_EV_TAKE, DK_TAKE_COMM);
-	if (!cm)
-		return DFCCL_CQ_BAD_COMM;
+	if (!cm) {
+		if (o->status == DFCCL_CQ_OK)
+			o->status = DFCCL_CQ_BAD_COMM;
+		return;
+	}
 	/* Every word of the pair and the communicator that the checks and the
-	 * task need, loaded before any is used: a load waited for on its own
-	 * costs an L2 round trip, and the reader's time per entry is what a
-	 * batch of small collectives takes per collective. The rank's words
-	 * are loaded for any rank within the arrays, and used only for one
-	 * below nranks. */
+	 * task need, loaded before any is used. The rank's words are loaded
+	 * for any rank within the arrays, and used only for one below nranks. */
 	uint32_t rk = e->rank < DFCCL_COMM_MAX_RANKS ? e->rank : 0;
 	uint32_t n = vload(&cm->nranks);
 	uint64_t sess = vload(&q->session_id);
 	uint64_t member_sess = vload(&cm->session[rk]);
 	uint32_t member_dev = vload(&cm->device[rk]);
 	uint32_t aborted = vload(&cm->abort_status);
-	uint32_t qp_gen = vload(&q->gen), comm_gen = vload(&cm->gen), conn_all = vload(&cm->conn_all);
-	uint32_t uid_slot = vload(&q->uid_slot);
-	void *region = vload(&cm->sync);
+	o->qp_gen = vload(&q->gen);
+	o->comm_gen = vload(&cm->gen);
+	o->conn_all = vload(&cm->conn_all);
+	o->uid_slot = vload(&q->uid_slot);
+	o->region = vload(&cm->sync);
 	const uint32_t reg_ids[2] = {e->send_reg, e->recv_reg};
 	dk_reg regs[2];
 	bool found[2];
 	reg_find2(st, reg_ids, regs, found);
+	o->ci = ci;
+	o->n = n;
+	o->member = e->rank < n && member_sess == sess;
+	if (o->status != DFCCL_CQ_OK)
+		return;
 	uint32_t s = sqe_check_member(e, n, e->rank < n ? member_sess : 0, e->rank < n ? member_dev : 0, sess,
-	                              c.p.device);
-	trace(c, DK_EV_TAKE, DK_TAKE_MEMBER);
-	if (s != DFCCL_CQ_OK)
-		return s;
-	*cmo = cm;
-	unsigned dsize = sqe_dtype_size(e->dtype);
-	uint64_t sb, rb;
-	if (sqe_buf_bytes(e->opcode, e->count, dsize, n, e->peer == e->rank, &sb, &rb) < 0)
-		return DFCCL_CQ_OUT_OF_RANGE;
-	char *own_send = resolve_found(e->send_reg, found[0], regs[0], sess, e->send_off, sb, &s), *own_recv = NULL;
-	if (s == DFCCL_CQ_OK)
-		own_recv = resolve_found(e->recv_reg, found[1], regs[1], sess, e->recv_off, rb, &s);
-	trace(c, DK_EV_TAKE, DK_TAKE_RESOLVED);
-	/* Aborted here (comm_fail, the host); an abort in the protocol words
-	 * (another GPU's rank failed) is seen by the task's first wait, which
-	 * comes before anything it stores (run_channel's abort looks), so the
-	 * reader does not wait for those words' round trip. */
-	if (s == DFCCL_CQ_OK && aborted)
-		s = aborted;
-	trace(c, DK_EV_TAKE, DK_TAKE_ABORT);
-	if (s != DFCCL_CQ_OK)
-		return s;
-	uint32_t ti = task_alloc(st);
-	trace(c, DK_EV_TAKE, DK_TAKE_TASK);
-	if (ti == DK_NO_TASK) {
-		*task = DK_NO_TASK;
-		return DFCCL_CQ_OK;
+	                              device);
+	if (s == DFCCL_CQ_OK) {
+		o->checked = 1;
+		uint64_t sb, rb;
+		if (sqe_buf_bytes(e->opcode, e->count, o->dsize, n, e->peer == e->rank, &sb, &rb) < 0)
+			s = DFCCL_CQ_OUT_OF_RANGE;
+		if (s == DFCCL_CQ_OK)
+			o->own_send = resolve_found(e->send_reg, found[0], regs[0], sess, e->send_off, sb, &s);
+		if (s == DFCCL_CQ_OK)
+			o->own_recv = resolve_found(e->recv_reg, found[1], regs[1], sess, e->recv_off, rb, &s);
+		/* Aborted here (comm_fail, the host); an abort in the protocol
+		 * words (another GPU's rank failed) is seen by the task's first
+		 * wait, which comes before anything it stores (run_channel's abort
+		 * looks), so the reader does not wait for those words' round
+		 * trip. */
+		if (s == DFCCL_CQ_OK && aborted)
+			s = aborted;
 	}
+	o->status = s;
+}
+
+/* Records a phase of the queue reader's take (tracing: whether the trace is
+ * on, kept in a register by the reader). */
+__device__ __forceinline__ void take_at(dk_ctx &c, bool tracing, uint32_t phase)
+{
+	if (tracing)
+		trace(c, DK_EV_TAKE, phase);
+}
+
+/*
+ * Makes a task of entry e, prepared (p) and acceptable (p.status OK), and
+ * places it in its blocks' inboxes, which inbox_publish makes visible.
+ * Returns the task, or DK_NO_TASK when none is free (the entry stays).
+ */
+__device__ uint32_t entry_accept(dk_ctx &c, bool tracing, uint32_t qi, dk_qp *q, const dfccl_sqe *e,
+                                 const dk_prep &p)
+{
+	dk_state *st = c.st;
+	uint32_t ti = task_alloc(c);
+	take_at(c, tracing, DK_TAKE_TASK);
+	if (ti == DK_NO_TASK)
+		return DK_NO_TASK;
+	dk_comm *cm = &st->comms[p.ci];
 	dk_task *t = &st->tasks[ti];
 	t->qp = qi;
-	t->qp_gen = qp_gen;
-	t->comm = ci;
-	t->comm_gen = comm_gen;
+	t->qp_gen = p.qp_gen;
+	t->comm = p.ci;
+	t->comm_gen = p.comm_gen;
 	t->rank = e->rank;
 	t->peer = e->peer;
-	t->dsize = dsize;
+	t->dsize = p.dsize;
 	t->send_reg = e->send_reg;
 	t->recv_reg = e->recv_reg;
 	t->seq = e->arm;
@@ -851,8 +954,8 @@ __device__ uint32_t entry_accept(dk_ctx &c, uint32_t qi, dk_qp *q, const dfccl_s
 	t->count = e->count;
 	t->send_off = e->send_off;
 	t->recv_off = e->recv_off;
-	t->own_send = own_send;
-	t->own_recv = own_recv;
+	t->own_send = p.own_send;
+	t->own_recv = p.own_recv;
 	t->accept_epoch = c.p.epoch;
 	t->opcode = e->opcode;
 	t->dtype = e->dtype;
@@ -860,38 +963,42 @@ __device__ uint32_t entry_accept(dk_ctx &c, uint32_t qi, dk_qp *q, const dfccl_s
 	t->status = DFCCL_CQ_OK;
 	t->chdone = 0;
 	t->bufs_epoch = 0;
-	t->arrival = ++st->arrivals;
+	t->arrival = ++c.arrivals;
+	uint32_t n = p.n;
 	uint64_t nslots;
 	if (sqe_is_p2p(e->opcode)) {
 		int sending = e->opcode == DFCCL_OP_SEND;
-		t->box = dfccl_comm_box(region, n, sending ? e->rank : e->peer, sending ? e->peer : e->rank, t->key);
+		t->box = dfccl_comm_box(p.region, n, sending ? e->rank : e->peer, sending ? e->peer : e->rank, t->key);
 		t->posts = NULL;
 		nslots = DFCCL_COMM_P2P_SLOTS;
 		t->slot = 0;
 	} else if (e->flags & DFCCL_SQE_F_REGISTERED) {
-		t->posts = dfccl_comm_reg_post(region, n, e->coll_id, t->key, 0);
+		t->posts = dfccl_comm_reg_post(p.region, n, e->coll_id, t->key, 0);
 		t->slot = dfccl_comm_reg_conn_slot(e->coll_id, t->key);
 		nslots = DFCCL_COMM_COLL_SLOTS;
 	} else {
-		t->posts = dfccl_comm_post(region, n, t->key, 0);
+		t->posts = dfccl_comm_post(p.region, n, t->key, 0);
 		t->slot = dfccl_comm_conn_slot(t->key);
 		nslots = DFCCL_COMM_SLOTS;
 	}
 	t->slot_free = t->key > nslots ? t->key - nslots : 0;
-	t->nch = (uint8_t)channels_for(c.p, e->opcode, e->count * dsize);
+	uint32_t nch = channels_for(c.p, e->opcode, e->count * p.dsize);
+	t->nch = (uint8_t)nch;
 	/* The entry's hint or the setting, the same on every rank. Without
 	 * either the daemon kernel runs direct: the plan's size tables are
 	 * estimates of the topology model that no measurement of the daemon
 	 * kernel's rings and trees backs yet (`dfcclctl tune` makes one). */
-	t->algo = e->algo || c.p.algo ? algo_choose(&cm->topo, e->opcode, e->count, dsize, e->algo, (uint8_t)c.p.algo)
-	                              : (uint8_t)DFCCL_ALGO_DIRECT;
-	if (algo_uses_conn(e->opcode, t->algo) && !conn_all)
-		t->algo = DFCCL_ALGO_DIRECT;
-	t->push = push_fits(c.p, e->opcode, t->algo, t->nch, n, e->count * dsize, conn_all);
+	uint8_t algo = e->algo || c.p.algo ? algo_choose(&cm->topo, e->opcode, e->count, p.dsize, e->algo, (uint8_t)c.p.algo)
+	                                   : (uint8_t)DFCCL_ALGO_DIRECT;
+	if (algo_uses_conn(e->opcode, algo) && !p.conn_all)
+		algo = DFCCL_ALGO_DIRECT;
+	t->algo = algo;
+	t->push = push_fits(c.p, e->opcode, algo, nch, n, e->count * p.dsize, p.conn_all);
 	uint32_t first = sqe_is_p2p(e->opcode) ? (e->opcode == DFCCL_OP_SEND ? DK_BOX_FREE : DK_BOX_WANT) : DK_SLOT;
-	t->block0 = (uint8_t)block_of(c.p, e, t->key, t->nch);
-	for (uint32_t ch = 0; ch < t->nch; ch++) {
-		uint32_t b = block_for(c.p, t, ch);
+	uint32_t b0 = block_of(c.p, e, e->comm_seq, nch);
+	t->block0 = (uint8_t)b0;
+	uint8_t priority = (e->flags & DFCCL_SQE_F_PRIORITY) ? e->priority : 0;
+	for (uint32_t ch = 0, b = b0; ch < nch; ch++, b = b + 1 < c.p.blocks ? b + 1 : 0) {
 		t->ch[b].step = ch == 0 ? first : DK_POSTS;
 		t->ch[b].wait_rank = 0;
 		t->ch[b].pos = 0;
@@ -900,35 +1007,42 @@ __device__ uint32_t entry_accept(dk_ctx &c, uint32_t qi, dk_qp *q, const dfccl_s
 		t->ch[b].epoch = c.p.epoch; /* its pair and communicator were just found */
 		t->ch[b].oneshot = 0;
 		t->ch[b].chan = (uint16_t)ch;
-		st->states[b][ti].arrival = t->arrival;
-		st->states[b][ti].priority = (e->flags & DFCCL_SQE_F_PRIORITY) ? e->priority : 0;
+		st->states[b][ti].arrival = c.arrivals;
+		st->states[b][ti].priority = priority;
 		st->states[b][ti].boost = 1;
+		/* Its place in the block's inbox; the tail moves in inbox_publish. */
+		st->inbox[b].idx[c.rtail[b]++ % DK_MAX_TASKS] = ti;
+		c.rpend |= 1u << b;
 	}
-	trace(c, DK_EV_TAKE, DK_TAKE_FILLED);
-	t->reserved_part = (uint8_t)sched_admit_reserved(atomicAdd(&q->inflight, 1u));
-	t->uid_slot = (uint8_t)uid_slot;
-	atomicAdd(&st->uid_inflight[t->uid_slot], 1u);
-	atomicAdd(t->reserved_part ? &st->admit_reserve : &st->admit_shared, 1u);
+	take_at(c, tracing, DK_TAKE_FILLED);
+	uint32_t part = sched_admit_reserved(atomicAdd(&q->inflight, 1u));
+	t->reserved_part = (uint8_t)part;
+	t->uid_slot = (uint8_t)p.uid_slot;
+	atomicAdd(&st->uid_inflight[p.uid_slot], 1u);
+	atomicAdd(part ? &st->admit_reserve : &st->admit_shared, 1u);
 	t->state = DK_TASK_LIVE;
 	atomicAdd(&st->live_tasks, 1u);
-	trace(c, DK_EV_TAKE, DK_TAKE_ADMITTED);
-	/* The task in each of its blocks' inboxes: its index in the next
-	 * place, then, after one fence that publishes the task and those
-	 * places, the tails (the reader alone moves them, so each reads back
-	 * what it was). */
-	for (uint32_t ch = 0; ch < t->nch; ch++) {
-		dk_inbox *ib = &st->inbox[block_for(c.p, t, ch)];
-		ib->idx[vload(&ib->tail) % DK_MAX_TASKS] = ti;
-	}
+	take_at(c, tracing, DK_TAKE_ADMITTED);
+	c.acc.started[algo - 1]++;
+	return ti;
+}
+
+/* The tasks placed since the last call, in their blocks' inboxes: one
+ * fence publishes them and their places, then the tails move (the reader
+ * alone moves them). */
+__device__ void inbox_publish(dk_ctx &c)
+{
+	uint32_t m = c.rpend;
+	if (!m)
+		return;
 	__threadfence();
-	for (uint32_t ch = 0; ch < t->nch; ch++) {
-		dk_inbox *ib = &st->inbox[block_for(c.p, t, ch)];
-		*(volatile uint32_t *)&ib->tail = vload(&ib->tail) + 1;
+	while (m) {
+		uint32_t b = __ffs(m) - 1;
+		m &= m - 1;
+		*(volatile uint32_t *)&c.st->inbox[b].tail = c.rtail[b];
 	}
-	trace(c, DK_EV_TAKE, DK_TAKE_HANDED);
-	*task = ti;
-	c.acc.started[t->algo - 1]++;
-	return DFCCL_CQ_OK;
+	c.rpend = 0;
+	c.st->arrivals = c.arrivals;
 }
 
 /* The admission of queue pair q's next entries as its tasks stand now
@@ -954,11 +1068,13 @@ __device__ __forceinline__ struct sched_admission qp_admission(const dk_ctx &c, 
  * (dk_prims, H200: eight 16-byte loads of an entry 5.7 us, sixteen loads of
  * different lines 1.3 us); one warp instruction's loads of a line are one
  * request, and the three entries of each instruction, and the instructions
- * after it, are in flight together. The reader names the entries and meets
- * the copiers at a warp barrier, which they wait at without taking issue
- * slots; a second barrier ends the copy (both order the shared memory
- * between them). Lanes 1-7 take no part: with lane 0 busy elsewhere, the
- * copies of an instruction are whole lines only with lanes 8-31.
+ * after it, are in flight together. Then each entry's checks are made by a
+ * lane of its own (entry_prepare), all at once. The reader names the
+ * entries and meets the copiers at a warp barrier, which they wait at
+ * without taking issue slots; a second barrier ends the copy (both order
+ * the shared memory between them). Lanes 1-7 take no part: with lane 0
+ * busy elsewhere, the copies of an instruction are whole lines only with
+ * lanes 8-31.
  */
 #define DK_COPIERS 0xFFFFFF00u                /* lanes 8-31 */
 #define DK_COPY_LANES (DK_COPIERS | 1u)      /* and the reader: the barriers' mask */
@@ -966,11 +1082,15 @@ __device__ __forceinline__ struct sched_admission qp_admission(const dk_ctx &c, 
 #define DK_COPY_ROUNDS ((DK_SCAN + DK_COPY_PER_ROUND - 1) / DK_COPY_PER_ROUND)
 #define DK_COPY_QUIT 0xFFFFFFFFu              /* rcopy.n: the copiers leave */
 DFCCL_STATIC_ASSERT(sizeof(dfccl_sqe) == 8 * 16, "an entry is eight 16-byte pieces, one per copier lane");
+DFCCL_STATIC_ASSERT(DK_SCAN <= 24, "a copier lane for each entry's checks");
 
 struct dk_rcopy {
 	const uint4 *src[DK_SCAN]; /* the entries to copy */
+	uint64_t seq[DK_SCAN];     /* the sequence each is taken under */
+	dk_qp *q;                  /* their queue pair */
 	uint32_t n;                /* how many, or DK_COPY_QUIT */
-	uint4 buf[DK_SCAN][8];     /* their copies */
+	uint4 buf[DK_SCAN][8];     /* their copies (arm: the sequence) */
+	dk_prep prep[DK_SCAN];     /* their checks */
 };
 __shared__ dk_rcopy rcopy;
 
@@ -995,9 +1115,9 @@ __device__ __forceinline__ uint32_t rcopy_get_n(void)
 }
 
 /* A copier lane's loop, until the reader says quit. */
-__device__ __noinline__ void copier_main(uint32_t lane)
+__device__ __noinline__ void copier_main(uint32_t lane, dk_state *st, uint32_t device)
 {
-	const uint32_t g = (lane - 8u) / 8u, piece = lane % 8u;
+	const uint32_t g = (lane - 8u) / 8u, piece = lane % 8u, mine = lane - 8u;
 	for (;;) {
 		__syncwarp(DK_COPY_LANES); /* a request */
 		uint32_t n = rcopy_get_n();
@@ -1016,12 +1136,18 @@ __device__ __noinline__ void copier_main(uint32_t lane)
 			if (i < n)
 				rcopy.buf[i][piece] = v[r];
 		}
+		__syncwarp(DK_COPIERS); /* every copy whole */
+		if (mine < n) {
+			dfccl_sqe *e = (dfccl_sqe *)rcopy.buf[mine];
+			e->arm = *(volatile uint64_t *)&rcopy.seq[mine];
+			entry_prepare(st, device, *(dk_qp *const volatile *)&rcopy.q, e, &rcopy.prep[mine]);
+		}
 		__syncwarp(DK_COPY_LANES); /* done */
 	}
 }
 
-/* The reader: the copiers copy rcopy.src[0..n) into rcopy.buf (n <=
- * DK_SCAN), or leave (DK_COPY_QUIT). */
+/* The reader: the copiers copy rcopy.src[0..n) into rcopy.buf and check
+ * them into rcopy.prep (n <= DK_SCAN), or leave (DK_COPY_QUIT). */
 __device__ void copy_entries(uint32_t n)
 {
 	rcopy_put_n(n);
@@ -1101,6 +1227,7 @@ __device__ __noinline__ uint64_t armed_before(const dfccl_sqe *sq, const volatil
 __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 {
 	dk_state *st = c.st;
+	const bool tracing = c.p.trace != NULL;
 	uint32_t got = 0;
 	uint32_t nq = vload(&st->ctl.nqps);
 	for (uint32_t qi = 0; qi < nq && qi < DK_MAX_QPS; qi++) {
@@ -1130,7 +1257,7 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 		 * admission's loads too. */
 		if (arm_head != head && c.passes % DK_LOOK_PAST != 0)
 			continue;
-		trace(c, DK_EV_TAKE, DK_TAKE_HEADER);
+		take_at(c, tracing, DK_TAKE_HEADER);
 		/* The client owns the tail: never look further than one lap. */
 		if (tail >= head + n)
 			tail = head + n - 1;
@@ -1203,16 +1330,19 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 				 * round trip per entry. */
 				if (armed & ~(s0 == head ? 1u : 0u))
 					__threadfence_system();
-				trace(c, DK_EV_TAKE, DK_TAKE_SCANNED);
+				take_at(c, tracing, DK_TAKE_SCANNED);
 				/* Every armed entry of the chunk copied at once, after the
 				 * acquire; those the pass then leaves cost nothing more. */
 				if (armed) {
 					uint32_t nc = 0;
 					for (uint32_t k = 0; k < DK_SCAN; k++)
-						if (armed >> k & 1u)
-							rcopy.src[nc++] = (const uint4 *)&sq[DFCCL_QP_SLOT(s0 + k, n)];
+						if (armed >> k & 1u) {
+							rcopy.src[nc] = (const uint4 *)&sq[DFCCL_QP_SLOT(s0 + k, n)];
+							rcopy.seq[nc++] = s0 + k;
+						}
+					rcopy.q = q;
 					copy_entries(nc);
-					trace(c, DK_EV_TAKE, DK_TAKE_COPIED);
+					take_at(c, tracing, DK_TAKE_COPIED);
 				}
 				for (uint32_t k = 0; k < DK_SCAN && !stop; k++) {
 					uint64_t s = s0 + k;
@@ -1235,7 +1365,7 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 					 * or, in the sweep's chunk, one between the window and
 					 * the chunk, which this pass did not look at: the next
 					 * pass's sweep then starts at it. */
-					trace(c, DK_EV_TAKE, DK_TAKE_ARMED);
+					take_at(c, tracing, DK_TAKE_ARMED);
 					uint64_t first = !looking && h < s ? armed_before(sq, taken, n, h, s) : 0;
 					if (first) {
 						if (part == 1 && first > end)
@@ -1259,18 +1389,17 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 						if (again.refuse == DFCCL_CQ_OK)
 							room = again.room;
 					}
-					/* The copy (made with the chunk's): everything after is
-					 * checked on it alone. */
+					/* The copy and its checks (made with the chunk's):
+					 * everything after is decided on them alone. */
+					const uint32_t ck = __popc(armed & ((1u << k) - 1u));
 					dfccl_sqe e;
-					memcpy(&e, rcopy.buf[__popc(armed & ((1u << k) - 1u))], sizeof(e));
-					e.arm = s; /* what it was taken under; e.seq is the client's claim */
-					uint64_t bytes;
-					uint32_t status = sqe_check_entry(&e, &bytes);
-					e.arm = s;
-					trace(c, DK_EV_TAKE, DK_TAKE_CHECKED);
+					memcpy(&e, rcopy.buf[ck], sizeof(e));
+					const dk_prep &pr = rcopy.prep[ck];
+					uint32_t status = pr.check;
+					take_at(c, tracing, DK_TAKE_CHECKED);
 					uint32_t ti = DK_NO_TASK;
-					dk_comm *cm = NULL;
-					if (status == DFCCL_CQ_OK && e.opcode != DFCCL_OP_NOP && a.refuse == DFCCL_CQ_OK && room == 0) {
+					bool work = status == DFCCL_CQ_OK && e.opcode != DFCCL_OP_NOP;
+					if (work && a.refuse == DFCCL_CQ_OK && room == 0) {
 						/* No room: it waits in the queue, unless a peer posted
 						 * its instance (scheduler.h); a few such looks a pass. */
 						if (looks++ >= SCHED_BEYOND_LOOKS || beyond == 0) {
@@ -1278,37 +1407,43 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 							stop = true;
 							break;
 						}
-						uint32_t ci;
-						dk_comm *pc = comm_find(st, q, e.comm_id, &ci);
-						if (!pc || !dfccl_comm_peer_posted(vload(&pc->sync), vload(&pc->nranks), &e))
+						if (pr.ci == DK_NO_COMM || !dfccl_comm_peer_posted(pr.region, pr.n, &e))
 							continue;
 						beyond--;
 					}
-					if (status == DFCCL_CQ_OK && e.opcode != DFCCL_OP_NOP && a.refuse != DFCCL_CQ_OK)
+					/* Accepting: the checks against the communicator and the
+					 * registrations decide; else a refusal, or the entry's
+					 * own fault. Failing fails the communicator where the
+					 * rank is a member (its peers would wait for its part):
+					 * when accepting, once the membership checks passed. */
+					const bool accepting = work && a.refuse == DFCCL_CQ_OK;
+					if (accepting)
+						status = pr.status;
+					else if (work)
 						status = a.refuse;
-					if (status == DFCCL_CQ_OK && e.opcode != DFCCL_OP_NOP) {
+					const bool fails_comm = status != DFCCL_CQ_OK && (accepting ? pr.checked : pr.member);
+					if (accepting && status == DFCCL_CQ_OK) {
 						room -= room > 0;
-						status = entry_accept(c, qi, q, &e, &ti, &cm);
-						if (status == DFCCL_CQ_OK && ti == DK_NO_TASK) {
+						ti = entry_accept(c, tracing, qi, q, &e, pr);
+						if (ti == DK_NO_TASK) {
 							stop = true; /* every task in use: leave it armed */
 							break;
 						}
-					} else if (status != DFCCL_CQ_OK) {
-						uint32_t ci;
-						cm = comm_find(st, q, e.comm_id, &ci);
-						/* Only a member's refused part leaves peers waiting. */
-						if (cm && !(e.rank < vload(&cm->nranks) && vload(&cm->session[e.rank]) == vload(&q->session_id)))
-							cm = NULL;
 					}
 					taken[slot] = s;
 					h += h == s;
 					got++;
 					if (ti == DK_NO_TASK) {
-						if (status != DFCCL_CQ_OK && cm)
-							comm_fail(cm, status);
+						if (fails_comm)
+							comm_fail(&st->comms[pr.ci], status);
 						complete(c, q, s, status);
 					}
-					trace(c, DK_EV_TAKE, DK_TAKE_DONE);
+					take_at(c, tracing, DK_TAKE_DONE);
+				}
+				/* The chunk's tasks to their blocks, together. */
+				if (c.rpend) {
+					inbox_publish(c);
+					take_at(c, tracing, DK_TAKE_HANDED);
 				}
 			}
 		}
@@ -2440,6 +2575,13 @@ __device__ void reader_main(dk_ctx &c)
 			return;
 		__nanosleep(100);
 	}
+	/* The reader's own copies: the tails and the arrival count are moved
+	 * by it alone. */
+	for (uint32_t b = 0; b < c.p.blocks && b < DK_MAX_BLOCKS; b++)
+		c.rtail[b] = vload(&st->inbox[b].tail);
+	c.rpend = 0;
+	c.arrivals = vload(&st->arrivals);
+	c.free_base = c.free_mask = 0;
 	uint64_t last_active = now_ns();
 	c.passes = 0;
 	while (!vload(&st->ctl.stop) && !vload(&st->ctl.park)) {
@@ -2485,7 +2627,7 @@ __global__ void __launch_bounds__(DK_THREADS, DK_MIN_BLOCKS_PER_SM) dk_main(dk_p
 			reader_main(c);
 			copy_entries(DK_COPY_QUIT);
 		} else if (c.b == 0 && (DK_COPIERS >> lane & 1u)) {
-			copier_main(lane);
+			copier_main(lane, p.st, p.device);
 		}
 		return;
 	}

@@ -374,18 +374,15 @@ enum dk_trace_event {
 enum dk_take_phase {
 	DK_TAKE_HEADER = 0, /* the pair's header and head arm word read (a pass going on to take or look) */
 	DK_TAKE_SCANNED,   /* DK_SCAN entries' taken and arm words read */
-	DK_TAKE_COPIED,    /* those of them armed copied from the submission queue (the copier lanes) */
+	DK_TAKE_COPIED,    /* those of them armed copied from the submission queue and checked against
+	                    * the communicators and registrations, a copier lane each (entry_prepare) */
 	DK_TAKE_ARMED,     /* an armed entry's turn in the pass */
-	DK_TAKE_CHECKED,   /* the copy checked on its own (sqe_check_entry) */
-	DK_TAKE_COMM,      /* its communicator found */
-	DK_TAKE_MEMBER,    /* its rank checked against the communicator */
-	DK_TAKE_RESOLVED,  /* its buffers resolved in the registrations */
-	DK_TAKE_ABORT,     /* its communicator's abort word read */
+	DK_TAKE_CHECKED,   /* its copy and checks read */
 	DK_TAKE_TASK,      /* a free task found */
-	DK_TAKE_FILLED,    /* the task filled in */
+	DK_TAKE_FILLED,    /* the task filled in, placed in its blocks' inboxes */
 	DK_TAKE_ADMITTED,  /* its admission counted, the task live */
-	DK_TAKE_HANDED,    /* the task in its blocks' inboxes */
 	DK_TAKE_DONE,      /* the entry marked taken (or completed at once) */
+	DK_TAKE_HANDED,    /* the chunk's tasks published to their blocks (inbox_publish) */
 };
 
 struct dk_trace_rec {
