@@ -848,12 +848,16 @@ struct dk_prep {
 	uint32_t n, conn_all;      /* the communicator's ranks, and conn_all */
 	uint32_t qp_gen, comm_gen, uid_slot;
 	uint32_t dsize;
+	/* Acceptable: the task's shape (the reader places it in its blocks'
+	 * inboxes, task_fill makes it). */
+	uint8_t nch, block0, algo, push;
 };
 
 /* The checks of entry e of queue pair q (taken under e->arm), for accepting
  * it or completing it at once: into *o. Loads only. */
-__device__ void entry_prepare(dk_state *st, uint32_t device, dk_qp *q, const dfccl_sqe *e, dk_prep *o)
+__device__ void entry_prepare(const dk_params &p, dk_qp *q, const dfccl_sqe *e, dk_prep *o)
 {
+	dk_state *st = p.st;
 	uint64_t bytes;
 	o->check = sqe_check_entry(e, &bytes);
 	o->status = o->check;
@@ -896,7 +900,7 @@ __device__ void entry_prepare(dk_state *st, uint32_t device, dk_qp *q, const dfc
 	if (o->status != DFCCL_CQ_OK)
 		return;
 	uint32_t s = sqe_check_member(e, n, e->rank < n ? member_sess : 0, e->rank < n ? member_dev : 0, sess,
-	                              device);
+	                              p.device);
 	if (s == DFCCL_CQ_OK) {
 		o->checked = 1;
 		uint64_t sb, rb;
@@ -915,6 +919,21 @@ __device__ void entry_prepare(dk_state *st, uint32_t device, dk_qp *q, const dfc
 			s = aborted;
 	}
 	o->status = s;
+	if (s != DFCCL_CQ_OK)
+		return;
+	uint32_t nch = channels_for(p, e->opcode, bytes);
+	/* The entry's hint or the setting, the same on every rank. Without
+	 * either the daemon kernel runs direct: the plan's size tables are
+	 * estimates of the topology model that no measurement of the daemon
+	 * kernel's rings and trees backs yet (`dfcclctl tune` makes one). */
+	uint8_t algo = e->algo || p.algo ? algo_choose(&cm->topo, e->opcode, e->count, o->dsize, e->algo, (uint8_t)p.algo)
+	                                 : (uint8_t)DFCCL_ALGO_DIRECT;
+	if (algo_uses_conn(e->opcode, algo) && !o->conn_all)
+		algo = DFCCL_ALGO_DIRECT;
+	o->nch = (uint8_t)nch;
+	o->algo = algo;
+	o->push = push_fits(p, e->opcode, algo, nch, n, bytes, o->conn_all);
+	o->block0 = (uint8_t)block_of(p, e, e->comm_seq, nch);
 }
 
 /* Records a phase of the queue reader's take (tracing: whether the trace is
@@ -926,27 +945,25 @@ __device__ __forceinline__ void take_at(dk_ctx &c, bool tracing, uint32_t phase)
 }
 
 /*
- * Makes a task of entry e, prepared (p) and acceptable (p.status OK), and
- * places it in its blocks' inboxes, which inbox_publish makes visible.
- * Returns the task, or DK_NO_TASK when none is free (the entry stays).
+ * Task ti of entry e of queue pair qi, prepared (pr) and accepted: its
+ * fixed part, its channels' contexts and scheduling states. A copier lane
+ * fills each task of a chunk, all at once (the stores of one task from one
+ * thread took a microsecond); the reader numbered them (arrival), counted
+ * their admission (part) and placed them in their blocks' inboxes, and
+ * publishes them once every fill is done.
  */
-__device__ uint32_t entry_accept(dk_ctx &c, bool tracing, uint32_t qi, dk_qp *q, const dfccl_sqe *e,
-                                 const dk_prep &p)
+__device__ void task_fill(const dk_params &p, uint32_t qi, const dfccl_sqe *e, const dk_prep &pr, uint32_t ti,
+                          uint64_t arrival, uint32_t part)
 {
-	dk_state *st = c.st;
-	uint32_t ti = task_alloc(c);
-	take_at(c, tracing, DK_TAKE_TASK);
-	if (ti == DK_NO_TASK)
-		return DK_NO_TASK;
-	dk_comm *cm = &st->comms[p.ci];
+	dk_state *st = p.st;
 	dk_task *t = &st->tasks[ti];
 	t->qp = qi;
-	t->qp_gen = p.qp_gen;
-	t->comm = p.ci;
-	t->comm_gen = p.comm_gen;
+	t->qp_gen = pr.qp_gen;
+	t->comm = pr.ci;
+	t->comm_gen = pr.comm_gen;
 	t->rank = e->rank;
 	t->peer = e->peer;
-	t->dsize = p.dsize;
+	t->dsize = pr.dsize;
 	t->send_reg = e->send_reg;
 	t->recv_reg = e->recv_reg;
 	t->seq = e->arm;
@@ -954,76 +971,75 @@ __device__ uint32_t entry_accept(dk_ctx &c, bool tracing, uint32_t qi, dk_qp *q,
 	t->count = e->count;
 	t->send_off = e->send_off;
 	t->recv_off = e->recv_off;
-	t->own_send = p.own_send;
-	t->own_recv = p.own_recv;
-	t->accept_epoch = c.p.epoch;
+	t->own_send = pr.own_send;
+	t->own_recv = pr.own_recv;
+	t->accept_epoch = p.epoch;
 	t->opcode = e->opcode;
 	t->dtype = e->dtype;
 	t->redop = e->redop;
 	t->status = DFCCL_CQ_OK;
 	t->chdone = 0;
 	t->bufs_epoch = 0;
-	t->arrival = ++c.arrivals;
-	uint32_t n = p.n;
+	t->arrival = arrival;
+	uint32_t n = pr.n;
 	uint64_t nslots;
 	if (sqe_is_p2p(e->opcode)) {
 		int sending = e->opcode == DFCCL_OP_SEND;
-		t->box = dfccl_comm_box(p.region, n, sending ? e->rank : e->peer, sending ? e->peer : e->rank, t->key);
+		t->box = dfccl_comm_box(pr.region, n, sending ? e->rank : e->peer, sending ? e->peer : e->rank, t->key);
 		t->posts = NULL;
 		nslots = DFCCL_COMM_P2P_SLOTS;
 		t->slot = 0;
 	} else if (e->flags & DFCCL_SQE_F_REGISTERED) {
-		t->posts = dfccl_comm_reg_post(p.region, n, e->coll_id, t->key, 0);
+		t->posts = dfccl_comm_reg_post(pr.region, n, e->coll_id, t->key, 0);
 		t->slot = dfccl_comm_reg_conn_slot(e->coll_id, t->key);
 		nslots = DFCCL_COMM_COLL_SLOTS;
 	} else {
-		t->posts = dfccl_comm_post(p.region, n, t->key, 0);
+		t->posts = dfccl_comm_post(pr.region, n, t->key, 0);
 		t->slot = dfccl_comm_conn_slot(t->key);
 		nslots = DFCCL_COMM_SLOTS;
 	}
 	t->slot_free = t->key > nslots ? t->key - nslots : 0;
-	uint32_t nch = channels_for(c.p, e->opcode, e->count * p.dsize);
-	t->nch = (uint8_t)nch;
-	/* The entry's hint or the setting, the same on every rank. Without
-	 * either the daemon kernel runs direct: the plan's size tables are
-	 * estimates of the topology model that no measurement of the daemon
-	 * kernel's rings and trees backs yet (`dfcclctl tune` makes one). */
-	uint8_t algo = e->algo || c.p.algo ? algo_choose(&cm->topo, e->opcode, e->count, p.dsize, e->algo, (uint8_t)c.p.algo)
-	                                   : (uint8_t)DFCCL_ALGO_DIRECT;
-	if (algo_uses_conn(e->opcode, algo) && !p.conn_all)
-		algo = DFCCL_ALGO_DIRECT;
-	t->algo = algo;
-	t->push = push_fits(c.p, e->opcode, algo, nch, n, e->count * p.dsize, p.conn_all);
+	t->nch = pr.nch;
+	t->algo = pr.algo;
+	t->push = pr.push;
+	t->block0 = pr.block0;
+	t->reserved_part = (uint8_t)part;
+	t->uid_slot = (uint8_t)pr.uid_slot;
 	uint32_t first = sqe_is_p2p(e->opcode) ? (e->opcode == DFCCL_OP_SEND ? DK_BOX_FREE : DK_BOX_WANT) : DK_SLOT;
-	uint32_t b0 = block_of(c.p, e, e->comm_seq, nch);
-	t->block0 = (uint8_t)b0;
 	uint8_t priority = (e->flags & DFCCL_SQE_F_PRIORITY) ? e->priority : 0;
-	for (uint32_t ch = 0, b = b0; ch < nch; ch++, b = b + 1 < c.p.blocks ? b + 1 : 0) {
+	for (uint32_t ch = 0, b = pr.block0; ch < pr.nch; ch++, b = b + 1 < p.blocks ? b + 1 : 0) {
 		t->ch[b].step = ch == 0 ? first : DK_POSTS;
 		t->ch[b].wait_rank = 0;
 		t->ch[b].pos = 0;
 		t->ch[b].waits = 0;
 		t->ch[b].astep = 0;
-		t->ch[b].epoch = c.p.epoch; /* its pair and communicator were just found */
+		t->ch[b].epoch = p.epoch; /* its pair and communicator were just found */
 		t->ch[b].oneshot = 0;
 		t->ch[b].chan = (uint16_t)ch;
-		st->states[b][ti].arrival = c.arrivals;
+		st->states[b][ti].arrival = arrival;
 		st->states[b][ti].priority = priority;
 		st->states[b][ti].boost = 1;
-		/* Its place in the block's inbox; the tail moves in inbox_publish. */
+	}
+}
+
+/*
+ * The reader's part of accepting a prepared entry: a free task, marked live
+ * at once (task_alloc's next probes must not see it free), and its place in
+ * each of its blocks' inboxes (the tails move in inbox_publish). Returns
+ * the task, or DK_NO_TASK when none is free (the entry stays).
+ */
+__device__ uint32_t entry_take(dk_ctx &c, const dk_prep &pr)
+{
+	dk_state *st = c.st;
+	uint32_t ti = task_alloc(c);
+	if (ti == DK_NO_TASK)
+		return DK_NO_TASK;
+	*(volatile uint32_t *)&st->tasks[ti].state = DK_TASK_LIVE;
+	for (uint32_t ch = 0, b = pr.block0; ch < pr.nch; ch++, b = b + 1 < c.p.blocks ? b + 1 : 0) {
 		st->inbox[b].idx[c.rtail[b]++ % DK_MAX_TASKS] = ti;
 		c.rpend |= 1u << b;
 	}
-	take_at(c, tracing, DK_TAKE_FILLED);
-	uint32_t part = sched_admit_reserved(atomicAdd(&q->inflight, 1u));
-	t->reserved_part = (uint8_t)part;
-	t->uid_slot = (uint8_t)p.uid_slot;
-	atomicAdd(&st->uid_inflight[p.uid_slot], 1u);
-	atomicAdd(part ? &st->admit_reserve : &st->admit_shared, 1u);
-	t->state = DK_TASK_LIVE;
-	atomicAdd(&st->live_tasks, 1u);
-	take_at(c, tracing, DK_TAKE_ADMITTED);
-	c.acc.started[algo - 1]++;
+	c.acc.started[pr.algo - 1]++;
 	return ti;
 }
 
@@ -1081,6 +1097,7 @@ __device__ __forceinline__ struct sched_admission qp_admission(const dk_ctx &c, 
 #define DK_COPY_PER_ROUND 3u                  /* entries per warp instruction */
 #define DK_COPY_ROUNDS ((DK_SCAN + DK_COPY_PER_ROUND - 1) / DK_COPY_PER_ROUND)
 #define DK_COPY_QUIT 0xFFFFFFFFu              /* rcopy.n: the copiers leave */
+#define DK_COPY_FILL 0x80000000u              /* rcopy.n: the copiers fill the tasks of rcopy.fill */
 DFCCL_STATIC_ASSERT(sizeof(dfccl_sqe) == 8 * 16, "an entry is eight 16-byte pieces, one per copier lane");
 DFCCL_STATIC_ASSERT(DK_SCAN <= 24, "a copier lane for each entry's checks");
 
@@ -1088,9 +1105,13 @@ struct dk_rcopy {
 	const uint4 *src[DK_SCAN]; /* the entries to copy */
 	uint64_t seq[DK_SCAN];     /* the sequence each is taken under */
 	dk_qp *q;                  /* their queue pair */
-	uint32_t n;                /* how many, or DK_COPY_QUIT */
+	uint32_t qi;               /* its slot */
+	uint32_t n;                /* how many, DK_COPY_FILL or DK_COPY_QUIT */
+	uint32_t fill;             /* DK_COPY_FILL: bit i, entry i accepted as task[i] */
 	uint4 buf[DK_SCAN][8];     /* their copies (arm: the sequence) */
 	dk_prep prep[DK_SCAN];     /* their checks */
+	uint32_t task[DK_SCAN], part[DK_SCAN]; /* accepted: the task, its admission's part */
+	uint64_t arrival[DK_SCAN];
 };
 __shared__ dk_rcopy rcopy;
 
@@ -1115,7 +1136,7 @@ __device__ __forceinline__ uint32_t rcopy_get_n(void)
 }
 
 /* A copier lane's loop, until the reader says quit. */
-__device__ __noinline__ void copier_main(uint32_t lane, dk_state *st, uint32_t device)
+__device__ __noinline__ void copier_main(uint32_t lane, dk_params p)
 {
 	const uint32_t g = (lane - 8u) / 8u, piece = lane % 8u, mine = lane - 8u;
 	for (;;) {
@@ -1123,6 +1144,17 @@ __device__ __noinline__ void copier_main(uint32_t lane, dk_state *st, uint32_t d
 		uint32_t n = rcopy_get_n();
 		if (n == DK_COPY_QUIT)
 			return;
+		if (n == DK_COPY_FILL) {
+			if (mine < DK_SCAN && (rcopy.fill >> mine & 1u)) {
+				task_fill(p, rcopy.qi, (const dfccl_sqe *)rcopy.buf[mine], rcopy.prep[mine], rcopy.task[mine],
+				          rcopy.arrival[mine], rcopy.part[mine]);
+				/* Its stores before the reader's publication, at GPU
+				 * scope, whatever the barrier orders. */
+				__threadfence();
+			}
+			__syncwarp(DK_COPY_LANES); /* done */
+			continue;
+		}
 		uint4 v[DK_COPY_ROUNDS];
 #pragma unroll
 		for (uint32_t r = 0; r < DK_COPY_ROUNDS; r++) {
@@ -1140,14 +1172,15 @@ __device__ __noinline__ void copier_main(uint32_t lane, dk_state *st, uint32_t d
 		if (mine < n) {
 			dfccl_sqe *e = (dfccl_sqe *)rcopy.buf[mine];
 			e->arm = *(volatile uint64_t *)&rcopy.seq[mine];
-			entry_prepare(st, device, *(dk_qp *const volatile *)&rcopy.q, e, &rcopy.prep[mine]);
+			entry_prepare(p, *(dk_qp *const volatile *)&rcopy.q, e, &rcopy.prep[mine]);
 		}
 		__syncwarp(DK_COPY_LANES); /* done */
 	}
 }
 
 /* The reader: the copiers copy rcopy.src[0..n) into rcopy.buf and check
- * them into rcopy.prep (n <= DK_SCAN), or leave (DK_COPY_QUIT). */
+ * them into rcopy.prep (n <= DK_SCAN), fill the tasks of rcopy.fill
+ * (DK_COPY_FILL), or leave (DK_COPY_QUIT). */
 __device__ void copy_entries(uint32_t n)
 {
 	rcopy_put_n(n);
@@ -1155,6 +1188,36 @@ __device__ void copy_entries(uint32_t n)
 	if (n != DK_COPY_QUIT)
 		__syncwarp(DK_COPY_LANES);
 	asm volatile("" ::: "memory"); /* the copies are read after the barrier */
+}
+
+/*
+ * The admission of the tasks of q that the reader accepted from its copies
+ * m (bit i: rcopy entry i), in their order: the pair's count, each task's
+ * part (rcopy.part, as each would have had counted alone), the uid's and
+ * the parts' counts, and the live tasks. Before the tasks are published,
+ * and before any admission of q is made again.
+ */
+__device__ void admit_count(dk_ctx &c, dk_qp *q, uint32_t m)
+{
+	dk_state *st = c.st;
+	if (!m)
+		return;
+	uint32_t na = __popc(m), nres = 0;
+	uint32_t uid = rcopy.prep[__ffs(m) - 1].uid_slot;
+	uint32_t inflight = atomicAdd(&q->inflight, na);
+	while (m) {
+		uint32_t i = __ffs(m) - 1;
+		m &= m - 1;
+		uint32_t part = (uint32_t)sched_admit_reserved(inflight++);
+		rcopy.part[i] = part;
+		nres += part;
+	}
+	atomicAdd(&st->uid_inflight[uid], na);
+	if (nres)
+		atomicAdd(&st->admit_reserve, nres);
+	if (na > nres)
+		atomicAdd(&st->admit_shared, na - nres);
+	atomicAdd(&st->live_tasks, na);
 }
 
 /*
@@ -1300,6 +1363,7 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 				 * after its load would make every load wait for the one
 				 * before. */
 				uint32_t was_taken = 0, armed = 0; /* bit k: entry s0 + k */
+				uint32_t adm = 0, fill = 0; /* bit i: copy i accepted, its admission not counted / its task to fill */
 				{
 					/* The arm words (PCIe) first, reduced to a mask before
 					 * the taken words (L2) are loaded: half the registers
@@ -1341,6 +1405,7 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 							rcopy.seq[nc++] = s0 + k;
 						}
 					rcopy.q = q;
+					rcopy.qi = qi;
 					copy_entries(nc);
 					take_at(c, tracing, DK_TAKE_COPIED);
 				}
@@ -1385,6 +1450,8 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 						 * entries reached, or no room, leaves the rest for
 						 * the next pass, as before. */
 						readmitted = true;
+						admit_count(c, q, adm);
+						adm = 0;
 						struct sched_admission again = qp_admission(c, q);
 						if (again.refuse == DFCCL_CQ_OK)
 							room = again.room;
@@ -1392,13 +1459,12 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 					/* The copy and its checks (made with the chunk's):
 					 * everything after is decided on them alone. */
 					const uint32_t ck = __popc(armed & ((1u << k) - 1u));
-					dfccl_sqe e;
-					memcpy(&e, rcopy.buf[ck], sizeof(e));
+					const dfccl_sqe *e = (const dfccl_sqe *)rcopy.buf[ck];
 					const dk_prep &pr = rcopy.prep[ck];
 					uint32_t status = pr.check;
 					take_at(c, tracing, DK_TAKE_CHECKED);
 					uint32_t ti = DK_NO_TASK;
-					bool work = status == DFCCL_CQ_OK && e.opcode != DFCCL_OP_NOP;
+					bool work = status == DFCCL_CQ_OK && e->opcode != DFCCL_OP_NOP;
 					if (work && a.refuse == DFCCL_CQ_OK && room == 0) {
 						/* No room: it waits in the queue, unless a peer posted
 						 * its instance (scheduler.h); a few such looks a pass. */
@@ -1407,7 +1473,7 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 							stop = true;
 							break;
 						}
-						if (pr.ci == DK_NO_COMM || !dfccl_comm_peer_posted(pr.region, pr.n, &e))
+						if (pr.ci == DK_NO_COMM || !dfccl_comm_peer_posted(pr.region, pr.n, e))
 							continue;
 						beyond--;
 					}
@@ -1424,11 +1490,16 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 					const bool fails_comm = status != DFCCL_CQ_OK && (accepting ? pr.checked : pr.member);
 					if (accepting && status == DFCCL_CQ_OK) {
 						room -= room > 0;
-						ti = entry_accept(c, tracing, qi, q, &e, pr);
+						ti = entry_take(c, pr);
+						take_at(c, tracing, DK_TAKE_TASK);
 						if (ti == DK_NO_TASK) {
 							stop = true; /* every task in use: leave it armed */
 							break;
 						}
+						rcopy.task[ck] = ti;
+						rcopy.arrival[ck] = ++c.arrivals;
+						adm |= 1u << ck;
+						fill |= 1u << ck;
 					}
 					taken[slot] = s;
 					h += h == s;
@@ -1440,7 +1511,17 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 					}
 					take_at(c, tracing, DK_TAKE_DONE);
 				}
-				/* The chunk's tasks to their blocks, together. */
+				/* The chunk's tasks counted, filled by the copier lanes, and
+				 * handed to their blocks, together. */
+				if (adm) {
+					admit_count(c, q, adm);
+					take_at(c, tracing, DK_TAKE_ADMITTED);
+				}
+				if (fill) {
+					rcopy.fill = fill;
+					copy_entries(DK_COPY_FILL);
+					take_at(c, tracing, DK_TAKE_FILLED);
+				}
 				if (c.rpend) {
 					inbox_publish(c);
 					take_at(c, tracing, DK_TAKE_HANDED);
@@ -2627,7 +2708,7 @@ __global__ void __launch_bounds__(DK_THREADS, DK_MIN_BLOCKS_PER_SM) dk_main(dk_p
 			reader_main(c);
 			copy_entries(DK_COPY_QUIT);
 		} else if (c.b == 0 && (DK_COPIERS >> lane & 1u)) {
-			copier_main(lane, p.st, p.device);
+			copier_main(lane, p);
 		}
 		return;
 	}

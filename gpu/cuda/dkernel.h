@@ -377,11 +377,11 @@ enum dk_take_phase {
 	DK_TAKE_COPIED,    /* those of them armed copied from the submission queue and checked against
 	                    * the communicators and registrations, a copier lane each (entry_prepare) */
 	DK_TAKE_ARMED,     /* an armed entry's turn in the pass */
-	DK_TAKE_CHECKED,   /* its copy and checks read */
-	DK_TAKE_TASK,      /* a free task found */
-	DK_TAKE_FILLED,    /* the task filled in, placed in its blocks' inboxes */
-	DK_TAKE_ADMITTED,  /* its admission counted, the task live */
+	DK_TAKE_CHECKED,   /* its copy and checks read, its admission decided */
+	DK_TAKE_TASK,      /* a free task taken and placed in its blocks' inboxes (entry_take) */
 	DK_TAKE_DONE,      /* the entry marked taken (or completed at once) */
+	DK_TAKE_ADMITTED,  /* the chunk's tasks' admission counted (admit_count) */
+	DK_TAKE_FILLED,    /* the chunk's tasks filled in, a copier lane each (task_fill) */
 	DK_TAKE_HANDED,    /* the chunk's tasks published to their blocks (inbox_publish) */
 };
 

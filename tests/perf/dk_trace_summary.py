@@ -44,7 +44,7 @@ import sys
 STEPS = ["SLOT", "POSTS", "WORK1", "SYNC1", "WORK2", "CHDONE", "FINISH", "BOX_FREE", "BOX_ACK", "BOX_KEY",
          "AWAIT", "AWORK", "BOX_WANT", "PUSH", "LEFT", "DRAIN"]
 # enum dk_take_phase, in order (gpu/cuda/dkernel.h): the queue reader's pass and take of an entry.
-TAKES = ["header", "scanned", "copied", "armed", "checked", "task", "filled", "admitted", "done", "handed"]
+TAKES = ["header", "scanned", "copied", "armed", "checked", "task", "done", "admitted", "filled", "handed"]
 
 
 def label(event, arg):

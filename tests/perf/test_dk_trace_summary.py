@@ -111,12 +111,12 @@ def main():
         expect(run(path, "--turnaround"), "completion to the next entry taken: none")
 
         # The reader's take of an entry, phase by phase (enum dk_take_phase
-        # by number: 0 header, 1 scanned, 2 copied, 3 armed, 8 done; 99 is
+        # by number: 0 header, 1 scanned, 2 copied, 3 armed, 6 done; 99 is
         # none and shows as its number).
         with open(path, "w") as f:
             f.write("# block ns event arg (GPU 0; block 16: the queue reader)\n"
                     "16 0 queues 0\n16 1000 take 0\n16 2500 take 1\n16 4500 take 2\n16 4700 take 3\n"
-                    "16 9000 take 8\n16 9300 take 99\n16 9500 queues 1\n")
+                    "16 9000 take 6\n16 9300 take 99\n16 9500 queues 1\n")
         out = run(path, "--block", "reader")
         for a, b, us in (("header", "scanned", "1.50"), ("scanned", "copied", "2.00"), ("copied", "armed", "0.20"),
                          ("armed", "done", "4.30"), ("done", "99", "0.30")):
