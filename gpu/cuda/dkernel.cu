@@ -7,10 +7,12 @@
  * queue pair's next entries in host memory (as far as fair
  * admission lets the pair hold more tasks, gpu/scheduler.h; at its
  * max-inflight-per-session entries are refused), has the warp's copier
- * lanes copy the armed entries (one PCIe read each, together), checks each
- * copy (gpu/sqe_check.h, the same checks the host engine makes),
- * and either completes it at once with an error status or makes a task of
- * it and hands the task to c blocks through their inboxes, c channels
+ * lanes copy the armed entries (one PCIe read each, together) and check
+ * each copy (gpu/sqe_check.h, the same checks the host engine makes, and
+ * the communicator and registrations), a lane per entry, and then in the
+ * entries' order either completes each at once with an error status or
+ * takes a task for it, which the copier lanes fill, and hands the task
+ * to c blocks through their inboxes, c channels
  * chosen by size: blocks 0..c-1, or with the spread-blocks setting c
  * blocks from one chosen by the instance (block_of). Each block then runs
  * its part of the task -- its channel's share of the data -- interleaved
@@ -43,7 +45,7 @@
  * Algorithms, chosen per entry by the entry's hint (DFCCL_ALGO) or the
  * `algo` setting, with the communicator's plan for its rings and trees
  * (gpu/algo.h's algo_choose, as on the host engine; direct when neither
- * asks, see entry_accept). The choice is part of the posted shape, so
+ * asks, see entry_prepare). The choice is part of the posted shape, so
  * ranks that disagree fail with DFCCL_CQ_MISMATCH:
  *   direct: over every rank's buffers as this GPU maps them (CUDA IPC over
  *   NVLink or PCIe, or the GPU itself for ranks sharing it): two-shot
@@ -827,12 +829,12 @@ __device__ bool push_fits(const dk_params &p, uint8_t opcode, uint8_t algo, uint
 /*
  * What the checks of an entry found, made by a copier lane for each entry
  * of a chunk at once (entry_prepare) and used by the reader in the
- * entries' order (read_queues, entry_accept). Every load of the checks is
- * in the tables, which change only between launches (dk_chan_ctx.epoch),
- * so a look a few microseconds before the entry's turn is as good as one
- * at it, and the chunk's lookups overlap instead of following each other:
- * the reader's time per entry is what a batch of small collectives takes
- * per collective.
+ * entries' order (read_queues, entry_take, task_fill). Every load of the
+ * checks is in the tables, which change only between launches
+ * (dk_chan_ctx.epoch), so a look a few microseconds before the entry's
+ * turn is as good as one at it, and the chunk's lookups overlap instead of
+ * following each other: the reader's time per entry is what a batch of
+ * small collectives takes per collective.
  */
 #define DK_NO_COMM 0xFFFFFFFFu
 struct dk_prep {
