@@ -549,7 +549,7 @@ struct dk_ctx {
 	/* The queue reader's own (reader_main loads them at its start): */
 	uint64_t arrivals;  /* dk_state.arrivals, stored back by inbox_publish */
 	uint32_t rtail[DK_MAX_BLOCKS]; /* each inbox's next place (its tail once published) */
-	uint32_t rpend;     /* blocks whose inbox has places not published */
+	uint32_t rpend;     /* blocks whose inbox has places not published (bit b: block b) */
 	uint32_t free_base, free_mask; /* bit k: task free_base + k is known free (task_alloc) */
 };
 
@@ -834,7 +834,11 @@ __device__ bool push_fits(const dk_params &p, uint8_t opcode, uint8_t algo, uint
  * (dk_chan_ctx.epoch), so a look a few microseconds before the entry's
  * turn is as good as one at it, and the chunk's lookups overlap instead of
  * following each other: the reader's time per entry is what a batch of
- * small collectives takes per collective.
+ * small collectives takes per collective. The one word that changes within
+ * a launch is the communicator's abort_status: an entry whose refusal
+ * fails its communicator (comm_fail) leaves the later entries of the chunk
+ * prepared as before it, so those become tasks, which fail at their first
+ * wait (chan_wait's abort looks) with the same status, later.
  */
 #define DK_NO_COMM 0xFFFFFFFFu
 struct dk_prep {
@@ -914,7 +918,7 @@ __device__ void entry_prepare(const dk_params &p, dk_qp *q, const dfccl_sqe *e, 
 			o->own_recv = resolve_found(e->recv_reg, found[1], regs[1], sess, e->recv_off, rb, &s);
 		/* Aborted here (comm_fail, the host); an abort in the protocol
 		 * words (another GPU's rank failed) is seen by the task's first
-		 * wait, which comes before anything it stores (run_channel's abort
+		 * wait, which comes before anything it stores (chan_wait's abort
 		 * looks), so the reader does not wait for those words' round
 		 * trip. */
 		if (s == DFCCL_CQ_OK && aborted)
@@ -1044,6 +1048,8 @@ __device__ uint32_t entry_take(dk_ctx &c, const dk_prep &pr)
 	c.acc.started[pr.algo - 1]++;
 	return ti;
 }
+
+DFCCL_STATIC_ASSERT(DK_MAX_BLOCKS <= 32, "dk_ctx.rpend has a bit per block");
 
 /* The tasks placed since the last call, in their blocks' inboxes: one
  * fence publishes them and their places, then the tails move (the reader
