@@ -663,7 +663,7 @@ static void inst_name(const struct comm *c, const struct watch_inst *x, char *bu
 
 static void timeout_fire(struct watch *w, struct comm *c, const struct watch_inst *x, uint64_t timeout, uint64_t now)
 {
-	char msg[1024], ranks[768] = "";
+	char msg[1024], ranks[640] = ""; /* msg has room for what, who and ranks whole */
 	size_t off = 0;
 	unsigned missing = 0, shown = 0;
 	for (uint32_t r = 0; r < c->nranks; r++) {

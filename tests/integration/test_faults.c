@@ -732,6 +732,7 @@ static void mix_line(char *out, size_t len, const char *kind, unsigned coll_id, 
 	         timeout);
 }
 
+static void mix_append(char *out, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static void mix_append(char *out, size_t len, const char *fmt, ...)
 {
 	size_t off = strlen(out);

@@ -24,7 +24,8 @@
 
 static struct user_table table(int64_t sessions, int64_t bytes, int64_t comms)
 {
-	struct user_table t = {.head = NULL, .limits = {sessions, bytes, comms}};
+	struct user_table t = {.head = NULL,
+	                       .limits = {.max_sessions = sessions, .max_registered_bytes = bytes, .max_comms = comms}};
 	return t;
 }
 
