@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where the daemon kernel's time goes, from its event trace.
 
-Usage: dk_trace_summary.py TRACE [--block B|reader] [--top N] [--turnaround] [--stalls US]
+Usage: dk_trace_summary.py TRACE [--block B|reader] [--top N] [--turnaround] [--blocks] [--stalls US]
 
 TRACE is the file a CUDA worker writes when dfccld runs with
 DFCCL_DK_TRACE=TRACE (gpu/cuda/dkernel.h): one line per event of thread 0 of
@@ -26,6 +26,15 @@ With --turnaround it prints instead, over every block, the time from each
 completion to the queue reader's next take of an entry: with one collective
 at a time, the client's (or its stream's) reaction to a completion plus the
 reader's noticing of the next arm word.
+
+With --blocks it prints instead a line per block (the queue reader left
+out): the tasks that arrived in its queue, the completions it made, the
+median time between its completions and from a task's arrival to its
+completion, and how many of its tasks were in its queue at once (arrived,
+not yet completed there: mean over the block's span, and the most). A
+batch of single-channel collectives whose tasks a block runs one after
+another shows about one in flight and its chain per task between
+completions; a block that interleaves its tasks' waits shows more.
 
 With --stalls US it prints instead every interval longer than US
 microseconds in which no block and not the reader recorded anything: the
@@ -108,6 +117,50 @@ def turnaround(path):
            us(max(deltas))))
 
 
+def blocks(path):
+    reader = reader_of(path)
+    per = {}
+    for block, t, event, arg in records(path):
+        if block == reader:
+            continue
+        d = per.setdefault(block, {"arrived": {}, "spans": [], "done": [], "tasks": 0, "current": None,
+                                   "live": 0, "most": 0, "area": 0, "first": t, "last": t})
+        d["area"] += d["live"] * (t - d["last"])
+        d["last"] = t
+        if event == "task":
+            d["tasks"] += 1
+            d["arrived"][arg] = t
+            d["live"] += 1
+            d["most"] = max(d["most"], d["live"])
+        elif event in ("step", "preempt"):
+            d["current"] = arg >> 16
+        elif event == "complete":
+            d["done"].append(t)
+            if d["current"] in d["arrived"]:
+                d["spans"].append(t - d["arrived"].pop(d["current"]))
+                d["live"] -= 1
+    if not per:
+        print("blocks: none traced")
+        return
+
+    def med(values):
+        return us(statistics.median(values)) if values else "-"
+
+    print("%6s %7s %10s %13s %13s %10s %6s" % ("block", "tasks", "completed", "between us", "arrival->c us",
+                                                "in flight", "most"))
+    gaps, spans = [], []
+    for block in sorted(per):
+        d = per[block]
+        between = [b - a for a, b in zip(d["done"], d["done"][1:])]
+        gaps += between
+        spans += d["spans"]
+        span = d["last"] - d["first"]
+        print("%6d %7d %10d %13s %13s %10.2f %6d" % (block, d["tasks"], len(d["done"]), med(between), med(d["spans"]),
+                                                    d["area"] / span if span else 0.0, d["most"]))
+    print("%6s %7d %10d %13s %13s" % ("all", sum(d["tasks"] for d in per.values()),
+                                      sum(len(d["done"]) for d in per.values()), med(gaps), med(spans)))
+
+
 def stalls(path, min_us):
     times = sorted(t for _, t, _, _ in records(path))
     if len(times) < 2:
@@ -163,12 +216,20 @@ def main():
     ap.add_argument("--top", type=int, default=25, help="transitions to list (default 25)")
     ap.add_argument("--turnaround", action="store_true",
                     help="the time from each completion to the queue reader's next take instead")
+    ap.add_argument("--blocks", action="store_true",
+                    help="a line per block instead: tasks, completions, their pace, tasks in flight")
     ap.add_argument("--stalls", type=float, metavar="US",
                     help="the intervals longer than US microseconds with no event of any block instead")
     args = ap.parse_args()
     if args.stalls is not None:
         try:
             stalls(args.trace, args.stalls)
+        except (OSError, ValueError) as e:
+            sys.exit("dk_trace_summary: cannot read %s: %s" % (args.trace, e))
+        return
+    if args.blocks:
+        try:
+            blocks(args.trace)
         except (OSError, ValueError) as e:
             sys.exit("dk_trace_summary: cannot read %s: %s" % (args.trace, e))
         return

@@ -69,7 +69,8 @@ queue_print() {
 # DFCCL_DK_TRACE (trace_NAME.txt for GPU 0, trace_NAME.txt.gpuN for the
 # others; with the script's daemon_args, where it has them); each GPU's
 # trace is summarised by dk_trace_summary.py (block 0, then --turnaround,
-# then the queue reader's passes, then --stalls 50) into
+# then the queue reader's passes, then every block's pace (--blocks), then
+# --stalls 50) into
 # trace_NAME_gpuN_summary.txt in $outdir.
 traced() {
 	local name=$1 g f sum
@@ -88,6 +89,7 @@ traced() {
 		{ python3 "$perf_lib_dir/dk_trace_summary.py" "$f" &&
 			python3 "$perf_lib_dir/dk_trace_summary.py" "$f" --turnaround &&
 			python3 "$perf_lib_dir/dk_trace_summary.py" "$f" --block reader --top 12 &&
+			python3 "$perf_lib_dir/dk_trace_summary.py" "$f" --blocks &&
 			python3 "$perf_lib_dir/dk_trace_summary.py" "$f" --stalls 50; } >"$sum" 2>&1 ||
 			echo "== the trace of $name on GPU $g could not be summarised: $(tail -n 1 "$sum")"
 	done

@@ -124,6 +124,31 @@ def main():
         expect(out, "%-28s %-28s %8d %9s %9s %11s" % ("take 99", "queues (took some)", 1, "0.20", "0.20", "0.20"))
         # One pass that took one entry, 9.5 us after the empty one.
         expect(out, "%6d %8d %9s %9s %9s" % (1, 1, "9.50", "9.50", "9.50"))
+        # --blocks: block 0 runs two tasks one after the other, block 1
+        # interleaves two; the reader's events are left out.
+        serial = [(0, "task", 0), (1000, "step", 0 << 16 | 1), (10000, "complete", 0),
+                  (12000, "task", 1), (13000, "step", 1 << 16 | 1), (22000, "complete", 0)]
+        interleaved = [(0, "task", 5), (1000, "task", 6), (2000, "step", 5 << 16 | 1), (3000, "step", 6 << 16 | 1),
+                       (4000, "step", 5 << 16 | 4), (5000, "complete", 0), (6000, "step", 6 << 16 | 4),
+                       (8000, "complete", 0)]
+        with open(path, "w") as f:
+            f.write("# block ns event arg (GPU 0; block 16: the queue reader)\n16 0 queues 1\n16 500 task 9\n")
+            for block, evs in ((0, serial), (1, interleaved)):
+                for t, e, a in evs:
+                    f.write("%d %d %s %d\n" % (block, t, e, a))
+        out = run(path, "--blocks")
+        # Tasks in flight, integrated by hand: block 0 one task for 10 us
+        # and again for 10 us of its 22 us; block 1 one for 1 us, two for
+        # 4 us, one for 3 us of its 8 us.
+        in_flight0 = (10000 * 1 + 2000 * 0 + 10000 * 1) / 22000.0
+        in_flight1 = (1000 * 1 + 4000 * 2 + 3000 * 1) / 8000.0
+        expect(out, "%6d %7d %10d %13s %13s %10.2f %6d" % (0, 2, 2, "12.00", "10.00", in_flight0, 1))
+        expect(out, "%6d %7d %10d %13s %13s %10.2f %6d" % (1, 2, 2, "3.00", "6.00", in_flight1, 2))
+        # All blocks: completions 12 and 3 us apart (median 7.5), arrivals to
+        # completions 10, 10, 5 and 7 us (median 8.5).
+        expect(out, "%6s %7d %10d %13s %13s" % ("all", 4, 4, "7.50", "8.50"))
+        if "\n    16 " in out:
+            sys.exit("FAIL: --blocks listed the queue reader:\n%s" % out)
     print("OK: dk_trace_summary.py's tables match the constructed trace")
 
 

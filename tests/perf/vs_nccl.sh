@@ -42,8 +42,8 @@
 # Last, three traced runs of 4 KiB (callback, stream-ordered, and callback
 # batches of 150 in one group, whose pace is the queue reader's), each on a
 # daemon of its own with DFCCL_DK_TRACE, summarised per GPU by
-# dk_trace_summary.py (block 0, --turnaround, and the queue reader's phases
-# and passes) after the tables, the
+# dk_trace_summary.py (block 0, --turnaround, the queue reader's phases
+# and passes, and every block's pace) after the tables, the
 # daemon's queue alone on each GPU (dfccl-perf --queue-only, both forms:
 # the floor under every collective), and dk_prims's table of the kernel's
 # memory operations (taken first).
