@@ -1032,7 +1032,12 @@ __device__ void task_fill(const dk_params &p, uint32_t qi, const dfccl_sqe *e, c
  * The reader's part of accepting a prepared entry: a free task, marked live
  * at once (task_alloc's next probes must not see it free), and its place in
  * each of its blocks' inboxes (the tails move in inbox_publish). Returns
- * the task, or DK_NO_TASK when none is free (the entry stays).
+ * the task, or DK_NO_TASK when none is free (the entry stays). A task is
+ * thus live before the copier lanes fill it: sound because the only other
+ * reader of `state` is the blocks' rebuild at a launch's start, and a pass
+ * fills and publishes every task it took before the reader looks at park;
+ * anything that comes to read `state` while the kernel runs must not take
+ * a live task for a filled one.
  */
 __device__ uint32_t entry_take(dk_ctx &c, const dk_prep &pr)
 {
