@@ -221,21 +221,17 @@ def main():
     ap.add_argument("--stalls", type=float, metavar="US",
                     help="the intervals longer than US microseconds with no event of any block instead")
     args = ap.parse_args()
+    # The modes over the whole trace, each instead of a block's tables.
+    whole = None
     if args.stalls is not None:
+        whole = lambda: stalls(args.trace, args.stalls)
+    elif args.blocks:
+        whole = lambda: blocks(args.trace)
+    elif args.turnaround:
+        whole = lambda: turnaround(args.trace)
+    if whole:
         try:
-            stalls(args.trace, args.stalls)
-        except (OSError, ValueError) as e:
-            sys.exit("dk_trace_summary: cannot read %s: %s" % (args.trace, e))
-        return
-    if args.blocks:
-        try:
-            blocks(args.trace)
-        except (OSError, ValueError) as e:
-            sys.exit("dk_trace_summary: cannot read %s: %s" % (args.trace, e))
-        return
-    if args.turnaround:
-        try:
-            turnaround(args.trace)
+            whole()
         except (OSError, ValueError) as e:
             sys.exit("dk_trace_summary: cannot read %s: %s" % (args.trace, e))
         return
