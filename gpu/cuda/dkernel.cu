@@ -792,17 +792,23 @@ __device__ uint32_t block_of(const dk_params &p, const dfccl_sqe *e, uint64_t ke
 }
 
 /* The channel of task t that block b runs (>= t->nch: none); and the
- * block that runs channel ch. Both without a division: block0 < blocks and
- * ch < nch <= blocks. */
+ * block that runs channel ch of a task whose channel 0 runs on block0 (of
+ * task t). All without a division: block0 < blocks and ch < nch <=
+ * blocks. */
 __device__ __forceinline__ uint32_t chan_of(const dk_params &p, const dk_task *t, uint32_t b)
 {
 	return b >= t->block0 ? b - t->block0 : b + p.blocks - t->block0;
 }
 
+__device__ __forceinline__ uint32_t block_at(const dk_params &p, uint32_t block0, uint32_t ch)
+{
+	uint32_t b = block0 + ch;
+	return b >= p.blocks ? b - p.blocks : b;
+}
+
 __device__ __forceinline__ uint32_t block_for(const dk_params &p, const dk_task *t, uint32_t ch)
 {
-	uint32_t b = t->block0 + ch;
-	return b >= p.blocks ? b - p.blocks : b;
+	return block_at(p, t->block0, ch);
 }
 
 /*
@@ -1013,7 +1019,8 @@ __device__ void task_fill(const dk_params &p, uint32_t qi, const dfccl_sqe *e, c
 	t->uid_slot = (uint8_t)pr.uid_slot;
 	uint32_t first = sqe_is_p2p(e->opcode) ? (e->opcode == DFCCL_OP_SEND ? DK_BOX_FREE : DK_BOX_WANT) : DK_SLOT;
 	uint8_t priority = (e->flags & DFCCL_SQE_F_PRIORITY) ? e->priority : 0;
-	for (uint32_t ch = 0, b = pr.block0; ch < pr.nch; ch++, b = b + 1 < p.blocks ? b + 1 : 0) {
+	for (uint32_t ch = 0; ch < pr.nch; ch++) {
+		uint32_t b = block_at(p, pr.block0, ch);
 		t->ch[b].step = ch == 0 ? first : DK_POSTS;
 		t->ch[b].wait_rank = 0;
 		t->ch[b].pos = 0;
@@ -1046,7 +1053,8 @@ __device__ uint32_t entry_take(dk_ctx &c, const dk_prep &pr)
 	if (ti == DK_NO_TASK)
 		return DK_NO_TASK;
 	*(volatile uint32_t *)&st->tasks[ti].state = DK_TASK_LIVE;
-	for (uint32_t ch = 0, b = pr.block0; ch < pr.nch; ch++, b = b + 1 < c.p.blocks ? b + 1 : 0) {
+	for (uint32_t ch = 0; ch < pr.nch; ch++) {
+		uint32_t b = block_at(c.p, pr.block0, ch);
 		st->inbox[b].idx[c.rtail[b]++ % DK_MAX_TASKS] = ti;
 		c.rpend |= 1u << b;
 	}
