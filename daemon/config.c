@@ -113,6 +113,10 @@ static const struct setting settings[] = {
      "cuda engine: all-reduces up to this many bytes on one channel are pushed: each rank writes its data into "
      "the other ranks' GPU memory and reduces what it received, one exchange with no reads across GPUs "
      "(0: never; also bounded by 64 KiB / (ranks - 1))"},
+    {"ll-bytes", T_INT, F(ll_bytes), 0, 16384, "16384", NULL,
+     "cuda engine: pushed all-reduces up to this many bytes go as lines that carry a flag beside every 4 bytes "
+     "of data, so the receivers poll the data itself and no rank waits for a word that says it arrived (0: "
+     "never; also bounded by 33 KiB / (2 * (ranks - 1)))"},
     {"coll-timeout-ms", T_INT, F(coll_timeout_ms), 0, 86400000, "600000", NULL,
      "a collective some ranks submitted and others did not, or that made no progress, for this long fails "
      "with a timeout on every rank (0: never); a client's DFCCL_TIMEOUT_MS or config overrides it"},

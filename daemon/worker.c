@@ -808,6 +808,7 @@ int worker_main(unsigned device, const struct worker_ident *id, const struct dfc
 	    .spread_blocks = (uint32_t)cfg->spread_blocks,
 	    .kernel_idle_ns = (uint64_t)cfg->kernel_idle_us * 1000u,
 	    .push_bytes = (uint32_t)cfg->push_bytes,
+	    .ll_bytes = (uint32_t)cfg->ll_bytes,
 	    .max_inflight = (uint32_t)cfg->max_inflight_per_session,
 	    .max_inflight_uid = (uint32_t)cfg->max_inflight_per_uid,
 	};

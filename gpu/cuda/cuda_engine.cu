@@ -678,8 +678,8 @@ static int ce_mem_alloc(void *impl, uint32_t reg_id, uint64_t size, int *fd, uin
 	return 0;
 }
 
-/* Connectors of one rank (dkernel.h, struct dk_comm). */
-#define CE_CONN_RANK_BYTES ((size_t)DFCCL_COMM_CONN_SLOTS * DFCCL_COMM_CONN_BYTES)
+/* Connectors of one rank and its lines' area (dkernel.h, struct dk_comm). */
+#define CE_CONN_RANK_BYTES ((size_t)DK_CONN_RANK_BYTES)
 
 /* conn[r] for the ranks on `device`, which keeps their connectors at base,
  * one after the other in rank order (ce_comm_add); the other entries stay. */
@@ -767,6 +767,14 @@ static int ce_comm_add(void *impl, uint64_t comm_id, uint32_t nranks, const stru
 		 * algorithms, on every GPU alike. */
 		if (cudaMalloc((void **)&c->conn, CE_CONN_RANK_BYTES * here) != cudaSuccess) {
 			cudaGetLastError();
+			c->conn = NULL;
+		}
+		/* Zeroed, for the lines' flags (dk_ll_flag): the memory may have
+		 * held an earlier communicator's. Ordered before the kernel's
+		 * next launch by the stream's synchronisation below. */
+		if (c->conn && cudaMemsetAsync(c->conn, 0, CE_CONN_RANK_BYTES * here, e->ctl_stream) != cudaSuccess) {
+			cudaGetLastError();
+			cudaFree(c->conn);
 			c->conn = NULL;
 		}
 		if (c->conn)
@@ -1243,6 +1251,7 @@ extern "C" int cuda_engine_ops_new(const struct engine_config *cfg, const struct
 	e->params.visit_bytes = CE_VISIT_BYTES;
 	e->params.chan_bytes = CE_CHAN_BYTES;
 	e->params.push_bytes = cfg->push_bytes;
+	e->params.ll_bytes = cfg->ll_bytes;
 	e->params.spread = cfg->spread_blocks ? 1u : 0u;
 	e->params.algo = cfg->algo;
 	e->params.max_inflight = sched_max_inflight(cfg->max_inflight);

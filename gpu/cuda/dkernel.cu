@@ -37,7 +37,15 @@
  * channel word) -> SYNC1 (every rank's word; then the posts are checked)
  * -> WORK2 (the reduction from its own connector) -> CHDONE (`done`, and
  * it completes at once: no rank reads another's buffers, so there is no
- * FINISH). Its ranks may therefore complete with different statuses: one
+ * FINISH). The small ones go as lines (DK_PUSH_LL, dkernel.h: a flag
+ * beside every 4 bytes of data): SLOT -> PUSH (the lines into every peer's
+ * region, and meanwhile, from another thread, the post with the channel
+ * word) -> SYNC1 (each source's last line, which carries its count and
+ * shape, checked) -> LLPULL (every line's flag, then the reduction
+ * straight from the lines) -> CHDONE: no fence between a rank's data and
+ * what says they came, no wait for the post's release before the data,
+ * and no copy into the connector. Its ranks may therefore complete with
+ * different statuses: one
  * that finished before a peer failed (a peer's client gone, its buffer
  * deregistered) completes with its correct result, the peer with the
  * error, and the communicator is aborted either way.
@@ -116,8 +124,9 @@ template <typename T> __device__ __forceinline__ T vload(const T *p)
 
 /*
  * The communicator of the visit in progress, per block: what every access
- * to its protocol words needs, read by thread 0 when the visit begins (the
- * table does not change during a launch, dkernel.h) and kept in shared
+ * to its protocol words needs, read by thread 0 when a visit begins with
+ * another communicator than the block's last one, or in a new launch (the
+ * table does not change during a launch, dkernel.h), and kept in shared
  * memory, where reading it costs no trip to global memory.
  */
 struct dk_visit {
@@ -126,6 +135,7 @@ struct dk_visit {
 	uint32_t n;                    /* dk_comm.nranks */
 	uint32_t npeers;               /* dk_comm.npeers */
 	int64_t peer_off[DK_MAX_PEERS]; /* dk_comm.peer_off */
+	uint32_t comm, epoch;          /* whose: the communicator's slot, in launch `epoch` (0: nobody's) */
 };
 __shared__ dk_visit vis;
 
@@ -157,20 +167,26 @@ __device__ __forceinline__ void sync_to_peers(uint64_t *p, uint64_t v)
 		st_rlx_sys((uint64_t *)((char *)p + vis.peer_off[k]), v);
 }
 
-__device__ __forceinline__ void sync_store(uint64_t *p, uint64_t v)
+/* A release of v into the word at p of every GPU's copy; not the host's. */
+__device__ __forceinline__ void sync_release(uint64_t *p, uint64_t v)
 {
-	int64_t m = vis.mirror;
 	if (vis.npeers) {
 		asm volatile("fence.acq_rel.sys;" ::: "memory");
 		st_rlx_sys(p, v);
 		sync_to_peers(p, v);
-		*(volatile uint64_t *)((char *)p + m) = v;
-	} else if (m) {
+	} else if (vis.mirror) {
 		asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-		*(volatile uint64_t *)((char *)p + m) = v;
 	} else {
 		asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 	}
+}
+
+__device__ __forceinline__ void sync_store(uint64_t *p, uint64_t v)
+{
+	int64_t m = vis.mirror;
+	sync_release(p, v);
+	if (m)
+		*(volatile uint64_t *)((char *)p + m) = v;
 }
 
 /* A plain store of a protocol word, published by a later release of the
@@ -265,6 +281,10 @@ struct dk_op {
 	uint32_t dtype, redop, div;
 	uint64_t elems;
 	uint32_t dsize;
+	uint32_t ll;          /* a pushed all-reduce's lines (ll_send, ll_take): DK_LL_SEND or DK_LL_TAKE; 0: none */
+	uint32_t flag, shape; /* the lines' flag (dk_ll_flag), and the shape their last line carries */
+	uint32_t rank;        /* DK_LL_TAKE: this rank */
+	const dk_task *task;  /* DK_LL_SEND: the task, whose post one thread stores meanwhile */
 };
 
 template <typename T> __device__ __forceinline__ T ld_cg(const T *p);
@@ -393,16 +413,42 @@ template <typename T, typename A, typename E, int OP> __device__ __noinline__ vo
 	}
 }
 
-template <typename T, typename A, typename E> __device__ void reduce_type(const dk_op &o)
+/* A reduction's instance for the op's type and operation: R::run<T, A, E,
+ * OP>, R one of the reductions (reduce_run's, ll_reduce's). */
+template <typename R, typename T, typename A, typename E> __device__ void by_op(const dk_op &o)
 {
 	switch (o.redop) {
-	case OP_SUM: reduce_run<T, A, E, OP_SUM>(o); break;
-	case OP_PROD: reduce_run<T, A, E, OP_PROD>(o); break;
-	case OP_MAX: reduce_run<T, A, E, OP_MAX>(o); break;
-	case OP_MIN: reduce_run<T, A, E, OP_MIN>(o); break;
-	default: reduce_run<T, A, E, OP_AVG>(o); break;
+	case OP_SUM: R::template run<T, A, E, OP_SUM>(o); break;
+	case OP_PROD: R::template run<T, A, E, OP_PROD>(o); break;
+	case OP_MAX: R::template run<T, A, E, OP_MAX>(o); break;
+	case OP_MIN: R::template run<T, A, E, OP_MIN>(o); break;
+	default: R::template run<T, A, E, OP_AVG>(o); break;
 	}
 }
+
+/* dfcclDataType_t: int8, uint8, int32, uint32, int64, uint64, float16, float32, float64, bfloat16 */
+template <typename R> __device__ void by_type(const dk_op &o)
+{
+	switch (o.dtype) {
+	case 0: by_op<R, int8_t, uint8_t, elem<int8_t, uint8_t>>(o); break;
+	case 1: by_op<R, uint8_t, uint8_t, elem<uint8_t, uint8_t>>(o); break;
+	case 2: by_op<R, int32_t, uint32_t, elem<int32_t, uint32_t>>(o); break;
+	case 3: by_op<R, uint32_t, uint32_t, elem<uint32_t, uint32_t>>(o); break;
+	case 4: by_op<R, int64_t, uint64_t, elem<int64_t, uint64_t>>(o); break;
+	case 5: by_op<R, uint64_t, uint64_t, elem<uint64_t, uint64_t>>(o); break;
+	case 6: by_op<R, uint16_t, float, elem_f16>(o); break;
+	case 7: by_op<R, float, float, elem<float, float>>(o); break;
+	case 8: by_op<R, double, double, elem<double, double>>(o); break;
+	default: by_op<R, uint16_t, float, elem_bf16>(o); break;
+	}
+}
+
+struct reduce_plain {
+	template <typename T, typename A, typename E, int OP> static __device__ void run(const dk_op &o)
+	{
+		reduce_run<T, A, E, OP>(o);
+	}
+};
 
 __device__ void copy_run(const dk_op &o)
 {
@@ -440,25 +486,212 @@ __device__ void copy_run(const dk_op &o)
 		d[i] = (char)__ldcg((const uint8_t *)s + i);
 }
 
-/* dfcclDataType_t: int8, uint8, int32, uint32, int64, uint64, float16, float32, float64, bfloat16 */
-__device__ void op_run(const dk_op &o)
+/*
+ * A pushed all-reduce's lines (DK_PUSH_LL, dkernel.h): line j of a source's
+ * region carries bytes [8j, 8j + 8) of its data, each 4-byte half with the
+ * flag beside it in one 8-byte word, which a GPU stores and loads whole;
+ * line L, after the L lines of data, the count and shape, for the
+ * receiver's check. DK_LL_SEND: src[0] the data, src[1..nsrc) the regions
+ * it goes to, one per peer. DK_LL_TAKE: src[0] the first of the n - 1
+ * regions of this rank's slot (dk_ll_room(n) bytes apart, source rank
+ * + 1 first), src[1] this rank's data, dst its result, n = div; ll_result
+ * says whether every line had come and the result is stored
+ * (DK_LL_READY), or not (DK_LL_LATE: nothing stored).
+ */
+enum { DK_LL_SEND = 1, DK_LL_TAKE = 2 };
+enum { DK_LL_READY = 1, DK_LL_LATE = 2 };
+#define DK_LL_POLLS 64u /* polls of a thread's lines before a take gives way */
+__shared__ uint32_t ll_result;
+
+__device__ __forceinline__ void ll_store(uint4 *p, uint32_t lo, uint32_t hi, uint32_t flag)
 {
-	if (!o.reduce) {
-		copy_run(o);
+	asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(lo), "r"(flag), "r"(hi), "r"(flag)
+	             : "memory");
+}
+
+__device__ __forceinline__ uint4 ll_load(const uint4 *p)
+{
+	uint4 v;
+	asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+	             : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+	             : "l"(p)
+	             : "memory");
+	return v;
+}
+
+/* The workers' barrier (work_sync's), returning whether p held in all. */
+__device__ __forceinline__ bool work_all(bool p)
+{
+	uint32_t r;
+	asm volatile("{\n\t.reg .pred p, q;\n\tsetp.ne.u32 p, %1, 0;\n\tbar.red.and.pred q, 1, %2, p;\n\t"
+	             "selp.u32 %0, 1, 0, q;\n\t}"
+	             : "=r"(r)
+	             : "r"((uint32_t)p), "n"(DK_WORKERS)
+	             : "memory");
+	return r != 0;
+}
+
+/* Bytes [8j, 8j + 8) of `bytes` at s, those past the end 0. */
+__device__ __forceinline__ uint64_t ll_chunk(const char *s, uint64_t bytes, uint32_t j)
+{
+	if (((uintptr_t)s & 7u) == 0 && 8ull * j + 8u <= bytes)
+		return (uint64_t)__ldcg((const unsigned long long *)s + j);
+	uint64_t w = 0;
+	for (uint32_t k = 0; k < 8u && 8ull * j + k < bytes; k++)
+		w |= (uint64_t)__ldcg((const uint8_t *)s + 8ull * j + k) << (8u * k);
+	return w;
+}
+
+__device__ void post(const dk_task *t, uint32_t phase);
+
+/* The last of the workers posts the task (its release waits for a round
+ * trip over the links) while the others store the lines. */
+#define DK_LL_POSTER (DK_WORKERS - 1u)
+
+__device__ void ll_send(const dk_op &o)
+{
+	const uint32_t tid = threadIdx.x, nt = DK_WORKERS - 1u;
+	const uint64_t bytes = o.elems * o.dsize;
+	const uint32_t L = (uint32_t)((bytes + 7u) / 8u);
+	if (tid == DK_LL_POSTER) {
+		post(o.task, 1);
 		return;
 	}
-	switch (o.dtype) {
-	case 0: reduce_type<int8_t, uint8_t, elem<int8_t, uint8_t>>(o); break;
-	case 1: reduce_type<uint8_t, uint8_t, elem<uint8_t, uint8_t>>(o); break;
-	case 2: reduce_type<int32_t, uint32_t, elem<int32_t, uint32_t>>(o); break;
-	case 3: reduce_type<uint32_t, uint32_t, elem<uint32_t, uint32_t>>(o); break;
-	case 4: reduce_type<int64_t, uint64_t, elem<int64_t, uint64_t>>(o); break;
-	case 5: reduce_type<uint64_t, uint64_t, elem<uint64_t, uint64_t>>(o); break;
-	case 6: reduce_type<uint16_t, float, elem_f16>(o); break;
-	case 7: reduce_type<float, float, elem<float, float>>(o); break;
-	case 8: reduce_type<double, double, elem<double, double>>(o); break;
-	default: reduce_type<uint16_t, float, elem_bf16>(o); break;
+	for (uint32_t j = tid; j < L; j += nt) {
+		uint64_t w = ll_chunk(o.src[0], bytes, j);
+		for (uint32_t d = 1; d < o.nsrc; d++)
+			ll_store((uint4 *)o.src[d] + j, (uint32_t)w, (uint32_t)(w >> 32), o.flag);
 	}
+	/* The last line once thread 0's data lines are out: nothing orders
+	 * any line's arrival, but the receivers' first look (DK_SYNC1) is at
+	 * the last line, and their take polls every line, a while, before it
+	 * gives way. */
+	if (tid == 0)
+		for (uint32_t d = 1; d < o.nsrc; d++)
+			ll_store((uint4 *)o.src[d] + L, (uint32_t)o.elems, o.shape, o.flag);
+}
+
+/* Line j of source rank k's region in this rank's slot (DK_LL_TAKE). */
+__device__ __forceinline__ const uint4 *ll_line(const dk_op &o, uint32_t k, uint32_t j)
+{
+	uint32_t n = o.div;
+	return (const uint4 *)(o.src[0] + (uint64_t)((k + n - o.rank - 1u) % n) * dk_ll_room(n)) + j;
+}
+
+/* The take's reduction, once every line is there: chunk j of the result
+ * from chunk j of every rank, in rank order (this rank's from its own
+ * data), as reduce_run combines them. */
+/* Chunks a thread has in flight at once in a take: each of its loads is a
+ * round trip, and a take's lines are few per thread. */
+#define DK_LL_BATCH 4u
+
+template <typename T, typename A, typename E, int OP> __device__ __noinline__ void ll_reduce(const dk_op &o)
+{
+	const uint32_t tid = threadIdx.x, nt = DK_WORKERS, n = o.div, r = o.rank, B = DK_LL_BATCH;
+	const unsigned K = 8 / sizeof(T);
+	const uint64_t bytes = o.elems * sizeof(T);
+	const uint32_t L = (uint32_t)((bytes + 7u) / 8u);
+	for (uint32_t j0 = tid; j0 < L; j0 += B * nt) {
+		A acc[B][K];
+		for (uint32_t k = 0; k < n; k++) {
+			uint64_t w[B];
+#pragma unroll
+			for (uint32_t u = 0; u < B; u++) {
+				uint32_t j = j0 + u * nt;
+				if (j >= L) {
+					w[u] = 0;
+				} else if (k == r) {
+					w[u] = ll_chunk(o.src[1], bytes, j);
+				} else {
+					uint4 v = ll_load(ll_line(o, k, j));
+					w[u] = (uint64_t)v.x | (uint64_t)v.z << 32;
+				}
+			}
+#pragma unroll
+			for (uint32_t u = 0; u < B; u++) {
+				const T *e = (const T *)&w[u];
+#pragma unroll
+				for (unsigned i = 0; i < K; i++)
+					acc[u][i] = k == 0 ? E::load(e[i]) : combine<E, A, OP>(acc[u][i], E::load(e[i]));
+			}
+		}
+#pragma unroll
+		for (uint32_t u = 0; u < B; u++) {
+			uint32_t j = j0 + u * nt;
+			if (j >= L)
+				break;
+			T out[K];
+#pragma unroll
+			for (unsigned i = 0; i < K; i++)
+				out[i] = E::store(OP == OP_AVG ? E::avg(acc[u][i], o.div) : acc[u][i]);
+			if (((uintptr_t)o.dst & 7u) == 0 && 8ull * j + 8u <= bytes) {
+				uint64_t v;
+				memcpy(&v, out, 8);
+				((unsigned long long *)o.dst)[j] = v;
+			} else {
+				for (unsigned i = 0; i < K && (uint64_t)j * K + i < o.elems; i++)
+					((T *)o.dst)[(uint64_t)j * K + i] = out[i];
+			}
+		}
+	}
+}
+
+struct reduce_lines {
+	template <typename T, typename A, typename E, int OP> static __device__ void run(const dk_op &o)
+	{
+		ll_reduce<T, A, E, OP>(o);
+	}
+};
+
+__device__ void ll_take(const dk_op &o)
+{
+	const uint32_t tid = threadIdx.x, nt = DK_WORKERS, n = o.div;
+	const uint32_t L = (uint32_t)((o.elems * o.dsize + 7u) / 8u), total = L * (n - 1);
+	const uint32_t lroom = dk_ll_room(n);
+	bool ok = true;
+	for (uint32_t poll = 0;; poll++) {
+		ok = true;
+		for (uint32_t i0 = tid; i0 < total && ok; i0 += DK_LL_BATCH * nt) {
+			uint4 v[DK_LL_BATCH];
+#pragma unroll
+			for (uint32_t u = 0; u < DK_LL_BATCH; u++) {
+				uint32_t i = i0 + u * nt;
+				v[u] = i < total ? ll_load((const uint4 *)(o.src[0] + (uint64_t)(i / L) * lroom) + i % L)
+				                 : make_uint4(0, o.flag, 0, o.flag);
+			}
+#pragma unroll
+			for (uint32_t u = 0; u < DK_LL_BATCH; u++)
+				ok = ok && v[u].y == o.flag && v[u].w == o.flag;
+		}
+		if (ok || poll >= DK_LL_POLLS)
+			break;
+		__nanosleep(64);
+	}
+	if (!work_all(ok)) {
+		if (tid == 0)
+			ll_result = DK_LL_LATE;
+		return;
+	}
+	/* Every line is there, and stays until this rank's `done` lets the
+	 * peers reuse the slot. */
+	by_type<reduce_lines>(o);
+	if (tid == 0)
+		ll_result = DK_LL_READY;
+}
+
+__device__ void op_run(const dk_op &o)
+{
+	if (o.ll) {
+		if (o.ll == DK_LL_SEND)
+			ll_send(o);
+		else
+			ll_take(o);
+		return;
+	}
+	if (!o.reduce)
+		copy_run(o);
+	else
+		by_type<reduce_plain>(o);
 }
 
 /* ------------------------------------------------------------------ tables */
@@ -546,12 +779,33 @@ struct dk_ctx {
 	uint32_t b;
 	uint32_t slot;      /* its counters and trace ring: b, or DK_READER for the queue reader */
 	uint32_t passes;    /* the queue reader: its passes over the queue pairs so far */
+	uint32_t nqps;      /* the queue reader: dk_ctl.nqps, which changes only while the kernel is parked */
 	/* The queue reader's own (reader_main loads them at its start): */
 	uint64_t arrivals;  /* dk_state.arrivals, stored back by inbox_publish */
 	uint32_t rtail[DK_MAX_BLOCKS]; /* each inbox's next place (its tail once published) */
 	uint32_t rpend;     /* blocks whose inbox has places not published (bit b: block b) */
 	uint32_t free_base, free_mask; /* bit k: task free_base + k is known free (task_alloc) */
 };
+
+/*
+ * What the queue reader read of the first DK_QCACHE queue pairs in this
+ * launch: the table changes only while the kernel is parked (dkernel.h;
+ * adding a pair parks it too), so a pair's `live` and the words a pass
+ * needs first hold for the whole launch, and its head moves only by the
+ * reader, which keeps it here as well as in the table. A pass thus starts
+ * with the PCIe round trip of the pair's header instead of two L2 round
+ * trips before it (whether the pair is live, then its words).
+ */
+#define DK_QCACHE 32u
+struct dk_qcache {
+	uint32_t known, live;                 /* bit qi: looked at in this launch; found live */
+	uint32_t n[DK_QCACHE];
+	dfccl_qp_header *hdr[DK_QCACHE];
+	dfccl_sqe *sq[DK_QCACHE];
+	volatile uint64_t *taken[DK_QCACHE];
+	uint64_t head[DK_QCACHE];
+};
+__shared__ dk_qcache qcache;
 
 /* Records an event of thread 0 of this block (dkernel.h, DK_TRACE_ENV). */
 __device__ __forceinline__ void trace(dk_ctx &c, uint32_t event, uint32_t arg)
@@ -633,20 +887,24 @@ __device__ void comm_fail(dk_comm *cm, uint32_t status)
 }
 
 /*
- * The failure status of a communicator, or 0. Its table entry has what the
+ * The failure status of a communicator, or 0, in a block's visit of one of
+ * its tasks (vis holds the communicator). Its table entry has what the
  * supervisor (through the worker) and this kernel said. Where the
  * communicator spans GPUs, the kernels of the others say it in this GPU's
- * copy of the region's word (comm_fail), read from this GPU's memory; the
- * region's word in host memory, which every failure reaches too, costs a
- * PCIe round trip and is read only where `host` asks (a backstop, at a
- * fraction of the looks: chan_wait).
+ * copy of the region's word (comm_fail), read from this GPU's memory, in
+ * the same round trip as the entry; the region's word in host memory,
+ * which every failure reaches too, costs a PCIe round trip and is read
+ * only where `host` asks (a backstop, at a fraction of the looks:
+ * chan_wait).
  */
 __device__ uint32_t comm_aborted(dk_comm *cm, bool host)
 {
+	const bool others = !(vis.mirror && !vis.npeers);
 	uint32_t a = vload(&cm->abort_status);
-	if (a || (vload(&cm->mirror) && !vload(&cm->npeers)))
+	uint64_t w = others ? ld_acq_sys(&vis.sync->aborted) : 0;
+	if (a || !others)
 		return a;
-	a = dfccl_comm_abort_status(ld_acq_sys(&vload(&cm->sync)->aborted));
+	a = dfccl_comm_abort_status(w);
 	if (a || !host)
 		return a;
 	return dfccl_comm_abort_status(ld_acq_sys(&vload(&cm->hdr)->aborted));
@@ -821,15 +1079,19 @@ __device__ __forceinline__ uint32_t block_for(const dk_params &p, const dk_task 
  * on one channel, where each peer's data fits its region of the slot's
  * connector, and only where every rank's connector is mapped. Every rank
  * decides alike: from the size, the channel count and conn_all, which are
- * the same on every GPU of the communicator, and the daemon's setting; the
- * decision is posted too (post_root), so ranks that decide otherwise fail
- * with a mismatch.
+ * the same on every GPU of the communicator, and the daemon's settings; the
+ * decision, lines or not, is posted too (post_root), so ranks that decide
+ * otherwise fail with a mismatch.
  */
-__device__ bool push_fits(const dk_params &p, uint8_t opcode, uint8_t algo, uint32_t nch, uint32_t n,
-                          uint64_t bytes, uint32_t conn_all)
+__device__ uint8_t push_fits(const dk_params &p, uint8_t opcode, uint8_t algo, uint32_t nch, uint32_t n,
+                             uint64_t bytes, uint32_t conn_all)
 {
-	return opcode == DFCCL_OP_ALLREDUCE && algo == DFCCL_ALGO_DIRECT && nch == 1 && n >= 2 && conn_all &&
-	       bytes <= p.push_bytes && bytes <= dk_push_room(nch, n);
+	if (!(opcode == DFCCL_OP_ALLREDUCE && algo == DFCCL_ALGO_DIRECT && nch == 1 && n >= 2 && conn_all &&
+	      bytes <= p.push_bytes && bytes <= dk_push_room(nch, n)))
+		return 0;
+	/* The small ones as lines (dkernel.h): one exchange with no word that
+	 * says it is over. Not an empty one: it would have no line to poll. */
+	return bytes > 0 && bytes <= p.ll_bytes && dk_ll_fits(bytes, n) ? (uint8_t)DK_PUSH_LL : (uint8_t)DK_PUSH_PLAIN;
 }
 
 /*
@@ -1313,19 +1575,47 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 	dk_state *st = c.st;
 	const bool tracing = c.p.trace != NULL;
 	uint32_t got = 0;
-	uint32_t nq = vload(&st->ctl.nqps);
-	for (uint32_t qi = 0; qi < nq && qi < DK_MAX_QPS; qi++) {
+	for (uint32_t qi = 0; qi < c.nqps && qi < DK_MAX_QPS; qi++) {
 		dk_qp *q = &st->qps[qi];
-		if (!vload(&q->live))
-			continue;
-		/* Table fields through L2: the slot may have served another
-		 * queue pair before, and L1 is not kept coherent with the host's
-		 * copies. */
-		uint32_t n = vload(&q->n);
-		dfccl_qp_header *hdr = vload(&q->hdr);
-		dfccl_sqe *sq = vload(&q->sq);
-		volatile uint64_t *taken = vload(&q->taken);
-		uint64_t head = vload(&q->head), h = head;
+		const bool cached = qi < DK_QCACHE && (qcache.known >> qi & 1u);
+		uint32_t n;
+		dfccl_qp_header *hdr;
+		dfccl_sqe *sq;
+		volatile uint64_t *taken;
+		uint64_t head;
+		if (cached) {
+			if (!(qcache.live >> qi & 1u))
+				continue;
+			n = qcache.n[qi];
+			hdr = qcache.hdr[qi];
+			sq = qcache.sq[qi];
+			taken = qcache.taken[qi];
+			head = qcache.head[qi];
+		} else {
+			if (!vload(&q->live)) {
+				if (qi < DK_QCACHE)
+					qcache.known |= 1u << qi;
+				continue;
+			}
+			/* Table fields through L2: the slot may have served another
+			 * queue pair before, and L1 is not kept coherent with the
+			 * host's copies. */
+			n = vload(&q->n);
+			hdr = vload(&q->hdr);
+			sq = vload(&q->sq);
+			taken = vload(&q->taken);
+			head = vload(&q->head);
+			if (qi < DK_QCACHE) {
+				qcache.n[qi] = n;
+				qcache.hdr[qi] = hdr;
+				qcache.sq[qi] = sq;
+				qcache.taken[qi] = taken;
+				qcache.head[qi] = head;
+				qcache.known |= 1u << qi;
+				qcache.live |= 1u << qi;
+			}
+		}
+		uint64_t h = head;
 		/* Three words in one PCIe round trip: the state, the tail and
 		 * the arm word of the head's entry. Only the arm word orders
 		 * what follows (its acquire: the entry was written before it);
@@ -1559,6 +1849,8 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 			h++;
 		if (h != head) {
 			*(volatile uint64_t *)&q->head = h;
+			if (qi < DK_QCACHE)
+				qcache.head[qi] = h;
 			/* For the client's and dfcclctl's information only: a plain
 			 * store, which waits for nothing. */
 			*(volatile uint64_t *)&hdr->sq_head = h;
@@ -1803,6 +2095,7 @@ __device__ uint64_t work_total(const dk_task *t, uint32_t ch, uint32_t step, uin
  * reduction (avg divides by n). */
 __device__ __forceinline__ void op_of(const dk_task *t, uint32_t n, dk_op &op)
 {
+	op.ll = 0;
 	op.dsize = t->dsize;
 	op.dtype = t->dtype;
 	op.redop = t->redop;
@@ -1925,6 +2218,7 @@ __device__ void algo_piece(const dk_task *t, uint32_t ch, dk_comm *cm, const alg
                            uint64_t pos, uint64_t max, dk_op &op)
 {
 	uint32_t ds = t->dsize;
+	op.ll = 0;
 	op.dsize = ds;
 	op.dtype = t->dtype;
 	op.redop = as.redop;
@@ -1949,21 +2243,60 @@ __device__ char *push_region(const dk_task *t, uint32_t ch, dk_comm *cm, uint32_
 	       (uint64_t)ch * dk_conn_bytes(t->nch) + (uint64_t)((src + n - dst - 1) % n) * dk_push_room(t->nch, n);
 }
 
+/* Where source rank `src` of a pushed all-reduce sent as lines puts them
+ * in rank `dst`'s area (dkernel.h), as this GPU maps it: region
+ * (src - dst - 1) mod n of the instance slot. */
+__device__ char *ll_region(const dk_task *t, dk_comm *cm, uint32_t dst, uint32_t src)
+{
+	uint32_t n = vis.n;
+	return vload(&cm->conn[dst]) + DK_LL_AREA_OFFSET + (uint64_t)t->slot * DK_LL_SLOT_BYTES +
+	       (uint64_t)((src + n - dst - 1) % n) * dk_ll_room(n);
+}
+
+/* The piece of a pushed all-reduce sent as lines, over this rank's
+ * buffers: at DK_PUSH the whole of its data to every peer, at DK_LLPULL
+ * every peer's reduced with it into its result (ll_send, ll_take). */
+__device__ void ll_piece(const dk_task *t, dk_comm *cm, const char *send, char *recv, uint32_t step, dk_op &op)
+{
+	uint32_t n = vis.n, r = t->rank;
+	op_of(t, n, op);
+	op.reduce = 0;
+	op.elems = t->count;
+	op.flag = dk_ll_flag(t->key);
+	op.rank = r;
+	if (step == DK_PUSH) {
+		op.ll = DK_LL_SEND;
+		op.task = t;
+		op.shape = shape_of(t);
+		op.src[0] = send;
+		for (uint32_t j = 1; j < n; j++)
+			op.src[j] = ll_region(t, cm, (r + j) % n, r);
+		op.nsrc = n;
+	} else {
+		op.ll = DK_LL_TAKE;
+		op.src[0] = ll_region(t, cm, r, (r + 1) % n);
+		op.src[1] = send;
+		op.dst = recv;
+		op.nsrc = 2;
+	}
+}
+
 /* This rank's own buffers (all a pushed all-reduce touches besides the
- * connectors), into b's slots of its rank: as the queue reader resolved
- * them, in the launch that took the entry; resolved again in a later one. */
-__device__ uint32_t bufs_own(dk_ctx &c, const dk_task *t, dk_comm *cm, dk_bufs *b)
+ * connectors or its lines), into *send and *recv: as the queue reader
+ * resolved them, in the launch that took the entry; resolved again in a
+ * later one. */
+__device__ uint32_t bufs_own(dk_ctx &c, const dk_task *t, dk_comm *cm, char **send, char **recv)
 {
 	if (t->accept_epoch == c.p.epoch) {
-		b->send[t->rank] = t->own_send;
-		b->recv[t->rank] = t->own_recv;
+		*send = t->own_send;
+		*recv = t->own_recv;
 		return DFCCL_CQ_OK;
 	}
 	uint64_t bytes = t->count * t->dsize, session = vload(&cm->session[t->rank]);
 	uint32_t s;
-	b->send[t->rank] = resolve(c.st, t->send_reg, session, t->send_off, bytes, &s);
+	*send = resolve(c.st, t->send_reg, session, t->send_off, bytes, &s);
 	if (s == DFCCL_CQ_OK)
-		b->recv[t->rank] = resolve(c.st, t->recv_reg, session, t->recv_off, bytes, &s);
+		*recv = resolve(c.st, t->recv_reg, session, t->recv_off, bytes, &s);
 	return s;
 }
 
@@ -2091,24 +2424,50 @@ __device__ void drain_begin(dk_comm *cm, const dk_task *t, dk_chan_ctx *x, uint3
 }
 #endif
 
-/* The wait of a channel's step: word(r) >= target for every rank r. */
+/* The wait of a channel's step: word(r) >= target for every rank r; with
+ * `ll`, the flag in the word's high half == target for every source region
+ * r of a pushed all-reduce's lines, the region of rank (rank + 1 + r) mod n. */
 struct dk_cond {
 	const uint64_t *word;
 	uint32_t stride; /* words between two ranks' words */
 	uint32_t n;
 	uint64_t target;
 	uint64_t below; /* a word below this is ready too (0: none is) */
+	uint32_t ll;
 };
 
-__device__ dk_cond cond_of(const dk_task *t, uint32_t ch, uint32_t step)
+/* The last line of each source's region of a pushed all-reduce's lines:
+ * its count and shape (ll_send), checked against this rank's. */
+__device__ bool ll_last_agrees(const dk_task *t, dk_comm *cm)
+{
+	uint32_t n = vis.n, L = (uint32_t)((t->count * t->dsize + 7u) / 8u), flag = dk_ll_flag(t->key);
+	for (uint32_t k = 1; k < n; k++) {
+		uint4 v = ll_load((const uint4 *)ll_region(t, cm, t->rank, (t->rank + k) % n) + L);
+		if (v.y != flag || v.w != flag || v.x != (uint32_t)t->count || v.z != shape_of(t))
+			return false;
+	}
+	return true;
+}
+
+__device__ dk_cond cond_of(const dk_task *t, dk_comm *cm, uint32_t ch, uint32_t step)
 {
 	const uint32_t post_words = sizeof(dfccl_rank_post) / sizeof(uint64_t);
 	uint32_t n = vis.n;
-	dk_cond w = {NULL, post_words, n, 0, 0};
+	dk_cond w = {NULL, post_words, n, 0, 0, 0};
 	switch (step) {
 	case DK_SLOT: w.word = &t->posts[0].done, w.target = t->slot_free; break;
 	case DK_POSTS: w.word = &t->posts[0].key, w.target = t->key; break;
 	case DK_SYNC1:
+		if (t->push == DK_PUSH_LL) {
+			/* The high half of each source's last line. */
+			uint32_t L = (uint32_t)((t->count * t->dsize + 7u) / 8u);
+			w.word = (const uint64_t *)ll_region(t, cm, t->rank, (t->rank + 1) % n) + 2u * L + 1u;
+			w.stride = dk_ll_room(n) / 8u;
+			w.n = n - 1;
+			w.target = dk_ll_flag(t->key);
+			w.ll = 1;
+			break;
+		}
 		w.word = dfccl_comm_chan(vis.sync, n, t->slot, 0, ch);
 		w.stride = DFCCL_COMM_MAX_CHANNELS;
 		w.target = DFCCL_PROGRESS(t->key, 1);
@@ -2156,9 +2515,9 @@ __device__ bool cond_ready(const dk_task *t, dk_chan_ctx *x, const dk_cond &w, c
 	}
 	for (uint32_t r = x->wait_rank; r < w.n; r++) {
 		uint64_t v = sync_load(w.word + (uint64_t)r * w.stride);
-		if (v < w.target && v >= w.below) {
+		if (w.ll ? (uint32_t)(v >> 32) != (uint32_t)w.target : v < w.target && v >= w.below) {
 			x->wait_rank = r;
-			*blocker = w.n == 1 ? t->peer : r;
+			*blocker = w.ll ? (t->rank + 1 + r) % vis.n : w.n == 1 ? t->peer : r;
 			return false;
 		}
 	}
@@ -2176,10 +2535,10 @@ __device__ int chan_wait(dk_ctx &c, dk_chan_ctx *x, const dk_task *t, uint32_t c
 {
 #if DK_PHASE2_STORES
 	bool draining = x->step == DK_DRAIN;
-	dk_cond w = as ? dk_cond{} : cond_of(t, draining ? (uint32_t)x->pos : ch, x->step);
+	dk_cond w = as ? dk_cond{} : cond_of(t, cm, draining ? (uint32_t)x->pos : ch, x->step);
 #else
 	const bool draining = false;
-	dk_cond w = as ? dk_cond{} : cond_of(t, ch, x->step);
+	dk_cond w = as ? dk_cond{} : cond_of(t, cm, ch, x->step);
 #endif
 	bool drain = x->step == DK_FINISH || x->step == DK_BOX_ACK || draining;
 	uint32_t threshold = drain ? sched_threshold_drain(&c.p.sched) : sched_threshold(&c.p.sched, position, s);
@@ -2190,7 +2549,10 @@ __device__ int chan_wait(dk_ctx &c, dk_chan_ctx *x, const dk_task *t, uint32_t c
 	for (;;) {
 		/* The abort words: looked at every 64th poll and at the start of
 		 * every 8th wait of the channel (a wait on a rank of this GPU ends
-		 * after one poll); the one in host memory at an eighth of that. */
+		 * after one poll), the channel's first among them, which comes
+		 * before anything the task stores (entry_prepare relies on it);
+		 * the one in host memory at an eighth of that, but never at the
+		 * first wait: its PCIe round trip would delay every collective. */
 		bool look, host;
 		if (spins) {
 			look = (spins & 63u) == 0;
@@ -2198,7 +2560,7 @@ __device__ int chan_wait(dk_ctx &c, dk_chan_ctx *x, const dk_task *t, uint32_t c
 		} else {
 			uint32_t w = x->waits++;
 			look = (w & 7u) == 0;
-			host = (w & 63u) == 0;
+			host = (w & 63u) == 56u;
 		}
 		if (look) {
 			/* A drain runs because the communicator failed. */
@@ -2260,26 +2622,38 @@ __device__ void post_fields(volatile dfccl_rank_post *vp, const dk_task *t)
 	vp->progress = DFCCL_PROGRESS(t->key, 0);
 }
 
-/* Posts this rank's part of the instance (channel 0, thread 0). The key
- * is released after the fields even for a pushed all-reduce, whose peers
- * read the post only after its channel word: a peer that disagrees about
- * the collective waits on the key alone (DK_POSTS), as does the
- * supervisor's watch, and must see this instance's fields with it. */
-__device__ void post(const dk_task *t)
+/* Posts this rank's part of the instance (channel 0: thread 0, or the
+ * poster of ll_send), its channel words at `phase`. The key is released after the fields even for
+ * a pushed all-reduce, whose peers read the post only after its channel
+ * word or not at all (lines): a peer that disagrees about the collective
+ * waits on the key alone (DK_POSTS), as does the supervisor's watch, and
+ * must see this instance's fields with it. One sent as lines posts with
+ * them, at phase 1: a peer that pushes without lines then reads the post
+ * after its SYNC1 and fails with the mismatch. */
+__device__ void post(const dk_task *t, uint32_t phase)
 {
 	dfccl_rank_post *p = &t->posts[t->rank];
-	int64_t m = vis.mirror;
+	const int64_t m = vis.mirror;
+	const uint64_t progress = DFCCL_PROGRESS(t->key, phase);
 	post_fields(p, t);
 	for (uint32_t k = 0; k < vis.npeers; k++)
 		post_fields((dfccl_rank_post *)((char *)p + vis.peer_off[k]), t);
-	if (m)
+	/* Plain stores, then one release of the key into the GPUs' copies;
+	 * the host's copy after it, plainly: the release would wait for
+	 * those stores' PCIe round trip too, and only the supervisor's watch
+	 * reads them (for timeouts and diagnostics, not for the protocol). */
+	for (uint32_t ch = 0; ch < t->nch; ch++) {
+		uint64_t *w = dfccl_comm_chan(vis.sync, vis.n, t->slot, t->rank, ch);
+		*(volatile uint64_t *)w = progress;
+		sync_to_peers(w, progress);
+	}
+	sync_release(&p->key, t->key);
+	if (m) {
 		post_fields((dfccl_rank_post *)((char *)p + m), t);
-	/* Plain stores, then one release of the key: each release store to
-	 * host memory would wait for a PCIe round trip of its own. */
-	for (uint32_t ch = 0; ch < t->nch; ch++)
-		sync_put(dfccl_comm_chan(vis.sync, vis.n, t->slot, t->rank, ch),
-		         DFCCL_PROGRESS(t->key, 0));
-	sync_store(&p->key, t->key);
+		for (uint32_t ch = 0; ch < t->nch; ch++)
+			*(volatile uint64_t *)((char *)dfccl_comm_chan(vis.sync, vis.n, t->slot, t->rank, ch) + m) = progress;
+		*(volatile uint64_t *)((char *)&p->key + m) = t->key;
+	}
 }
 
 __device__ void box_fields(volatile dfccl_p2p_box *b, const dk_task *t)
@@ -2332,7 +2706,7 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 	sched_state *s = &sh.s;                       /* its scheduling state: copies (dk_main) */
 	dk_qp *q = &st->qps[t->qp];
 	dk_comm *cm = &st->comms[t->comm];
-	if (!piece_done) {
+	if (vis.comm != t->comm || vis.epoch != c.p.epoch) {
 		vis.mirror = vload(&cm->mirror);
 		vis.sync = vload(&cm->sync);
 		vis.n = vload(&cm->nranks);
@@ -2340,6 +2714,8 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 		vis.npeers = np < DK_MAX_PEERS ? np : DK_MAX_PEERS;
 		for (uint32_t k = 0; k < vis.npeers; k++)
 			vis.peer_off[k] = vload(&cm->peer_off[k]);
+		vis.comm = t->comm;
+		vis.epoch = c.p.epoch;
 	}
 	uint32_t n = vis.n;
 	if (x->epoch != c.p.epoch) {
@@ -2385,6 +2761,8 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 			if (x->step == DK_AWORK) {
 				algo_step_get(&tg->alg[ch], x->astep, &as);
 				total = as.nsrc ? as.elems : 0;
+			} else if (t->push == DK_PUSH_LL && x->step == DK_PUSH) {
+				total = 1; /* one piece: every line */
 			} else if (t->push) {
 				uint64_t lo, hi;
 				chan_range(t, ch, &lo, &hi);
@@ -2407,7 +2785,7 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 				}
 #endif
 				dk_bufs b;
-				status = t->push ? bufs_own(c, t, cm, &b) : bufs_load(c, tg, cm, &b);
+				status = t->push ? bufs_own(c, t, cm, &b.send[t->rank], &b.recv[t->rank]) : bufs_load(c, tg, cm, &b);
 				if (status != DFCCL_CQ_OK) {
 					comm_fail(cm, status);
 					tg->status = status;
@@ -2420,6 +2798,9 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 				if (x->step == DK_AWORK) {
 					algo_piece(t, ch, cm, as, b, x->pos, max, sh.op);
 					sh.npos = sh.op.elems;
+				} else if (t->push == DK_PUSH_LL && x->step == DK_PUSH) {
+					ll_piece(t, cm, b.send[t->rank], b.recv[t->rank], DK_PUSH, sh.op);
+					sh.npos = 1;
 				} else if (t->push) {
 					sh.npos = push_piece(t, ch, cm, x->step, b, x->pos, max, sh.op);
 				} else {
@@ -2448,8 +2829,10 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 				continue;
 			}
 			if (x->step == DK_PUSH) {
-				/* Its data and its post, published to every rank. */
-				sync_store(dfccl_comm_chan(vis.sync, n, t->slot, t->rank, ch), DFCCL_PROGRESS(t->key, 1));
+				/* Its data and its post, published to every rank; lines
+				 * need no word, and were posted as they went (ll_send). */
+				if (t->push != DK_PUSH_LL)
+					sync_store(dfccl_comm_chan(vis.sync, n, t->slot, t->rank, ch), DFCCL_PROGRESS(t->key, 1));
 				x->step = DK_SYNC1;
 				continue;
 			}
@@ -2472,6 +2855,35 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 				x->step = DK_CHDONE;
 			}
 			continue;
+		}
+		case DK_LLPULL: {
+			/* x->pos: 0 before the take, 1 once it ran (ll_result). */
+			if (x->pos == 0) {
+				char *send, *recv;
+				status = bufs_own(c, t, cm, &send, &recv);
+				if (status != DFCCL_CQ_OK) {
+					comm_fail(cm, status);
+					tg->status = status;
+					x->step = DK_CHDONE;
+					continue;
+				}
+				ll_piece(t, cm, send, recv, DK_LLPULL, sh.op);
+				sh.npos = 1;
+				return A_DATA;
+			}
+			x->pos = 0;
+			if (ll_result == DK_LL_READY) {
+				x->step = DK_CHDONE;
+				continue;
+			}
+			/* A line not there yet, though the last one is: the
+			 * peer's stores are still arriving. Give way; the next
+			 * visit looks again from SYNC1 (its abort looks too). */
+			x->step = DK_SYNC1;
+			c.acc.preemptions++;
+			sched_on_preempt(s);
+			sh.ret = R_PROGRESS;
+			return A_RETURN;
 		}
 		case DK_CHDONE: {
 			if (t->push) {
@@ -2569,7 +2981,9 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 		*progressed = true;
 		switch (x->step) {
 		case DK_SLOT:
-			post(t);
+			/* Lines post as they go (DK_PUSH). */
+			if (t->push != DK_PUSH_LL)
+				post(t, 0);
 			x->step = t->push ? DK_PUSH : DK_POSTS;
 			break;
 		case DK_POSTS:
@@ -2601,6 +3015,19 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 			break;
 		}
 		case DK_SYNC1:
+			if (t->push == DK_PUSH_LL) {
+				/* Every source's last line is there: the peers agree
+				 * about the collective, and their data follow. */
+				if (!ll_last_agrees(t, cm)) {
+					comm_fail(cm, DFCCL_CQ_MISMATCH);
+					tg->status = DFCCL_CQ_MISMATCH;
+					x->step = DK_CHDONE;
+					break;
+				}
+				x->pos = 0;
+				x->step = DK_LLPULL;
+				break;
+			}
 			if (t->push) {
 				/* Every rank's post came before its channel word. */
 				status = posts_take(tg, cm);
@@ -2684,6 +3111,8 @@ __device__ void reader_main(dk_ctx &c)
 	c.rpend = 0;
 	c.arrivals = vload(&st->arrivals);
 	c.free_base = c.free_mask = 0;
+	c.nqps = vload(&st->ctl.nqps);
+	qcache.known = qcache.live = 0;
 	uint64_t last_active = now_ns();
 	c.passes = 0;
 	while (!vload(&st->ctl.stop) && !vload(&st->ctl.park)) {
@@ -2738,6 +3167,7 @@ __global__ void __launch_bounds__(DK_THREADS, DK_MIN_BLOCKS_PER_SM) dk_main(dk_p
 	dk_state *st = p.st;
 	if (tid == 0) {
 		ctx_start(c);
+		vis.epoch = 0; /* no communicator's words read yet */
 		/* Resume: the tasks this block had when the kernel last left
 		 * (their contexts are in global memory), in their order. Tasks
 		 * still in the inbox are among them, so it starts empty. */

@@ -162,6 +162,47 @@ static inline DFCCL_HD uint32_t dk_push_room(uint32_t nch, uint32_t n)
 	return n > 1 ? dk_conn_bytes(nch) / (n - 1) / 16u * 16u : 0;
 }
 
+/*
+ * Lines of a pushed all-reduce (dk_task.push == DK_PUSH_LL, dkernel.cu):
+ * each 16-byte line carries 8 bytes of data, each 4-byte half with the
+ * instance's flag beside it (as NCCL's LL protocol), so a receiver that
+ * polls the lines needs no word that says they arrived, and a sender no
+ * fence between its data and that word. They live in an area of their own
+ * after each rank's connectors, one slot of DK_LL_SLOT_BYTES per instance
+ * slot, cut into n - 1 regions, one per source rank: the connectors serve
+ * rings and trees too, whose data may hold any flag. The worker zeroes the
+ * area when it allocates it, and no flag is 0 (dk_ll_flag).
+ */
+#define DK_LL_SLOT_BYTES 33792u /* 16 KiB of data and its last line for n = 2 */
+#define DK_LL_MAX_BYTES 16384u  /* the largest all-reduce sent as lines (the ll-bytes setting's bound) */
+#define DK_CONN_RANK_BYTES ((uint64_t)DFCCL_COMM_CONN_SLOTS * (DFCCL_COMM_CONN_BYTES + DK_LL_SLOT_BYTES))
+#define DK_LL_AREA_OFFSET ((uint64_t)DFCCL_COMM_CONN_SLOTS * DFCCL_COMM_CONN_BYTES)
+enum { DK_PUSH_PLAIN = 1, DK_PUSH_LL = 2 };
+
+/* The bytes of one source's region of a slot's lines. */
+static inline DFCCL_HD uint32_t dk_ll_room(uint32_t n)
+{
+	return n > 1 ? DK_LL_SLOT_BYTES / (n - 1) / 16u * 16u : 0;
+}
+
+/* Whether `bytes` of data and the region's last line (the instance's
+ * count and shape) fit one region. */
+static inline DFCCL_HD int dk_ll_fits(uint64_t bytes, uint32_t n)
+{
+	return n > 1 && bytes <= DK_LL_MAX_BYTES && (bytes + 7u) / 8u + 1u <= dk_ll_room(n) / 16u;
+}
+
+/* The flag of instance `key` in its lines: key mod (2^32 - 1), plus one,
+ * so never 0 (the zeroed area) and different for the keys that share an
+ * instance slot (they are fewer than 2^32 apart). */
+static inline DFCCL_HD uint32_t dk_ll_flag(uint64_t key)
+{
+	uint64_t s = (key & 0xFFFFFFFFu) + (key >> 32); /* 2^32 = 1 (mod 2^32 - 1) */
+	s = (s & 0xFFFFFFFFu) + (s >> 32);
+	uint32_t m = (uint32_t)s == 0xFFFFFFFFu ? 0u : (uint32_t)s;
+	return m + 1u;
+}
+
 /* Steps of a channel of a task (see dkernel.cu). */
 enum dk_step {
 	DK_SLOT = 0,
@@ -180,6 +221,7 @@ enum dk_step {
 	DK_PUSH,   /* a pushed all-reduce: this rank's data into every peer's connector (dkernel.cu) */
 	DK_LEFT,   /* this channel's part is over: not in its block's queue any more */
 	DK_DRAIN,  /* DK_PHASE2_STORES: a failed rank waits until no peer stores into its buffers */
+	DK_LLPULL, /* a pushed all-reduce's lines: the block checks every flag, then reduces from them */
 };
 
 /* The dynamic context of one channel of a task: its step and position. */
@@ -227,7 +269,7 @@ struct dk_task {
 	uint8_t algo;       /* enum dfccl_algo, chosen when the entry was taken */
 	uint8_t reserved_part; /* 1: admitted from the reserve, 0: from the shared part (scheduler.h) */
 	uint8_t uid_slot;   /* its queue pair's uid_slot, charged while the task lives */
-	uint8_t push;       /* 1: a pushed all-reduce (push_fits, dkernel.cu) */
+	uint8_t push;       /* a pushed all-reduce: DK_PUSH_PLAIN or DK_PUSH_LL (push_fits, dkernel.cu); 0: not */
 	struct dfccl_rank_post *posts; /* collectives: the instance's posts, [rank] */
 	struct dfccl_p2p_box *box;     /* send/recv */
 	/* This rank's own buffers as the queue reader resolved them when it
@@ -337,6 +379,7 @@ struct dk_params {
 	uint32_t epoch;          /* this launch's number, never 0: what a task resolved or checked in
 	                          * this launch needs no new look (the tables change only while parked) */
 	uint32_t push_bytes;     /* all-reduces up to this size may be pushed (push_fits, dkernel.cu); 0: never */
+	uint32_t ll_bytes;       /* pushed all-reduces up to this size go as lines (DK_PUSH_LL); 0: never */
 	uint32_t spread;         /* 1: a task's channels start at a block chosen by its instance (block_of) */
 };
 

@@ -72,6 +72,7 @@ static void test_defaults(void **state)
 	assert_int_equal(c.kernel_idle_us, 200);
 	assert_int_equal(c.kernel_idle_mps_us, 5000);
 	assert_int_equal(c.push_bytes, 65536);
+	assert_int_equal(c.ll_bytes, 16384);
 	assert_int_equal(c.shutdown_grace_ms, 2000);
 	assert_int_equal(c.worker_user, WORKER_USER_AUTO);
 	assert_int_equal(c.max_inflight_per_session, 256);
@@ -97,7 +98,7 @@ static void test_defaults(void **state)
 		n++;
 	}
 	fclose(dump);
-	assert_int_equal(n, 42);
+	assert_int_equal(n, 43);
 	assert_memory_equal(&c, &d, sizeof(c));
 }
 
