@@ -126,6 +126,13 @@ static inline DFCCL_HD uint32_t sqe_check_entry(const struct dfccl_sqe *e, uint6
 		return DFCCL_CQ_BAD_COMM;
 	if (e->count > UINT64_MAX / dsize)
 		return DFCCL_CQ_OUT_OF_RANGE;
+	/* A named buffer starts on a whole element of its allocation (which
+	 * starts on at least 256 bytes): engines load and store whole
+	 * elements, and a GPU stops on a misaligned one, with every client of
+	 * its daemon kernel. Offsets of buffers an entry does not name are
+	 * not looked at. */
+	if ((e->send_reg && e->send_off % dsize) || (e->recv_reg && e->recv_off % dsize))
+		return DFCCL_CQ_OUT_OF_RANGE;
 	*bytes = e->count * dsize;
 	return DFCCL_CQ_OK;
 }

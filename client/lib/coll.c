@@ -92,7 +92,10 @@ static dfcclResult_t coll_buffer(const struct coll_args *a, const char *what, co
                                  uint32_t *reg, uint64_t *off)
 {
 	const char *name = qp_op_name(a->opcode);
-	size_t elems = a->count * scale, bytes = elems * coll_dtype_size(a->dtype);
+	size_t esize = coll_dtype_size(a->dtype), elems = a->count * scale, bytes = elems * esize;
+	if ((uintptr_t)ptr % esize)
+		return errors_set(dfcclInvalidArgument, "%s: %s %p is not aligned to its elements (%zu bytes each)", name,
+		                  what, ptr, esize);
 	struct mem_ref ref;
 	dfcclResult_t r = mem_translate(a->comm->client, ptr, bytes, &ref);
 	if (r != dfcclSuccess) {

@@ -568,7 +568,8 @@ static void test_registered_range_checked_by_engine(void **state)
 	frame_envelope_free(r);
 
 	/* 1024 floats fit exactly; 1025 do not; an offset near 2^64 does not
-	 * wrap around. */
+	 * wrap around; a receive buffer 2 bytes into a float is refused, though
+	 * in range. */
 	struct dfccl_sqe *e = put(&m, 1, DFCCL_OP_ALLREDUCE);
 	e->send_reg = e->recv_reg = reg;
 	e->count = 1024;
@@ -582,14 +583,19 @@ static void test_registered_range_checked_by_engine(void **state)
 	e = put(&m, 4, DFCCL_OP_ALLREDUCE);
 	e->send_reg = e->recv_reg = reg;
 	e->count = UINT64_MAX / 2;
-	reserve(&m, 4);
-	for (uint64_t s = 1; s <= 4; s++)
+	e = put(&m, 5, DFCCL_OP_ALLREDUCE);
+	e->send_reg = e->recv_reg = reg;
+	e->count = 16;
+	e->recv_off = 2;
+	reserve(&m, 5);
+	for (uint64_t s = 1; s <= 5; s++)
 		arm(&m, s);
 	/* In range: it reaches the engine, which knows no communicator 1. */
 	assert_int_equal(wait_cw(&m, 1, 5000), DFCCL_CQ_BAD_COMM);
 	assert_int_equal(wait_cw(&m, 2, 5000), DFCCL_CQ_OUT_OF_RANGE);
 	assert_int_equal(wait_cw(&m, 3, 5000), DFCCL_CQ_OUT_OF_RANGE);
 	assert_int_equal(wait_cw(&m, 4, 5000), DFCCL_CQ_OUT_OF_RANGE);
+	assert_int_equal(wait_cw(&m, 5, 5000), DFCCL_CQ_OUT_OF_RANGE);
 
 	/* Another session cannot use this session's registration. */
 	struct raw_client other = connect_ok(d);

@@ -514,6 +514,13 @@ static int rank_group(void *arg, int rank)
 	      "a capturing stream: %s (%s), expected dfcclNotSupported", dfcclGetErrorString(r), dfcclGetLastError(comm));
 	CHECK(sb->nbatches == 2, "a capturing stream got %u batches", sb->nbatches);
 	sb->capturing = false;
+	/* A buffer off its elements' boundaries is refused with the reason,
+	 * and nothing queued. */
+	r = dfcclAllReduce((const char *)in[0] + 2, out[0], 4, dfcclFloat32, dfcclSum, comm, (dfcclStream_t)sb);
+	CHECK(r == dfcclInvalidArgument && strstr(dfcclGetLastError(comm), "not aligned to its elements"),
+	      "a misaligned sendbuff: %s (%s), expected dfcclInvalidArgument", dfcclGetErrorString(r),
+	      dfcclGetLastError(comm));
+	CHECK(sb->nbatches == 2, "a refused call queued work: %u batches", sb->nbatches);
 	/* Outside a group: the arm and the wait, in one batch. */
 	DF(dfcclAllReduce(in[0], out[0], COUNT, dfcclFloat32, dfcclSum, comm, (dfcclStream_t)sa));
 	CHECK(fs_sync(sa, 30000) == 0, "the stream did not finish");

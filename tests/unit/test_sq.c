@@ -533,6 +533,18 @@ static void test_check_good(void **state)
 	e.send_off = 4096;
 	e.recv_off = 1024;
 	assert_int_equal(check(f, &e), DFCCL_CQ_OK);
+	/* An offset that is not a whole number of elements is refused only
+	 * where the entry names that buffer: a receive has no send buffer. */
+	e = entry_of(DFCCL_OP_RECV);
+	e.send_reg = 0;
+	e.send_off = 3;
+	assert_int_equal(check(f, &e), DFCCL_CQ_OK);
+	/* One byte into a one-byte type is a whole element. */
+	e = entry_of(DFCCL_OP_ALLREDUCE);
+	e.dtype = 0; /* int8 */
+	e.send_off = 1;
+	e.recv_off = 3;
+	assert_int_equal(check(f, &e), DFCCL_CQ_OK);
 }
 
 static void test_check_dtype_sizes(void **state)
@@ -643,6 +655,26 @@ static void test_check_bad_fields(void **state)
 	e.count = (1ull << 61) + 1;
 	EXPECT(DFCCL_CQ_OUT_OF_RANGE);
 	e.count = UINT64_MAX;
+	EXPECT(DFCCL_CQ_OUT_OF_RANGE);
+
+	/* Buffers off their elements' boundaries, in range (a GPU would stop
+	 * on the first misaligned load). */
+	e = entry_of(DFCCL_OP_ALLREDUCE);
+	e.send_off = 2; /* float32: half an element in */
+	EXPECT(DFCCL_CQ_OUT_OF_RANGE);
+	e = entry_of(DFCCL_OP_ALLREDUCE);
+	e.recv_off = 1;
+	e.count = 16;
+	EXPECT(DFCCL_CQ_OUT_OF_RANGE);
+	e = entry_of(DFCCL_OP_ALLREDUCE);
+	e.dtype = 8; /* float64 */
+	e.count = 16;
+	e.send_off = 4;
+	EXPECT(DFCCL_CQ_OUT_OF_RANGE);
+	e = entry_of(DFCCL_OP_ALLREDUCE);
+	e.dtype = 6; /* float16 */
+	e.recv_off = 7;
+	e.count = 16;
 	EXPECT(DFCCL_CQ_OUT_OF_RANGE);
 
 	e = entry_of(DFCCL_OP_ALLREDUCE);
