@@ -74,7 +74,15 @@
  * system-scope fence before the word that announces them; a waiter reads the
  * word with an acquire load and a fence before its block reads the data, and
  * data loads bypass L1 (ld.global.cg), which other SMs and peers do not keep
- * coherent.
+ * coherent. A pushed all-reduce's lines (DK_PUSH_LL) are the exception: no
+ * word announces them; each 8-byte half of a line carries the flag beside
+ * its data and is stored and loaded whole (st/ld.volatile.v4), so a half
+ * whose flag is the instance's holds the instance's data. The take checks
+ * every line's flags before any result is stored, and reads the data in a
+ * second load of the same line, by whichever thread reduces it: the lines
+ * do not change until this rank's `done`, but the PTX memory model promises
+ * the data only to the load that saw the flags, so the check should move
+ * into the reduction's own loads (ll_take).
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -2425,8 +2433,9 @@ __device__ void drain_begin(dk_comm *cm, const dk_task *t, dk_chan_ctx *x, uint3
 #endif
 
 /* The wait of a channel's step: word(r) >= target for every rank r; with
- * `ll`, the flag in the word's high half == target for every source region
- * r of a pushed all-reduce's lines, the region of rank (rank + 1 + r) mod n. */
+ * `ll`, both flags of the 16-byte line at word(r) == target for every
+ * source region r of a pushed all-reduce's lines, the region of rank
+ * (rank + 1 + r) mod n. */
 struct dk_cond {
 	const uint64_t *word;
 	uint32_t stride; /* words between two ranks' words */
@@ -2459,9 +2468,10 @@ __device__ dk_cond cond_of(const dk_task *t, dk_comm *cm, uint32_t ch, uint32_t 
 	case DK_POSTS: w.word = &t->posts[0].key, w.target = t->key; break;
 	case DK_SYNC1:
 		if (t->push == DK_PUSH_LL) {
-			/* The high half of each source's last line. */
+			/* Each source's last line, both its flags (each half is
+			 * stored whole, not the line). */
 			uint32_t L = (uint32_t)((t->count * t->dsize + 7u) / 8u);
-			w.word = (const uint64_t *)ll_region(t, cm, t->rank, (t->rank + 1) % n) + 2u * L + 1u;
+			w.word = (const uint64_t *)ll_region(t, cm, t->rank, (t->rank + 1) % n) + 2u * L;
 			w.stride = dk_ll_room(n) / 8u;
 			w.n = n - 1;
 			w.target = dk_ll_flag(t->key);
@@ -2514,8 +2524,15 @@ __device__ bool cond_ready(const dk_task *t, dk_chan_ctx *x, const dk_cond &w, c
 		return true;
 	}
 	for (uint32_t r = x->wait_rank; r < w.n; r++) {
-		uint64_t v = sync_load(w.word + (uint64_t)r * w.stride);
-		if (w.ll ? (uint32_t)(v >> 32) != (uint32_t)w.target : v < w.target && v >= w.below) {
+		bool late;
+		if (w.ll) {
+			uint4 v = ll_load((const uint4 *)(w.word + (uint64_t)r * w.stride));
+			late = v.y != (uint32_t)w.target || v.w != (uint32_t)w.target;
+		} else {
+			uint64_t v = sync_load(w.word + (uint64_t)r * w.stride);
+			late = v < w.target && v >= w.below;
+		}
+		if (late) {
 			x->wait_rank = r;
 			*blocker = w.ll ? (t->rank + 1 + r) % vis.n : w.n == 1 ? t->peer : r;
 			return false;

@@ -173,7 +173,7 @@ static inline DFCCL_HD uint32_t dk_push_room(uint32_t nch, uint32_t n)
  * rings and trees too, whose data may hold any flag. The worker zeroes the
  * area when it allocates it, and no flag is 0 (dk_ll_flag).
  */
-#define DK_LL_SLOT_BYTES 33792u /* 16 KiB of data and its last line for n = 2 */
+#define DK_LL_SLOT_BYTES 33792u /* n = 2: 16 KiB of data as lines (32 KiB) and the last line */
 #define DK_LL_MAX_BYTES 16384u  /* the largest all-reduce sent as lines (the ll-bytes setting's bound) */
 #define DK_CONN_RANK_BYTES ((uint64_t)DFCCL_COMM_CONN_SLOTS * (DFCCL_COMM_CONN_BYTES + DK_LL_SLOT_BYTES))
 #define DK_LL_AREA_OFFSET ((uint64_t)DFCCL_COMM_CONN_SLOTS * DFCCL_COMM_CONN_BYTES)
@@ -193,8 +193,12 @@ static inline DFCCL_HD int dk_ll_fits(uint64_t bytes, uint32_t n)
 }
 
 /* The flag of instance `key` in its lines: key mod (2^32 - 1), plus one,
- * so never 0 (the zeroed area) and different for the keys that share an
- * instance slot (they are fewer than 2^32 apart). */
+ * so never 0 (the zeroed area). Keys that share an instance slot differ by
+ * multiples of the slot count (32 or 4 instances a slot, prime to
+ * 2^32 - 1), so a line left by an earlier instance of the slot has another
+ * flag unless that instance came (2^32 - 1) slot counts of instances before,
+ * with no instance since as long as it: a take reads only its own count's
+ * lines, and each instance rewrites the lines it reaches. */
 static inline DFCCL_HD uint32_t dk_ll_flag(uint64_t key)
 {
 	uint64_t s = (key & 0xFFFFFFFFu) + (key >> 32); /* 2^32 = 1 (mod 2^32 - 1) */

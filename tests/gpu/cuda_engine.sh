@@ -185,8 +185,8 @@ run_suite() {
 		"$bin/dfccl-chaos" --socket "$sock" --mem host --nranks $((2 * ngpu)) --comms 4 --iters 10 \
 		--min-bytes 64 --max-bytes 256K --seed "$seed"
 	if [ "$ngpu" -ge 2 ]; then
-		# Each communicator across GPUs holds about 66 MiB of connectors
-		# per rank on each GPU, freed in two steps once every worker let
+		# Each communicator across GPUs holds about 100 MiB of connectors
+		# and lines per rank on each GPU, freed in two steps once every worker let
 		# go of it (WorkerCommDel, WorkerCommFree): 40 of them must not
 		# stay behind.
 		local used_before used_after
