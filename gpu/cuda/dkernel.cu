@@ -560,7 +560,7 @@ __device__ void ll_send(const dk_op &o)
 {
 	const uint32_t tid = threadIdx.x, nt = DK_WORKERS - 1u;
 	const uint64_t bytes = o.elems * o.dsize;
-	const uint32_t L = (uint32_t)((bytes + 7u) / 8u);
+	const uint32_t L = (uint32_t)dk_ll_lines(bytes);
 	if (tid == DK_LL_POSTER) {
 		post(o.task, 1);
 		return;
@@ -579,11 +579,18 @@ __device__ void ll_send(const dk_op &o)
 			ll_store((uint4 *)o.src[d] + L, (uint32_t)o.elems, o.shape, o.flag);
 }
 
-/* Line j of source rank k's region in this rank's slot (DK_LL_TAKE). */
+/* Line j of region g of this rank's slot (DK_LL_TAKE): source rank
+ * (rank + 1 + g) mod n's. */
+__device__ __forceinline__ const uint4 *ll_at(const dk_op &o, uint32_t g, uint32_t j)
+{
+	return (const uint4 *)(o.src[0] + (uint64_t)g * dk_ll_room(o.div)) + j;
+}
+
+/* Line j of source rank k's region. */
 __device__ __forceinline__ const uint4 *ll_line(const dk_op &o, uint32_t k, uint32_t j)
 {
 	uint32_t n = o.div;
-	return (const uint4 *)(o.src[0] + (uint64_t)((k + n - o.rank - 1u) % n) * dk_ll_room(n)) + j;
+	return ll_at(o, (k + n - o.rank - 1u) % n, j);
 }
 
 /* The take's reduction, once every line is there: chunk j of the result
@@ -598,7 +605,7 @@ template <typename T, typename A, typename E, int OP> __device__ __noinline__ vo
 	const uint32_t tid = threadIdx.x, nt = DK_WORKERS, n = o.div, r = o.rank, B = DK_LL_BATCH;
 	const unsigned K = 8 / sizeof(T);
 	const uint64_t bytes = o.elems * sizeof(T);
-	const uint32_t L = (uint32_t)((bytes + 7u) / 8u);
+	const uint32_t L = (uint32_t)dk_ll_lines(bytes);
 	for (uint32_t j0 = tid; j0 < L; j0 += B * nt) {
 		A acc[B][K];
 		for (uint32_t k = 0; k < n; k++) {
@@ -654,8 +661,7 @@ struct reduce_lines {
 __device__ void ll_take(const dk_op &o)
 {
 	const uint32_t tid = threadIdx.x, nt = DK_WORKERS, n = o.div;
-	const uint32_t L = (uint32_t)((o.elems * o.dsize + 7u) / 8u), total = L * (n - 1);
-	const uint32_t lroom = dk_ll_room(n);
+	const uint32_t L = (uint32_t)dk_ll_lines(o.elems * o.dsize), total = L * (n - 1);
 	bool ok = true;
 	for (uint32_t poll = 0;; poll++) {
 		ok = true;
@@ -664,8 +670,7 @@ __device__ void ll_take(const dk_op &o)
 #pragma unroll
 			for (uint32_t u = 0; u < DK_LL_BATCH; u++) {
 				uint32_t i = i0 + u * nt;
-				v[u] = i < total ? ll_load((const uint4 *)(o.src[0] + (uint64_t)(i / L) * lroom) + i % L)
-				                 : make_uint4(0, o.flag, 0, o.flag);
+				v[u] = i < total ? ll_load(ll_at(o, i / L, i % L)) : make_uint4(0, o.flag, 0, o.flag);
 			}
 #pragma unroll
 			for (uint32_t u = 0; u < DK_LL_BATCH; u++)
@@ -2449,7 +2454,7 @@ struct dk_cond {
  * its count and shape (ll_send), checked against this rank's. */
 __device__ bool ll_last_agrees(const dk_task *t, dk_comm *cm)
 {
-	uint32_t n = vis.n, L = (uint32_t)((t->count * t->dsize + 7u) / 8u), flag = dk_ll_flag(t->key);
+	uint32_t n = vis.n, L = (uint32_t)dk_ll_lines(t->count * t->dsize), flag = dk_ll_flag(t->key);
 	for (uint32_t k = 1; k < n; k++) {
 		uint4 v = ll_load((const uint4 *)ll_region(t, cm, t->rank, (t->rank + k) % n) + L);
 		if (v.y != flag || v.w != flag || v.x != (uint32_t)t->count || v.z != shape_of(t))
@@ -2470,7 +2475,7 @@ __device__ dk_cond cond_of(const dk_task *t, dk_comm *cm, uint32_t ch, uint32_t 
 		if (t->push == DK_PUSH_LL) {
 			/* Each source's last line, both its flags (each half is
 			 * stored whole, not the line). */
-			uint32_t L = (uint32_t)((t->count * t->dsize + 7u) / 8u);
+			uint32_t L = (uint32_t)dk_ll_lines(t->count * t->dsize);
 			w.word = (const uint64_t *)ll_region(t, cm, t->rank, (t->rank + 1) % n) + 2u * L;
 			w.stride = dk_ll_room(n) / 8u;
 			w.n = n - 1;

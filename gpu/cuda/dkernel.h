@@ -185,11 +185,17 @@ static inline DFCCL_HD uint32_t dk_ll_room(uint32_t n)
 	return n > 1 ? DK_LL_SLOT_BYTES / (n - 1) / 16u * 16u : 0;
 }
 
-/* Whether `bytes` of data and the region's last line (the instance's
- * count and shape) fit one region. */
+/* The data lines of `bytes`: 8 bytes each; the region's last line, the
+ * instance's count and shape, comes after them. */
+static inline DFCCL_HD uint64_t dk_ll_lines(uint64_t bytes)
+{
+	return (bytes + 7u) / 8u;
+}
+
+/* Whether `bytes` of data and the region's last line fit one region. */
 static inline DFCCL_HD int dk_ll_fits(uint64_t bytes, uint32_t n)
 {
-	return n > 1 && bytes <= DK_LL_MAX_BYTES && (bytes + 7u) / 8u + 1u <= dk_ll_room(n) / 16u;
+	return n > 1 && bytes <= DK_LL_MAX_BYTES && dk_ll_lines(bytes) + 1u <= dk_ll_room(n) / 16u;
 }
 
 /* The flag of instance `key` in its lines: key mod (2^32 - 1), plus one,

@@ -56,6 +56,12 @@ static void flag_never_zero_and_slots_differ(void **state)
 static void regions_hold_their_lines(void **state)
 {
 	(void)state;
+	/* Data lines: 8 bytes each, the last one partly filled. */
+	assert_int_equal(dk_ll_lines(0), 0);
+	assert_int_equal(dk_ll_lines(1), 1);
+	assert_int_equal(dk_ll_lines(8), 1);
+	assert_int_equal(dk_ll_lines(9), 2);
+	assert_int_equal(dk_ll_lines(DK_LL_MAX_BYTES), DK_LL_MAX_BYTES / 8);
 	assert_int_equal(dk_ll_room(1), 0);
 	assert_false(dk_ll_fits(8, 1));
 	for (uint32_t n = 2; n <= DFCCL_COMM_MAX_RANKS; n++) {
