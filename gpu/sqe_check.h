@@ -58,6 +58,18 @@ static inline DFCCL_HD int sqe_reduces(uint8_t opcode)
 	return opcode == DFCCL_OP_ALLREDUCE || opcode == DFCCL_OP_REDUCESCATTER || opcode == DFCCL_OP_REDUCE;
 }
 
+/* Whether a * b fits in 64 bits. Without a division on a GPU, which
+ * divides 64-bit words in software: a long chain of instructions for the
+ * one thread that checks an entry. */
+static inline DFCCL_HD int sqe_mul_fits(uint64_t a, uint64_t b)
+{
+#if defined(__CUDA_ARCH__)
+	return __umul64hi(a, b) == 0;
+#else
+	return b == 0 || a <= UINT64_MAX / b;
+#endif
+}
+
 /*
  * Elements of the send and receive buffers a rank uses in a collective of
  * `count` (0: it uses none), for a communicator of nranks. Returns -1 for
@@ -85,7 +97,7 @@ static inline DFCCL_HD int sqe_buf_elems(uint8_t opcode, uint64_t count, uint32_
 static inline DFCCL_HD int sqe_buf_bytes(uint8_t opcode, uint64_t count, unsigned dsize, uint32_t nranks, int is_root,
                                          uint64_t *send, uint64_t *recv)
 {
-	if (dsize == 0 || nranks == 0 || count > UINT64_MAX / dsize / nranks ||
+	if (dsize == 0 || nranks == 0 || !sqe_mul_fits(count, dsize) || !sqe_mul_fits(count * dsize, nranks) ||
 	    sqe_buf_elems(opcode, count, nranks, is_root, send, recv) < 0)
 		return -1;
 	*send *= dsize;
@@ -124,14 +136,14 @@ static inline DFCCL_HD uint32_t sqe_check_entry(const struct dfccl_sqe *e, uint6
 		return DFCCL_CQ_BAD_REDOP;
 	if (e->comm_id == 0)
 		return DFCCL_CQ_BAD_COMM;
-	if (e->count > UINT64_MAX / dsize)
+	if (!sqe_mul_fits(e->count, dsize))
 		return DFCCL_CQ_OUT_OF_RANGE;
 	/* A named buffer starts on a whole element of its allocation (which
 	 * starts on at least 256 bytes): engines load and store whole
 	 * elements, and a GPU stops on a misaligned one, with every client of
 	 * its daemon kernel. Offsets of buffers an entry does not name are
-	 * not looked at. */
-	if ((e->send_reg && e->send_off % dsize) || (e->recv_reg && e->recv_off % dsize))
+	 * not looked at. (dsize is a power of two.) */
+	if ((e->send_reg && (e->send_off & (dsize - 1u))) || (e->recv_reg && (e->recv_off & (dsize - 1u))))
 		return DFCCL_CQ_OUT_OF_RANGE;
 	*bytes = e->count * dsize;
 	return DFCCL_CQ_OK;

@@ -1,0 +1,70 @@
+/*
+ * Tests of the sizes behind the entry checks that both engines make
+ * (gpu/sqe_check.h): the buffers a collective of `count` uses on each
+ * rank, and their refusal where a product overflows 64 bits, at either
+ * of its two factors (the element's size, then the ranks). The GPU build
+ * makes the same checks with a multiply-high instead of divisions; the
+ * limits here are worked out by hand.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "sqe_check.h"
+
+static void test_mul_fits(void **state)
+{
+	(void)state;
+	assert_true(sqe_mul_fits(UINT64_MAX, 1));
+	assert_true(sqe_mul_fits(UINT64_MAX, 0));
+	assert_true(sqe_mul_fits(0, UINT64_MAX));
+	assert_true(sqe_mul_fits(UINT64_C(1) << 32, UINT64_C(1) << 31));
+	assert_true(sqe_mul_fits(UINT64_C(0xFFFFFFFF), UINT64_C(0x100000001))); /* 2^64 - 1 exactly */
+	assert_false(sqe_mul_fits(UINT64_C(1) << 32, UINT64_C(1) << 32));
+	assert_false(sqe_mul_fits(UINT64_MAX, 2));
+	assert_false(sqe_mul_fits(UINT64_C(0x100000000), UINT64_C(0x100000001)));
+}
+
+static void test_buf_bytes(void **state)
+{
+	(void)state;
+	uint64_t sb = 0, rb = 0;
+	assert_int_equal(sqe_buf_bytes(DFCCL_OP_ALLGATHER, 10, 4, 3, 0, &sb, &rb), 0);
+	assert_int_equal(sb, 40);
+	assert_int_equal(rb, 120);
+	assert_int_equal(sqe_buf_bytes(DFCCL_OP_REDUCESCATTER, 10, 8, 3, 0, &sb, &rb), 0);
+	assert_int_equal(sb, 240);
+	assert_int_equal(rb, 80);
+	assert_int_equal(sqe_buf_bytes(DFCCL_OP_BROADCAST, 10, 2, 4, 0, &sb, &rb), 0);
+	assert_int_equal(sb, 0); /* off the root */
+	assert_int_equal(rb, 20);
+
+	/* The largest count whose product with 4 and 3 fits, and one more. */
+	const uint64_t most = UINT64_MAX / 12;
+	assert_int_equal(sqe_buf_bytes(DFCCL_OP_ALLGATHER, most, 4, 3, 0, &sb, &rb), 0);
+	assert_true(rb == most * 12);
+	assert_true(rb > UINT64_MAX - 12);
+	assert_int_equal(sqe_buf_bytes(DFCCL_OP_ALLGATHER, most + 1, 4, 3, 0, &sb, &rb), -1);
+	/* count * size fits, times the ranks does not; then count * size
+	 * alone does not, with one rank. */
+	assert_int_equal(sqe_buf_bytes(DFCCL_OP_ALLREDUCE, UINT64_MAX / 8, 8, 2, 0, &sb, &rb), -1);
+	assert_int_equal(sqe_buf_bytes(DFCCL_OP_ALLREDUCE, UINT64_MAX / 8 + 1, 8, 1, 0, &sb, &rb), -1);
+	assert_int_equal(sqe_buf_bytes(DFCCL_OP_ALLREDUCE, UINT64_MAX / 8, 8, 1, 0, &sb, &rb), 0);
+	assert_true(sb == UINT64_MAX / 8 * 8);
+	/* No element size, no ranks, an unknown operation. */
+	assert_int_equal(sqe_buf_bytes(DFCCL_OP_ALLREDUCE, 1, 0, 2, 0, &sb, &rb), -1);
+	assert_int_equal(sqe_buf_bytes(DFCCL_OP_ALLREDUCE, 1, 4, 0, 0, &sb, &rb), -1);
+	assert_int_equal(sqe_buf_bytes(DFCCL_OP_COUNT_, 1, 4, 2, 0, &sb, &rb), -1);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+	    cmocka_unit_test(test_mul_fits),
+	    cmocka_unit_test(test_buf_bytes),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
