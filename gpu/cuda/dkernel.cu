@@ -821,7 +821,8 @@ struct dk_qcache {
 __shared__ dk_qcache qcache;
 
 /* Records an event of thread 0 of this block (dkernel.h, DK_TRACE_ENV). */
-__device__ __forceinline__ void trace(dk_ctx &c, uint32_t event, uint32_t arg)
+/* One taken at t_ns (by another thread of the block): */
+__device__ __forceinline__ void trace_at(dk_ctx &c, uint32_t event, uint32_t arg, uint64_t t_ns)
 {
 	dk_trace *tr = c.p.trace;
 	if (!tr)
@@ -829,9 +830,15 @@ __device__ __forceinline__ void trace(dk_ctx &c, uint32_t event, uint32_t arg)
 	uint64_t i = c.trace_n++;
 	tr->n[c.slot] = c.trace_n;
 	dk_trace_rec *r = &tr->rec[c.slot][i & (DK_TRACE_EVENTS - 1u)];
-	r->t_ns = now_ns();
+	r->t_ns = t_ns;
 	r->event = event;
 	r->arg = arg;
+}
+
+__device__ __forceinline__ void trace(dk_ctx &c, uint32_t event, uint32_t arg)
+{
+	if (c.p.trace)
+		trace_at(c, event, arg, now_ns());
 }
 
 /* Stores the counters that changed: the writes cross PCIe, and a stream of
@@ -1408,6 +1415,7 @@ struct dk_rcopy {
 	dk_prep prep[DK_SCAN];     /* their checks */
 	uint32_t task[DK_SCAN], part[DK_SCAN]; /* accepted: the task, its admission's part */
 	uint64_t arrival[DK_SCAN];
+	uint64_t t_loaded, t_prepared; /* tracing: DK_TAKE_LOADED and DK_TAKE_PREPARED's times */
 };
 __shared__ dk_rcopy rcopy;
 
@@ -1466,9 +1474,14 @@ __device__ __noinline__ void copier_main(uint32_t lane, dk_params p)
 		}
 		__syncwarp(DK_COPIERS); /* every copy whole */
 		if (mine < n) {
+			const bool timed = p.trace && mine == 0;
+			if (timed)
+				rcopy.t_loaded = now_ns();
 			dfccl_sqe *e = (dfccl_sqe *)rcopy.buf[mine];
 			e->arm = *(volatile uint64_t *)&rcopy.seq[mine];
 			entry_prepare(p, *(dk_qp *const volatile *)&rcopy.q, e, &rcopy.prep[mine]);
+			if (timed)
+				rcopy.t_prepared = now_ns();
 		}
 		__syncwarp(DK_COPY_LANES); /* done */
 	}
@@ -1731,6 +1744,10 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 					rcopy.q = q;
 					rcopy.qi = qi;
 					copy_entries(nc);
+					if (tracing) {
+						trace_at(c, DK_EV_TAKE, DK_TAKE_LOADED, rcopy.t_loaded);
+						trace_at(c, DK_EV_TAKE, DK_TAKE_PREPARED, rcopy.t_prepared);
+					}
 					take_at(c, tracing, DK_TAKE_COPIED);
 				}
 				for (uint32_t k = 0; k < DK_SCAN && !stop; k++) {
@@ -3115,6 +3132,17 @@ __device__ void ctx_start(dk_ctx &c)
  * idle_ns it says so to the clients, looks once more, and sets ctl.quit;
  * the blocks leave once their queues are empty.
  */
+/*
+ * After a pass that took nothing the reader rests this long before the
+ * next. Its passes are mostly PCIe reads of the queues' headers in host
+ * memory; back to back they slowed the stream-ordered form, whose arm
+ * and completion words go through host memory by the GPU's own stream
+ * operations: 2 ranks on 2 H200, 8 B to 4 KiB all-reduces, 48 us a call
+ * without a rest, 44.5 with 1 us, 44 with 2 us, the callback form
+ * unchanged within 0.5 us (tests/perf/RESULTS.md, fourteenth run).
+ */
+#define DK_READER_REST_NS 1000u
+
 __device__ void reader_main(dk_ctx &c)
 {
 	dk_state *st = c.st;
@@ -3160,6 +3188,8 @@ __device__ void reader_main(dk_ctx &c)
 			}
 		}
 		stats_tick(c, got == 0);
+		if (!got)
+			__nanosleep(DK_READER_REST_NS);
 	}
 	stats_flush(c);
 }

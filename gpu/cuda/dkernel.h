@@ -436,6 +436,11 @@ enum dk_take_phase {
 	DK_TAKE_ADMITTED,  /* the chunk's tasks' admission counted (admit_count) */
 	DK_TAKE_FILLED,    /* the chunk's tasks filled in, a copier lane each (task_fill) */
 	DK_TAKE_HANDED,    /* the chunk's tasks published to their blocks (inbox_publish) */
+	/* Two points inside DK_TAKE_COPIED, taken by the copier lane of the
+	 * chunk's first armed entry and recorded by the reader with their
+	 * times, before DK_TAKE_COPIED: */
+	DK_TAKE_LOADED,    /* the chunk's copies in shared memory (their PCIe reads) */
+	DK_TAKE_PREPARED,  /* the first entry's checks made (entry_prepare) */
 };
 
 struct dk_trace_rec {

@@ -53,7 +53,8 @@ import sys
 STEPS = ["SLOT", "POSTS", "WORK1", "SYNC1", "WORK2", "CHDONE", "FINISH", "BOX_FREE", "BOX_ACK", "BOX_KEY",
          "AWAIT", "AWORK", "BOX_WANT", "PUSH", "LEFT", "DRAIN", "LLPULL"]
 # enum dk_take_phase, in order (gpu/cuda/dkernel.h): the queue reader's pass and take of an entry.
-TAKES = ["header", "scanned", "copied", "armed", "checked", "task", "done", "admitted", "filled", "handed"]
+TAKES = ["header", "scanned", "copied", "armed", "checked", "task", "done", "admitted", "filled", "handed", "loaded",
+         "prepared"]
 
 
 def label(event, arg):
