@@ -1439,6 +1439,24 @@ __device__ __forceinline__ uint32_t rcopy_get_n(void)
 	return n;
 }
 
+/*
+ * Copy i of the chunk (and its checks, pr != NULL) out of shared memory,
+ * for a copier lane to work on in registers: entry_prepare and task_fill
+ * reach the entry and their results through generic pointers, so with
+ * both in shared memory every store of a result made the compiler load
+ * the entry's fields it used next again.
+ */
+__device__ __forceinline__ void entry_in_registers(uint32_t i, dfccl_sqe *e, dk_prep *pr)
+{
+	uint4 w[sizeof(dfccl_sqe) / 16];
+#pragma unroll
+	for (uint32_t k = 0; k < sizeof(dfccl_sqe) / 16; k++)
+		w[k] = rcopy.buf[i][k];
+	memcpy(e, w, sizeof(*e));
+	if (pr)
+		*pr = rcopy.prep[i];
+}
+
 /* A copier lane's loop, until the reader says quit. */
 __device__ __noinline__ void copier_main(uint32_t lane, dk_params p)
 {
@@ -1450,8 +1468,10 @@ __device__ __noinline__ void copier_main(uint32_t lane, dk_params p)
 			return;
 		if (n == DK_COPY_FILL) {
 			if (mine < DK_SCAN && (rcopy.fill >> mine & 1u)) {
-				task_fill(p, rcopy.qi, (const dfccl_sqe *)rcopy.buf[mine], rcopy.prep[mine], rcopy.task[mine],
-				          rcopy.arrival[mine], rcopy.part[mine]);
+				dfccl_sqe e;
+				dk_prep pr;
+				entry_in_registers(mine, &e, &pr);
+				task_fill(p, rcopy.qi, &e, pr, rcopy.task[mine], rcopy.arrival[mine], rcopy.part[mine]);
 				/* Its stores before the reader's publication, at GPU
 				 * scope, whatever the barrier orders. */
 				__threadfence();
@@ -1477,9 +1497,12 @@ __device__ __noinline__ void copier_main(uint32_t lane, dk_params p)
 			const bool timed = p.trace && mine == 0;
 			if (timed)
 				rcopy.t_loaded = now_ns();
-			dfccl_sqe *e = (dfccl_sqe *)rcopy.buf[mine];
-			e->arm = *(volatile uint64_t *)&rcopy.seq[mine];
-			entry_prepare(p, *(dk_qp *const volatile *)&rcopy.q, e, &rcopy.prep[mine]);
+			((dfccl_sqe *)rcopy.buf[mine])->arm = *(volatile uint64_t *)&rcopy.seq[mine];
+			dfccl_sqe e;
+			entry_in_registers(mine, &e, NULL);
+			dk_prep pr;
+			entry_prepare(p, *(dk_qp *const volatile *)&rcopy.q, &e, &pr);
+			rcopy.prep[mine] = pr;
 			if (timed)
 				rcopy.t_prepared = now_ns();
 		}
