@@ -81,8 +81,9 @@ struct sched_queue {
  * entries of a posted instance, once armed, read as peer-posted to their
  * engines, which take them beyond the room: an engine looks at
  * SCHED_BEYOND_LOOKS entries beyond the room per looking pass (the daemon
- * kernel's reader looks past an unarmed head on every 4th pass only,
- * dkernel.cu's DK_LOOK_PAST), each resuming where the last stopped
+ * kernel's reader looks past an unarmed head on every 4th pass at most,
+ * down to every 32nd while those looks find nothing armed: dkernel.cu's
+ * look_past), each resuming where the last stopped
  * (sched_look_start), so every armed entry is looked at within a bounded
  * number of passes. Only the limits end this, with an
  * error that names them. Sends are why receives post `want`: without it,
@@ -201,7 +202,7 @@ static inline DFCCL_HD struct sched_admission sched_admit(const struct sched_lim
  * head) is armed takes the run of armed entries from the head and ends
  * at its first gap; the entries past the gap wait for the next pass. A
  * pass whose head is not armed looks past it as before (in the daemon
- * kernel, every 4th such pass: DK_LOOK_PAST), so that an entry armed out
+ * kernel, at most every 4th such pass: look_past), so that an entry armed out
  * of order (several streams), or one that an entry before it waits for,
  * is still taken -- once a looking pass finds the head not armed.
  * Such a pass takes an entry past entries not taken only if none of them

@@ -817,6 +817,8 @@ struct dk_qcache {
 	dfccl_sqe *sq[DK_QCACHE];
 	volatile uint64_t *taken[DK_QCACHE];
 	uint64_t head[DK_QCACHE];
+	uint8_t look_gap[DK_QCACHE];  /* passes between two looks past the pair's unarmed head (look_past) */
+	uint8_t look_wait[DK_QCACHE]; /* passes to go before the next */
 };
 __shared__ dk_qcache qcache;
 
@@ -1562,7 +1564,7 @@ __device__ void admit_count(dk_ctx &c, dk_qp *q, uint32_t m)
  * looks costs four round trips (its header, the window, the chunk)
  * however long the queue, plus the copy of each entry it takes, and an
  * entry armed beyond the window (several streams arming out of order) is
- * seen within n / DK_SCAN looking passes (DK_LOOK_PAST: every 4th pass
+ * seen within n / DK_SCAN looking passes (look_past: at most every 4th pass
  * looks past an unarmed head). A pass whose head is armed takes in order instead
  * (scheduler.h): the window and the chunk right after it, up to the
  * first entry not armed; one whose head is not takes an entry past
@@ -1575,12 +1577,13 @@ __device__ void admit_count(dk_ctx &c, dk_qp *q, uint32_t m)
  * A pass whose head is not armed costs a PCIe round trip for the header
  * and the head's arm word, and one more per DK_SCAN entries it looks at
  * past the head. A stream arms its entries in order, so the next entry
- * of a queue pair is mostly its head: only every DK_LOOK_PAST-th pass
+ * of a queue pair is mostly its head: at most every DK_LOOK_PAST-th pass
  * looks past an unarmed head, and the others come round at a fraction of
  * the cost, so that the head's arm is seen sooner. The looks past the
  * head (the window, the sweep, and beyond the pair's room for entries
  * whose instance a peer posted: scheduler.h) thus take DK_LOOK_PAST times
- * the passes they took, and their cursors move on looking passes only.
+ * the passes they took or more, and their cursors move on looking passes
+ * only.
  * The price: two GPUs' readers are at different points of their cycles,
  * so entries of different streams armed a few passes apart, the later
  * one past the head, may be taken in different orders by different GPUs
@@ -1588,6 +1591,49 @@ __device__ void admit_count(dk_ctx &c, dk_qp *q, uint32_t m)
  * within about one pass of each other.
  */
 #define DK_LOOK_PAST 4u
+
+/*
+ * Per queue pair, the looks back off: a look past the head that finds
+ * nothing armed there doubles the pair's gap to its next look, up to
+ * DK_LOOK_PAST_MAX passes; one that finds an entry armed past the head
+ * brings it back to DK_LOOK_PAST. A pair fed by one stream, which arms
+ * its entries in order, thus rarely pays for a look, while one whose
+ * streams arm out of order keeps the rate above. Each look past a
+ * long queue costs several PCIe round trips (a window and a sweep chunk:
+ * about 10 us on H200), and an arm that comes during one waits for it to
+ * end: with a look every 4th pass, half of a stream-ordered client's
+ * time between its calls (2 ranks on 2 H200, 8 B-4 KiB all-reduces, 44.5
+ * -> 43.2 us a call; 32 KiB 54.4 -> 50.2). An entry armed out of order
+ * after a long run in order is seen a few looks late (the sweep moves
+ * on looking passes only), which a deadlock between streams waits out
+ * by preemption as before; once found, the rate is back. The pairs past
+ * the reader's cache (DK_QCACHE) keep the fixed rate.
+ */
+#define DK_LOOK_PAST_MAX 32u
+
+/* Whether this pass looks past pair qi's unarmed head. */
+__device__ __forceinline__ bool look_past(const dk_ctx &c, uint32_t qi)
+{
+	if (c.passes == 0) /* a whole look (before sleeping) */
+		return true;
+	if (qi >= DK_QCACHE)
+		return c.passes % DK_LOOK_PAST == 0;
+	if (qcache.look_wait[qi] == 0)
+		return true;
+	qcache.look_wait[qi]--;
+	return false;
+}
+
+/* After a look past pair qi's head: whether it found an entry armed there. */
+__device__ __forceinline__ void look_found(uint32_t qi, bool found)
+{
+	if (qi >= DK_QCACHE)
+		return;
+	uint32_t gap = found ? DK_LOOK_PAST : 2u * qcache.look_gap[qi];
+	gap = gap > DK_LOOK_PAST_MAX ? DK_LOOK_PAST_MAX : gap;
+	qcache.look_gap[qi] = (uint8_t)gap;
+	qcache.look_wait[qi] = (uint8_t)(gap - 1u);
+}
 
 /*
  * The first entry of [from, s) not taken yet that reads armed, loaded after
@@ -1660,6 +1706,8 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 				qcache.sq[qi] = sq;
 				qcache.taken[qi] = taken;
 				qcache.head[qi] = head;
+				qcache.look_gap[qi] = DK_LOOK_PAST;
+				qcache.look_wait[qi] = 0;
 				qcache.known |= 1u << qi;
 				qcache.live |= 1u << qi;
 			}
@@ -1676,10 +1724,12 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 		uint64_t arm_head = ld_acq_sys(&sq[DFCCL_QP_SLOT(head, n)].arm);
 		if (tail < head || qstate != DFCCL_QP_ACTIVE)
 			continue;
-		/* Past an unarmed head only every DK_LOOK_PAST-th pass, before the
-		 * admission's loads too. */
-		if (arm_head != head && c.passes % DK_LOOK_PAST != 0)
+		/* Past an unarmed head only on some passes (look_past), before
+		 * the admission's loads too. */
+		const bool past = arm_head != head;
+		if (past && !look_past(c, qi))
 			continue;
+		bool seen = false; /* an entry not taken read armed */
 		take_at(c, tracing, DK_TAKE_HEADER);
 		/* The client owns the tail: never look further than one lap. */
 		if (tail >= head + n)
@@ -1747,6 +1797,7 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 						was_taken |= (uint32_t)(tk[k] == s0 + k) << k;
 				}
 				armed &= ~was_taken;
+				seen = seen || armed;
 				/* One acquire for every armed entry of the chunk but the
 				 * head (its arm word was an acquire load): the fence after
 				 * the relaxed loads orders the copies after them, where a
@@ -1898,6 +1949,8 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 			*(volatile uint64_t *)&q->sweep = sweep + DK_SCAN <= tail ? sweep + DK_SCAN : 0;
 		if (looking)
 			*(volatile uint64_t *)&q->look = stopped; /* 0: past the tail, the head next time */
+		if (past)
+			look_found(qi, seen);
 		while (h <= tail && taken[DFCCL_QP_SLOT(h, n)] == h)
 			h++;
 		if (h != head) {
