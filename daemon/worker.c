@@ -799,7 +799,7 @@ int worker_main(unsigned device, const struct worker_ident *id, const struct dfc
 	              .spin_other = (uint32_t)cfg->spin_other,
 	              .stick_mult = (uint32_t)cfg->stick_mult,
 	              .spin_max = (uint32_t)cfg->spin_max,
-	              .order = SCHED_FIFO},
+	              .order = SCHED_ORDER_FIFO},
 	    .stats = w.stats,
 	    .reg_lookup = reg_lookup,
 	    .reg_ctx = &w,

@@ -21,7 +21,9 @@
 
 #include "dfccl_queue.h" /* DFCCL_HD */
 
-enum sched_order { SCHED_FIFO = 0, SCHED_PRIORITY = 1 };
+/* Not SCHED_FIFO: <sched.h> (and so <pthread.h>) defines that name as a
+ * macro, which after this header would turn a FIFO order into priority. */
+enum sched_order { SCHED_ORDER_FIFO = 0, SCHED_ORDER_PRIORITY = 1 };
 
 struct sched_params {
 	uint32_t spin_head;   /* spin threshold of the head of the queue (polls) */
@@ -34,7 +36,7 @@ struct sched_params {
 /* Per-task scheduling state (part of the engine's task). */
 struct sched_state {
 	uint64_t arrival;     /* engine-wide arrival number: FIFO order */
-	int32_t priority;     /* larger first under SCHED_PRIORITY */
+	int32_t priority;     /* larger first under SCHED_ORDER_PRIORITY */
 	uint32_t boost;       /* multiplier earned by progress (1: none) */
 };
 
@@ -244,7 +246,7 @@ static inline DFCCL_HD uint64_t sched_look_start(uint64_t look, uint64_t head, u
 static inline DFCCL_HD int sched_before(const struct sched_params *p, const struct sched_state *a,
                                         const struct sched_state *b)
 {
-	if (p->order == SCHED_PRIORITY && a->priority != b->priority)
+	if (p->order == SCHED_ORDER_PRIORITY && a->priority != b->priority)
 		return a->priority > b->priority;
 	return a->arrival < b->arrival;
 }

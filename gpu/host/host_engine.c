@@ -322,7 +322,7 @@ void host_engine_submit(struct host_engine *e, struct sq_queue *q, const struct 
 	    .boost = 1,
 	};
 	if (prioritized)
-		e->params.order = SCHED_PRIORITY;
+		e->params.order = SCHED_ORDER_PRIORITY;
 	t->where = TASK_QUEUED;
 	if (e->nbacklog || sched_insert(&e->params, &e->queue, e->states, idx) < 0)
 		backlog_push(e, idx);

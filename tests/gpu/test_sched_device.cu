@@ -97,7 +97,7 @@ int main()
 	}
 	cudaMemcpy(dprio, prio, sizeof(prio), cudaMemcpyHostToDevice);
 	int failures = 0;
-	for (uint32_t order = SCHED_FIFO; order <= SCHED_PRIORITY; order++) {
+	for (uint32_t order = SCHED_ORDER_FIFO; order <= SCHED_ORDER_PRIORITY; order++) {
 		uint32_t host[NOUT], dev[NOUT];
 		policy_run(order, prio, host);
 		policy_kernel<<<1, 32>>>(order, dprio, dout);
@@ -115,9 +115,9 @@ int main()
 		}
 		/* The host answers themselves are right: FIFO keeps arrival order,
 		 * priority puts the largest priority first. */
-		if (order == SCHED_FIFO && (host[0] != 0 || host[NTASKS - 1] != NTASKS - 1))
+		if (order == SCHED_ORDER_FIFO && (host[0] != 0 || host[NTASKS - 1] != NTASKS - 1))
 			failures++;
-		if (order == SCHED_PRIORITY && prio[host[0]] != 2)
+		if (order == SCHED_ORDER_PRIORITY && prio[host[0]] != 2)
 			failures++;
 		/* ... and so are the admission decisions (tests/unit/test_sched.c). */
 		static const uint32_t admit_want[3 * NADMIT + 2] = {

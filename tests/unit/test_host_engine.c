@@ -64,7 +64,7 @@
 #define ROUND_CAP 200000u
 
 static const struct sched_params small_spins = {
-    .spin_head = 64, .spin_other = 4, .stick_mult = 4, .spin_max = 1024, .order = SCHED_FIFO};
+    .spin_head = 64, .spin_other = 4, .stick_mult = 4, .spin_max = 1024, .order = SCHED_ORDER_FIFO};
 
 /* ------------------------------------------------------------------ registrations */
 
@@ -1136,13 +1136,13 @@ static void test_priority_order(void **state)
 {
 	(void)state;
 	static const unsigned fifo_order[3] = {0, 1, 2}, prio_order[3] = {1, 2, 0};
-	priority_case(SCHED_PRIORITY, DFCCL_SQE_F_PRIORITY, prio_order);
-	priority_case(SCHED_FIFO, 0, fifo_order);
+	priority_case(SCHED_ORDER_PRIORITY, DFCCL_SQE_F_PRIORITY, prio_order);
+	priority_case(SCHED_ORDER_FIFO, 0, fifo_order);
 	/* Entries that carry priorities are ordered by them even on an engine
 	 * configured for FIFO. */
-	priority_case(SCHED_FIFO, DFCCL_SQE_F_PRIORITY, prio_order);
-	/* Under SCHED_PRIORITY, entries without the flag count as priority 0. */
-	priority_case(SCHED_PRIORITY, 0, fifo_order);
+	priority_case(SCHED_ORDER_FIFO, DFCCL_SQE_F_PRIORITY, prio_order);
+	/* Under SCHED_ORDER_PRIORITY, entries without the flag count as priority 0. */
+	priority_case(SCHED_ORDER_PRIORITY, 0, fifo_order);
 }
 
 /* More tasks than the task queue holds: the rest wait in the backlog and

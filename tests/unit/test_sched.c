@@ -19,9 +19,9 @@
 #include "scheduler.h"
 
 static const struct sched_params fifo = {
-    .spin_head = 1000, .spin_other = 10, .stick_mult = 20, .spin_max = 15000, .order = SCHED_FIFO};
+    .spin_head = 1000, .spin_other = 10, .stick_mult = 20, .spin_max = 15000, .order = SCHED_ORDER_FIFO};
 static const struct sched_params prio = {
-    .spin_head = 1000, .spin_other = 10, .stick_mult = 20, .spin_max = 15000, .order = SCHED_PRIORITY};
+    .spin_head = 1000, .spin_other = 10, .stick_mult = 20, .spin_max = 15000, .order = SCHED_ORDER_PRIORITY};
 
 static struct sched_state states[SCHED_MAX_TASKS + 1];
 static struct sched_queue queue;
