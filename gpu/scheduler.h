@@ -213,7 +213,8 @@ static inline DFCCL_HD struct sched_admission sched_admit(const struct sched_lim
  * shows then, where the pass's first look at it came too early or did not
  * come at all (the daemon kernel's sweep, which then starts at it on the
  * next pass). Only entries of different streams, armed at about
- * the same moment (in the daemon kernel, within a few passes), can still
+ * the same moment (in the daemon kernel, within a few passes, up to
+ * about 32 while its looks back off: dkernel.cu's look_past), can still
  * be taken in different orders by different GPUs. The check costs a pass a read of those entries' arm words for
  * each entry it takes out of order.
  */

@@ -802,7 +802,8 @@ struct dk_ctx {
 
 /*
  * What the queue reader read of the first DK_QCACHE queue pairs in this
- * launch: the table changes only while the kernel is parked (dkernel.h;
+ * launch (and, its own, when each pair's next look past its head comes:
+ * look_past): the table changes only while the kernel is parked (dkernel.h;
  * adding a pair parks it too), so a pair's `live` and the words a pass
  * needs first hold for the whole launch, and its head moves only by the
  * reader, which keeps it here as well as in the table. A pass thus starts
@@ -822,25 +823,38 @@ struct dk_qcache {
 };
 __shared__ dk_qcache qcache;
 
-/* Records an event of thread 0 of this block (dkernel.h, DK_TRACE_ENV). */
-/* One taken at t_ns (by another thread of the block): */
+/* The next record of this block's trace ring (dkernel.h, DK_TRACE_ENV). */
+__device__ __forceinline__ dk_trace_rec *trace_next(dk_ctx &c, dk_trace *tr)
+{
+	uint64_t i = c.trace_n++;
+	tr->n[c.slot] = c.trace_n;
+	return &tr->rec[c.slot][i & (DK_TRACE_EVENTS - 1u)];
+}
+
+/* Records an event of thread 0 of this block. The clock is read at the
+ * record's store: read before the ring's arithmetic, it cost dk_main's
+ * loop about 90 bytes more of spills (ptxas), traced or not. */
+__device__ __forceinline__ void trace(dk_ctx &c, uint32_t event, uint32_t arg)
+{
+	dk_trace *tr = c.p.trace;
+	if (!tr)
+		return;
+	dk_trace_rec *r = trace_next(c, tr);
+	r->t_ns = now_ns();
+	r->event = event;
+	r->arg = arg;
+}
+
+/* Records an event that another thread of the block timed (t_ns). */
 __device__ __forceinline__ void trace_at(dk_ctx &c, uint32_t event, uint32_t arg, uint64_t t_ns)
 {
 	dk_trace *tr = c.p.trace;
 	if (!tr)
 		return;
-	uint64_t i = c.trace_n++;
-	tr->n[c.slot] = c.trace_n;
-	dk_trace_rec *r = &tr->rec[c.slot][i & (DK_TRACE_EVENTS - 1u)];
+	dk_trace_rec *r = trace_next(c, tr);
 	r->t_ns = t_ns;
 	r->event = event;
 	r->arg = arg;
-}
-
-__device__ __forceinline__ void trace(dk_ctx &c, uint32_t event, uint32_t arg)
-{
-	if (c.p.trace)
-		trace_at(c, event, arg, now_ns());
 }
 
 /* Stores the counters that changed: the writes cross PCIe, and a stream of
@@ -1499,9 +1513,14 @@ __device__ __noinline__ void copier_main(uint32_t lane, dk_params p)
 			const bool timed = p.trace && mine == 0;
 			if (timed)
 				rcopy.t_loaded = now_ns();
-			((dfccl_sqe *)rcopy.buf[mine])->arm = *(volatile uint64_t *)&rcopy.seq[mine];
+			/* The sequence it is taken under: into the copy in shared
+			 * memory (the reader and the fill read it there) and into
+			 * the registers' copy, not read back through another type. */
+			const uint64_t seq = *(volatile uint64_t *)&rcopy.seq[mine];
+			((dfccl_sqe *)rcopy.buf[mine])->arm = seq;
 			dfccl_sqe e;
 			entry_in_registers(mine, &e, NULL);
+			e.arm = seq;
 			dk_prep pr;
 			entry_prepare(p, *(dk_qp *const volatile *)&rcopy.q, &e, &pr);
 			rcopy.prep[mine] = pr;
@@ -1588,28 +1607,41 @@ __device__ void admit_count(dk_ctx &c, dk_qp *q, uint32_t m)
  * so entries of different streams armed a few passes apart, the later
  * one past the head, may be taken in different orders by different GPUs
  * (scheduler.h, "Taking in order"), where before they had to be armed
- * within about one pass of each other.
+ * within about one pass of each other (more while the looks back off:
+ * DK_LOOK_PAST_MAX).
  */
 #define DK_LOOK_PAST 4u
 
 /*
  * Per queue pair, the looks back off: a look past the head that finds
  * nothing armed there doubles the pair's gap to its next look, up to
- * DK_LOOK_PAST_MAX passes; one that finds an entry armed past the head
- * brings it back to DK_LOOK_PAST. A pair fed by one stream, which arms
- * its entries in order, thus rarely pays for a look, while one whose
- * streams arm out of order keeps the rate above. Each look past a
- * long queue costs several PCIe round trips (a window and a sweep chunk:
- * about 10 us on H200), and an arm that comes during one waits for it to
- * end: with a look every 4th pass, half of a stream-ordered client's
- * time between its calls (2 ranks on 2 H200, 8 B-4 KiB all-reduces, 44.5
- * -> 43.2 us a call; 32 KiB 54.4 -> 50.2). An entry armed out of order
- * after a long run in order is seen a few looks late (the sweep moves
- * on looking passes only), which a deadlock between streams waits out
- * by preemption as before; once found, the rate is back. The pairs past
- * the reader's cache (DK_QCACHE) keep the fixed rate.
+ * DK_LOOK_PAST_MAX, and one that finds an entry armed past the head
+ * brings it back to DK_LOOK_PAST. The gap counts the passes that find
+ * the pair active with its head unarmed. A pair fed by one stream, which
+ * arms its entries in order, thus rarely pays for a look, while one whose
+ * streams arm out of order keeps the rate above. A look past a long
+ * queue costs several PCIe round trips (a window and a sweep chunk: about
+ * 10 us on H200), and an arm that comes during one waits for it to end;
+ * with a look every 4th pass, the looks took about half of the reader's
+ * time while a stream-ordered client waited between its calls (2 ranks on
+ * 2 H200: 8 B-4 KiB all-reduces 43.8-45.9 -> 42.6-43.6 us a call, 32 KiB
+ * 54.4 -> 50.2).
+ *
+ * The price, after a run in order: an entry armed out of order is found
+ * after as many looks as before, but those come up to DK_LOOK_PAST_MAX
+ * passes apart, so one beyond the window, which the sweep reaches only
+ * DK_SCAN entries a look, waits up to n / DK_SCAN * DK_LOOK_PAST_MAX
+ * passes (a 256-entry queue: 512 passes, about 2 ms) where it waited a
+ * quarter of that; and two GPUs' readers may take entries of different
+ * streams armed up to about DK_LOOK_PAST_MAX passes apart in different
+ * orders (scheduler.h, "Taking in order"), which preemption resolves as
+ * it does any order. Once a look finds one, the rate is back. The cause
+ * is that a look which covered only part of the queue backs off too;
+ * backing off only after looks that reached the tail would remove it.
+ * The pairs past the reader's cache (DK_QCACHE) keep the fixed rate.
  */
 #define DK_LOOK_PAST_MAX 32u
+DFCCL_STATIC_ASSERT(DK_LOOK_PAST >= 1 && DK_LOOK_PAST_MAX <= 255, "a pair's gap is kept in a byte (dk_qcache)");
 
 /* Whether this pass looks past pair qi's unarmed head. */
 __device__ __forceinline__ bool look_past(const dk_ctx &c, uint32_t qi)
@@ -3200,6 +3232,18 @@ __device__ void ctx_start(dk_ctx &c)
 }
 
 /*
+ * After a pass that took nothing the reader sleeps about this long
+ * (__nanosleep: up to twice it) before the next. Its passes are mostly
+ * PCIe reads of the queues' headers in host memory; back to back they
+ * slowed the stream-ordered form, whose arm and completion words go
+ * through host memory by the GPU's own stream operations: 2 ranks on 2
+ * H200, 8 B to 4 KiB all-reduces, 48 us a call without a rest, 44.5 with
+ * 1 us, 44 with 2 us, the callback form within 0.8 us of before
+ * (tests/perf/RESULTS.md, fourteenth run).
+ */
+#define DK_READER_REST_NS 1000u
+
+/*
  * The queue reader: one lane of block 0's last warp takes the armed entries
  * of every queue pair, makes tasks of them and hands them to the blocks'
  * inboxes, while the blocks run their tasks, so that no block's turn waits
@@ -3208,17 +3252,6 @@ __device__ void ctx_start(dk_ctx &c)
  * idle_ns it says so to the clients, looks once more, and sets ctl.quit;
  * the blocks leave once their queues are empty.
  */
-/*
- * After a pass that took nothing the reader rests this long before the
- * next. Its passes are mostly PCIe reads of the queues' headers in host
- * memory; back to back they slowed the stream-ordered form, whose arm
- * and completion words go through host memory by the GPU's own stream
- * operations: 2 ranks on 2 H200, 8 B to 4 KiB all-reduces, 48 us a call
- * without a rest, 44.5 with 1 us, 44 with 2 us, the callback form
- * unchanged within 0.5 us (tests/perf/RESULTS.md, fourteenth run).
- */
-#define DK_READER_REST_NS 1000u
-
 __device__ void reader_main(dk_ctx &c)
 {
 	dk_state *st = c.st;
@@ -3253,7 +3286,8 @@ __device__ void reader_main(dk_ctx &c)
 			 * before a client saw SLEEPING is not missed. */
 			set_engine_state(st, DFCCL_ENGINE_SLEEPING);
 			c.passes = 0; /* a whole look: past every unarmed head too */
-			if (read_queues(c) > 0) {
+			got = read_queues(c);
+			if (got > 0) {
 				set_engine_state(st, DFCCL_ENGINE_POLLING);
 				last_active = now_ns();
 			} else {

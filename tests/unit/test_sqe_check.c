@@ -28,6 +28,42 @@ static void test_mul_fits(void **state)
 	assert_false(sqe_mul_fits(UINT64_C(0x100000000), UINT64_C(0x100000001)));
 }
 
+/* Against the product in 128 bits, where the compiler has them (the GPU's
+ * multiply-high computes the same high word). */
+static void test_mul_fits_wide(void **state)
+{
+	(void)state;
+#if defined(__SIZEOF_INT128__)
+	const uint64_t v[] = {0, 1, 2, 3, 7, 8, 255, UINT64_C(1) << 31, UINT64_C(0xFFFFFFFF), UINT64_C(1) << 32,
+	                      UINT64_C(0x100000001), UINT64_MAX / 12, UINT64_MAX / 12 + 1, UINT64_MAX / 8,
+	                      UINT64_MAX / 8 + 1, UINT64_C(1) << 62, UINT64_MAX - 1, UINT64_MAX};
+	const size_t n = sizeof(v) / sizeof(v[0]);
+	for (size_t i = 0; i < n; i++)
+		for (size_t j = 0; j < n; j++) {
+			__extension__ unsigned __int128 p = (unsigned __int128)v[i] * v[j];
+			assert_int_equal(sqe_mul_fits(v[i], v[j]), (p >> 64) == 0);
+		}
+#else
+	skip();
+#endif
+}
+
+/* The element checks mask offsets with size - 1: every known size is a
+ * power of two. */
+static void test_dtype_sizes_powers_of_two(void **state)
+{
+	(void)state;
+	unsigned known = 0;
+	for (uint32_t t = 0; t < 256; t++) {
+		unsigned d = sqe_dtype_size(t);
+		if (d == 0)
+			continue;
+		known++;
+		assert_true(d <= 8 && (d & (d - 1)) == 0);
+	}
+	assert_int_equal(known, SQE_NDTYPES);
+}
+
 static void test_buf_bytes(void **state)
 {
 	(void)state;
@@ -64,6 +100,8 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_mul_fits),
+	    cmocka_unit_test(test_mul_fits_wide),
+	    cmocka_unit_test(test_dtype_sizes_powers_of_two),
 	    cmocka_unit_test(test_buf_bytes),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
