@@ -154,12 +154,18 @@ static inline DFCCL_HD uint32_t dk_conn_bytes(uint32_t nch)
 	return DFCCL_COMM_CONN_BYTES / nch / 32u * 32u;
 }
 
+/* One of the n - 1 regions, one per other rank, that `bytes` are cut
+ * into on 16-byte boundaries (0 for a single rank). */
+static inline DFCCL_HD uint32_t dk_region_bytes(uint32_t bytes, uint32_t n)
+{
+	return n > 1 ? bytes / (n - 1) / 16u * 16u : 0;
+}
+
 /* What one source of a pushed all-reduce may bring into a channel's
- * share of a connector: the share is cut into n - 1 regions, one per
- * other rank, on 16-byte boundaries. */
+ * share of a connector: a region of the share. */
 static inline DFCCL_HD uint32_t dk_push_room(uint32_t nch, uint32_t n)
 {
-	return n > 1 ? dk_conn_bytes(nch) / (n - 1) / 16u * 16u : 0;
+	return dk_region_bytes(dk_conn_bytes(nch), n);
 }
 
 /*
@@ -182,7 +188,7 @@ enum { DK_PUSH_PLAIN = 1, DK_PUSH_LL = 2 };
 /* The bytes of one source's region of a slot's lines. */
 static inline DFCCL_HD uint32_t dk_ll_room(uint32_t n)
 {
-	return n > 1 ? DK_LL_SLOT_BYTES / (n - 1) / 16u * 16u : 0;
+	return dk_region_bytes(DK_LL_SLOT_BYTES, n);
 }
 
 /* The data lines of `bytes`: 8 bytes each; the region's last line, the
