@@ -289,10 +289,12 @@ struct dk_op {
 	uint32_t dtype, redop, div;
 	uint64_t elems;
 	uint32_t dsize;
-	uint32_t ll;          /* a pushed all-reduce's lines (ll_send, ll_take): DK_LL_SEND or DK_LL_TAKE; 0: none */
+	uint32_t ll;          /* a pushed all-reduce's lines (ll_send, ll_take): DK_LL_SEND, DK_LL_TAKE or
+	                       * DK_LL_RUN; 0: none */
 	uint32_t flag, shape; /* the lines' flag (dk_ll_flag), and the shape their last line carries */
-	uint32_t rank;        /* DK_LL_TAKE: this rank */
-	const dk_task *task;  /* DK_LL_SEND: the task, whose post one thread stores meanwhile */
+	uint32_t rank;        /* DK_LL_TAKE, DK_LL_RUN: this rank */
+	const char *lines;    /* DK_LL_TAKE, DK_LL_RUN: the first region of this rank's slot */
+	const dk_task *task;  /* DK_LL_SEND, DK_LL_RUN: the task, whose post one thread stores meanwhile */
 };
 
 template <typename T> __device__ __forceinline__ T ld_cg(const T *p);
@@ -500,13 +502,14 @@ __device__ void copy_run(const dk_op &o)
  * flag beside it in one 8-byte word, which a GPU stores and loads whole;
  * line L, after the L lines of data, the count and shape, for the
  * receiver's check. DK_LL_SEND: src[0] the data, src[1..nsrc) the regions
- * it goes to, one per peer. DK_LL_TAKE: src[0] the first of the n - 1
+ * it goes to, one per peer. DK_LL_TAKE: `lines` the first of the n - 1
  * regions of this rank's slot (dk_ll_room(n) bytes apart, source rank
- * + 1 first), src[1] this rank's data, dst its result, n = div; ll_result
+ * + 1 first), src[0] this rank's data, dst its result, n = div; ll_result
  * says whether every line had come and the result is stored
- * (DK_LL_READY), or not (DK_LL_LATE: nothing stored).
+ * (DK_LL_READY), or not (DK_LL_LATE: nothing stored). DK_LL_RUN: both, one
+ * after the other, in one visit of the block (ll_run).
  */
-enum { DK_LL_SEND = 1, DK_LL_TAKE = 2 };
+enum { DK_LL_SEND = 1, DK_LL_TAKE = 2, DK_LL_RUN = 3 };
 enum { DK_LL_READY = 1, DK_LL_LATE = 2 };
 #define DK_LL_POLLS 64u /* polls of a thread's lines before a take gives way */
 __shared__ uint32_t ll_result;
@@ -583,7 +586,7 @@ __device__ void ll_send(const dk_op &o)
  * (rank + 1 + g) mod n's. */
 __device__ __forceinline__ const uint4 *ll_at(const dk_op &o, uint32_t g, uint32_t j)
 {
-	return (const uint4 *)(o.src[0] + (uint64_t)g * dk_ll_room(o.div)) + j;
+	return (const uint4 *)(o.lines + (uint64_t)g * dk_ll_room(o.div)) + j;
 }
 
 /* Line j of source rank k's region. */
@@ -616,7 +619,7 @@ template <typename T, typename A, typename E, int OP> __device__ __noinline__ vo
 				if (j >= L) {
 					w[u] = 0;
 				} else if (k == r) {
-					w[u] = ll_chunk(o.src[1], bytes, j);
+					w[u] = ll_chunk(o.src[0], bytes, j);
 				} else {
 					uint4 v = ll_load(ll_line(o, k, j));
 					w[u] = (uint64_t)v.x | (uint64_t)v.z << 32;
@@ -661,20 +664,26 @@ struct reduce_lines {
 __device__ void ll_take(const dk_op &o)
 {
 	const uint32_t tid = threadIdx.x, nt = DK_WORKERS, n = o.div;
-	const uint32_t L = (uint32_t)dk_ll_lines(o.elems * o.dsize), total = L * (n - 1);
+	const uint32_t L = (uint32_t)dk_ll_lines(o.elems * o.dsize);
+	/* In a run (ll_run) the take polls each source's last line too, and
+	 * agrees with it: no look at the last lines came before. */
+	const uint32_t per = o.ll == DK_LL_RUN ? L + 1u : L, total = per * (n - 1);
 	bool ok = true;
 	for (uint32_t poll = 0;; poll++) {
 		ok = true;
 		for (uint32_t i0 = tid; i0 < total && ok; i0 += DK_LL_BATCH * nt) {
 			uint4 v[DK_LL_BATCH];
+			bool last[DK_LL_BATCH];
 #pragma unroll
 			for (uint32_t u = 0; u < DK_LL_BATCH; u++) {
-				uint32_t i = i0 + u * nt;
-				v[u] = i < total ? ll_load(ll_at(o, i / L, i % L)) : make_uint4(0, o.flag, 0, o.flag);
+				uint32_t i = i0 + u * nt, j = i % per;
+				last[u] = i < total && j == L;
+				v[u] = i < total ? ll_load(ll_at(o, i / per, j)) : make_uint4(0, o.flag, 0, o.flag);
 			}
 #pragma unroll
 			for (uint32_t u = 0; u < DK_LL_BATCH; u++)
-				ok = ok && v[u].y == o.flag && v[u].w == o.flag;
+				ok = ok && v[u].y == o.flag && v[u].w == o.flag &&
+				     (!last[u] || (v[u].x == (uint32_t)o.elems && v[u].z == o.shape));
 		}
 		if (ok || poll >= DK_LL_POLLS)
 			break;
@@ -695,9 +704,9 @@ __device__ void ll_take(const dk_op &o)
 __device__ void op_run(const dk_op &o)
 {
 	if (o.ll) {
-		if (o.ll == DK_LL_SEND)
+		if (o.ll != DK_LL_TAKE)
 			ll_send(o);
-		else
+		if (o.ll != DK_LL_SEND)
 			ll_take(o);
 		return;
 	}
@@ -2392,30 +2401,30 @@ __device__ char *ll_region(const dk_task *t, dk_comm *cm, uint32_t dst, uint32_t
 }
 
 /* The piece of a pushed all-reduce sent as lines, over this rank's
- * buffers: at DK_PUSH the whole of its data to every peer, at DK_LLPULL
- * every peer's reduced with it into its result (ll_send, ll_take). */
-__device__ void ll_piece(const dk_task *t, dk_comm *cm, const char *send, char *recv, uint32_t step, dk_op &op)
+ * buffers: DK_LL_SEND the whole of its data to every peer (DK_PUSH),
+ * DK_LL_TAKE every peer's reduced with it into its result (DK_LLPULL),
+ * DK_LL_RUN both (ll_run). */
+__device__ void ll_piece(const dk_task *t, dk_comm *cm, const char *send, char *recv, uint32_t ll, dk_op &op)
 {
 	uint32_t n = vis.n, r = t->rank;
 	op_of(t, n, op);
+	op.ll = ll;
 	op.reduce = 0;
 	op.elems = t->count;
 	op.flag = dk_ll_flag(t->key);
+	op.shape = shape_of(t);
 	op.rank = r;
-	if (step == DK_PUSH) {
-		op.ll = DK_LL_SEND;
-		op.task = t;
-		op.shape = shape_of(t);
-		op.src[0] = send;
+	op.task = t;
+	op.src[0] = send;
+	op.nsrc = 1;
+	if (ll != DK_LL_TAKE) {
 		for (uint32_t j = 1; j < n; j++)
 			op.src[j] = ll_region(t, cm, (r + j) % n, r);
 		op.nsrc = n;
-	} else {
-		op.ll = DK_LL_TAKE;
-		op.src[0] = ll_region(t, cm, r, (r + 1) % n);
-		op.src[1] = send;
+	}
+	if (ll != DK_LL_SEND) {
+		op.lines = ll_region(t, cm, r, (r + 1) % n);
 		op.dst = recv;
-		op.nsrc = 2;
 	}
 }
 
@@ -2842,6 +2851,35 @@ __device__ uint32_t chan_leave(dk_task *tg, uint32_t b)
  * elements it covers) or the visit ends (A_RETURN with sh.ret).
  * `piece_done` says the block just finished the piece described last time.
  */
+/*
+ * A pushed all-reduce sent as lines runs its whole exchange in one piece
+ * (DK_LL_RUN: ll_send, then ll_take, which polls the peers' last lines
+ * too) where the visit that reaches DK_SLOT finds the slot free at its
+ * first look: no step between the send and the take, and none of a
+ * wait's own work (chan_wait), whose steps took most of a small
+ * all-reduce's time on its block (2 ranks on 2 H200, 8 B-512 B: 33 -> 26
+ * us a call in the callback form, 43 -> 36 stream-ordered; tests/perf/
+ * RESULTS.md, fifteenth run). The looks are chan_wait's first, the
+ * abort words with them, before anything the task stores (entry_prepare
+ * relies on it). Its own buffers as the queue reader resolved them, in
+ * the launch that took the entry. A take that gives way (a peer's lines
+ * late, or its last line disagreeing) leaves the channel at DK_SYNC1, as
+ * a send at DK_PUSH would have: the wait and the agreement's check
+ * (ll_last_agrees) follow as they do there.
+ */
+__device__ bool ll_run_starts(dk_ctx &c, const dk_task *t, dk_comm *cm)
+{
+	if (t->push != DK_PUSH_LL || t->accept_epoch != c.p.epoch)
+		return false;
+	if (comm_aborted(cm, false))
+		return false;
+	const uint32_t post_words = sizeof(dfccl_rank_post) / sizeof(uint64_t);
+	for (uint32_t r = 0; r < vis.n; r++)
+		if (sync_load(&t->posts[0].done + (uint64_t)r * post_words) < t->slot_free)
+			return false;
+	return true;
+}
+
 __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t position, bool piece_done,
                                  uint64_t *budget, bool *progressed)
 {
@@ -2946,7 +2984,7 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 					algo_piece(t, ch, cm, as, b, x->pos, max, sh.op);
 					sh.npos = sh.op.elems;
 				} else if (t->push == DK_PUSH_LL && x->step == DK_PUSH) {
-					ll_piece(t, cm, b.send[t->rank], b.recv[t->rank], DK_PUSH, sh.op);
+					ll_piece(t, cm, b.send[t->rank], b.recv[t->rank], DK_LL_SEND, sh.op);
 					sh.npos = 1;
 				} else if (t->push) {
 					sh.npos = push_piece(t, ch, cm, x->step, b, x->pos, max, sh.op);
@@ -3014,7 +3052,7 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 					x->step = DK_CHDONE;
 					continue;
 				}
-				ll_piece(t, cm, send, recv, DK_LLPULL, sh.op);
+				ll_piece(t, cm, send, recv, DK_LL_TAKE, sh.op);
 				sh.npos = 1;
 				return A_DATA;
 			}
@@ -3081,6 +3119,22 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 			*progressed = true;
 			continue;
 		}
+		case DK_SLOT:
+			if (*budget && ll_run_starts(c, t, cm)) {
+				/* The whole exchange as one piece; its take's result
+				 * is read at DK_LLPULL. */
+				*progressed = true;
+				sched_on_progress(&c.p.sched, s);
+				ll_piece(t, cm, t->own_send, t->own_recv, DK_LL_RUN, sh.op);
+				x->step = DK_LLPULL;
+				x->pos = 0;
+				sh.npos = 1;
+				uint64_t bytes = t->count * t->dsize;
+				*budget = bytes < *budget ? *budget - bytes : 0;
+				trace(c, DK_EV_DATA, (uint32_t)bytes);
+				return A_DATA;
+			}
+			break;
 		default:
 			break;
 		}

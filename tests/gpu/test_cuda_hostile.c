@@ -27,8 +27,9 @@
  * offsets and counts beyond the range, near 2^64, and whose byte size
  * wraps; all-gather and reduce-scatter sizes that only overflow once scaled
  * by the rank count; an unknown communicator, a rank outside it, unknown
- * flags, a root outside it), each of which must complete with its status
- * within a few seconds; registrations that reach past the allocation, which
+ * flags, a root outside it; well-formed all-reduces on which the two
+ * ranks disagree: count, data type, reduction), each of which must complete
+ * with its status within a few seconds; registrations that reach past the allocation, which
  * must be refused (a cudaMalloc allocation's legacy IPC handle, and a VMM
  * allocation's descriptor, whose worker bounds the range by what the driver
  * lets it map); a second well-formed all-reduce (the daemon still
@@ -77,7 +78,7 @@
 /* Each collective is submitted for both ranks. */
 #define NRANKS 2
 /* Communicators: one per hostile case, and the two well-formed all-reduces'. */
-#define MAX_PAIRS 32
+#define MAX_PAIRS 40
 #define NO_STATUS DFCCL_CQ_STATUS_COUNT_
 
 static int failures;
@@ -283,14 +284,22 @@ static struct dfccl_sqe entry_base(const struct env *v, int rank)
 }
 
 /*
- * Makes a well-formed entry hostile case `which`; returns what it is, with
- * the status it must complete with in *want (and a second acceptable one in
- * *also, or NO_STATUS), or NULL past the last case.
+ * Makes rank `rank`'s well-formed entry hostile case `which`; returns what
+ * it is, with the status it must complete with in *want (and a second
+ * acceptable one in *also, or NO_STATUS), or NULL past the last case. The
+ * last cases are well-formed entries on which the ranks disagree (rank 1's
+ * differs): both must fail with DFCCL_CQ_MISMATCH, and nothing may be
+ * stored. Their all-reduces are small enough to go as lines, which the
+ * daemon kernel sends and takes in one piece where it can (ll_run): a take
+ * must not reduce lines whose last one says another collective.
  */
-static const char *hostile_shape(int which, const struct env *v, struct dfccl_sqe *e, uint32_t *want, uint32_t *also)
+static const char *hostile_shape(int which, int rank, const struct env *v, struct dfccl_sqe *e, uint32_t *want,
+                                 uint32_t *also)
 {
 	*also = NO_STATUS;
 	*want = DFCCL_CQ_OUT_OF_RANGE;
+	if (which >= 24 && which <= 27)
+		*want = DFCCL_CQ_MISMATCH;
 	switch (which) {
 	case 0: *want = DFCCL_CQ_BAD_OPCODE; e->opcode = 200; return "opcode 200";
 	case 1: *want = DFCCL_CQ_BAD_OPCODE; e->opcode = DFCCL_OP_COUNT_; return "the first opcode past the last";
@@ -336,6 +345,22 @@ static const char *hostile_shape(int which, const struct env *v, struct dfccl_sq
 		e->opcode = DFCCL_OP_BROADCAST;
 		e->peer = 7;
 		return "a broadcast root outside the communicator";
+	case 24:
+		if (rank == 1)
+			e->count = CONTROL_COUNT + 8;
+		return "all-reduces of different counts (rank 1's longer)";
+	case 25:
+		if (rank == 1)
+			e->count = CONTROL_COUNT - 8;
+		return "all-reduces of different counts (rank 1's shorter)";
+	case 26:
+		if (rank == 1)
+			e->dtype = dfcclInt32;
+		return "all-reduces of different data types of the same size";
+	case 27:
+		if (rank == 1)
+			e->redop = dfcclMax;
+		return "all-reduces of different reductions";
 	default: return NULL;
 	}
 }
@@ -459,7 +484,8 @@ static unsigned run_hostile(struct hostile_test *h)
 			break;
 		for (int r = 0; r < NRANKS; r++) {
 			e[r] = entry_base(v, r);
-			what[n + (unsigned)r] = hostile_shape(which, v, &e[r], &want[n + (unsigned)r], &also[n + (unsigned)r]);
+			what[n + (unsigned)r] =
+			    hostile_shape(which, r, v, &e[r], &want[n + (unsigned)r], &also[n + (unsigned)r]);
 		}
 		if (!what[n])
 			break;
