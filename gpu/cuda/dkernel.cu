@@ -3404,6 +3404,10 @@ __global__ void __launch_bounds__(DK_THREADS, DK_MIN_BLOCKS_PER_SM) dk_main(dk_p
 		if (tid == 0) {
 			trace(c, DK_EV_LOOP, sh.q.n);
 			dk_inbox *ib = &st->inbox[c.b];
+			/* The control words in one load, on its way before the
+			 * tail's acquire (which holds back the loads after it): a
+			 * stop, park or quit seen a turn late costs a turn. */
+			const uint4 ctl = ll_load((const uint4 *)&st->ctl);
 			/* An acquire: the places and tasks the reader published with
 			 * its fence before the tail are read after it. */
 			uint32_t tail = ld_acq_gpu32(&ib->tail);
@@ -3414,9 +3418,9 @@ __global__ void __launch_bounds__(DK_THREADS, DK_MIN_BLOCKS_PER_SM) dk_main(dk_p
 				ib->head++;
 			}
 			sh.quit = 0;
-			if (vload(&st->ctl.stop) || vload(&st->ctl.park)) {
+			if (ctl.y || ctl.z) { /* stop, park */
 				sh.quit = 1;
-			} else if (vload(&st->ctl.quit) && sh.q.n == 0 && ib->head == vload(&ib->tail)) {
+			} else if (ctl.x && sh.q.n == 0 && ib->head == vload(&ib->tail)) { /* quit */
 				sh.quit = 1;
 			}
 		}
