@@ -892,15 +892,22 @@ __device__ void stats_tick(dk_ctx &c, bool idle)
 		stats_flush(c);
 }
 
-/* The single-word completion of entry seq (DFCCL's optimized CQ), then the
- * queue's `completed`, which several blocks may advance: under the queue
- * pair's lock, so the count only grows. The host side wakes sleepers. */
-__device__ void complete(dk_ctx &c, dk_qp *q, uint64_t seq, uint32_t status)
+/* The single-word completion of entry seq (DFCCL's optimized CQ; what its
+ * client waits on), with a release store at system scope: the results
+ * before the word. */
+__device__ void complete_word(dk_ctx &c, dk_qp *q, uint64_t seq, uint32_t status)
 {
 	uint32_t slot = DFCCL_QP_SLOT(seq, vload(&q->n));
 	trace(c, DK_EV_COMPLETE, status);
-	/* A release store at system scope: the results before the word. */
 	st_rel_sys(&vload(&q->cw)[slot], DFCCL_CW_MAKE(seq, status));
+}
+
+/* After complete_word: the queue pair's `completed` (the futex its sleeping
+ * clients wait on, proto/dfccl_queue.h; the host side wakes them), which
+ * several blocks may advance: under the queue pair's lock, so the count
+ * only grows. Then the block's counters. */
+__device__ void complete_count(dk_ctx &c, dk_qp *q, uint32_t status)
+{
 	while (atomicCAS(&q->lock, 0, 1) != 0)
 		;
 	uint64_t n = vload(&q->completed) + 1;
@@ -912,6 +919,12 @@ __device__ void complete(dk_ctx &c, dk_qp *q, uint64_t seq, uint32_t status)
 		c.acc.completed++;
 	else
 		c.acc.errors++;
+}
+
+__device__ void complete(dk_ctx &c, dk_qp *q, uint64_t seq, uint32_t status)
+{
+	complete_word(c, q, seq, status);
+	complete_count(c, q, status);
 }
 
 /* Fails every rank of a communicator: this GPU's tasks of it through its
@@ -1434,6 +1447,7 @@ struct dk_rcopy {
 	uint64_t seq[DK_SCAN];     /* the sequence each is taken under */
 	dk_qp *q;                  /* their queue pair */
 	uint32_t qi;               /* its slot */
+	uint32_t first;            /* the first of them to copy (the ones before are copied already) */
 	uint32_t n;                /* how many, DK_COPY_FILL or DK_COPY_QUIT */
 	uint32_t fill;             /* DK_COPY_FILL: bit i, entry i accepted as task[i] */
 	uint4 buf[DK_SCAN][8];     /* their copies (arm: the sequence) */
@@ -1504,22 +1518,23 @@ __device__ __noinline__ void copier_main(uint32_t lane, dk_params p)
 			__syncwarp(DK_COPY_LANES); /* done */
 			continue;
 		}
+		const uint32_t first = *(volatile uint32_t *)&rcopy.first, end = first + n;
 		uint4 v[DK_COPY_ROUNDS];
 #pragma unroll
 		for (uint32_t r = 0; r < DK_COPY_ROUNDS; r++) {
-			uint32_t i = r * DK_COPY_PER_ROUND + g;
-			if (i < n)
+			uint32_t i = first + r * DK_COPY_PER_ROUND + g;
+			if (i < end)
 				v[r] = __ldcv(*(const uint4 *const volatile *)&rcopy.src[i] + piece);
 		}
 #pragma unroll
 		for (uint32_t r = 0; r < DK_COPY_ROUNDS; r++) {
-			uint32_t i = r * DK_COPY_PER_ROUND + g;
-			if (i < n)
+			uint32_t i = first + r * DK_COPY_PER_ROUND + g;
+			if (i < end)
 				rcopy.buf[i][piece] = v[r];
 		}
 		__syncwarp(DK_COPIERS); /* every copy whole */
-		if (mine < n) {
-			const bool timed = p.trace && mine == 0;
+		if (mine >= first && mine < end) {
+			const bool timed = p.trace && mine == first;
 			if (timed)
 				rcopy.t_loaded = now_ns();
 			/* The sequence it is taken under: into the copy in shared
@@ -1540,16 +1555,30 @@ __device__ __noinline__ void copier_main(uint32_t lane, dk_params p)
 	}
 }
 
-/* The reader: the copiers copy rcopy.src[0..n) into rcopy.buf and check
- * them into rcopy.prep (n <= DK_SCAN), fill the tasks of rcopy.fill
- * (DK_COPY_FILL), or leave (DK_COPY_QUIT). */
-__device__ void copy_entries(uint32_t n)
+/* The reader's request to the copiers: copy rcopy.src[first..first + n)
+ * into rcopy.buf and check them into rcopy.prep (first + n <= DK_SCAN),
+ * fill the tasks of rcopy.fill (DK_COPY_FILL), or leave (DK_COPY_QUIT).
+ * The reader may go on with loads of its own until copy_wait. */
+__device__ __forceinline__ void copy_begin(uint32_t first, uint32_t n)
 {
+	*(volatile uint32_t *)&rcopy.first = first;
 	rcopy_put_n(n);
 	__syncwarp(DK_COPY_LANES);
-	if (n != DK_COPY_QUIT)
-		__syncwarp(DK_COPY_LANES);
+}
+
+/* The copiers' work of the last copy_begin done. */
+__device__ __forceinline__ void copy_wait(void)
+{
+	__syncwarp(DK_COPY_LANES);
 	asm volatile("" ::: "memory"); /* the copies are read after the barrier */
+}
+
+/* copy_begin, then copy_wait (but for DK_COPY_QUIT). */
+__device__ void copy_entries(uint32_t n)
+{
+	copy_begin(0, n);
+	if (n != DK_COPY_QUIT)
+		copy_wait();
 }
 
 /*
@@ -1815,6 +1844,21 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 				 * before. */
 				uint32_t was_taken = 0, armed = 0; /* bit k: entry s0 + k */
 				uint32_t adm = 0, fill = 0; /* bit i: copy i accepted, its admission not counted / its task to fill */
+				/* In order, the head is armed (its arm word an acquire)
+				 * and not taken (the head is the first entry not taken):
+				 * its copy and checks are asked for before the chunk's
+				 * words are loaded, not after. The copier lanes share the
+				 * reader's warp, so the two overlap only in part: a pass
+				 * that takes one entry went from 15.0 to 13.4 us (2 H200,
+				 * tests/perf/RESULTS.md, fifteenth run). */
+				const bool early = in_order && s0 == head;
+				if (early) {
+					rcopy.src[0] = (const uint4 *)&sq[DFCCL_QP_SLOT(head, n)];
+					rcopy.seq[0] = head;
+					rcopy.q = q;
+					rcopy.qi = qi;
+					copy_begin(0, 1);
+				}
 				{
 					/* The arm words (PCIe) first, reduced to a mask before
 					 * the taken words (L2) are loaded: half the registers
@@ -1847,18 +1891,26 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 				if (armed & ~(s0 == head ? 1u : 0u))
 					__threadfence_system();
 				take_at(c, tracing, DK_TAKE_SCANNED);
-				/* Every armed entry of the chunk copied at once, after the
-				 * acquire; those the pass then leaves cost nothing more. */
-				if (armed) {
-					uint32_t nc = 0;
-					for (uint32_t k = 0; k < DK_SCAN; k++)
+				/* Every armed entry of the chunk copied at once (but an
+				 * early head: copied already, and kept unless it read
+				 * taken), after the acquire; those the pass then leaves
+				 * cost nothing more. */
+				const bool kept = early && (armed & 1u);
+				if (early)
+					copy_wait();
+				if (armed & ~(kept ? 1u : 0u)) {
+					uint32_t nc = kept ? 1u : 0u, first = nc;
+					for (uint32_t k = nc; k < DK_SCAN; k++)
 						if (armed >> k & 1u) {
 							rcopy.src[nc] = (const uint4 *)&sq[DFCCL_QP_SLOT(s0 + k, n)];
 							rcopy.seq[nc++] = s0 + k;
 						}
 					rcopy.q = q;
 					rcopy.qi = qi;
-					copy_entries(nc);
+					copy_begin(first, nc - first);
+					copy_wait();
+				}
+				if (armed) {
 					if (tracing) {
 						trace_at(c, DK_EV_TAKE, DK_TAKE_LOADED, rcopy.t_loaded);
 						trace_at(c, DK_EV_TAKE, DK_TAKE_PREPARED, rcopy.t_prepared);
@@ -3077,12 +3129,16 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 				 * reuse the slot), and complete at once. `done` orders
 				 * nothing but the block's loads of the connector, which
 				 * have returned (their sums are stored) before the
-				 * barrier that led here: a plain store, which the
-				 * completion's release publishes, without a fence of
-				 * its own. */
+				 * barrier that led here: a plain store, without a fence
+				 * of its own, after the completion word, whose release
+				 * then waits for the results' stores alone, not for
+				 * `done`'s into the peers' copies and the host's; the
+				 * count's release publishes it. A peer reuses the slot
+				 * only instances later (DFCCL_COMM_SLOTS). */
+				complete_word(c, q, t->seq, tg->status);
 				if (tg->status == DFCCL_CQ_OK)
 					sync_put(&t->posts[t->rank].done, t->key);
-				complete(c, q, t->seq, tg->status);
+				complete_count(c, q, tg->status);
 				sh.ret = R_FREE;
 				return A_RETURN;
 			}
