@@ -3182,6 +3182,10 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 				*progressed = true;
 				sched_on_progress(&c.p.sched, s);
 				ll_piece(t, cm, t->own_send, t->own_recv, DK_LL_RUN, sh.op);
+				/* As a wait that ends does (cond_ready): a rank an earlier
+				 * visit's slot wait stopped at must not be where a wait
+				 * at DK_SYNC1 starts after a take that gave way. */
+				x->wait_rank = 0;
 				x->step = DK_LLPULL;
 				x->pos = 0;
 				sh.npos = 1;
