@@ -507,7 +507,7 @@ __device__ void copy_run(const dk_op &o)
  * + 1 first), src[0] this rank's data, dst its result, n = div; ll_result
  * says whether every line had come and the result is stored
  * (DK_LL_READY), or not (DK_LL_LATE: nothing stored). DK_LL_RUN: both, one
- * after the other, in one visit of the block (ll_run).
+ * after the other, in one visit of the block (ll_run_starts).
  */
 enum { DK_LL_SEND = 1, DK_LL_TAKE = 2, DK_LL_RUN = 3 };
 enum { DK_LL_READY = 1, DK_LL_LATE = 2 };
@@ -665,7 +665,7 @@ __device__ void ll_take(const dk_op &o)
 {
 	const uint32_t tid = threadIdx.x, nt = DK_WORKERS, n = o.div;
 	const uint32_t L = (uint32_t)dk_ll_lines(o.elems * o.dsize);
-	/* In a run (ll_run) the take polls each source's last line too, and
+	/* In a run (DK_LL_RUN) the take polls each source's last line too, and
 	 * agrees with it: no look at the last lines came before. */
 	const uint32_t per = o.ll == DK_LL_RUN ? L + 1u : L, total = per * (n - 1);
 	bool ok = true;
@@ -2455,7 +2455,7 @@ __device__ char *ll_region(const dk_task *t, dk_comm *cm, uint32_t dst, uint32_t
 /* The piece of a pushed all-reduce sent as lines, over this rank's
  * buffers: DK_LL_SEND the whole of its data to every peer (DK_PUSH),
  * DK_LL_TAKE every peer's reduced with it into its result (DK_LLPULL),
- * DK_LL_RUN both (ll_run). */
+ * DK_LL_RUN both (ll_run_starts). */
 __device__ void ll_piece(const dk_task *t, dk_comm *cm, const char *send, char *recv, uint32_t ll, dk_op &op)
 {
 	uint32_t n = vis.n, r = t->rank;

@@ -290,8 +290,9 @@ static struct dfccl_sqe entry_base(const struct env *v, int rank)
  * last cases are well-formed entries on which the ranks disagree (rank 1's
  * differs): both must fail with DFCCL_CQ_MISMATCH, and nothing may be
  * stored. Their all-reduces are small enough to go as lines, which the
- * daemon kernel sends and takes in one piece where it can (ll_run): a take
- * must not reduce lines whose last one says another collective.
+ * daemon kernel sends and takes in one piece where it can
+ * (ll_run_starts): a take must not reduce lines whose last one says
+ * another collective.
  */
 static const char *hostile_shape(int which, int rank, const struct env *v, struct dfccl_sqe *e, uint32_t *want,
                                  uint32_t *also)
