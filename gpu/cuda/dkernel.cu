@@ -2919,17 +2919,17 @@ __device__ uint32_t chan_leave(dk_task *tg, uint32_t b)
  * a send at DK_PUSH would have: the wait and the agreement's check
  * (ll_last_agrees) follow as they do there.
  */
-__device__ bool ll_run_starts(dk_ctx &c, const dk_task *t, dk_comm *cm)
+__device__ bool ll_run_starts(dk_ctx &c, const dk_task *t, dk_comm *cm, dk_chan_ctx *x, uint32_t ch)
 {
 	if (t->push != DK_PUSH_LL || t->accept_epoch != c.p.epoch)
 		return false;
 	if (comm_aborted(cm, false))
 		return false;
-	const uint32_t post_words = sizeof(dfccl_rank_post) / sizeof(uint64_t);
-	for (uint32_t r = 0; r < vis.n; r++)
-		if (sync_load(&t->posts[0].done + (uint64_t)r * post_words) < t->slot_free)
-			return false;
-	return true;
+	/* The slot's wait, one look: where it is over, the channel's wait
+	 * rank is reset as any wait's end resets it, so that a wait at
+	 * DK_SYNC1 after a take that gave way starts at the first rank. */
+	uint32_t blocker;
+	return cond_ready(t, x, cond_of(t, cm, ch, DK_SLOT), NULL, ch, &blocker);
 }
 
 __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t position, bool piece_done,
@@ -3176,16 +3176,12 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 			continue;
 		}
 		case DK_SLOT:
-			if (*budget && ll_run_starts(c, t, cm)) {
+			if (*budget && ll_run_starts(c, t, cm, x, ch)) {
 				/* The whole exchange as one piece; its take's result
 				 * is read at DK_LLPULL. */
 				*progressed = true;
 				sched_on_progress(&c.p.sched, s);
 				ll_piece(t, cm, t->own_send, t->own_recv, DK_LL_RUN, sh.op);
-				/* As a wait that ends does (cond_ready): a rank an earlier
-				 * visit's slot wait stopped at must not be where a wait
-				 * at DK_SYNC1 starts after a take that gave way. */
-				x->wait_rank = 0;
 				x->step = DK_LLPULL;
 				x->pos = 0;
 				sh.npos = 1;
