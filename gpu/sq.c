@@ -172,6 +172,9 @@ uint32_t sq_check(const struct sq_queue *q, const struct dfccl_sqe *e, sq_reg_lo
 {
 	uint64_t bytes;
 	uint32_t st = sqe_check_entry(e, &bytes);
+	/* The host engine has no device memory to store a completion in. */
+	if (st == DFCCL_CQ_OK && (e->flags & DFCCL_SQE_F_DEVICE_DONE))
+		return DFCCL_CQ_NOT_SUPPORTED;
 	if (st != DFCCL_CQ_OK || e->opcode == DFCCL_OP_NOP)
 		return st;
 	st = check_range(q, e->send_reg, e->send_off, bytes, sqe_requires_send(e->opcode), lookup, ctx);

@@ -71,8 +71,10 @@ unsigned sq_take_if(struct sq_queue *q, struct dfccl_sqe *out, unsigned max,
 int sq_pending(const struct sq_queue *q);
 
 /*
- * Checks a copied entry against the registrations of q's session. Returns
- * DFCCL_CQ_OK or the DFCCL_CQ_* status to complete it with.
+ * Checks a copied entry against the registrations of q's session, for the
+ * host engine (which refuses DFCCL_SQE_F_DEVICE_DONE: it has no device
+ * memory to store into). Returns DFCCL_CQ_OK or the DFCCL_CQ_* status to
+ * complete it with.
  */
 uint32_t sq_check(const struct sq_queue *q, const struct dfccl_sqe *e, sq_reg_lookup_fn lookup, void *ctx);
 

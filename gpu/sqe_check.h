@@ -29,7 +29,8 @@
 /* dfcclRedOp_t values (client/include/dfccl.h) */
 enum sqe_redop { SQE_REDOP_SUM = 0, SQE_REDOP_PROD = 1, SQE_REDOP_MAX = 2, SQE_REDOP_MIN = 3, SQE_REDOP_AVG = 4 };
 #define SQE_KNOWN_FLAGS \
-	(DFCCL_SQE_F_INPLACE | DFCCL_SQE_F_REGISTERED | DFCCL_SQE_F_PRIORITY | DFCCL_SQE_F_STREAM_ARMED)
+	(DFCCL_SQE_F_INPLACE | DFCCL_SQE_F_REGISTERED | DFCCL_SQE_F_PRIORITY | DFCCL_SQE_F_STREAM_ARMED | \
+	 DFCCL_SQE_F_DEVICE_DONE)
 
 /* Bytes of one element of a dfcclDataType_t value (client/include/dfccl.h); 0 if unknown. */
 static inline DFCCL_HD unsigned sqe_dtype_size(uint32_t dtype)
@@ -126,6 +127,9 @@ static inline DFCCL_HD uint32_t sqe_check_entry(const struct dfccl_sqe *e, uint6
 	if (e->opcode >= DFCCL_OP_COUNT_)
 		return DFCCL_CQ_BAD_OPCODE;
 	if (e->flags & ~SQE_KNOWN_FLAGS)
+		return DFCCL_CQ_BAD_ENTRY;
+	/* A device completion word: named, and whole in one aligned word. */
+	if ((e->flags & DFCCL_SQE_F_DEVICE_DONE) && (e->done_reg == 0 || e->done_off % 8u))
 		return DFCCL_CQ_BAD_ENTRY;
 	if (e->opcode == DFCCL_OP_NOP)
 		return DFCCL_CQ_OK;

@@ -73,7 +73,9 @@
 #endif
 
 #define DFCCL_QP_MAGIC 0x3130505143434644ull /* "DFCCQP01" little-endian */
-#define DFCCL_QUEUE_ABI_VERSION 1u
+/* 2: DFCCL_SQE_F_DEVICE_DONE, which a version-1 engine refuses while its
+ * stream would wait for a word nobody stores. */
+#define DFCCL_QUEUE_ABI_VERSION 2u
 
 #define DFCCL_CACHE_LINE 64u
 #define DFCCL_QP_HEADER_SIZE 512u
@@ -145,6 +147,14 @@ static inline int dfccl_algo_parse(const char *name)
 #define DFCCL_SQE_F_REGISTERED 0x2u  /* a registered collective: coll_id + run */
 #define DFCCL_SQE_F_PRIORITY 0x4u    /* `priority` is meaningful */
 #define DFCCL_SQE_F_STREAM_ARMED 0x8u /* armed by a GPU stream, not the CPU */
+/* The completion word goes to the 8 bytes at (done_reg, done_off) too,
+ * first, with the same release, and from the GPU engine only (the host
+ * engine refuses the entry with DFCCL_CQ_NOT_SUPPORTED): a GPU stream
+ * waits there: a stream's wait on device memory notices a word that comes
+ * 20-30 us after the wait began 4-6 us sooner than one on host memory
+ * (tests/perf/stream_wait.cu). Per slot the client's words grow as the
+ * queue's do, so the same ">=" wait works. */
+#define DFCCL_SQE_F_DEVICE_DONE 0x10u
 
 /* Completion status in the low 16 bits of a completion word. */
 enum dfccl_cq_status {
@@ -242,7 +252,12 @@ struct dfccl_sqe {
 	                    * worker's setting */
 	uint8_t reserved8[2];
 	uint32_t rank;     /* client: the submitting rank in comm_id (a process may hold several ranks) */
-	uint64_t reserved[4]; /* client: zero */
+	/* --- DFCCL_SQE_F_DEVICE_DONE: where the engine also stores the
+	 * completion word, in device memory (GPU engine) */
+	uint64_t done_off; /* client: byte offset inside done_reg, a multiple of 8 */
+	uint32_t done_reg; /* client: registration id of that device memory */
+	uint32_t reserved32; /* client: zero */
+	uint64_t reserved[2]; /* client: zero */
 };
 
 DFCCL_STATIC_ASSERT(sizeof(struct dfccl_qp_header) == DFCCL_QP_HEADER_SIZE, "qp header size");
@@ -286,7 +301,9 @@ DFCCL_STATIC_ASSERT(offsetof(struct dfccl_sqe, dtype) == 87, "dtype offset");
 DFCCL_STATIC_ASSERT(offsetof(struct dfccl_sqe, redop) == 88, "redop offset");
 DFCCL_STATIC_ASSERT(offsetof(struct dfccl_sqe, algo) == 89, "algo offset");
 DFCCL_STATIC_ASSERT(offsetof(struct dfccl_sqe, rank) == 92, "rank offset");
-DFCCL_STATIC_ASSERT(offsetof(struct dfccl_sqe, reserved) == 96, "reserved offset");
+DFCCL_STATIC_ASSERT(offsetof(struct dfccl_sqe, done_off) == 96, "done_off offset");
+DFCCL_STATIC_ASSERT(offsetof(struct dfccl_sqe, done_reg) == 104, "done_reg offset");
+DFCCL_STATIC_ASSERT(offsetof(struct dfccl_sqe, reserved) == 112, "reserved offset");
 
 /* Geometry of a region with n entries; the SQ starts on its own page-aligned
  * boundary after the header so a GPU can map header and entries separately. */

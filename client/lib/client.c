@@ -27,6 +27,7 @@
 #include "cudrv.h"
 #include "dfccl_internal.h"
 #include "errors.h"
+#include "mem.h"
 #include "pci_id.h"
 #include "qp.h"
 #include "req.h"
@@ -946,6 +947,29 @@ out:
 	return r;
 }
 
+void client_stream_words(struct client *c, struct qp *q)
+{
+	if (__atomic_load_n(&q->words, __ATOMIC_ACQUIRE) || c->info.engine != DFCCL__V1__ENGINE_KIND__ENGINE_CUDA ||
+	    q->ordinal < 0 || stream_waits_on_host())
+		return;
+	pthread_mutex_lock(&c->attach_lock);
+	if (!q->words_tried) {
+		q->words_tried = true;
+		struct client_device dev = {q->device, q->ordinal};
+		void *words;
+		uint32_t reg_id;
+		dfcclResult_t r = mem_device_words(c, &dev, (size_t)q->entries * sizeof(uint64_t), &words, &reg_id);
+		if (r == dfcclSuccess)
+			r = qp_stream_words(q, words, reg_id);
+		/* Without them streams wait on the region's words, as before:
+		 * slower, not wrong. */
+		if (r != dfcclSuccess)
+			fprintf(stderr, "libdfccl: device %u: stream-ordered calls wait on host memory: %s\n", q->device,
+			        errors_last());
+	}
+	pthread_mutex_unlock(&c->attach_lock);
+}
+
 dfcclResult_t client_nop(struct client *c, uint32_t device)
 {
 	struct qp *q;
@@ -980,6 +1004,7 @@ dfcclResult_t client_nop_stream(struct client *c, uint32_t device, dfcclStream_t
 	 * entries taken long ago. */
 	if (cudrv_stream_capturing(stream, q->ordinal) > 0)
 		return errors_set(dfcclNotSupported, "stream-ordered NOPs: the stream is being captured into a CUDA graph");
+	client_stream_words(c, q);
 	/* Every wait is bounded: a stream that never arms (blocked behind other
 	 * work, or with an error) ends it in dfcclTimeout. */
 	uint64_t wait_ms = qp_queue_wait_ms();

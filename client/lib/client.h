@@ -182,6 +182,15 @@ void client_async_set(struct client *c, struct client_async *a, dfcclResult_t er
  */
 dfcclResult_t client_attach(struct client *c, uint32_t device, struct qp **out);
 
+/*
+ * Gives queue pair q of c its device completion words (qp_stream_words),
+ * once, on the CUDA engine, before its first stream-ordered entry: memory
+ * from the daemon like dfcclMemAlloc's. Where that fails (said on stderr),
+ * or with DFCCL_STREAM_WAIT=host (stream_waits_on_host), streams wait on
+ * the region's words instead.
+ */
+void client_stream_words(struct client *c, struct qp *q);
+
 /* Submits a NOP on `device` and waits for its completion: a probe of the
  * whole queue path (dfcclctl ping). */
 dfcclResult_t client_nop(struct client *c, uint32_t device);

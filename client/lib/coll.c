@@ -262,6 +262,7 @@ static dfcclResult_t coll_run(struct coll_op *ops, size_t n)
 		}
 		if (stream_batch_crowded(&b, op->comm->qp) && (r = stream_batch_arm(&b)) != dfcclSuccess)
 			break;
+		client_stream_words(op->comm->client, op->comm->qp);
 		/* A slot first, bounded: a call that gives up has used no key,
 		 * so the communicator's later calls still match the peers'. */
 		if ((r = qp_wait_free(op->comm->qp, qp_queue_wait_ms())) != dfcclSuccess)

@@ -76,6 +76,9 @@ static void drv_load(void)
 	    {"cuStreamBatchMemOp_v2", offsetof(struct cudrv_ops, stream_batch_mem_op), true},
 	    {"cuMemcpyAsync", offsetof(struct cudrv_ops, memcpy_async), true},
 	    {"cuStreamIsCapturing", offsetof(struct cudrv_ops, stream_is_capturing), true},
+	    {"cuStreamCreate", offsetof(struct cudrv_ops, stream_create), true},
+	    {"cuStreamSynchronize", offsetof(struct cudrv_ops, stream_synchronize), true},
+	    {"cuStreamDestroy_v2", offsetof(struct cudrv_ops, stream_destroy), true},
 	    {"cuDeviceGetCount", offsetof(struct cudrv_ops, device_get_count), true},
 	    {"cuDeviceGetPCIBusId", offsetof(struct cudrv_ops, device_get_pci_bus_id), true},
 	};
@@ -311,6 +314,34 @@ int cudrv_copy_async(void *dst, const void *src, size_t bytes, void *stream, int
 	}
 	struct drv_copy_arg arg = {dst, src, bytes, (CUstream)stream};
 	struct drv_call c = {"cuMemcpyAsync", drv_copy_async_call, &arg};
+	const char *call;
+	CUresult r = drv_with_context(ops, device, &c, &call);
+	return r == CUDA_SUCCESS ? 0 : drv_fail(ops, call, r);
+}
+
+static CUresult drv_copy_apart_call(const struct cudrv_ops *ops, void *arg)
+{
+	struct drv_copy_arg *a = arg;
+	CUstream s;
+	CUresult r = ops->stream_create(&s, CU_STREAM_NON_BLOCKING);
+	if (r != CUDA_SUCCESS)
+		return r;
+	r = ops->memcpy_async((CUdeviceptr)(uintptr_t)a->dst, (CUdeviceptr)(uintptr_t)a->src, a->bytes, s);
+	CUresult rs = ops->stream_synchronize(s);
+	ops->stream_destroy(s);
+	return r != CUDA_SUCCESS ? r : rs;
+}
+
+int cudrv_copy_apart(void *dst, const void *src, size_t bytes, int device)
+{
+	const struct cudrv_ops *ops = drv();
+	if (!ops || !ops->memcpy_async || !ops->stream_create || !ops->stream_synchronize || !ops->stream_destroy) {
+		snprintf(drv_err, sizeof(drv_err), "the CUDA driver (libcuda.so.1) with cuStreamCreate and cuMemcpyAsync "
+		         "cannot be loaded");
+		return -ENODEV;
+	}
+	struct drv_copy_arg arg = {dst, src, bytes, NULL};
+	struct drv_call c = {"cuMemcpyAsync", drv_copy_apart_call, &arg};
 	const char *call;
 	CUresult r = drv_with_context(ops, device, &c, &call);
 	return r == CUDA_SUCCESS ? 0 : drv_fail(ops, call, r);

@@ -108,6 +108,7 @@ enum { CU_STREAM_MEM_OP_WAIT_VALUE_64 = 4, CU_STREAM_MEM_OP_WRITE_VALUE_64 = 5 }
 enum { CU_STREAM_WAIT_VALUE_GEQ = 0 };
 typedef int CUstreamCaptureStatus;
 enum { CU_STREAM_CAPTURE_STATUS_NONE = 0 };
+enum { CU_STREAM_NON_BLOCKING = 0x1 };
 /* cuda.h's CUstreamBatchMemOpParams for the 64-bit wait and write
  * operations, the only ones used: one 48-byte union member. */
 typedef union CUstreamBatchMemOpParams_union {
@@ -245,6 +246,9 @@ struct cudrv_ops {
 	CUresult (*stream_batch_mem_op)(CUstream stream, unsigned count, CUstreamBatchMemOpParams *ops, unsigned flags);
 	CUresult (*memcpy_async)(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream);
 	CUresult (*stream_is_capturing)(CUstream stream, CUstreamCaptureStatus *status);
+	CUresult (*stream_create)(CUstream *stream, unsigned flags);
+	CUresult (*stream_synchronize)(CUstream stream);
+	CUresult (*stream_destroy)(CUstream stream);
 	/* Which GPU an ordinal is; optional (without them every ordinal is
 	 * taken for a daemon's device index, as on a machine without GPUs). */
 	CUresult (*device_get_count)(int *count);
@@ -258,6 +262,15 @@ struct cudrv_ops {
  * errno (cudrv_last_error says why).
  */
 int cudrv_copy(void *dst, const void *src, size_t bytes, int device);
+
+/*
+ * As cudrv_copy, on a non-blocking stream of its own, waited for: where
+ * cudrv_copy goes through the legacy default stream, which waits for every
+ * blocking stream's work first, this waits for none (a stream stuck on the
+ * very words being written would block it forever). Needs the
+ * stream-ordered entry points (cudrv_streams_usable).
+ */
+int cudrv_copy_apart(void *dst, const void *src, size_t bytes, int device);
 
 /*
  * Stream-ordered submission (client/lib/qp.c): a GPU stream writes a 64-bit

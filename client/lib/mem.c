@@ -550,34 +550,23 @@ static dfcclResult_t mem_host_alloc(struct mem_alloc *a)
 	return r;
 }
 
-/* dfcclMemAlloc (host: false) and dfcclMemAllocHost (true), named fn. */
-static dfcclResult_t mem_alloc_new(void **ptr, size_t size, bool host, const char *fn)
+/* An allocation of session c (a reference taken) on its device dev, of
+ * device memory where the daemon gives it unless host, registered and in
+ * the table: *out. */
+static dfcclResult_t mem_alloc_on(struct client *c, const struct client_device *dev, size_t size, bool host,
+                                  struct mem_alloc **out)
 {
 	dfcclResult_t r;
-	struct mem_alloc *a = NULL;
 	size_t page = (size_t)sysconf(_SC_PAGESIZE);
-
-	if (!ptr)
-		return errors_set(dfcclInvalidArgument, "%s: ptr is NULL", fn);
-	*ptr = NULL;
-	if (size == 0 || size > SIZE_MAX - page)
-		return errors_set(dfcclInvalidArgument, "%s: cannot allocate %zu bytes", fn, size);
-
-	a = calloc(1, sizeof(*a));
+	struct mem_alloc *a = calloc(1, sizeof(*a));
 	if (!a)
 		return errors_set(dfcclSystemError, "out of memory");
 	a->memfd = -1;
 	a->size = size;
 	a->map_size = (size + page - 1) / page * page;
-	r = client_default(&a->client);
-	if (r != dfcclSuccess)
-		goto fail;
-	struct client_device dev;
-	r = client_device_map(a->client, client_current_device(), &dev);
-	if (r != dfcclSuccess)
-		goto fail;
-	a->device = (int)dev.index;
-	a->ordinal = dev.ordinal;
+	a->client = client_ref(c);
+	a->device = (int)dev->index;
+	a->ordinal = dev->ordinal;
 	r = !host && mem_gpu_served(a->client) ? mem_device_alloc(a) : mem_host_alloc(a);
 	if (r != dfcclSuccess)
 		goto fail;
@@ -596,12 +585,49 @@ static dfcclResult_t mem_alloc_new(void **ptr, size_t size, bool host, const cha
 		r = errors_set(dfcclSystemError, "cannot record an allocation: %s", strerror(-rc));
 		goto fail;
 	}
-	*ptr = (void *)a->base;
+	*out = a;
 	return dfcclSuccess;
 
 fail:
 	mem_alloc_free(a);
 	return r;
+}
+
+/* dfcclMemAlloc (host: false) and dfcclMemAllocHost (true), named fn. */
+static dfcclResult_t mem_alloc_new(void **ptr, size_t size, bool host, const char *fn)
+{
+	size_t page = (size_t)sysconf(_SC_PAGESIZE);
+	if (!ptr)
+		return errors_set(dfcclInvalidArgument, "%s: ptr is NULL", fn);
+	*ptr = NULL;
+	if (size == 0 || size > SIZE_MAX - page)
+		return errors_set(dfcclInvalidArgument, "%s: cannot allocate %zu bytes", fn, size);
+	struct client *c = NULL;
+	dfcclResult_t r = client_default(&c);
+	struct client_device dev;
+	if (r == dfcclSuccess)
+		r = client_device_map(c, client_current_device(), &dev);
+	struct mem_alloc *a = NULL;
+	if (r == dfcclSuccess)
+		r = mem_alloc_on(c, &dev, size, host, &a);
+	client_unref(c);
+	if (r == dfcclSuccess)
+		*ptr = (void *)a->base;
+	return r;
+}
+
+dfcclResult_t mem_device_words(struct client *c, const struct client_device *dev, size_t size, void **ptr,
+                               uint32_t *reg_id)
+{
+	if (!mem_gpu_served(c))
+		return errors_set(dfcclNotSupported, "dfccld runs the host engine, which has no device memory");
+	struct mem_alloc *a;
+	dfcclResult_t r = mem_alloc_on(c, dev, size, false, &a);
+	if (r != dfcclSuccess)
+		return r;
+	*ptr = (void *)a->base;
+	*reg_id = a->reg_id;
+	return dfcclSuccess;
 }
 
 dfcclResult_t dfcclMemAlloc(void **ptr, size_t size)

@@ -103,6 +103,16 @@ struct mem_handle {
 	unsigned refs;     /* registrations of the same range */
 };
 
+/*
+ * size bytes of device memory on c's device dev, from the daemon as
+ * dfcclMemAlloc's (CUDA engine only: dfcclNotSupported on the host engine),
+ * registered (*reg_id, the memory at offset 0), for the library's own use:
+ * the queue pairs' device completion words (client_stream_words). It lives
+ * as long as the process.
+ */
+dfcclResult_t mem_device_words(struct client *c, const struct client_device *dev, size_t size, void **ptr,
+                               uint32_t *reg_id);
+
 /* Adds a; 0, -ENOMEM, or -EEXIST if it overlaps an allocation in t. */
 int mem_table_insert(struct mem_table *t, struct mem_alloc *a);
 

@@ -19,6 +19,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -137,10 +138,13 @@ fail:
 	return r;
 }
 
+static void words_unwatch(struct qp *q);
+
 void qp_free(struct qp *q)
 {
 	if (!q)
 		return;
+	words_unwatch(q);
 	if (q->dev_base)
 		cudrv_host_unregister(q->hdr, q->ordinal);
 	pthread_mutex_destroy(&q->stream_lock);
@@ -383,6 +387,8 @@ static dfcclResult_t qp_post(struct qp *q, const struct dfccl_sqe *e, struct qp_
 
 	struct dfccl_sqe tmp = *e;
 	tmp.seq = s;
+	if (tmp.flags & DFCCL_SQE_F_DEVICE_DONE)
+		tmp.done_off += (uint64_t)slot * sizeof(uint64_t); /* the slot's word */
 	struct dfccl_sqe *d = &q->sq[slot];
 	memcpy((char *)d + sizeof(d->arm), (const char *)&tmp + sizeof(tmp.arm), sizeof(tmp) - sizeof(tmp.arm));
 	return dfcclSuccess;
@@ -451,6 +457,12 @@ dfcclResult_t qp_submit_unarmed(struct qp *q, const struct dfccl_sqe *e, struct 
 		return r;
 	struct dfccl_sqe tmp = *e;
 	tmp.flags |= DFCCL_SQE_F_STREAM_ARMED;
+	uintptr_t words = __atomic_load_n(&q->words, __ATOMIC_ACQUIRE);
+	if (words) {
+		tmp.flags |= DFCCL_SQE_F_DEVICE_DONE;
+		tmp.done_reg = q->words_reg;
+		tmp.done_off = 0; /* qp_post adds the slot's */
+	}
 	r = qp_post(q, &tmp, t);
 	if (r != dfcclSuccess)
 		return r;
@@ -458,12 +470,113 @@ dfcclResult_t qp_submit_unarmed(struct qp *q, const struct dfccl_sqe *e, struct 
 	uintptr_t base = q->dev_base;
 	arm->seq = t->seq;
 	arm->arm_addr = base + (uintptr_t)((char *)&q->sq[slot].arm - (char *)q->hdr);
-	arm->cw_addr = base + (uintptr_t)((char *)&q->cw[slot] - (char *)q->hdr);
+	arm->cw_addr = words ? words + (uintptr_t)slot * sizeof(uint64_t)
+	                     : base + (uintptr_t)((char *)&q->cw[slot] - (char *)q->hdr);
 	/* The engine must watch the queue until the stream arms the entry;
 	 * a sleeping one is told now (the stream cannot ring). The store of
 	 * the tail above was sequentially consistent. */
 	qp_ring_if_idle(q);
 	qp_heartbeat(q);
+	return dfcclSuccess;
+}
+
+/* ---------------------------------------------------------------- device completion words */
+
+static pthread_mutex_t words_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t words_cond = PTHREAD_COND_INITIALIZER;
+static struct qp *words_list; /* the queue pairs with device words */
+static bool words_thread_started;
+
+/* Whether q's worker died (the supervisor failed its pending entries in the
+ * region's words, then stored DEAD with release). */
+static bool words_dead(const struct qp *q)
+{
+	return __atomic_load_n(&q->hdr->qp_state, __ATOMIC_ACQUIRE) == DFCCL_QP_DEAD ||
+	       __atomic_load_n(&q->hdr->engine_state, __ATOMIC_ACQUIRE) == DFCCL_ENGINE_DEAD;
+}
+
+/* The region's words over the device words of dead q: no engine stores
+ * into either any more, and per slot the region's word is the later (the
+ * engine stores the device word first, the supervisor only the region's),
+ * so every stream waiting there sees its entry's failure. */
+static void words_release(struct qp *q)
+{
+	if (cudrv_copy_apart((void *)q->words, q->cw, (size_t)q->entries * sizeof(uint64_t), q->ordinal) < 0)
+		fprintf(stderr, "libdfccl: the worker of device %u died, and its streams' completion words could not "
+		        "be written: %s; streams waiting on its collectives stay blocked\n", q->device, cudrv_last_error());
+}
+
+static void *words_watch(void *arg)
+{
+	(void)arg;
+	pthread_mutex_lock(&words_lock);
+	for (;;) {
+		while (!words_list)
+			pthread_cond_wait(&words_cond, &words_lock);
+		/* Once per death: the worker's replacement maps the words again
+		 * (they are dfcclMemAlloc memory) and serves the queue pair's
+		 * new entries, and may die in turn. It takes the queue pair
+		 * seconds after the death (a new process, its CUDA context),
+		 * long after this copy, so no engine stores into the words
+		 * meanwhile. */
+		for (struct qp *q = words_list; q; q = q->words_next) {
+			bool dead = words_dead(q);
+			if (dead && !q->words_released)
+				words_release(q);
+			q->words_released = dead;
+		}
+		pthread_mutex_unlock(&words_lock);
+		struct timespec ts = {0, QP_WORDS_WATCH_MS * 1000000L};
+		nanosleep(&ts, NULL);
+		pthread_mutex_lock(&words_lock);
+	}
+	return NULL;
+}
+
+static void words_unwatch(struct qp *q)
+{
+	if (!__atomic_load_n(&q->words, __ATOMIC_ACQUIRE))
+		return;
+	pthread_mutex_lock(&words_lock);
+	for (struct qp **pp = &words_list; *pp; pp = &(*pp)->words_next)
+		if (*pp == q) {
+			*pp = q->words_next;
+			break;
+		}
+	pthread_mutex_unlock(&words_lock);
+}
+
+dfcclResult_t qp_stream_words(struct qp *q, void *words, uint32_t reg_id)
+{
+	size_t bytes = (size_t)q->entries * sizeof(uint64_t);
+	uint64_t *zero = calloc(q->entries, sizeof(uint64_t));
+	if (!zero)
+		return errors_set(dfcclSystemError, "out of memory");
+	int rc = cudrv_copy_apart(words, zero, bytes, q->ordinal);
+	free(zero);
+	if (rc < 0)
+		return errors_set(dfcclUnhandledCudaError, "cannot clear the device completion words of device %u: %s",
+		                  q->device, cudrv_last_error());
+	pthread_mutex_lock(&words_lock);
+	if (!words_thread_started) {
+		pthread_t th;
+		pthread_attr_t at;
+		pthread_attr_init(&at);
+		pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+		if (pthread_create(&th, &at, words_watch, NULL) != 0) {
+			pthread_attr_destroy(&at);
+			pthread_mutex_unlock(&words_lock);
+			return errors_set(dfcclSystemError, "cannot start the thread that watches the device completion words");
+		}
+		pthread_attr_destroy(&at);
+		words_thread_started = true;
+	}
+	q->words_reg = reg_id;
+	q->words_next = words_list;
+	words_list = q;
+	__atomic_store_n(&q->words, (uintptr_t)words, __ATOMIC_RELEASE);
+	pthread_cond_signal(&words_cond);
+	pthread_mutex_unlock(&words_lock);
 	return dfcclSuccess;
 }
 

@@ -70,6 +70,16 @@ struct qp {
 	uint64_t *reaped;  /* [entries], atomic: last sequence number of each slot whose status was read */
 	uintptr_t dev_base; /* atomic: the region's address for GPU streams once registered (0: not yet) */
 	pthread_mutex_t stream_lock; /* serialises that registration */
+	/* The device completion words (qp_stream_words): entries x 8 bytes of
+	 * device memory where the engine stores a stream-ordered entry's
+	 * completion word too (DFCCL_SQE_F_DEVICE_DONE), for its stream to
+	 * wait on. */
+	uintptr_t words;       /* atomic: their address (0: none; streams wait on the region's words) */
+	uint32_t words_reg;    /* their registration */
+	bool words_tried;      /* client_stream_words asked for them (guarded by the client's attach lock) */
+	bool words_released;   /* the watch copied the region's words over them since the worker died
+	                        * (guarded by the watch's lock) */
+	struct qp *words_next; /* the watch's list */
 };
 
 /*
@@ -114,6 +124,20 @@ struct qp_stream_arm {
 
 dfcclResult_t qp_submit_unarmed(struct qp *q, const struct dfccl_sqe *e, struct qp_ticket *t,
                                 struct qp_stream_arm *arm);
+
+/*
+ * Gives q device completion words: `words`, q->entries 8-byte words of
+ * device memory registered as reg_id (at offset 0), which this zeroes.
+ * From then on qp_submit_unarmed's entries carry DFCCL_SQE_F_DEVICE_DONE
+ * and their streams wait there (a stream's wait on device memory notices
+ * a late word sooner than one on host memory). A process-wide watch then
+ * looks at q every QP_WORDS_WATCH_MS: once the daemon's worker for q
+ * died, the supervisor has failed the pending entries in the region's
+ * words only, so the watch copies those over the device words, and the
+ * streams waiting there go on (once per death of a worker).
+ */
+#define QP_WORDS_WATCH_MS 20
+dfcclResult_t qp_stream_words(struct qp *q, void *words, uint32_t reg_id);
 
 /*
  * Waits until the next entry's slot is free, without taking it, for at most

@@ -59,6 +59,15 @@ dfcclResult_t stream_batch_arm(struct stream_batch *b);
  * driver call per stream when nothing was armed before. */
 dfcclResult_t stream_batch_finish(struct stream_batch *b);
 
+/*
+ * Whether streams wait on the queue region's completion words in host
+ * memory rather than on device completion words (client_stream_words):
+ * DFCCL_STREAM_WAIT=host, read once. Any other value, or none, is the
+ * default, device. For comparisons, and daemons without
+ * DFCCL_SQE_F_DEVICE_DONE.
+ */
+bool stream_waits_on_host(void);
+
 /* The CUDA_DEVICE_MAX_CONNECTIONS this library asks for when the
  * environment names none. */
 #define STREAM_CUDA_CONNECTIONS "16"

@@ -750,13 +750,15 @@ __device__ bool reg_find(dk_state *st, uint32_t reg_id, dk_reg *out)
 	return false;
 }
 
-/* reg_find of an entry's two registrations, with both first probes loaded
- * together: one L2 round trip for the pair where neither collides. */
-__device__ void reg_find2(dk_state *st, const uint32_t id[2], dk_reg out[2], bool found[2])
+/* reg_find of an entry's N registrations (its buffers, its device
+ * completion word), with every first probe loaded together: one L2 round
+ * trip where none collides. An id of 0 is not looked up. */
+template <int N> __device__ void reg_findn(dk_state *st, const uint32_t id[N], dk_reg out[N], bool found[N])
 {
-	for (int k = 0; k < 2; k++)
-		reg_load(st, id[k], 0, &out[k]);
-	for (int k = 0; k < 2; k++)
+	for (int k = 0; k < N; k++)
+		if (id[k] != 0)
+			reg_load(st, id[k], 0, &out[k]);
+	for (int k = 0; k < N; k++)
 		if (id[k] == 0)
 			found[k] = false;
 		else if (!reg_ends(out[k], id[k], &found[k]))
@@ -894,12 +896,21 @@ __device__ void stats_tick(dk_ctx &c, bool idle)
 
 /* The single-word completion of entry seq (DFCCL's optimized CQ; what its
  * client waits on), with a release store at system scope: the results
- * before the word. */
-__device__ void complete_word(dk_ctx &c, dk_qp *q, uint64_t seq, uint32_t status)
+ * before the word. With a device completion word (done: its address, the
+ * entry's DFCCL_SQE_F_DEVICE_DONE), that one first, with the release,
+ * for the stream that waits there; the queue's word after it, ordered
+ * after the results by the same fence. */
+__device__ void complete_word(dk_ctx &c, dk_qp *q, uint64_t seq, uint32_t status, char *done)
 {
 	uint32_t slot = DFCCL_QP_SLOT(seq, vload(&q->n));
 	trace(c, DK_EV_COMPLETE, status);
-	st_rel_sys(&vload(&q->cw)[slot], DFCCL_CW_MAKE(seq, status));
+	const uint64_t w = DFCCL_CW_MAKE(seq, status);
+	if (done) {
+		st_rel_sys((uint64_t *)done, w);
+		st_rlx_sys(&vload(&q->cw)[slot], w);
+	} else {
+		st_rel_sys(&vload(&q->cw)[slot], w);
+	}
 }
 
 /* After complete_word: the queue pair's `completed` (the futex its sleeping
@@ -921,9 +932,26 @@ __device__ void complete_count(dk_ctx &c, dk_qp *q, uint32_t status)
 		c.acc.errors++;
 }
 
-__device__ void complete(dk_ctx &c, dk_qp *q, uint64_t seq, uint32_t status)
+/* Task t's device completion word (DFCCL_SQE_F_DEVICE_DONE), or NULL: as
+ * the reader resolved it in the launch that accepted t, else resolved
+ * again (registrations change only while the kernel is parked), for its
+ * queue pair's session while that pair is the one t came from. */
+__device__ char *done_of(dk_ctx &c, const dk_task *t)
 {
-	complete_word(c, q, seq, status);
+	if (t->done_reg == 0)
+		return NULL;
+	if (t->accept_epoch == c.p.epoch)
+		return t->own_done;
+	dk_qp *q = &c.st->qps[t->qp];
+	if (!vload(&q->live) || vload(&q->gen) != t->qp_gen)
+		return NULL;
+	uint32_t s;
+	return resolve(c.st, t->done_reg, vload(&q->session_id), t->done_off, 8, &s);
+}
+
+__device__ void complete(dk_ctx &c, dk_qp *q, uint64_t seq, uint32_t status, char *done)
+{
+	complete_word(c, q, seq, status, done);
 	complete_count(c, q, status);
 }
 
@@ -1169,6 +1197,7 @@ __device__ uint8_t push_fits(const dk_params &p, uint8_t opcode, uint8_t algo, u
 #define DK_NO_COMM 0xFFFFFFFFu
 struct dk_prep {
 	char *own_send, *own_recv; /* the entry's buffers, resolved */
+	char *own_done;            /* its device completion word (DFCCL_SQE_F_DEVICE_DONE), resolved; NULL: none */
 	void *region;              /* its communicator's protocol words (sync) */
 	uint32_t check;            /* sqe_check_entry: the entry on its own */
 	uint32_t status;           /* with check OK and not a NOP: what accepting it would complete with
@@ -1195,17 +1224,26 @@ __device__ void entry_prepare(const dk_params &p, dk_qp *q, const dfccl_sqe *e, 
 	o->status = o->check;
 	o->ci = DK_NO_COMM;
 	o->member = o->checked = 0;
-	o->own_send = o->own_recv = NULL;
+	o->own_send = o->own_recv = o->own_done = NULL;
 	o->region = NULL;
 	o->n = o->conn_all = 0;
 	o->dsize = sqe_dtype_size(e->dtype);
-	if (e->opcode == DFCCL_OP_NOP && o->check == DFCCL_CQ_OK)
+	/* The device completion word is resolved whatever the entry's fate:
+	 * a refused entry's stream waits there too. */
+	const uint32_t done_reg = (e->flags & DFCCL_SQE_F_DEVICE_DONE) && o->check == DFCCL_CQ_OK ? e->done_reg : 0;
+	uint32_t ds;
+	if (e->opcode == DFCCL_OP_NOP && o->check == DFCCL_CQ_OK) {
+		if (done_reg)
+			o->own_done = resolve(st, done_reg, vload(&q->session_id), e->done_off, 8, &ds);
 		return;
+	}
 	uint32_t ci;
 	dk_comm *cm = comm_find(st, q, e->comm_id, &ci);
 	if (!cm) {
 		if (o->status == DFCCL_CQ_OK)
 			o->status = DFCCL_CQ_BAD_COMM;
+		if (done_reg)
+			o->own_done = resolve(st, done_reg, vload(&q->session_id), e->done_off, 8, &ds);
 		return;
 	}
 	/* Every word of the pair and the communicator that the checks and the
@@ -1222,13 +1260,18 @@ __device__ void entry_prepare(const dk_params &p, dk_qp *q, const dfccl_sqe *e, 
 	o->conn_all = vload(&cm->conn_all);
 	o->uid_slot = vload(&q->uid_slot);
 	o->region = vload(&cm->sync);
-	const uint32_t reg_ids[2] = {e->send_reg, e->recv_reg};
-	dk_reg regs[2];
-	bool found[2];
-	reg_find2(st, reg_ids, regs, found);
+	const uint32_t reg_ids[3] = {e->send_reg, e->recv_reg, done_reg};
+	dk_reg regs[3];
+	bool found[3];
+	reg_findn<3>(st, reg_ids, regs, found);
 	o->ci = ci;
 	o->n = n;
 	o->member = e->rank < n && member_sess == sess;
+	if (done_reg) {
+		o->own_done = resolve_found(done_reg, found[2], regs[2], sess, e->done_off, 8, &ds);
+		if (o->status == DFCCL_CQ_OK)
+			o->status = ds;
+	}
 	if (o->status != DFCCL_CQ_OK)
 		return;
 	uint32_t s = sqe_check_member(e, n, e->rank < n ? member_sess : 0, e->rank < n ? member_dev : 0, sess,
@@ -1305,6 +1348,9 @@ __device__ void task_fill(const dk_params &p, uint32_t qi, const dfccl_sqe *e, c
 	t->recv_off = e->recv_off;
 	t->own_send = pr.own_send;
 	t->own_recv = pr.own_recv;
+	t->own_done = pr.own_done;
+	t->done_reg = (e->flags & DFCCL_SQE_F_DEVICE_DONE) ? e->done_reg : 0;
+	t->done_off = e->done_off;
 	t->accept_epoch = p.epoch;
 	t->opcode = e->opcode;
 	t->dtype = e->dtype;
@@ -2015,7 +2061,7 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 					if (ti == DK_NO_TASK) {
 						if (fails_comm)
 							comm_fail(&st->comms[pr.ci], status);
-						complete(c, q, s, status);
+						complete(c, q, s, status, pr.own_done);
 					}
 					take_at(c, tracing, DK_TAKE_DONE);
 				}
@@ -3135,7 +3181,7 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 				 * `done`'s into the peers' copies and the host's; the
 				 * count's release publishes it. A peer reuses the slot
 				 * only instances later (DFCCL_COMM_SLOTS). */
-				complete_word(c, q, t->seq, tg->status);
+				complete_word(c, q, t->seq, tg->status, done_of(c, t));
 				if (tg->status == DFCCL_CQ_OK)
 					sync_put(&t->posts[t->rank].done, t->key);
 				complete_count(c, q, tg->status);
@@ -3166,7 +3212,7 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 					continue;
 				}
 #endif
-				complete(c, q, t->seq, tg->status);
+				complete(c, q, t->seq, tg->status, done_of(c, t));
 				sh.ret = R_FREE;
 				return A_RETURN;
 			}
@@ -3223,7 +3269,7 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 		if (rc < 0) {
 			tg->status = (uint32_t)-rc;
 			if (x->step == DK_FINISH) {
-				complete(c, q, t->seq, tg->status);
+				complete(c, q, t->seq, tg->status, done_of(c, t));
 				sh.ret = R_FREE;
 				return A_RETURN;
 			}
@@ -3314,12 +3360,12 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 			x->wait_rank = 0; /* a look past the bound may have left it */
 			if (++x->pos < t->nch)
 				break; /* the next channel */
-			complete(c, q, t->seq, tg->status);
+			complete(c, q, t->seq, tg->status, done_of(c, t));
 			sh.ret = R_FREE;
 			return A_RETURN;
 #endif
 		default: /* DK_FINISH */
-			complete(c, q, t->seq, DFCCL_CQ_OK);
+			complete(c, q, t->seq, DFCCL_CQ_OK, done_of(c, t));
 			sh.ret = R_FREE;
 			return A_RETURN;
 		}

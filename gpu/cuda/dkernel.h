@@ -293,10 +293,17 @@ struct dk_task {
 	 * change while the kernel is parked): what a pushed all-reduce
 	 * touches besides the connectors (bufs_own, dkernel.cu). */
 	char *own_send, *own_recv;
+	/* Its device completion word (DFCCL_SQE_F_DEVICE_DONE): resolved as
+	 * the buffers are (own_done, valid in accept_epoch), and its
+	 * registration for a later launch (done_of, dkernel.cu); done_reg 0:
+	 * none. */
+	char *own_done;
+	uint64_t done_off;
+	uint32_t done_reg;
 	uint32_t accept_epoch;
 	uint8_t block0;     /* the block that runs channel 0; channel c runs on block (block0 + c) % blocks
 	                     * (block_of, dkernel.cu) */
-	uint8_t reserved2[3];
+	uint8_t reserved2[15];
 	/* What changes. */
 	uint32_t state;     /* enum dk_task_state */
 	uint32_t chdone;    /* channels finished (atomic) */

@@ -3,7 +3,9 @@
 # daemon probes the GPUs without touching them itself, runs one worker per
 # GPU that owns its CUDA context, reports each GPU's PCI bus id and the MPS
 # state, serves every GPU's queue pair, and replaces a worker SIGKILLed
-# while the other GPUs' workers keep serving, and runs host-buffer
+# while the other GPUs' workers keep serving (and, where the CUDA test
+# programs are built, one killed while a stream waits on its collective:
+# the stream goes on with the failure reported), and runs host-buffer
 # collectives through those workers. As root with MPS available it also
 # shows the workers following the jobs' uids under MPS (worker-user auto):
 # a job of uid 65534 gets workers of that uid, root is refused meanwhile
@@ -93,6 +95,18 @@ for d in $(seq 0 $((ngpu - 1))); do
 	ctl ping --device "$d" --count 200 | tail -1 || fail "ping on GPU $d"
 done
 
+# Waits up to 10 s for GPU 0's worker to be up after its $1-th restart
+# ($tmp/status.json: the last status).
+wait_restarts() {
+	for _ in $(seq 1 100); do
+		ctl --json status >"$tmp/status.json"
+		[ "$(json "d['devices'][0]['worker_up'] and d['devices'][0]['worker_restarts'] == $1" <"$tmp/status.json")" = "True" ] &&
+			return 0
+		sleep 0.1
+	done
+	fail "worker of GPU 0 was not restarted (restart $1)"
+}
+
 echo "== SIGKILL the worker of GPU 0; the others keep serving"
 ctl --json status >"$tmp/status.json"
 victim=$(json "d['devices'][0]['worker_pid']" <"$tmp/status.json")
@@ -101,15 +115,20 @@ kill -9 "$victim"
 if [ "$ngpu" -gt 1 ]; then
 	for d in $(seq 1 $((ngpu - 1))); do ctl ping --device "$d" --count 50 | tail -1 || fail "ping on GPU $d after the kill"; done
 fi
-for _ in $(seq 1 100); do
-	ctl --json status >"$tmp/status.json"
-	[ "$(json "d['devices'][0]['worker_up'] and d['devices'][0]['worker_restarts'] == 1" <"$tmp/status.json")" = "True" ] && break
-	sleep 0.1
-done
-[ "$(json "d['devices'][0]['worker_restarts']" <"$tmp/status.json")" = "1" ] || fail "worker of GPU 0 was not restarted"
+wait_restarts 1
 [ "$(json "' '.join(str(x['worker_pid']) for x in d['devices'][1:])" <"$tmp/status.json")" = "$others" ] ||
 	fail "the workers of other GPUs changed"
 ctl ping --device 0 --count 50 | tail -1 || fail "ping on GPU 0 after its restart"
+
+if [ -x "$bin/test_cuda_stream_death" ]; then
+	echo "== a stream waiting on a collective of GPU 0 goes on when that GPU's worker dies"
+	ctl --json status >"$tmp/status.json"
+	victim=$(json "d['devices'][0]['worker_pid']" <"$tmp/status.json")
+	timeout -k 10 120 "$bin/test_cuda_stream_death" --socket "$sock" --kill-pid "$victim" --max-latency 5 ||
+		fail "test_cuda_stream_death"
+	wait_restarts 2
+	ctl ping --device 0 --count 50 | tail -1 || fail "ping on GPU 0 after its second restart"
+fi
 
 if [ -x "$bin/dfccl-chaos" ]; then
 	echo "== collectives on host buffers through the GPUs' workers (2 ranks per GPU)"

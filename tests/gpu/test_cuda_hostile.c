@@ -28,7 +28,9 @@
  * wraps; all-gather and reduce-scatter sizes that only overflow once scaled
  * by the rank count; an unknown communicator, a rank outside it, unknown
  * flags, a root outside it; well-formed all-reduces on which the two
- * ranks disagree: count, data type, reduction), each of which must complete
+ * ranks disagree: count, data type, reduction; device completion words
+ * unnamed, misaligned, unknown, foreign or past their registration), each
+ * of which must complete
  * with its status within a few seconds; registrations that reach past the allocation, which
  * must be refused (a cudaMalloc allocation's legacy IPC handle, and a VMM
  * allocation's descriptor, whose worker bounds the range by what the driver
@@ -362,6 +364,34 @@ static const char *hostile_shape(int which, int rank, const struct env *v, struc
 		if (rank == 1)
 			e->redop = dfcclMax;
 		return "all-reduces of different reductions";
+	/* A device completion word (DFCCL_SQE_F_DEVICE_DONE) the kernel must
+	 * not store: none named, not one aligned word, not this session's
+	 * memory, or past its registration. */
+	case 28:
+		*want = DFCCL_CQ_BAD_ENTRY;
+		e->flags |= DFCCL_SQE_F_DEVICE_DONE;
+		return "a device completion word without a registration";
+	case 29:
+		*want = DFCCL_CQ_BAD_ENTRY;
+		e->flags |= DFCCL_SQE_F_DEVICE_DONE;
+		e->done_reg = v->reg;
+		e->done_off = 4;
+		return "a device completion word not 8-byte aligned";
+	case 30:
+		*want = DFCCL_CQ_BAD_REG;
+		e->flags |= DFCCL_SQE_F_DEVICE_DONE;
+		e->done_reg = 0xfffffff0u;
+		return "a device completion word in a registration never given";
+	case 31:
+		*want = DFCCL_CQ_BAD_REG;
+		e->flags |= DFCCL_SQE_F_DEVICE_DONE;
+		e->done_reg = v->foreign;
+		return "a device completion word in another session's registration";
+	case 32:
+		e->flags |= DFCCL_SQE_F_DEVICE_DONE;
+		e->done_reg = v->reg;
+		e->done_off = SPAN;
+		return "a device completion word at the end of its registration";
 	default: return NULL;
 	}
 }
@@ -473,7 +503,7 @@ static bool run_control(struct hostile_test *h)
  * returns the number of entries submitted. */
 static unsigned run_hostile(struct hostile_test *h)
 {
-	enum { MAX_ENTRIES = 64 };
+	enum { MAX_ENTRIES = 80 };
 	const struct env *v = &h->env;
 	struct qp_ticket tk[MAX_ENTRIES];
 	const char *what[MAX_ENTRIES];

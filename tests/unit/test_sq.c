@@ -691,6 +691,26 @@ static void test_check_bad_fields(void **state)
 	e = entry_of(DFCCL_OP_NOP);
 	e.flags = 0x20; /* unknown flags are refused even on a NOP */
 	EXPECT(DFCCL_CQ_BAD_ENTRY);
+
+	/* A device completion word must be named and one aligned word; the
+	 * host engine, with no device memory to store into, refuses even a
+	 * good one, NOP or not (the GPU engine stores it). */
+	e = entry_of(DFCCL_OP_ALLREDUCE);
+	e.flags = DFCCL_SQE_F_DEVICE_DONE | DFCCL_SQE_F_STREAM_ARMED;
+	e.done_reg = 0;
+	e.done_off = 8;
+	EXPECT(DFCCL_CQ_BAD_ENTRY);
+	e.done_reg = 2;
+	e.done_off = 12;
+	EXPECT(DFCCL_CQ_BAD_ENTRY);
+	e.done_off = 16;
+	EXPECT(DFCCL_CQ_NOT_SUPPORTED);
+	e = entry_of(DFCCL_OP_NOP);
+	e.flags = DFCCL_SQE_F_DEVICE_DONE;
+	e.done_reg = 2;
+	EXPECT(DFCCL_CQ_NOT_SUPPORTED);
+	e.done_off = 4;
+	EXPECT(DFCCL_CQ_BAD_ENTRY);
 #undef EXPECT
 
 	/* Every status a submission entry can earn by its own fields was
