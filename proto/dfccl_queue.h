@@ -150,10 +150,13 @@ static inline int dfccl_algo_parse(const char *name)
 /* The completion word goes to the 8 bytes at (done_reg, done_off) too,
  * first, with the same release, and from the GPU engine only (the host
  * engine refuses the entry with DFCCL_CQ_NOT_SUPPORTED): a GPU stream
- * waits there: a stream's wait on device memory notices a word that comes
- * 20-30 us after the wait began 4-6 us sooner than one on host memory
- * (tests/perf/stream_wait.cu). Per slot the client's words grow as the
- * queue's do, so the same ">=" wait works. */
+ * waits there (libdfccl with DFCCL_STREAM_WAIT=device). A stream's wait
+ * on device memory notices a word that comes 20-30 us after the wait
+ * began 4-6 us sooner than one on host memory (tests/perf/stream_wait.cu).
+ * The engine stores the word whatever else is wrong with the entry, as
+ * long as it names a word of the session's own registrations. Per slot
+ * the client's words grow as the queue's do, so the same ">=" wait
+ * works. */
 #define DFCCL_SQE_F_DEVICE_DONE 0x10u
 
 /* Completion status in the low 16 bits of a completion word. */

@@ -323,13 +323,14 @@ dfcclResult_t dfcclCommDeregister(const dfcclComm_t comm, void *handle);
  * the call and the work queued after it starts once the collective has
  * completed; the CPU never waits for the GPU. libdfccl writes the
  * submission entry from the CPU and queues two operations on the stream: a
- * write that arms the entry, and a wait for its completion word. On the
- * CUDA engine that word lies in device memory the daemon gives this
- * process (a stream that has waited 20-30 us notices a word there 4-6 us
- * sooner than one in host memory); DFCCL_STREAM_WAIT=host waits on the
- * queue's word in host memory instead. Should the daemon's worker for the
- * GPU die, libdfccl copies the failures into the device words within about
- * 20 ms, and the streams go on. The call
+ * write that arms the entry, and a wait for its completion word, which
+ * lies in the queue's shared host memory. With DFCCL_STREAM_WAIT=device
+ * (CUDA engine) the stream waits on a word in device memory the daemon
+ * gives this process instead, which a stream that has waited 20-30 us
+ * notices 4-6 us sooner; should the daemon's worker for the GPU die,
+ * libdfccl then copies the failures into those words (within about 20 ms
+ * of the death, by a copy on a stream of its own, which can wait behind a
+ * stream that waits there when both share a hardware queue). The call
  * waits only for a free slot of the submission queue (at most
  * DFCCL_QUEUE_WAIT_MS, default 60000, then dfcclTimeout). Ordering is
  * NCCL's: a later call on the same stream starts after the earlier one

@@ -729,6 +729,7 @@ static void client_fork_child(void)
 	c->waiters = NULL;
 	__atomic_store_n(&c->lost, 1, __ATOMIC_RELEASE);
 	c->poller_started = false;
+	qp_words_after_fork();
 	close(c->fd);
 	c->fd = -1;
 	default_client = NULL;
@@ -949,12 +950,12 @@ out:
 
 void client_stream_words(struct client *c, struct qp *q)
 {
-	if (__atomic_load_n(&q->words, __ATOMIC_ACQUIRE) || c->info.engine != DFCCL__V1__ENGINE_KIND__ENGINE_CUDA ||
-	    q->ordinal < 0 || stream_waits_on_host())
+	if (!stream_waits_on_device() || __atomic_load_n(&q->words_tried, __ATOMIC_ACQUIRE) ||
+	    c->info.engine != DFCCL__V1__ENGINE_KIND__ENGINE_CUDA || q->ordinal < 0)
 		return;
 	pthread_mutex_lock(&c->attach_lock);
 	if (!q->words_tried) {
-		q->words_tried = true;
+		__atomic_store_n(&q->words_tried, true, __ATOMIC_RELEASE);
 		struct client_device dev = {q->device, q->ordinal};
 		void *words;
 		uint32_t reg_id;

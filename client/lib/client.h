@@ -183,11 +183,11 @@ void client_async_set(struct client *c, struct client_async *a, dfcclResult_t er
 dfcclResult_t client_attach(struct client *c, uint32_t device, struct qp **out);
 
 /*
- * Gives queue pair q of c its device completion words (qp_stream_words),
- * once, on the CUDA engine, before its first stream-ordered entry: memory
- * from the daemon like dfcclMemAlloc's. Where that fails (said on stderr),
- * or with DFCCL_STREAM_WAIT=host (stream_waits_on_host), streams wait on
- * the region's words instead.
+ * With DFCCL_STREAM_WAIT=device (stream_waits_on_device), gives queue pair
+ * q of c its device completion words (qp_stream_words), once, on the CUDA
+ * engine, before its first stream-ordered entry: memory from the daemon
+ * like dfcclMemAlloc's. Otherwise, or where that fails (said on stderr),
+ * streams wait on the region's words.
  */
 void client_stream_words(struct client *c, struct qp *q);
 

@@ -513,12 +513,15 @@ static void *words_watch(void *arg)
 	for (;;) {
 		while (!words_list)
 			pthread_cond_wait(&words_cond, &words_lock);
-		/* Once per death: the worker's replacement maps the words again
-		 * (they are dfcclMemAlloc memory) and serves the queue pair's
-		 * new entries, and may die in turn. It takes the queue pair
-		 * seconds after the death (a new process, its CUDA context),
-		 * long after this copy, so no engine stores into the words
-		 * meanwhile. */
+		/* Once per death seen: the worker's replacement maps the words
+		 * again (they are dfcclMemAlloc memory) and serves the queue
+		 * pair's new entries, and may die in turn. The copy assumes no
+		 * engine stores into the words meanwhile: the replacement starts
+		 * after the supervisor's restart delay (100 ms by default) and a
+		 * CUDA context of its own, while this looks every
+		 * QP_WORDS_WATCH_MS. A replacement that dies before a look sees
+		 * it live goes unseen; so does a copy that waits behind a
+		 * stream on the same hardware queue (stream_waits_on_device). */
 		for (struct qp *q = words_list; q; q = q->words_next) {
 			bool dead = words_dead(q);
 			if (dead && !q->words_released)
@@ -535,8 +538,6 @@ static void *words_watch(void *arg)
 
 static void words_unwatch(struct qp *q)
 {
-	if (!__atomic_load_n(&q->words, __ATOMIC_ACQUIRE))
-		return;
 	pthread_mutex_lock(&words_lock);
 	for (struct qp **pp = &words_list; *pp; pp = &(*pp)->words_next)
 		if (*pp == q) {
@@ -544,6 +545,14 @@ static void words_unwatch(struct qp *q)
 			break;
 		}
 	pthread_mutex_unlock(&words_lock);
+}
+
+void qp_words_after_fork(void)
+{
+	pthread_mutex_init(&words_lock, NULL);
+	pthread_cond_init(&words_cond, NULL);
+	words_list = NULL;
+	words_thread_started = false;
 }
 
 dfcclResult_t qp_stream_words(struct qp *q, void *words, uint32_t reg_id)

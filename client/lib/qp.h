@@ -76,7 +76,7 @@ struct qp {
 	 * wait on. */
 	uintptr_t words;       /* atomic: their address (0: none; streams wait on the region's words) */
 	uint32_t words_reg;    /* their registration */
-	bool words_tried;      /* client_stream_words asked for them (guarded by the client's attach lock) */
+	bool words_tried;      /* atomic: client_stream_words asked for them (set under the client's attach lock) */
 	bool words_released;   /* the watch copied the region's words over them since the worker died
 	                        * (guarded by the watch's lock) */
 	struct qp *words_next; /* the watch's list */
@@ -138,6 +138,10 @@ dfcclResult_t qp_submit_unarmed(struct qp *q, const struct dfccl_sqe *e, struct 
  */
 #define QP_WORDS_WATCH_MS 20
 dfcclResult_t qp_stream_words(struct qp *q, void *words, uint32_t reg_id);
+
+/* In a forked child: the watch's thread and lock are the parent's, and the
+ * inherited queue pairs are not the child's to watch. */
+void qp_words_after_fork(void);
 
 /*
  * Waits until the next entry's slot is free, without taking it, for at most

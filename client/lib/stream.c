@@ -19,19 +19,19 @@ __attribute__((constructor)) static void stream_connections(void)
 	setenv("CUDA_DEVICE_MAX_CONNECTIONS", STREAM_CUDA_CONNECTIONS, 0);
 }
 
-static bool wait_on_host;
+static bool wait_on_device;
 static pthread_once_t wait_once = PTHREAD_ONCE_INIT;
 
 static void wait_read(void)
 {
 	const char *v = getenv("DFCCL_STREAM_WAIT");
-	wait_on_host = v && strcmp(v, "host") == 0;
+	wait_on_device = v && strcmp(v, "device") == 0;
 }
 
-bool stream_waits_on_host(void)
+bool stream_waits_on_device(void)
 {
 	pthread_once(&wait_once, wait_read);
-	return wait_on_host;
+	return wait_on_device;
 }
 
 enum { BATCH_ARMS = 1, BATCH_WAITS = 2 };

@@ -1230,7 +1230,7 @@ __device__ void entry_prepare(const dk_params &p, dk_qp *q, const dfccl_sqe *e, 
 	o->dsize = sqe_dtype_size(e->dtype);
 	/* The device completion word is resolved whatever the entry's fate:
 	 * a refused entry's stream waits there too. */
-	const uint32_t done_reg = (e->flags & DFCCL_SQE_F_DEVICE_DONE) && o->check == DFCCL_CQ_OK ? e->done_reg : 0;
+	const uint32_t done_reg = (e->flags & DFCCL_SQE_F_DEVICE_DONE) && e->done_off % 8u == 0 ? e->done_reg : 0;
 	uint32_t ds;
 	if (e->opcode == DFCCL_OP_NOP && o->check == DFCCL_CQ_OK) {
 		if (done_reg)

@@ -121,13 +121,17 @@ wait_restarts 1
 ctl ping --device 0 --count 50 | tail -1 || fail "ping on GPU 0 after its restart"
 
 if [ -x "$bin/test_cuda_stream_death" ]; then
-	echo "== a stream waiting on a collective of GPU 0 goes on when that GPU's worker dies"
-	ctl --json status >"$tmp/status.json"
-	victim=$(json "d['devices'][0]['worker_pid']" <"$tmp/status.json")
-	timeout -k 10 120 "$bin/test_cuda_stream_death" --socket "$sock" --kill-pid "$victim" --max-latency 5 ||
-		fail "test_cuda_stream_death"
-	wait_restarts 2
-	ctl ping --device 0 --count 50 | tail -1 || fail "ping on GPU 0 after its second restart"
+	restarts=1
+	for wait in device host; do
+		echo "== a stream waiting on a collective of GPU 0 ($wait completion words) goes on when that GPU's worker dies"
+		ctl --json status >"$tmp/status.json"
+		victim=$(json "d['devices'][0]['worker_pid']" <"$tmp/status.json")
+		timeout -k 10 120 "$bin/test_cuda_stream_death" --socket "$sock" --kill-pid "$victim" --max-latency 5 \
+			--wait "$wait" || fail "test_cuda_stream_death --wait $wait"
+		restarts=$((restarts + 1))
+		wait_restarts "$restarts"
+		ctl ping --device 0 --count 50 | tail -1 || fail "ping on GPU 0 after restart $restarts"
+	done
 fi
 
 if [ -x "$bin/dfccl-chaos" ]; then

@@ -12,9 +12,11 @@
  * supervisor fails the collective in the queue's completion words; the
  * library copies those over the device completion words the stream waits
  * on (client/lib/qp.h, qp_stream_words), so the stream goes on and
- * dfcclCommGetAsyncError reports the failure. The check: the stream went
- * on within --max-latency seconds of the kill, with an asynchronous error
- * that is not success. Prints a line for scripts:
+ * dfcclCommGetAsyncError reports the failure. With --wait host the stream
+ * waits on the queue's completion words in host memory instead, which the
+ * supervisor itself fails. The check: the stream went on within
+ * --max-latency seconds of the kill, with an asynchronous error that is
+ * not success. Prints a line for scripts:
  *   RESULT latency_ms=31.4 async=device-lost
  *
  * Exit status: 0 the checks passed, 1 a failure, 2 usage, 77 no usable GPU.
@@ -48,6 +50,8 @@ static const char usage[] =
     "      --socket PATH      the daemon's socket (default $DFCCL_SOCKET)\n"
     "      --gpus LIST        the GPUs of ranks 0 and 1 (default 0,0)\n"
     "      --max-latency S    the bound on the stream's wait after the kill (default 5)\n"
+    "      --wait WHERE       device (default): the stream waits on device completion words\n"
+    "                         (DFCCL_STREAM_WAIT=device); host: on the queue's words\n"
     "  -h, --help             this text\n";
 
 /* Written by the ranks, read by the other: one page shared across the fork. */
@@ -144,7 +148,8 @@ static int parse_options(int argc, char **argv, struct config *cfg)
 	static const struct option longopts[] = {
 	    {"kill-pid", required_argument, NULL, 'k'}, {"socket", required_argument, NULL, 'S'},
 	    {"gpus", required_argument, NULL, 'g'},     {"max-latency", required_argument, NULL, 'L'},
-	    {"help", no_argument, NULL, 'h'},           {NULL, 0, NULL, 0},
+	    {"wait", required_argument, NULL, 'w'},     {"help", no_argument, NULL, 'h'},
+	    {NULL, 0, NULL, 0},
 	};
 	int c;
 	long v;
@@ -169,6 +174,11 @@ static int parse_options(int argc, char **argv, struct config *cfg)
 				return gputest_usage_error("bad --max-latency", optarg);
 			break;
 		}
+		case 'w':
+			if (strcmp(optarg, "device") && strcmp(optarg, "host"))
+				return gputest_usage_error("--wait takes device or host", optarg);
+			setenv("DFCCL_STREAM_WAIT", optarg, 1);
+			break;
 		case 'h':
 			fputs(usage, stdout);
 			return 0;
@@ -188,6 +198,7 @@ int main(int argc, char **argv)
 {
 	gputest_init(PROG);
 	static struct config cfg = {.gpus = {2, {0, 0}}, .max_latency = 5};
+	setenv("DFCCL_STREAM_WAIT", "device", 1); /* --wait may say otherwise */
 	int rc = parse_options(argc, argv, &cfg);
 	if (rc >= 0)
 		return rc;
@@ -198,9 +209,10 @@ int main(int argc, char **argv)
 		gputest_say("cannot set up: %s", cfg.sh == MAP_FAILED ? strerror(errno) : "no unique id");
 		return TOOL_EXIT_FAIL;
 	}
-	printf(PROG ": rank 0 on GPU %d waits on its stream for an all-reduce that rank 1 (GPU %d) never joins; "
-	       "worker %d is killed\n",
-	       tool_rank_device(&cfg.gpus, 0, 0), tool_rank_device(&cfg.gpus, 1, 0), (int)cfg.kill_pid);
+	printf(PROG ": rank 0 on GPU %d waits on its stream (%s completion words) for an all-reduce that rank 1 "
+	       "(GPU %d) never joins; worker %d is killed\n",
+	       tool_rank_device(&cfg.gpus, 0, 0), getenv("DFCCL_STREAM_WAIT"), tool_rank_device(&cfg.gpus, 1, 0),
+	       (int)cfg.kill_pid);
 	int failed = tool_run_ranks(PROG, 2, rank_main, &cfg, 30);
 	const struct shared *sh = cfg.sh;
 	if (failed || !sh->done) {
