@@ -550,12 +550,17 @@ static void worker_on_frame(struct conn *c, dfccl_envelope *env, int *fds, unsig
 		uv_timer_stop(&wk->timer);
 		log_info("worker", "device %u: worker %d ready (%s%s%s)", wk->device, wk->pid, wk->desc.name,
 		         wk->desc.pci_bus_id[0] ? ", " : "", wk->desc.pci_bus_id);
-		/* Only what its identity serves (worker_send_*). */
-		for (struct qp_rec *q = wk->qps; q; q = q->next)
-			worker_send_qp(wk, q);
+		/* Only what its identity serves (worker_send_*). The
+		 * registrations before the queue pairs: a queue pair reads as
+		 * served once its worker has it, and an entry taken before the
+		 * buffers it names were mapped would fail with
+		 * DFCCL_CQ_BAD_REG (or leave a stream waiting on a device
+		 * completion word that could not be found). */
 		for (struct reg_rec *r = wk->regs; r; r = r->next)
 			worker_send_reg(wk, r);
 		worker_send_allocs(wk);
+		for (struct qp_rec *q = wk->qps; q; q = q->next)
+			worker_send_qp(wk, q);
 		comm_worker_up(wk->ws->srv, wk->device);
 	} else if (env->body_case == DFCCL__V1__ENVELOPE__BODY_WORKER_REG_ACK) {
 		reg_wait_answer(wk->ws, env->worker_reg_ack->reg_id, wk->device, env->worker_reg_ack->code,

@@ -4,12 +4,15 @@
  * rank, and their refusal where a product overflows 64 bits, at either
  * of its two factors (the element's size, then the ranks). The GPU build
  * makes the same checks with a multiply-high instead of divisions; the
- * limits here are worked out by hand.
+ * limits here are worked out by hand. And the fields of a device
+ * completion word, as the GPU engine checks them (the host engine refuses
+ * the flag outright: test_sq).
  */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include <cmocka.h>
 
@@ -96,6 +99,43 @@ static void test_buf_bytes(void **state)
 	assert_int_equal(sqe_buf_bytes(DFCCL_OP_COUNT_, 1, 4, 2, 0, &sb, &rb), -1);
 }
 
+/* DFCCL_SQE_F_DEVICE_DONE: a registration named and one aligned word;
+ * without the flag the fields are not looked at. */
+static void test_device_done_fields(void **state)
+{
+	(void)state;
+	struct dfccl_sqe e;
+	memset(&e, 0, sizeof(e));
+	e.seq = e.arm = 5;
+	e.opcode = DFCCL_OP_ALLREDUCE;
+	e.dtype = 7; /* float32 */
+	e.comm_id = 1;
+	e.count = 16;
+	e.flags = DFCCL_SQE_F_STREAM_ARMED | DFCCL_SQE_F_DEVICE_DONE;
+	e.done_reg = 3;
+	e.done_off = 8 * 1023;
+	uint64_t bytes;
+	assert_int_equal(sqe_check_entry(&e, &bytes), DFCCL_CQ_OK);
+	assert_int_equal(bytes, 64);
+	for (uint64_t off = 1; off < 8; off++) {
+		e.done_off = 8 * 1023 + off;
+		assert_int_equal(sqe_check_entry(&e, &bytes), DFCCL_CQ_BAD_ENTRY);
+	}
+	e.done_off = 0;
+	e.done_reg = 0;
+	assert_int_equal(sqe_check_entry(&e, &bytes), DFCCL_CQ_BAD_ENTRY);
+	e.flags = DFCCL_SQE_F_STREAM_ARMED;
+	e.done_off = 3;
+	assert_int_equal(sqe_check_entry(&e, &bytes), DFCCL_CQ_OK);
+	/* A NOP too: its stream waits on the word as any entry's. */
+	e.opcode = DFCCL_OP_NOP;
+	e.flags = DFCCL_SQE_F_DEVICE_DONE;
+	assert_int_equal(sqe_check_entry(&e, &bytes), DFCCL_CQ_BAD_ENTRY);
+	e.done_reg = 9;
+	e.done_off = 0;
+	assert_int_equal(sqe_check_entry(&e, &bytes), DFCCL_CQ_OK);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -103,6 +143,7 @@ int main(void)
 	    cmocka_unit_test(test_mul_fits_wide),
 	    cmocka_unit_test(test_dtype_sizes_powers_of_two),
 	    cmocka_unit_test(test_buf_bytes),
+	    cmocka_unit_test(test_device_done_fields),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
