@@ -327,10 +327,11 @@ dfcclResult_t dfcclCommDeregister(const dfcclComm_t comm, void *handle);
  * lies in the queue's shared host memory. With DFCCL_STREAM_WAIT=device
  * (CUDA engine) the stream waits on a word in device memory the daemon
  * gives this process instead, which a stream that has waited 20-30 us
- * notices 4-6 us sooner; should the daemon's worker for the GPU die,
- * libdfccl then copies the failures into those words (within about 20 ms
- * of the death, by a copy on a stream of its own, which can wait behind a
- * stream that waits there when both share a hardware queue). The call
+ * notices 4-6 us sooner; should the daemon's worker for the GPU die, the
+ * worker that replaces it stores the failures into those words before it
+ * serves the GPU, or, where none has within 3 s, libdfccl copies them
+ * there through a stream of its own (which can wait behind a stream that
+ * waits there when both share a hardware queue). The call
  * waits only for a free slot of the submission queue (at most
  * DFCCL_QUEUE_WAIT_MS, default 60000, then dfcclTimeout). Ordering is
  * NCCL's: a later call on the same stream starts after the earlier one

@@ -513,20 +513,27 @@ static void *words_watch(void *arg)
 	for (;;) {
 		while (!words_list)
 			pthread_cond_wait(&words_cond, &words_lock);
-		/* Once per death seen: the worker's replacement maps the words
-		 * again (they are dfcclMemAlloc memory) and serves the queue
-		 * pair's new entries, and may die in turn. The copy assumes no
-		 * engine stores into the words meanwhile: the replacement starts
-		 * after the supervisor's restart delay (100 ms by default) and a
-		 * CUDA context of its own, while this looks every
-		 * QP_WORDS_WATCH_MS. A replacement that dies before a look sees
-		 * it live goes unseen; so does a copy that waits behind a
-		 * stream on the same hardware queue (stream_waits_on_device). */
+		/* Once per death seen, and only when no replacement worker
+		 * took the queue pair within QP_WORDS_GRACE_MS: the replacement
+		 * stores the failed entries' words itself, from its own context
+		 * (the CUDA engine's ce_release_words), while this copy goes
+		 * through a stream of this process, which can wait behind a
+		 * stream on the same hardware queue (stream_waits_on_device).
+		 * The copy assumes no engine stores into the words meanwhile:
+		 * none serves the queue pair while it reads dead. */
+		uint64_t now = qp_now_ns();
 		for (struct qp *q = words_list; q; q = q->words_next) {
-			bool dead = words_dead(q);
-			if (dead && !q->words_released)
+			if (!words_dead(q)) {
+				q->words_dead_ns = 0;
+				q->words_released = false;
+				continue;
+			}
+			if (!q->words_dead_ns)
+				q->words_dead_ns = now;
+			if (!q->words_released && now - q->words_dead_ns >= QP_WORDS_GRACE_MS * 1000000ull) {
+				q->words_released = true;
 				words_release(q);
-			q->words_released = dead;
+			}
 		}
 		pthread_mutex_unlock(&words_lock);
 		struct timespec ts = {0, QP_WORDS_WATCH_MS * 1000000L};

@@ -77,8 +77,9 @@ struct qp {
 	uintptr_t words;       /* atomic: their address (0: none; streams wait on the region's words) */
 	uint32_t words_reg;    /* their registration */
 	bool words_tried;      /* atomic: client_stream_words asked for them (set under the client's attach lock) */
-	bool words_released;   /* the watch copied the region's words over them since the worker died
-	                        * (guarded by the watch's lock) */
+	bool words_released;   /* the watch copied the region's words over them since the worker died */
+	uint64_t words_dead_ns; /* when the watch first saw the worker dead (0: alive); both guarded
+	                         * by the watch's lock */
 	struct qp *words_next; /* the watch's list */
 };
 
@@ -133,10 +134,14 @@ dfcclResult_t qp_submit_unarmed(struct qp *q, const struct dfccl_sqe *e, struct 
  * a late word sooner than one on host memory). A process-wide watch then
  * looks at q every QP_WORDS_WATCH_MS: once the daemon's worker for q
  * died, the supervisor has failed the pending entries in the region's
- * words only, so the watch copies those over the device words, and the
- * streams waiting there go on (once per death of a worker).
+ * words only. The worker that replaces it stores those failures into the
+ * device words before it serves q; where none has within
+ * QP_WORDS_GRACE_MS of the death, the watch copies the region's words
+ * over the device words itself, and the streams waiting there go on
+ * (once per death of a worker).
  */
 #define QP_WORDS_WATCH_MS 20
+#define QP_WORDS_GRACE_MS 3000
 dfcclResult_t qp_stream_words(struct qp *q, void *words, uint32_t reg_id);
 
 /* In a forked child: the watch's thread and lock are the parent's, and the

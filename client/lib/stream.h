@@ -64,10 +64,11 @@ dfcclResult_t stream_batch_finish(struct stream_batch *b);
  * rather than on the queue region's completion words in host memory:
  * DFCCL_STREAM_WAIT=device, read once; any other value, or none, is the
  * default, host. Device words save 1.5-2.5 us per small stream-ordered
- * all-reduce, but when a GPU's worker dies their streams are released by
- * a copy on a stream of this process (qp_stream_words), which can wait
- * behind one of those very streams where the two share a hardware queue;
- * the region's words are released by the supervisor alone.
+ * all-reduce; when a GPU's worker dies their streams are released by its
+ * replacement, or, where none comes, by a copy on a stream of this process
+ * (qp_stream_words), which can wait behind one of those very streams where
+ * the two share a hardware queue. The region's words are released by the
+ * supervisor alone.
  */
 bool stream_waits_on_device(void);
 

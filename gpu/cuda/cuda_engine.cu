@@ -68,6 +68,7 @@ struct ce_reg {
 	struct cudrv_vmm vmm; /* VMM: the imported and mapped allocation */
 	void *host_base;    /* host-registered: the registered start */
 	char *dev_base;
+	uint64_t session_id, size; /* whose it is, and its bytes from dev_base (ce_release_words) */
 };
 
 /* An allocation of ce_mem_alloc, held until this worker maps it as its
@@ -397,6 +398,42 @@ static uint32_t ce_uid_slot(struct cuda_engine *e, uint32_t uid)
 	return free_slot;
 }
 
+/*
+ * The device completion words (DFCCL_SQE_F_DEVICE_DONE) of q's entries that
+ * the supervisor failed when this GPU's previous worker died: it stored
+ * DFCCL_CQ_DEVICE_LOST into the queue's words alone, and the streams of
+ * those entries wait on their device words. They get the same word now,
+ * from this worker's own context, before q reads as served (libdfccl's
+ * watch copies them too, but only if no worker has done it within
+ * QP_WORDS_GRACE_MS: its copy goes through the client's streams). The
+ * entry is the client's memory: its words count only where they name a
+ * word of one of q's session's registrations.
+ */
+static void ce_release_words(struct cuda_engine *e, struct sq_queue *q)
+{
+	for (uint64_t s = q->head > q->n ? q->head - q->n : 1; s < q->head; s++) {
+		uint32_t slot = DFCCL_QP_SLOT(s, q->n);
+		const volatile struct dfccl_sqe *v = &q->sq[slot];
+		uint16_t flags = v->flags;
+		uint64_t seq = v->seq, off = v->done_off;
+		uint32_t reg_id = v->done_reg;
+		uint64_t w = __atomic_load_n(&q->cw[slot], __ATOMIC_ACQUIRE);
+		if (!(flags & DFCCL_SQE_F_DEVICE_DONE) || seq != s || DFCCL_CW_SEQ(w) != s ||
+		    DFCCL_CW_STATUS(w) != DFCCL_CQ_DEVICE_LOST || off % 8u)
+			continue;
+		const struct ce_reg *r = e->regs;
+		while (r && r->reg_id != reg_id)
+			r = r->next;
+		if (!r || r->session_id != q->session_id || off > r->size || r->size - off < sizeof(w))
+			continue;
+		cudaError_t rc = cudaMemcpyAsync(r->dev_base + off, &w, sizeof(w), cudaMemcpyHostToDevice, e->ctl_stream);
+		if (rc == cudaSuccess)
+			rc = cudaStreamSynchronize(e->ctl_stream);
+		if (ce_failed(e, rc, "storing a failed entry's device completion word"))
+			return;
+	}
+}
+
 static int ce_qp_add(void *impl, struct sq_queue *q, char *err, size_t errlen)
 {
 	struct cuda_engine *e = (struct cuda_engine *)impl;
@@ -460,6 +497,7 @@ static int ce_qp_add(void *impl, struct sq_queue *q, char *err, size_t errlen)
 		e->nqps = i + 1;
 		ce_put32(e, OFF(ctl.nqps), e->nqps);
 	}
+	ce_release_words(e, q);
 	sq_set_engine_state(q, e->running ? DFCCL_ENGINE_POLLING : DFCCL_ENGINE_SLEEPING);
 	return 0;
 }
@@ -584,6 +622,8 @@ static int ce_reg_add(void *impl, const struct sq_reg *r, const struct engine_me
 	}
 	cr->reg_id = r->reg_id;
 	cr->mem = src->mem;
+	cr->session_id = r->session_id;
+	cr->size = r->size;
 	ce_park(e);
 	int rc;
 	switch (src->mem) {

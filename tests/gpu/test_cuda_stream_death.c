@@ -10,9 +10,12 @@
  * and synchronizes the stream; rank 1 SIGKILLs --kill-pid, the worker of
  * rank 0's GPU as `dfcclctl status` names it, and notes the time. The
  * supervisor fails the collective in the queue's completion words; the
- * library copies those over the device completion words the stream waits
- * on (client/lib/qp.h, qp_stream_words), so the stream goes on and
- * dfcclCommGetAsyncError reports the failure. With --wait host the stream
+ * worker that replaces the dead one stores the failure into the device
+ * completion word the stream waits on (gpu/cuda/cuda_engine.cu,
+ * ce_release_words), or, where none has within 3 s, the library copies it
+ * there (client/lib/qp.h, qp_stream_words): so a latency under 3 s says
+ * the replacement did. The stream goes on and dfcclCommGetAsyncError
+ * reports the failure. With --wait host the stream
  * waits on the queue's completion words in host memory instead, which the
  * supervisor itself fails. The check: the stream went on within
  * --max-latency seconds of the kill, with an asynchronous error that is
