@@ -245,6 +245,24 @@ static CUresult drv_with_context(const struct cudrv_ops *ops, int device, const 
 	return r;
 }
 
+/* drv_with_context for call `name` (fn on arg): 0, or drv_fail's negative
+ * errno naming the driver call that failed. */
+static int drv_run(const struct cudrv_ops *ops, int device, const char *name,
+                   CUresult (*fn)(const struct cudrv_ops *ops, void *arg), void *arg)
+{
+	struct drv_call c = {name, fn, arg};
+	const char *call;
+	CUresult r = drv_with_context(ops, device, &c, &call);
+	return r == CUDA_SUCCESS ? 0 : drv_fail(ops, call, r);
+}
+
+/* -ENODEV, saying that the driver lacks what `with` names. */
+static int drv_missing(const char *with)
+{
+	snprintf(drv_err, sizeof(drv_err), "the CUDA driver (libcuda.so.1) with %s cannot be loaded", with);
+	return -ENODEV;
+}
+
 struct drv_ipc_arg {
 	CUipcMemHandle *h;
 	CUdeviceptr base;
@@ -288,15 +306,10 @@ static CUresult drv_copy_call(const struct cudrv_ops *ops, void *arg)
 int cudrv_copy(void *dst, const void *src, size_t bytes, int device)
 {
 	const struct cudrv_ops *ops = drv();
-	if (!ops || !ops->memcpy) {
-		snprintf(drv_err, sizeof(drv_err), "the CUDA driver (libcuda.so.1) with cuMemcpy cannot be loaded");
-		return -ENODEV;
-	}
+	if (!ops || !ops->memcpy)
+		return drv_missing("cuMemcpy");
 	struct drv_copy_arg arg = {dst, src, bytes, NULL};
-	struct drv_call c = {"cuMemcpy", drv_copy_call, &arg};
-	const char *call;
-	CUresult r = drv_with_context(ops, device, &c, &call);
-	return r == CUDA_SUCCESS ? 0 : drv_fail(ops, call, r);
+	return drv_run(ops, device, "cuMemcpy", drv_copy_call, &arg);
 }
 
 static CUresult drv_copy_async_call(const struct cudrv_ops *ops, void *arg)
@@ -308,15 +321,10 @@ static CUresult drv_copy_async_call(const struct cudrv_ops *ops, void *arg)
 int cudrv_copy_async(void *dst, const void *src, size_t bytes, void *stream, int device)
 {
 	const struct cudrv_ops *ops = drv();
-	if (!ops || !ops->memcpy_async) {
-		snprintf(drv_err, sizeof(drv_err), "the CUDA driver (libcuda.so.1) with cuMemcpyAsync cannot be loaded");
-		return -ENODEV;
-	}
+	if (!ops || !ops->memcpy_async)
+		return drv_missing("cuMemcpyAsync");
 	struct drv_copy_arg arg = {dst, src, bytes, (CUstream)stream};
-	struct drv_call c = {"cuMemcpyAsync", drv_copy_async_call, &arg};
-	const char *call;
-	CUresult r = drv_with_context(ops, device, &c, &call);
-	return r == CUDA_SUCCESS ? 0 : drv_fail(ops, call, r);
+	return drv_run(ops, device, "cuMemcpyAsync", drv_copy_async_call, &arg);
 }
 
 static CUresult drv_copy_apart_call(const struct cudrv_ops *ops, void *arg)
@@ -335,16 +343,10 @@ static CUresult drv_copy_apart_call(const struct cudrv_ops *ops, void *arg)
 int cudrv_copy_apart(void *dst, const void *src, size_t bytes, int device)
 {
 	const struct cudrv_ops *ops = drv();
-	if (!ops || !ops->memcpy_async || !ops->stream_create || !ops->stream_synchronize || !ops->stream_destroy) {
-		snprintf(drv_err, sizeof(drv_err), "the CUDA driver (libcuda.so.1) with cuStreamCreate and cuMemcpyAsync "
-		         "cannot be loaded");
-		return -ENODEV;
-	}
+	if (!ops || !ops->memcpy_async || !ops->stream_create || !ops->stream_synchronize || !ops->stream_destroy)
+		return drv_missing("cuStreamCreate and cuMemcpyAsync");
 	struct drv_copy_arg arg = {dst, src, bytes, NULL};
-	struct drv_call c = {"cuMemcpyAsync", drv_copy_apart_call, &arg};
-	const char *call;
-	CUresult r = drv_with_context(ops, device, &c, &call);
-	return r == CUDA_SUCCESS ? 0 : drv_fail(ops, call, r);
+	return drv_run(ops, device, "cuMemcpyAsync", drv_copy_apart_call, &arg);
 }
 
 int cudrv_init(void)
@@ -650,10 +652,7 @@ int cudrv_stream_ops(void *stream, const struct cudrv_stream_op *ops_in, unsigne
 		params[i].waitValue.flags = o->wait ? CU_STREAM_WAIT_VALUE_GEQ : 0;
 	}
 	struct drv_memop_arg arg = {(CUstream)stream, n, params};
-	struct drv_call c = {"cuStreamBatchMemOp", drv_memop_call, &arg};
-	const char *call;
-	CUresult r = drv_with_context(ops, device, &c, &call);
-	return r == CUDA_SUCCESS ? 0 : drv_fail(ops, call, r);
+	return drv_run(ops, device, "cuStreamBatchMemOp", drv_memop_call, &arg);
 }
 
 struct drv_capture_arg {
