@@ -155,11 +155,19 @@ void qp_free(struct qp *q)
 	free(q);
 }
 
+/* Whether the queue pair's states (qp_state qs, engine_state es) say its
+ * worker died: the supervisor failed its pending entries, then stored
+ * DEAD with release. */
+static bool qp_worker_dead(uint32_t qs, uint32_t es)
+{
+	return qs == DFCCL_QP_DEAD || es == DFCCL_ENGINE_DEAD;
+}
+
 dfcclResult_t qp_health(const struct qp *q)
 {
 	uint32_t qs = __atomic_load_n(&q->hdr->qp_state, __ATOMIC_ACQUIRE);
 	uint32_t es = __atomic_load_n(&q->hdr->engine_state, __ATOMIC_ACQUIRE);
-	if (qs == DFCCL_QP_DEAD || es == DFCCL_ENGINE_DEAD)
+	if (qp_worker_dead(qs, es))
 		return errors_set(dfcclDeviceLost, "the daemon's worker for device %u died; its collectives failed "
 		                  "(dfcclctl status shows when it is back)", q->device);
 	if (qs == DFCCL_QP_CLOSED)
@@ -487,12 +495,11 @@ static pthread_cond_t words_cond = PTHREAD_COND_INITIALIZER;
 static struct qp *words_list; /* the queue pairs with device words */
 static bool words_thread_started;
 
-/* Whether q's worker died (the supervisor failed its pending entries in the
- * region's words, then stored DEAD with release). */
+/* Whether q's worker died (qp_worker_dead). */
 static bool words_dead(const struct qp *q)
 {
-	return __atomic_load_n(&q->hdr->qp_state, __ATOMIC_ACQUIRE) == DFCCL_QP_DEAD ||
-	       __atomic_load_n(&q->hdr->engine_state, __ATOMIC_ACQUIRE) == DFCCL_ENGINE_DEAD;
+	return qp_worker_dead(__atomic_load_n(&q->hdr->qp_state, __ATOMIC_ACQUIRE),
+	                      __atomic_load_n(&q->hdr->engine_state, __ATOMIC_ACQUIRE));
 }
 
 /* The region's words over the device words of dead q: no engine stores
