@@ -303,6 +303,11 @@ static void test_jobs_take_turns(void **state)
 		expect_proc_ids(v.pid, UID_B, UID_B);
 	}
 	job_release(&b);
+	/* Back to parked workers of the daemon's uid on both devices before
+	 * the next job, as after A: a device still switching would not read
+	 * parked below. */
+	for (unsigned dev = 0; dev < 2; dev++)
+		wait_worker(&d, dev, 0, 1);
 
 	/* A job of the daemon's own uid on one device: that worker opens its
 	 * device (no longer parked), the other stays parked. */
