@@ -32,8 +32,10 @@ extern "C" {
 
 /* A channel per this many bytes of a collective (up to `channels`). */
 #define CE_CHAN_BYTES (256u << 10)
-/* Bytes a channel moves in one visit before the next task gets its turn. */
-#define CE_VISIT_BYTES (1u << 20)
+/* Bytes a channel moves in one visit before the next task of its block gets
+ * its turn (`visit-bytes`): a visit's end and the next one's set-up cost
+ * about 13 us on H200, a tenth of a 4 MiB visit (tests/perf/RESULTS.md). */
+#define CE_VISIT_BYTES (4u << 20)
 /* While the kernel runs, the worker looks for completions to wake sleepers
  * and for the kernel's exit this often. */
 #define CE_RUNNING_PAUSE_NS 20000ull
@@ -1288,7 +1290,7 @@ extern "C" int cuda_engine_ops_new(const struct engine_config *cfg, const struct
 	}
 	e->params.device = cfg->device;
 	e->params.idle_ns = cfg->kernel_idle_ns;
-	e->params.visit_bytes = CE_VISIT_BYTES;
+	e->params.visit_bytes = cfg->visit_bytes ? cfg->visit_bytes : CE_VISIT_BYTES;
 	e->params.chan_bytes = CE_CHAN_BYTES;
 	e->params.push_bytes = cfg->push_bytes;
 	e->params.ll_bytes = cfg->ll_bytes;

@@ -108,7 +108,7 @@ int host_engine_new(const struct host_engine_config *cfg, struct host_engine **o
 	e->env.reg_lookup = cfg->reg_lookup;
 	e->env.reg_ctx = cfg->reg_ctx;
 	e->env.device = cfg->device;
-	e->env.visit_bytes = HOST_VISIT_BYTES;
+	e->env.visit_bytes = cfg->visit_bytes ? cfg->visit_bytes : HOST_VISIT_BYTES;
 	e->algo = cfg->algo;
 	e->limits.qp = sched_max_inflight(cfg->max_inflight);
 	e->limits.uid = sched_max_inflight_uid(cfg->max_inflight_uid);
@@ -733,6 +733,7 @@ int host_engine_ops_new(const struct engine_config *cfg, const struct engine_ops
 	    .algo = cfg->algo,
 	    .max_inflight = cfg->max_inflight,
 	    .max_inflight_uid = cfg->max_inflight_uid,
+	    .visit_bytes = cfg->visit_bytes,
 	};
 	struct host_engine *e;
 	int rc = host_engine_new(&hc, &e);

@@ -44,6 +44,7 @@ struct host_engine_config {
 	uint32_t max_inflight;               /* tasks one served queue pair may hold (0: SCHED_MAX_INFLIGHT) */
 	uint32_t max_inflight_uid;           /* tasks the served queue pairs of one uid (sq_queue.uid) may hold
 	                                      * together (0: SCHED_DEFAULT_INFLIGHT_UID) */
+	uint64_t visit_bytes;                /* bytes a task moves per visit before it yields (0: the default) */
 };
 
 /* Fair admission of a served queue pair's entries, and the limits per

@@ -73,6 +73,7 @@ static void test_defaults(void **state)
 	assert_int_equal(c.kernel_idle_mps_us, 5000);
 	assert_int_equal(c.push_bytes, 65536);
 	assert_int_equal(c.ll_bytes, 16384);
+	assert_int_equal(c.visit_bytes, 0);
 	assert_int_equal(c.shutdown_grace_ms, 2000);
 	assert_int_equal(c.worker_user, WORKER_USER_AUTO);
 	assert_int_equal(c.max_inflight_per_session, 256);
@@ -98,7 +99,7 @@ static void test_defaults(void **state)
 		n++;
 	}
 	fclose(dump);
-	assert_int_equal(n, 43);
+	assert_int_equal(n, 44);
 	assert_memory_equal(&c, &d, sizeof(c));
 }
 
@@ -156,6 +157,8 @@ static void test_set_good(void **state)
 	assert_string_equal(c.socket_path, "/tmp/x.sock");
 	assert_int_equal(config_set(&c, "worker-restart-delay-ms", "0", err, sizeof(err)), 0);
 	assert_int_equal(c.worker_restart_delay_ms, 0);
+	assert_int_equal(config_set(&c, "visit-bytes", "4M", err, sizeof(err)), 0);
+	assert_int_equal(c.visit_bytes, 4 << 20);
 }
 
 static void test_sizes(void **state)

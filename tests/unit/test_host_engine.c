@@ -132,6 +132,10 @@ struct sim {
 	const struct engine_ops *ops; /* engines behind the worker's interface: they take their own entries */
 };
 
+/* The bytes a task moves per visit in the engines sim_init makes (0: the
+ * engine's default): test_visit_bytes sets it, and sets it back. */
+static uint64_t sim_visit_bytes;
+
 /* Engines whose all-reduce setting is algo (enum dfccl_algo). */
 static void sim_init_algo(struct sim *s, unsigned neng, const struct sched_params *p, uint32_t algo)
 {
@@ -143,7 +147,8 @@ static void sim_init_algo(struct sim *s, unsigned neng, const struct sched_param
 		                                 .stats = &s->stats[i],
 		                                 .reg_lookup = reg_lookup,
 		                                 .reg_ctx = NULL,
-		                                 .algo = algo};
+		                                 .algo = algo,
+		                                 .visit_bytes = sim_visit_bytes};
 		assert_int_equal(host_engine_new(&cfg, &s->eng[i]), 0);
 	}
 }
@@ -975,6 +980,37 @@ static void test_algos_large(void **state)
 			sim_free(&s);
 		}
 	}
+}
+
+/*
+ * The visit-bytes setting: the same 4 MiB all-reduce of 2 ranks, correct
+ * with the engine's default visit and with 64 KiB visits, and the small
+ * visits take as many turns of the engines as their data needs (each
+ * rank's share of each phase is 2 MiB: 32 visits at least), the default
+ * a few.
+ */
+static void test_visit_bytes(void **state)
+{
+	(void)state;
+	unsigned rounds[2];
+	const uint64_t visit[2] = {0, 64u << 10};
+	for (unsigned v = 0; v < 2; v++) {
+		sim_visit_bytes = visit[v];
+		struct sim s;
+		unsigned rank_q[2];
+		sim_start(&s, 2, 2, rank_q, 9300 + 10 * v, 3);
+		struct coll c = {.id = 9400 + v, .op = DFCCL_OP_ALLREDUCE, .dt = 7, .redop = 0, .n = 2,
+		                 .count = (1u << 20) + 3, .algo = DFCCL_ALGO_DIRECT};
+		memcpy(c.q, rank_q, sizeof(rank_q));
+		coll_submit(&s, &c, 3, 1);
+		rounds[v] = sim_drive(&s);
+		coll_check(&s, &c);
+		sim_free(&s);
+	}
+	sim_visit_bytes = 0;
+	print_message("visit-bytes: %u turns with the default visit, %u with 64 KiB\n", rounds[0], rounds[1]);
+	assert_true(rounds[0] < 8);
+	assert_true(rounds[1] >= 32);
 }
 
 /* Re-adds the communicators of the first two regions of s to every engine:
@@ -1821,6 +1857,7 @@ int main(void)
 	    cmocka_unit_test(test_queue_gone),
 	    cmocka_unit_test(test_comm_del),
 	    cmocka_unit_test(test_submit_checks),
+	    cmocka_unit_test(test_visit_bytes),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
