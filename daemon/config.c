@@ -95,8 +95,13 @@ static const struct setting settings[] = {
      "after a collective progressed, its thresholds are multiplied by this (adaptive stickiness)"},
     {"spin-max", T_INT, F(spin_max), 1, 1000000000, "2000000", NULL,
      "the largest spin threshold stickiness can reach"},
-    {"channels", T_INT, F(channels), 1, 32, "16", NULL,
-     "cuda engine: blocks (channels) of each GPU's daemon kernel; a collective uses up to this many, by size"},
+    {"channels", T_INT, F(channels), 1, 32, "32", NULL,
+     "cuda engine: blocks (channels) of each GPU's daemon kernel; a collective uses up to this many, by size "
+     "(without MPS the kernel and the trainers' kernels take turns on the whole GPU, so its blocks cost them "
+     "nothing)"},
+    {"channels-mps", T_INT, F(channels_mps), 1, 32, "16", NULL,
+     "cuda engine under MPS (where the daemon kernel runs beside the trainers' kernels and each of its blocks "
+     "holds an SM while it is resident): its blocks (channels)"},
     {"spread-blocks", T_INT, F(spread_blocks), 0, 1, "1", NULL,
      "cuda engine: 1 starts each collective that uses fewer channels than the daemon kernel has blocks on a "
      "block chosen by its instance number and a hash of its communicator (and registered collective, or the "

@@ -42,6 +42,7 @@ struct dfccld_config {
 	int64_t stick_mult;    /* scheduler: threshold multiplier after progress */
 	int64_t spin_max;      /* scheduler: the largest threshold */
 	int64_t channels;      /* cuda engine: blocks of the daemon kernel */
+	int64_t channels_mps;  /* the same under MPS */
 	int64_t spread_blocks; /* cuda engine: 1: collectives start on blocks chosen by their instance */
 	int64_t kernel_idle_us; /* cuda engine: idle time before the daemon kernel quits */
 	int64_t kernel_idle_mps_us; /* the same under MPS */

@@ -645,9 +645,12 @@ static int worker_spawn(struct worker *wk)
 	for (int i = 0; i < NPASSED; i++) {
 		snprintf(flags[i], sizeof(flags[i]), "--%s", passed[i]);
 		/* Under MPS (the supervisor's probe says) the daemon kernel's
-		 * idle time is kernel-idle-mps-us. */
-		const char *from =
-		    srv->mps_active && strcmp(passed[i], "kernel-idle-us") == 0 ? "kernel-idle-mps-us" : passed[i];
+		 * idle time is kernel-idle-mps-us, and its blocks channels-mps. */
+		const char *from = passed[i];
+		if (srv->mps_active && strcmp(from, "kernel-idle-us") == 0)
+			from = "kernel-idle-mps-us";
+		else if (srv->mps_active && strcmp(from, "channels") == 0)
+			from = "channels-mps";
 		config_format(&srv->cfg, from, values[i], sizeof(values[i]));
 		args[argc++] = flags[i];
 		args[argc++] = values[i];

@@ -497,12 +497,14 @@ static void test_shutdown_notifies_clients(void **state)
 }
 
 /* The settings a worker uses reach it: its command line carries the
- * daemon's values. */
+ * daemon's values (without MPS: channels, not channels-mps). */
 static void test_worker_settings(void **state)
 {
 	(void)state;
 	struct daemon_proc d;
-	assert_int_equal(daemon_start(&d, 1, "--channels", "3", "--kernel-idle-us", "4321", "--spin-head", "777", NULL), 0);
+	assert_int_equal(daemon_start(&d, 1, "--channels", "3", "--channels-mps", "5", "--kernel-idle-us", "4321",
+	                              "--spin-head", "777", "--visit-bytes", "8M", NULL),
+	                 0);
 	int pid = worker_pid(&d, 0, NULL, NULL);
 	assert_true(pid > 0);
 	char path[64], cmd[4096];
@@ -518,6 +520,7 @@ static void test_worker_settings(void **state)
 	assert_non_null(strstr(cmd, "--channels 3 "));
 	assert_non_null(strstr(cmd, "--kernel-idle-us 4321 "));
 	assert_non_null(strstr(cmd, "--spin-head 777 "));
+	assert_non_null(strstr(cmd, "--visit-bytes 8388608 "));
 	assert_int_equal(daemon_stop(&d), 0);
 }
 

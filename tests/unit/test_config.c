@@ -67,7 +67,8 @@ static void test_defaults(void **state)
 	assert_int_equal(c.sq_entries, 1024);
 	assert_int_equal(c.worker_restart_delay_ms, 100);
 	assert_int_equal(c.worker_start_timeout_ms, 30000);
-	assert_int_equal(c.channels, 16);
+	assert_int_equal(c.channels, 32);
+	assert_int_equal(c.channels_mps, 16);
 	assert_int_equal(c.spread_blocks, 1);
 	assert_int_equal(c.kernel_idle_us, 200);
 	assert_int_equal(c.kernel_idle_mps_us, 5000);
@@ -99,7 +100,7 @@ static void test_defaults(void **state)
 		n++;
 	}
 	fclose(dump);
-	assert_int_equal(n, 44);
+	assert_int_equal(n, 45);
 	assert_memory_equal(&c, &d, sizeof(c));
 }
 
