@@ -28,6 +28,9 @@
 #   - the sweep, -b 8 -e 1G -f 2: dfccl (--mode stream --mem device, and
 #     --mode callback), NCCL (its default buffers, cudaMalloc) and NCCL
 #     --nccl-symmetric;
+#   - all-gather, reduce-scatter and broadcast, -b 64M -e 1G -f 4 (the
+#     sizes of the bandwidth targets): dfccl stream-ordered, NCCL and NCCL
+#     symmetric;
 #   - batches of 150 all-reduces of 4 KiB, 64 KiB and 1 MiB before each wait,
 #     grouped (--group 1) and not (--group 0): dfccl stream-ordered, dfccl
 #     callback (both on cudaMalloc buffers), NCCL and NCCL symmetric.
@@ -95,15 +98,16 @@ start_daemon "${daemon_args[@]+"${daemon_args[@]}"}"
 queue_floor ${gpus//,/ }
 
 failed=0
-# perf NAME ARGS...: dfccl-perf allreduce on the two ranks' GPUs, one JSON
-# object per size into $outdir/NAME.json, its messages into NAME.log, and
-# the daemon's counters before and after (NAME.stats0, NAME.stats1).
-perf() {
-	local name=$1 rc=0
-	shift
-	echo "== $name: dfccl-perf allreduce $*"
+# perf_of COLL NAME ARGS...: dfccl-perf COLL on the two ranks' GPUs, one
+# JSON object per size into $outdir/NAME.json, its messages into NAME.log,
+# and the daemon's counters before and after (NAME.stats0, NAME.stats1);
+# perf NAME ARGS...: the same for allreduce.
+perf_of() {
+	local coll=$1 name=$2 rc=0
+	shift 2
+	echo "== $name: dfccl-perf $coll $*"
 	ctl --json stats >"$outdir/$name.stats0" 2>/dev/null || rm -f "$outdir/$name.stats0"
-	timeout -k 10 1200 "$bin/dfccl-perf" allreduce --socket "$sock" --nranks 2 --devices "$gpus" \
+	timeout -k 10 1200 "$bin/dfccl-perf" "$coll" --socket "$sock" --nranks 2 --devices "$gpus" \
 		-n "$iters" -w "$warmup" --json "$@" >"$outdir/$name.json" 2>"$outdir/$name.log" || rc=$?
 	ctl --json stats >"$outdir/$name.stats1" 2>/dev/null || rm -f "$outdir/$name.stats1"
 	if [ "$rc" != 0 ]; then
@@ -111,6 +115,7 @@ perf() {
 		failed=$((failed + 1))
 	fi
 }
+perf() { perf_of allreduce "$@"; }
 
 sweep="-b 8 -e 1G -f 2"
 # shellcheck disable=SC2086 # $sweep is three options
@@ -120,6 +125,15 @@ sweep="-b 8 -e 1G -f 2"
 	perf sweep_nccl --backend nccl $sweep
 	perf sweep_nccl_sym --backend nccl --nccl-symmetric $sweep
 }
+for coll in allgather reducescatter broadcast; do
+	b="-b 64M -e 1G -f 4"
+	# shellcheck disable=SC2086 # $b is several options
+	{
+		perf_of "$coll" "bw_${coll}_dfccl" --backend dfccl --mode stream --mem device $b
+		perf_of "$coll" "bw_${coll}_nccl" --backend nccl $b
+		perf_of "$coll" "bw_${coll}_nccl_sym" --backend nccl --nccl-symmetric $b
+	}
+done
 for size in 4K 64K 1M; do
 	for group in 1 0; do
 		b="-b $size -e $size --batch 150 --group $group"
@@ -202,6 +216,21 @@ for size in sorted(set(dfccl) | set(cb) | set(nccl) | set(sym)):
     t, c, n, s = time_of(dfccl, size), time_of(cb, size), time_of(nccl, size), time_of(sym, size)
     b = best(n, s)
     print("%12d %s %s %s %s %s %s %s" % (size, fmt(t), fmt(c), fmt(n), fmt(s), fmt(b), ratio(t, b), ratio(c, b)))
+
+print()
+print("# all-gather, reduce-scatter, broadcast (dfccl stream-ordered): time per collective (us) and")
+print("# bus bandwidth (GB/s); x/best: dfccl's time over the better of NCCL's two modes")
+print("%14s %12s %12s %12s %12s %12s %12s" % ("collective", "size(B)", "dfccl", "nccl", "nccl-sym", "dfccl GB/s",
+                                              "dfccl/best"))
+for coll in ("allgather", "reducescatter", "broadcast"):
+    d, n, s = (load("bw_%s_%s" % (coll, k)) for k in ("dfccl", "nccl", "nccl_sym"))
+    for size in sorted(set(d) | set(n) | set(s)):
+        t = time_of(d, size)
+        m = d.get(size, {}).get("out_of_place") or {}
+        bw = "%12.1f" % m["busbw_gbs"] if t is not None and "busbw_gbs" in m else "%12s" % "-"
+        b = best(time_of(n, size), time_of(s, size))
+        print("%14s %12d %s %s %s %s %s" % (coll, size, fmt(t), fmt(time_of(n, size)), fmt(time_of(s, size)), bw,
+                                            ratio(t, b)))
 
 print()
 print("# 150 all-reduces before each wait: time per all-reduce (us); x/best-grouped: over the better of")
