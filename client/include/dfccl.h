@@ -64,7 +64,7 @@ typedef enum {
 	dfcclRemoteError = 6, /* a peer rank failed or disconnected */
 	dfcclInProgress = 7,
 	/* dfccl-specific results */
-	dfcclDaemonUnavailable = 8, /* cannot reach dfccld */
+	dfcclDaemonUnavailable = 8, /* cannot reach dfccld, or it went away (what it held failed) */
 	dfcclVersionMismatch = 9,   /* library and daemon share no protocol version */
 	dfcclPermissionDenied = 10, /* another user's communicator, or a quota */
 	dfcclTimeout = 11,

@@ -127,6 +127,36 @@ bool client_lost(const struct client *c)
 	return __atomic_load_n(&c->lost, __ATOMIC_ACQUIRE) != 0;
 }
 
+/* The sentence of a lost session: rc is 0 for an end of stream, else the
+ * negative errno of the failed read. */
+static void lost_sentence(int rc, char *msg, size_t msglen)
+{
+	snprintf(msg, msglen, "lost the connection to dfccld (%s); is dfccld running? (systemctl status dfccld)",
+	         rc == 0 ? "the daemon closed it" : strerror(-rc));
+}
+
+bool client_gone(struct client *c, char *msg, size_t msglen)
+{
+	if (client_lost(c)) {
+		if (msg) {
+			pthread_mutex_lock(&c->lock);
+			snprintf(msg, msglen, "%s", c->lost_reason);
+			pthread_mutex_unlock(&c->lock);
+		}
+		return true;
+	}
+	/* The daemon's end is closed once its process is gone, before the
+	 * poller reads up to the end of the stream: ask the socket. Only a
+	 * closed peer raises POLLRDHUP or POLLHUP on a Unix stream socket,
+	 * and nothing is read, so the poller stays its only reader. */
+	struct pollfd p = {.fd = c->fd, .events = POLLRDHUP};
+	if (c->fd < 0 || poll(&p, 1, 0) != 1 || !(p.revents & (POLLRDHUP | POLLHUP | POLLERR)))
+		return false;
+	if (msg)
+		lost_sentence(0, msg, msglen);
+	return true;
+}
+
 dfcclResult_t client_check_device(const struct client *c, int device)
 {
 	if (device < 0 || (uint32_t)device >= c->info.ndevices)
@@ -360,9 +390,7 @@ static void client_dispatch(struct client *c, dfccl_envelope *env, int *fds, uns
 static void client_mark_lost(struct client *c, int rc)
 {
 	pthread_mutex_lock(&c->lock);
-	snprintf(c->lost_reason, sizeof(c->lost_reason),
-	         "lost the connection to dfccld (%s); is dfccld running? (systemctl status dfccld)",
-	         rc == 0 ? "the daemon closed it" : strerror(-rc));
+	lost_sentence(rc, c->lost_reason, sizeof(c->lost_reason));
 	__atomic_store_n(&c->lost, 1, __ATOMIC_RELEASE);
 	for (struct client_waiter *w = c->waiters; w; w = w->next)
 		pthread_cond_signal(&w->cond);
@@ -747,7 +775,7 @@ dfcclResult_t client_default(struct client **out)
 {
 	dfcclResult_t r = dfcclSuccess;
 	pthread_mutex_lock(&default_lock);
-	if (default_client && client_lost(default_client)) {
+	if (default_client && client_gone(default_client, NULL, 0)) {
 		client_unref(default_client);
 		default_client = NULL;
 	}

@@ -103,6 +103,14 @@ struct req_poller *client_req_poller(const struct client *c);
 /* True once the connection is gone. */
 bool client_lost(const struct client *c);
 
+/*
+ * True once the connection is gone or the daemon has closed its end, which
+ * the poller may not have read yet (the daemon's process died a moment
+ * ago): a question the failure paths ask, never the hot path, since it may
+ * cost a system call. With msg, the sentence that says so.
+ */
+bool client_gone(struct client *c, char *msg, size_t msglen);
+
 /* dfcclSuccess if the daemon serves device index `device`, else
  * dfcclInvalidArgument. */
 dfcclResult_t client_check_device(const struct client *c, int device);

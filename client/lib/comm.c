@@ -408,11 +408,28 @@ dfcclResult_t comm_explain(struct client *c, uint64_t comm_id, dfcclResult_t r)
 	char first[512], msg[sizeof(((struct client_async *)0)->message)];
 	snprintf(first, sizeof(first), "%s", errors_last());
 	for (int i = 0; i < COMM_EXPLAIN_WAIT_MS; i++) {
-		if (client_async_find(c, comm_id, msg, sizeof(msg)) != dfcclSuccess)
+		dfcclResult_t why = client_async_find(c, comm_id, msg, sizeof(msg));
+		if (why == dfcclDaemonUnavailable)
+			goto daemon_gone;
+		if (why != dfcclSuccess)
 			return errors_set(r, "%s: %s", first, msg);
 		usleep(1000);
 	}
+	/* No sentence came: the communicator was destroyed meanwhile, or the
+	 * reader thread has not read up to the end of a connection that the
+	 * daemon's death closed. */
+	if (client_gone(c, msg, sizeof(msg)))
+		goto daemon_gone;
 	return r;
+
+daemon_gone:
+	/* The daemon's workers outlive its supervisor by a moment, and fail
+	 * what they hold as they go: a peer lost (a worker drops its queue
+	 * pairs, which fails the communicator in the other workers), an abort.
+	 * Such a status says nothing about the ranks; what the application
+	 * must do is wait for the daemon and make new communicators, which
+	 * dfcclDaemonUnavailable says, whichever it saw first. */
+	return errors_set(dfcclDaemonUnavailable, "%s (the collective had failed as dfccld went away: %s)", msg, first);
 }
 
 dfcclResult_t dfcclCommSynchronize(dfcclComm_t comm)

@@ -97,7 +97,10 @@ uint64_t comm_next_seq(struct dfcclComm *comm, unsigned opcode, int peer);
  * submitted it. The daemon sends that notice before it fails the
  * collectives, so it is on the socket already; this waits only the moment
  * the reader thread takes to file it, and only on this failure path. A
- * communicator destroyed meanwhile has no sentence to add.
+ * communicator destroyed meanwhile has no sentence to add. Where the
+ * sentence is the session's loss (or the daemon has closed the connection
+ * unread), the result is dfcclDaemonUnavailable, whatever the collective's
+ * own status said: the daemon's workers fail what they hold as it dies.
  */
 dfcclResult_t comm_explain(struct client *c, uint64_t comm_id, dfcclResult_t r);
 

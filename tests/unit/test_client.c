@@ -2,10 +2,12 @@
  * Unit tests of libdfccl's logic that needs no daemon: result strings and
  * the mapping of daemon error codes, the unique-id layout, the allocation
  * table and buffer translation, group nesting, argument checks that fail
- * before any connection, and the queue-pair submission protocol against an
- * engine emulated by a thread of this test.
+ * before any connection, the queue-pair submission protocol against an
+ * engine emulated by a thread of this test, and what a communicator's
+ * collectives report when a daemon emulated by another thread goes away.
  */
 #include <errno.h>
+#include <poll.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -16,6 +18,8 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -764,6 +768,208 @@ static void test_req_orphans(void **state)
 		assert_int_equal(qp_run(f->q, &(struct dfccl_sqe){.opcode = DFCCL_OP_NOP}), dfcclSuccess);
 }
 
+/* ---------------------------------------------------------------- the daemon goes away */
+
+#define FAKE_COMM_ID 42
+
+/*
+ * Just enough of a daemon for one session: it answers the Hello and
+ * CommInit (communicator FAKE_COMM_ID), and, once told to go, sends the
+ * PEER_LOST notice `notice` (when set) and closes the connection
+ * `close_delay_ms` later, as its death would.
+ */
+struct fake_daemon {
+	char dir[64];
+	char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+	int listen_fd;
+	pthread_t thread;
+	int go;             /* atomic */
+	const char *notice;
+	unsigned close_delay_ms;
+};
+
+static void *fake_daemon_main(void *arg)
+{
+	struct fake_daemon *d = arg;
+	struct frame_reader rd = FRAME_READER_INIT;
+	int fd = accept(d->listen_fd, NULL, NULL);
+	while (fd >= 0 && !__atomic_load_n(&d->go, __ATOMIC_ACQUIRE)) {
+		dfccl_envelope *env;
+		int fds[DFCCL_FRAME_MAX_FDS];
+		unsigned nfds = 0;
+		struct pollfd p = {.fd = fd, .events = POLLIN};
+		if (poll(&p, 1, 10) == 0)
+			continue;
+		if (frame_recv(&rd, fd, &env, fds, &nfds) <= 0)
+			break;
+		frame_close_fds(fds, nfds);
+		dfccl_envelope rep = DFCCL__V1__ENVELOPE__INIT;
+		Dfccl__V1__HelloReply hello = DFCCL__V1__HELLO_REPLY__INIT;
+		Dfccl__V1__CommInitReply init = DFCCL__V1__COMM_INIT_REPLY__INIT;
+		rep.request_id = env->request_id;
+		if (env->body_case == DFCCL__V1__ENVELOPE__BODY_HELLO) {
+			hello.version = DFCCL_PROTO_VERSION;
+			hello.engine = DFCCL__V1__ENGINE_KIND__ENGINE_HOST;
+			hello.ndevices = 1;
+			rep.body_case = DFCCL__V1__ENVELOPE__BODY_HELLO_REPLY;
+			rep.hello_reply = &hello;
+		} else {
+			init.comm_id = FAKE_COMM_ID;
+			init.nranks = 1;
+			rep.body_case = DFCCL__V1__ENVELOPE__BODY_COMM_INIT_REPLY;
+			rep.comm_init_reply = &init;
+		}
+		frame_envelope_free(env);
+		if (frame_send(fd, &rep, NULL, 0) < 0)
+			break;
+	}
+	if (fd >= 0 && d->notice) {
+		Dfccl__V1__Notice n = DFCCL__V1__NOTICE__INIT;
+		n.code = DFCCL__V1__ERROR_CODE__ERROR_PEER_LOST;
+		n.comm_id = FAKE_COMM_ID;
+		n.message = (char *)d->notice;
+		dfccl_envelope env = DFCCL__V1__ENVELOPE__INIT;
+		env.body_case = DFCCL__V1__ENVELOPE__BODY_NOTICE;
+		env.notice = &n;
+		frame_send(fd, &env, NULL, 0);
+	}
+	usleep(1000 * d->close_delay_ms);
+	if (fd >= 0)
+		close(fd);
+	frame_reader_free(&rd);
+	return NULL;
+}
+
+static void fake_daemon_start(struct fake_daemon *d, const char *notice, unsigned close_delay_ms)
+{
+	memset(d, 0, sizeof(*d));
+	d->notice = notice;
+	d->close_delay_ms = close_delay_ms;
+	snprintf(d->dir, sizeof(d->dir), "/tmp/dfccl-unit-XXXXXX");
+	assert_non_null(mkdtemp(d->dir));
+	snprintf(d->path, sizeof(d->path), "%s/dfccld.sock", d->dir);
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", d->path);
+	d->listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	assert_true(d->listen_fd >= 0);
+	assert_int_equal(bind(d->listen_fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	assert_int_equal(listen(d->listen_fd, 1), 0);
+	assert_int_equal(pthread_create(&d->thread, NULL, fake_daemon_main, d), 0);
+}
+
+static void fake_daemon_stop(struct fake_daemon *d)
+{
+	__atomic_store_n(&d->go, 1, __ATOMIC_RELEASE);
+	pthread_join(d->thread, NULL);
+	close(d->listen_fd);
+	unlink(d->path);
+	rmdir(d->dir);
+}
+
+/* A communicator of session c (the fake daemon's) whose entries go to the
+ * fixture's queue pair, as comm_join makes one. */
+static void fake_comm_join(struct client *c, struct qp *q, struct dfcclComm *cm)
+{
+	memset(cm, 0, sizeof(*cm));
+	Dfccl__V1__CommInit init = DFCCL__V1__COMM_INIT__INIT;
+	init.nranks = 1;
+	dfccl_envelope req = DFCCL__V1__ENVELOPE__INIT;
+	req.body_case = DFCCL__V1__ENVELOPE__BODY_COMM_INIT;
+	req.comm_init = &init;
+	struct client_reply rep;
+	assert_int_equal(client_comm_init(c, &req, &cm->async, &rep), dfcclSuccess);
+	client_reply_release(&rep);
+	cm->client = c;
+	cm->id = FAKE_COMM_ID;
+	cm->nranks = 1;
+	cm->qp = q;
+	req_tracker_init(&cm->tracker, client_req_poller(c));
+	cm->tracking = true;
+}
+
+static void fake_comm_leave(struct dfcclComm *cm)
+{
+	req_tracker_drain(&cm->tracker);
+	client_async_remove(cm->client, &cm->async);
+}
+
+/*
+ * The daemon dies while a collective is in its engine: its workers outlive
+ * the supervisor by a moment, and one that drops its queue pairs fails the
+ * communicator in the others, which complete the entry with PEER_LOST just
+ * before the connection ends. The rank must see dfcclDaemonUnavailable,
+ * not dfcclRemoteError, whichever it noticed first.
+ */
+static void test_daemon_death_beats_peer_lost(void **state)
+{
+	struct qp_fixture *f = *state;
+	struct fake_daemon d;
+	fake_daemon_start(&d, NULL, 30);
+	struct client *c;
+	assert_int_equal(client_open(d.path, "test_client", &c), dfcclSuccess);
+	struct dfcclComm cm;
+	fake_comm_join(c, f->q, &cm);
+
+	struct req *r = req_new(DFCCL_OP_ALLREDUCE, NULL, NULL, false);
+	assert_non_null(r);
+	struct dfccl_sqe e = sqe_status(DFCCL_CQ_PEER_LOST);
+	assert_int_equal(req_submit(&cm.tracker, f->q, &e, r, NULL), dfcclSuccess);
+	__atomic_store_n(&d.go, 1, __ATOMIC_RELEASE);
+	uint64_t t0 = qp_now_ns();
+	assert_int_equal(dfcclCommSynchronize(&cm), dfcclDaemonUnavailable);
+	assert_non_null(strstr(dfcclGetLastError(NULL), "lost the connection to dfccld"));
+	assert_non_null(strstr(dfcclGetLastError(NULL), "a peer rank of the communicator was lost"));
+	assert_true(qp_now_ns() - t0 < 5000000000ull);
+	assert_true(client_gone(c, NULL, 0));
+	/* What fails afterwards fails the same way. */
+	assert_int_equal(comm_check(&cm), dfcclDaemonUnavailable);
+
+	fake_comm_leave(&cm);
+	client_unref(c);
+	fake_daemon_stop(&d);
+}
+
+/* A peer lost before the daemon died stays dfcclRemoteError: the daemon's
+ * notice, which comes before it fails the collectives, named it first. */
+static void test_peer_lost_then_daemon_death(void **state)
+{
+	struct qp_fixture *f = *state;
+	struct fake_daemon d;
+	fake_daemon_start(&d, "rank 1 (pid 7) of communicator 42 disconnected; its collectives cannot complete", 0);
+	struct client *c;
+	assert_int_equal(client_open(d.path, "test_client", &c), dfcclSuccess);
+	struct dfcclComm cm;
+	fake_comm_join(c, f->q, &cm);
+
+	__atomic_store_n(&d.go, 1, __ATOMIC_RELEASE);
+	struct req *r = req_new(DFCCL_OP_ALLREDUCE, NULL, NULL, false);
+	assert_non_null(r);
+	struct dfccl_sqe e = sqe_status(DFCCL_CQ_PEER_LOST);
+	assert_int_equal(req_submit(&cm.tracker, f->q, &e, r, NULL), dfcclSuccess);
+	assert_int_equal(dfcclCommSynchronize(&cm), dfcclRemoteError);
+	assert_non_null(strstr(dfcclGetLastError(NULL), "rank 1 (pid 7) of communicator 42 disconnected"));
+
+	fake_comm_leave(&cm);
+	client_unref(c);
+	fake_daemon_stop(&d);
+}
+
+/* A closed connection is seen at once, whether or not the reader thread
+ * has read up to its end. */
+static void test_client_gone(void **state)
+{
+	struct fake_daemon d;
+	fake_daemon_start(&d, NULL, 0);
+	struct client *c;
+	assert_int_equal(client_open(d.path, "test_client", &c), dfcclSuccess);
+	char msg[256];
+	assert_false(client_gone(c, msg, sizeof(msg)));
+	fake_daemon_stop(&d);
+	assert_true(client_gone(c, msg, sizeof(msg)));
+	assert_non_null(strstr(msg, "lost the connection to dfccld (the daemon closed it)"));
+	client_unref(c);
+}
+
 static void test_comm_keys(void **state)
 {
 	/* Separate counters: collectives per communicator, sends and receives
@@ -857,6 +1063,9 @@ int main(void)
 	    cmocka_unit_test_setup_teardown(test_req_callbacks, qp_setup, qp_teardown),
 	    cmocka_unit_test_setup_teardown(test_req_connection_lost, qp_setup, qp_teardown),
 	    cmocka_unit_test_setup_teardown(test_req_orphans, qp_setup, qp_teardown),
+	    cmocka_unit_test_setup_teardown(test_daemon_death_beats_peer_lost, qp_setup, qp_teardown),
+	    cmocka_unit_test_setup_teardown(test_peer_lost_then_daemon_death, qp_setup, qp_teardown),
+	    cmocka_unit_test(test_client_gone),
 	    cmocka_unit_test(test_comm_keys),
 	    cmocka_unit_test(test_registered_arguments),
 	    cmocka_unit_test(test_stream_and_alltoall_arguments),
