@@ -444,7 +444,12 @@ typedef struct dfcclRequest *dfcclRequest_t;
  * libdfccl per process, started with the first run that has a callback;
  * never the caller's thread), with the run's result. It must not block; it
  * may submit more work. The callback and dfcclWait/dfcclTest report the
- * same run independently: either may come first. */
+ * same run independently: either may come first. The callback gets the
+ * run's status as the daemon completed it: a run that failed as dfccld
+ * died can reach it as dfcclRemoteError (its workers fail what they hold
+ * on their way out), where dfcclWait, dfcclCommSynchronize and
+ * dfcclCommGetAsyncError, which look at the session, say
+ * dfcclDaemonUnavailable. */
 typedef void (*dfcclCallback_t)(dfcclResult_t result, void *userArg);
 
 dfcclResult_t dfcclRegisterCollective(dfcclComm_t comm, int collId, const dfcclCollDesc_t *desc);

@@ -771,11 +771,12 @@ static void client_default_once(void)
 	pthread_atfork(client_fork_prepare, client_fork_parent, client_fork_child);
 }
 
-dfcclResult_t client_default(struct client **out)
+static dfcclResult_t client_default_asking(struct client **out, bool ask_socket)
 {
 	dfcclResult_t r = dfcclSuccess;
 	pthread_mutex_lock(&default_lock);
-	if (default_client && client_gone(default_client, NULL, 0)) {
+	if (default_client &&
+	    (ask_socket ? client_gone(default_client, NULL, 0) : client_lost(default_client))) {
 		client_unref(default_client);
 		default_client = NULL;
 	}
@@ -787,6 +788,16 @@ dfcclResult_t client_default(struct client **out)
 		*out = client_ref(default_client);
 	pthread_mutex_unlock(&default_lock);
 	return r;
+}
+
+dfcclResult_t client_default(struct client **out)
+{
+	return client_default_asking(out, true);
+}
+
+dfcclResult_t client_default_quick(struct client **out)
+{
+	return client_default_asking(out, false);
 }
 
 /* ---------------------------------------------------------------- devices */
@@ -1116,7 +1127,7 @@ dfcclResult_t dfcclInternalNopStream(int device, void *stream, long count, doubl
 	if (!stream)
 		return errors_set(dfcclInvalidArgument, "dfcclInternalNopStream: stream is NULL");
 	struct client *c;
-	dfcclResult_t r = client_default(&c);
+	dfcclResult_t r = client_default_quick(&c);
 	if (r != dfcclSuccess)
 		return r;
 	r = client_nop_stream(c, (uint32_t)device, (dfcclStream_t)stream, count, issue_us);
@@ -1127,7 +1138,7 @@ dfcclResult_t dfcclInternalNopStream(int device, void *stream, long count, doubl
 dfcclResult_t dfcclInternalNop(int device)
 {
 	struct client *c;
-	dfcclResult_t r = client_default(&c);
+	dfcclResult_t r = client_default_quick(&c);
 	if (r != dfcclSuccess)
 		return r;
 	r = client_nop(c, (uint32_t)device);

@@ -89,8 +89,15 @@ const char *client_socket_path(void);
 dfcclResult_t client_open(const char *path, const char *name, struct client **out);
 
 /* The process-wide session, opened on first use at client_socket_path() and
- * reopened if the previous one was lost. Returns a new reference. */
+ * reopened if the previous one was lost or the daemon closed it (client_gone).
+ * Returns a new reference. */
 dfcclResult_t client_default(struct client **out);
+
+/* client_default without asking the socket (client_gone's system call)
+ * whether the daemon closed a session not yet seen lost: for the calls
+ * that time the queue itself (dfcclInternalNop), where that call would be
+ * part of every figure. */
+dfcclResult_t client_default_quick(struct client **out);
 
 struct client *client_ref(struct client *c);
 void client_unref(struct client *c);

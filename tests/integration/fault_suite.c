@@ -119,10 +119,16 @@ static int64_t contrib(int q, uint64_t it, int k, size_t i)
 	return (int64_t)(mix(((uint64_t)q << 40) ^ (it << 8) ^ (uint64_t)k ^ ((uint64_t)i << 20)) >> 40);
 }
 
-#define RFAIL(...)                                                               \
-	do {                                                                     \
-		snprintf(sh->msg[rank], sizeof(sh->msg[rank]), __VA_ARGS__);     \
-		return 1;                                                        \
+/* Fails rank `rank` with a sentence: a later failure of the rank in the
+ * same trial is appended to its first, which is mostly the cause. */
+#define RFAIL(...)                                                                            \
+	do {                                                                                  \
+		size_t used_ = strlen(sh->msg[rank]);                                         \
+		if (used_ && used_ + 8 < sizeof(sh->msg[rank]))                               \
+			used_ += (size_t)snprintf(sh->msg[rank] + used_, 8, "; then ");       \
+		if (used_ < sizeof(sh->msg[rank]))                                            \
+			snprintf(sh->msg[rank] + used_, sizeof(sh->msg[rank]) - used_, __VA_ARGS__); \
+		return 1;                                                                     \
 	} while (0)
 
 /* One rank's communicators and buffers: n ranks, olds[r] the original rank
