@@ -122,11 +122,11 @@ static const struct setting settings[] = {
      "cuda engine: pushed all-reduces up to this many bytes go as lines that carry a flag beside every 4 bytes "
      "of data, so the receivers poll the data itself and no rank waits for a word that says it arrived (0: "
      "never; also bounded by 33 KiB / (2 * (ranks - 1)))"},
-    {"visit-bytes", T_SIZE, F(visit_bytes), 0, 1073741824, "0", NULL,
+    {"visit-bytes", T_SIZE, F(visit_bytes), 65536, 1073741824, "4M", NULL,
      "bytes a collective's channel moves in one visit before it yields its block to the next collective of "
      "the block's queue (on a GPU, a collective alone on its block goes on without yielding): larger visits "
      "move large collectives faster when blocks are shared, smaller ones let other collectives in "
-     "sooner (0: the engine's default, 4 MiB)"},
+     "sooner"},
     {"coll-timeout-ms", T_INT, F(coll_timeout_ms), 0, 86400000, "600000", NULL,
      "a collective some ranks submitted and others did not, or that made no progress, for this long fails "
      "with a timeout on every rank (0: never); a client's DFCCL_TIMEOUT_MS or config overrides it"},

@@ -644,13 +644,14 @@ static int worker_spawn(struct worker *wk)
 	}
 	for (int i = 0; i < NPASSED; i++) {
 		snprintf(flags[i], sizeof(flags[i]), "--%s", passed[i]);
-		/* Under MPS (the supervisor's probe says) the daemon kernel's
-		 * idle time is kernel-idle-mps-us, and its blocks channels-mps. */
+		/* Under MPS (the supervisor's probe says) a setting with an MPS
+		 * twin passes the twin's value. */
+		static const char *const mps_twin[][2] = {{"kernel-idle-us", "kernel-idle-mps-us"},
+		                                          {"channels", "channels-mps"}};
 		const char *from = passed[i];
-		if (srv->mps_active && strcmp(from, "kernel-idle-us") == 0)
-			from = "kernel-idle-mps-us";
-		else if (srv->mps_active && strcmp(from, "channels") == 0)
-			from = "channels-mps";
+		for (size_t k = 0; srv->mps_active && k < sizeof(mps_twin) / sizeof(mps_twin[0]); k++)
+			if (strcmp(from, mps_twin[k][0]) == 0)
+				from = mps_twin[k][1];
 		config_format(&srv->cfg, from, values[i], sizeof(values[i]));
 		args[argc++] = flags[i];
 		args[argc++] = values[i];

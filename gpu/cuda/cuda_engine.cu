@@ -33,8 +33,11 @@ extern "C" {
 /* A channel per this many bytes of a collective (up to `channels`). */
 #define CE_CHAN_BYTES (256u << 10)
 /* Bytes a channel moves in one visit before the next task of its block gets
- * its turn (`visit-bytes`): a visit's end and the next one's set-up cost
- * about 13 us on H200, a tenth of a 4 MiB visit (tests/perf/RESULTS.md). */
+ * its turn (`visit-bytes`): each visit, and each piece of data, costs about
+ * 13 us beyond its data on H200 (9 when its task goes on alone), against
+ * 260-420 us for a 4 MiB visit's data, which is also about how long a task
+ * that arrives on a busy block may wait for its turn (tests/perf/RESULTS.md,
+ * seventeenth run). */
 #define CE_VISIT_BYTES (4u << 20)
 /* While the kernel runs, the worker looks for completions to wake sleepers
  * and for the kernel's exit this often. */

@@ -2984,9 +2984,9 @@ __device__ bool ll_run_starts(dk_ctx &c, const dk_task *t, dk_comm *cm, dk_chan_
  * waits in the block's inbox, and the host asks for no stop or park. The
  * budget shares a block among its tasks; a task alone would only pay for
  * leaving and for the next visit's set-up (2x H200, 1 GiB all-reduces on
- * 16 channels: about 13 us a visit, 0.68x NCCL's bandwidth with 1 MiB
- * visits; tests/perf/RESULTS.md). An arrival is thus seen at the budget's
- * end, as before.
+ * 16 channels: a visit cost about 13 us beyond its data, 4-6 of them the
+ * yield and the set-up, the rest its piece's own; tests/perf/RESULTS.md,
+ * seventeenth run). An arrival is thus seen at the budget's end, as before.
  */
 __device__ bool visit_alone(const dk_ctx &c, const dk_shared &sh)
 {

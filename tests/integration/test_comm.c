@@ -518,6 +518,7 @@ static void test_worker_settings(void **state)
 			cmd[i] = ' ';
 	cmd[n] = '\0';
 	assert_non_null(strstr(cmd, "--channels 3 "));
+	assert_null(strstr(cmd, "--channels 5 "));
 	assert_non_null(strstr(cmd, "--kernel-idle-us 4321 "));
 	assert_non_null(strstr(cmd, "--spin-head 777 "));
 	assert_non_null(strstr(cmd, "--visit-bytes 8388608 "));

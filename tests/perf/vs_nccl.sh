@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # dfccl against NCCL on the same GPUs, side by side: all-reduce from 8 B to
-# 1 GiB, and batches of 150 all-reduces, measured by dfccl-perf in one run
-# on one machine, so that every figure is a ratio taken under the same
-# conditions.
+# 1 GiB, all-gather, reduce-scatter and broadcast from 64 MiB to 1 GiB, and
+# batches of 150 all-reduces, measured by dfccl-perf in one run on one
+# machine, so that every figure is a ratio taken under the same conditions.
 #
 # Usage: vs_nccl.sh BINDIR [OUTDIR]
 #   BINDIR  the folder of dfccld, dfcclctl and dfccl-perf (a build with a
@@ -34,7 +34,7 @@
 #   - batches of 150 all-reduces of 4 KiB, 64 KiB and 1 MiB before each wait,
 #     grouped (--group 1) and not (--group 0): dfccl stream-ordered, dfccl
 #     callback (both on cudaMalloc buffers), NCCL and NCCL symmetric.
-# The tables give the out-of-place time per all-reduce (rank 0's) and
+# The tables give the out-of-place time per collective (rank 0's) and
 # dfccl's time over the better of NCCL's two modes: below 1, dfccl is
 # faster. For the batches the reference is NCCL's better grouped time,
 # which the targets compare against. A run that fails shows as "failed" in

@@ -74,7 +74,7 @@ static void test_defaults(void **state)
 	assert_int_equal(c.kernel_idle_mps_us, 5000);
 	assert_int_equal(c.push_bytes, 65536);
 	assert_int_equal(c.ll_bytes, 16384);
-	assert_int_equal(c.visit_bytes, 0);
+	assert_int_equal(c.visit_bytes, 4 << 20);
 	assert_int_equal(c.shutdown_grace_ms, 2000);
 	assert_int_equal(c.worker_user, WORKER_USER_AUTO);
 	assert_int_equal(c.max_inflight_per_session, 256);
@@ -215,6 +215,9 @@ static void test_set_bad(void **state)
 	expect_set("sq-entries", "131072", -ERANGE);
 	expect_set("channels", "0", -ERANGE);
 	expect_set("channels", "33", -ERANGE); /* DFCCL_COMM_MAX_CHANNELS */
+	expect_set("visit-bytes", "1", -ERANGE);  /* one element a piece: a typo */
+	expect_set("visit-bytes", "0", -ERANGE);
+	expect_set("visit-bytes", "2G", -ERANGE);
 	expect_set("spread-blocks", "2", -ERANGE);
 	expect_set("spread-blocks", "yes", -EINVAL);
 	expect_set("engine", "gpu", -EINVAL);
