@@ -122,6 +122,10 @@ static const struct setting settings[] = {
      "cuda engine: pushed all-reduces up to this many bytes go as lines that carry a flag beside every 4 bytes "
      "of data, so the receivers poll the data itself and no rank waits for a word that says it arrived (0: "
      "never; also bounded by 33 KiB / (2 * (ranks - 1)))"},
+    {"chan-bytes", T_SIZE, F(chan_bytes), 16384, 1073741824, "256K", NULL,
+     "cuda engine: a collective gets a channel per this many bytes, up to `channels`; fewer bytes per "
+     "channel spread middle sizes over more blocks (every daemon of a communicator's GPUs must agree, as "
+     "for channels)"},
     {"visit-bytes", T_SIZE, F(visit_bytes), 65536, 1073741824, "4M", NULL,
      "bytes a collective's channel moves in one visit before it yields its block to the next collective of "
      "the block's queue (on a GPU, a collective alone on its block goes on without yielding): larger visits "

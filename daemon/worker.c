@@ -810,6 +810,7 @@ int worker_main(unsigned device, const struct worker_ident *id, const struct dfc
 	    .push_bytes = (uint32_t)cfg->push_bytes,
 	    .ll_bytes = (uint32_t)cfg->ll_bytes,
 	    .visit_bytes = (uint64_t)cfg->visit_bytes,
+	    .chan_bytes = (uint64_t)cfg->chan_bytes,
 	    .max_inflight = (uint32_t)cfg->max_inflight_per_session,
 	    .max_inflight_uid = (uint32_t)cfg->max_inflight_per_uid,
 	};

@@ -30,7 +30,8 @@ extern "C" {
 
 #include "dkernel.h"
 
-/* A channel per this many bytes of a collective (up to `channels`). */
+/* A channel per this many bytes of a collective (up to `channels`;
+ * `chan-bytes`). */
 #define CE_CHAN_BYTES (256u << 10)
 /* Bytes a channel moves in one visit before the next task of its block gets
  * its turn (`visit-bytes`): each visit, and each piece of data, costs about
@@ -1294,7 +1295,7 @@ extern "C" int cuda_engine_ops_new(const struct engine_config *cfg, const struct
 	e->params.device = cfg->device;
 	e->params.idle_ns = cfg->kernel_idle_ns;
 	e->params.visit_bytes = cfg->visit_bytes ? cfg->visit_bytes : CE_VISIT_BYTES;
-	e->params.chan_bytes = CE_CHAN_BYTES;
+	e->params.chan_bytes = cfg->chan_bytes ? cfg->chan_bytes : CE_CHAN_BYTES;
 	e->params.push_bytes = cfg->push_bytes;
 	e->params.ll_bytes = cfg->ll_bytes;
 	e->params.spread = cfg->spread_blocks ? 1u : 0u;

@@ -75,6 +75,7 @@ static void test_defaults(void **state)
 	assert_int_equal(c.push_bytes, 65536);
 	assert_int_equal(c.ll_bytes, 16384);
 	assert_int_equal(c.visit_bytes, 4 << 20);
+	assert_int_equal(c.chan_bytes, 256 << 10);
 	assert_int_equal(c.shutdown_grace_ms, 2000);
 	assert_int_equal(c.worker_user, WORKER_USER_AUTO);
 	assert_int_equal(c.max_inflight_per_session, 256);
@@ -100,7 +101,7 @@ static void test_defaults(void **state)
 		n++;
 	}
 	fclose(dump);
-	assert_int_equal(n, 45);
+	assert_int_equal(n, 46);
 	assert_memory_equal(&c, &d, sizeof(c));
 }
 
