@@ -28,10 +28,10 @@
  */
 #include "host_coll.h"
 
-#include <sched.h>
-#include <sys/mman.h>
 #include <stdatomic.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <time.h>
 
 #include "reduce.h"
 #include "sqe_check.h"
@@ -200,7 +200,45 @@ static int algo_step_ok(const struct host_task *t)
 
 /* ------------------------------------------------------------------ waits */
 
-#define HOST_YIELD_POLLS 64u
+/*
+ * Waiting on a remote rank. A wait polls without a break for HOST_SPIN_NS
+ * (a peer on another core usually answers within that), then naps between
+ * every HOST_NAP_POLLS polls, so that on a node with fewer cores than busy
+ * processes (CI runs 8 ranks on 2 cores) the rank we wait for gets this
+ * core. A nap is a real sleep, not sched_yield: Linux's EEVDF scheduler
+ * moves a yielding task a whole slice further back, as if it had run that
+ * slice, so a worker that yields every few microseconds is charged a
+ * slice each time and gets next to no CPU beside busy processes. Measured
+ * on Linux 6.18, 2 cores: two such spinners beside two busy loops got
+ * between 0.3 % and 15 % of a core each, and a daemon's two workers,
+ * waiting on each other that way, left their collectives stuck for tens
+ * of seconds while their ranks slept (the fault suite's restart trials
+ * beside two busy loops). A sleeper keeps its place in the scheduler's
+ * fairness.
+ *
+ * The threshold counts polls, but time away from the core counts too, at
+ * HOST_POLL_NS a poll: a wait ends within threshold x HOST_POLL_NS of wall
+ * time however little CPU the worker gets (a boosted head, 400,000 polls
+ * by default, within 20 ms), so a starved worker still preempts its head
+ * and runs the tasks its peers wait for.
+ */
+#define HOST_NAP_POLLS 64u
+#define HOST_SPIN_NS 20000ull
+#define HOST_NAP_NS 1000l
+#define HOST_POLL_NS 50ull
+
+static uint64_t coll_now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+void host_coll_nap(void)
+{
+	struct timespec ts = {0, HOST_NAP_NS};
+	nanosleep(&ts, NULL);
+}
 
 /* The predicate of the wait at t's step: word(r) >= target for r < n, or
  * for the algorithm steps, listed ranks each with its own target. */
@@ -263,7 +301,9 @@ static int coll_wait(const struct host_coll_env *env, struct host_task *t, uint3
 	uint32_t threshold = drain ? sched_threshold_drain(env->params) : sched_threshold(env->params, position, s);
 	if (t->idle > HOST_IDLE_GRACE)
 		threshold = 1;
-	uint64_t spins = 0;
+	uint64_t spins = 0;  /* polls made */
+	uint64_t spent = 0;  /* against the threshold: polls, or the time since t0 in polls if more */
+	uint64_t t0 = 0;     /* read at the first look at the clock */
 	int rc;
 	for (;;) {
 		uint32_t ab = host_comm_aborted(t->comm);
@@ -282,19 +322,25 @@ static int coll_wait(const struct host_coll_env *env, struct host_task *t, uint3
 		                   : t->step == STEP_BOX_WANT ? t->rank
 		                   : w.n == 1                 ? t->peer
 		                                              : t->wait_rank;
-		if (spins >= threshold || t->comm->members[blocker].device == env->device) {
+		if (spent >= threshold || t->comm->members[blocker].device == env->device) {
 			rc = 0;
 			break;
 		}
 		spins++;
-		/* On a node with fewer cores than busy processes (CI runs 8 ranks
-		 * on 2 cores) the rank we wait for may need this very core: give
-		 * it up now and then. With cores to spare the yield returns at
-		 * once and costs a system call per HOST_YIELD_POLLS polls. */
-		if (spins % HOST_YIELD_POLLS == 0)
-			sched_yield();
-		else
+		spent++;
+		if (spins % HOST_NAP_POLLS != 0) {
 			cpu_relax();
+			continue;
+		}
+		uint64_t now = coll_now_ns();
+		if (!t0)
+			t0 = now;
+		else if (now - t0 >= HOST_SPIN_NS) {
+			env->nap();
+			now = coll_now_ns();
+		}
+		if ((now - t0) / HOST_POLL_NS > spent)
+			spent = (now - t0) / HOST_POLL_NS;
 	}
 	/* One shared-page update per wait, not per poll. */
 	if (spins)

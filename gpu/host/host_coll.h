@@ -78,6 +78,7 @@ struct host_coll_env {
 	void *reg_ctx;
 	uint32_t device;
 	uint64_t visit_bytes; /* bytes a task may move in one visit before it yields */
+	void (*nap)(void);    /* how a long wait gives up the core (host_coll_nap) */
 };
 
 struct host_task {
@@ -148,6 +149,11 @@ void host_coll_init(struct host_task *t, struct host_comm *c, struct sq_queue *q
  */
 enum host_step host_coll_step(const struct host_coll_env *env, struct host_task *t, uint32_t position,
                               struct sched_state *s);
+
+/* A waiting task's nap: a sleep of about a microsecond (the timer slack
+ * makes it longer), which lets other processes have the core without
+ * losing this one's place in the scheduler's fairness (host_coll.c). */
+void host_coll_nap(void);
 
 /* The communicator's abort status (the engine's table first, then the
  * region's word), 0 while it is healthy. */

@@ -109,6 +109,7 @@ int host_engine_new(const struct host_engine_config *cfg, struct host_engine **o
 	e->env.reg_ctx = cfg->reg_ctx;
 	e->env.device = cfg->device;
 	e->env.visit_bytes = cfg->visit_bytes ? cfg->visit_bytes : HOST_VISIT_BYTES;
+	e->env.nap = cfg->nap ? cfg->nap : host_coll_nap;
 	e->algo = cfg->algo;
 	e->limits.qp = sched_max_inflight(cfg->max_inflight);
 	e->limits.uid = sched_max_inflight_uid(cfg->max_inflight_uid);

@@ -45,6 +45,8 @@ struct host_engine_config {
 	uint32_t max_inflight_uid;           /* tasks the served queue pairs of one uid (sq_queue.uid) may hold
 	                                      * together (0: SCHED_DEFAULT_INFLIGHT_UID) */
 	uint64_t visit_bytes;                /* bytes a task moves per visit before it yields (0: the default) */
+	void (*nap)(void);                   /* how a task waiting on a remote rank gives up the core
+	                                      * (NULL: host_coll_nap; tests stand in for a busy node) */
 };
 
 /* Fair admission of a served queue pair's entries, and the limits per

@@ -32,8 +32,9 @@
  * limits that leave a victim its place, with memory given back when they
  * drain, and collectives and sends/receives in opposite orders that
  * complete beyond the room); abort,
- * inconsistent posts, a lost queue, a removed communicator, and every
- * submit-time check.
+ * inconsistent posts, a lost queue, a removed communicator, every
+ * submit-time check, and a head wait on a starved engine, which naps and
+ * still ends within its threshold's worth of time.
  */
 #include <errno.h>
 #include <math.h>
@@ -46,6 +47,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 
 #include <cmocka.h>
 
@@ -135,6 +137,9 @@ struct sim {
 /* The bytes a task moves per visit in the engines sim_init makes (0: the
  * engine's default): test_visit_bytes sets it, and sets it back. */
 static uint64_t sim_visit_bytes;
+/* How their waits give up the core (NULL: the engine's nap):
+ * test_starved_wait sets it, and sets it back. */
+static void (*sim_nap)(void);
 
 /* Engines whose all-reduce setting is algo (enum dfccl_algo). */
 static void sim_init_algo(struct sim *s, unsigned neng, const struct sched_params *p, uint32_t algo)
@@ -148,7 +153,8 @@ static void sim_init_algo(struct sim *s, unsigned neng, const struct sched_param
 		                                 .reg_lookup = reg_lookup,
 		                                 .reg_ctx = NULL,
 		                                 .algo = algo,
-		                                 .visit_bytes = sim_visit_bytes};
+		                                 .visit_bytes = sim_visit_bytes,
+		                                 .nap = sim_nap};
 		assert_int_equal(host_engine_new(&cfg, &s->eng[i]), 0);
 	}
 }
@@ -1237,6 +1243,65 @@ static uint64_t submit_simple(struct sim *s, unsigned qi, uint64_t comm_id, uint
 	return sim_submit(s, qi, &e);
 }
 
+/* A nap on a busy node: the engine gives up its core and a busy process
+ * keeps it for a slice, as the scheduler does to a worker that yields
+ * often beside CPU-bound processes. */
+static unsigned starved_naps;
+
+static uint64_t now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static void starved_nap(void)
+{
+	starved_naps++;
+	struct timespec ts = {0, 2000000};
+	nanosleep(&ts, NULL);
+}
+
+/*
+ * A head task whose peer has not posted waits at most its threshold's worth
+ * of time, however little CPU its engine gets: its waits nap (they do not
+ * spin on sched_yield, which starves the caller beside busy processes) and
+ * time away from the core counts against the threshold. Here every nap
+ * costs 2 ms and the threshold is spin-max, 2,000,000 polls: counted in
+ * polls alone (a nap per 64) the wait would last over a minute, as the
+ * workers of a restarted daemon did on a busy node. Counted in time it is
+ * preempted within 2,000,000 x 50 ns = 100 ms, and the collective then
+ * completes once the peer posts.
+ */
+static void test_starved_wait(void **state)
+{
+	(void)state;
+	const struct sched_params sticky = {.spin_head = 2000000, .spin_other = 4, .stick_mult = 20,
+	                                    .spin_max = 2000000, .order = SCHED_ORDER_FIFO};
+	struct sim s;
+	sim_nap = starved_nap;
+	sim_init(&s, 2, &sticky);
+	sim_nap = NULL;
+	unsigned rank_q[2] = {sim_queue(&s, 0, 101), sim_queue(&s, 1, 102)};
+	sim_comm(&s, 7, 2, rank_q);
+	uint64_t seq0 = submit_simple(&s, rank_q[0], 7, 1, 0, 4);
+	sim_pump(&s);
+	starved_naps = 0;
+	uint64_t t0 = now_ms();
+	host_engine_run(s.eng[0]);
+	uint64_t took = now_ms() - t0;
+	print_message("a starved head wait: preempted after %llu ms, %u naps\n", (unsigned long long)took, starved_naps);
+	assert_true(starved_naps > 0);
+	assert_true(took < 2000);
+	assert_int_equal(s.stats[0].preemptions, 1);
+	assert_false(sim_completed(&s, rank_q[0], seq0));
+	uint64_t seq1 = submit_simple(&s, rank_q[1], 7, 1, 1, 4);
+	sim_drive(&s);
+	assert_int_equal(sim_status(&s, rank_q[0], seq0), DFCCL_CQ_OK);
+	assert_int_equal(sim_status(&s, rank_q[1], seq1), DFCCL_CQ_OK);
+	sim_free(&s);
+}
+
 /*
  * A flooder whose peer never joins cannot hold more than max-inflight tasks:
  * the entry past the limit is refused with DFCCL_CQ_LIMIT (and its
@@ -1858,6 +1923,7 @@ int main(void)
 	    cmocka_unit_test(test_comm_del),
 	    cmocka_unit_test(test_submit_checks),
 	    cmocka_unit_test(test_visit_bytes),
+	    cmocka_unit_test(test_starved_wait),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
