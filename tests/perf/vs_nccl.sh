@@ -15,7 +15,9 @@
 # exits 77. It starts its own dfccld (CUDA engine, every GPU) on a private
 # socket, as the GPU tests do (tests/gpu/gpu_lib.sh). The two ranks run on
 # GPUs 0 and 1, or the two that VS_NCCL_GPUS names ("2,3");
-# VS_NCCL_ITERS and VS_NCCL_WARMUP change -n and -w (default 20 and 5);
+# VS_NCCL_ITERS and VS_NCCL_WARMUP change -n and -w (default 20 and 20:
+# 20 calls after 5 warm-up ones read 62-69 us for a small stream-ordered
+# all-reduce where 100 after 20 read 38-41, RESULTS.md seventeenth run);
 # VS_NCCL_DAEMON_ARGS gives dfccld settings (e.g. "--channels 32"), for
 # its every start here, and the header names them.
 # VS_NCCL_MPS=1 runs both libraries' runs under a private MPS daemon (root
@@ -66,7 +68,7 @@ if [ "$ngpu" -lt 2 ]; then
 fi
 gpus=${VS_NCCL_GPUS:-0,1}
 iters=${VS_NCCL_ITERS:-20}
-warmup=${VS_NCCL_WARMUP:-5}
+warmup=${VS_NCCL_WARMUP:-20}
 [ -n "$outdir" ] || outdir=$(mktemp -d /tmp/vs-nccl-XXXXXX)
 mkdir -p "$outdir" || exit 1
 
