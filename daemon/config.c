@@ -406,6 +406,15 @@ static void setting_format(const struct dfccld_config *cfg, const struct setting
 	}
 }
 
+const char *config_mps_twin(const char *name)
+{
+	static const char *const twin[][2] = {{"kernel-idle-us", "kernel-idle-mps-us"}, {"channels", "channels-mps"}};
+	for (size_t k = 0; k < sizeof(twin) / sizeof(twin[0]); k++)
+		if (strcmp(name, twin[k][0]) == 0)
+			return twin[k][1];
+	return name;
+}
+
 int config_format(const struct dfccld_config *cfg, const char *name, char *buf, size_t len)
 {
 	const struct setting *s = setting_find(name, strlen(name));

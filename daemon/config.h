@@ -97,6 +97,11 @@ void config_print_help(FILE *f, const char *argv0);
  * Returns 0, or -ENOENT for an unknown name. */
 int config_format(const struct dfccld_config *cfg, const char *name, char *buf, size_t len);
 
+/* The setting whose value stands for `name` under MPS: its MPS twin
+ * (kernel-idle-mps-us for kernel-idle-us, channels-mps for channels), else
+ * `name` itself. */
+const char *config_mps_twin(const char *name);
+
 /* Writes "name value" for every setting, for diagnostics. */
 void config_dump(const struct dfccld_config *cfg, FILE *f);
 

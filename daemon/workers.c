@@ -646,12 +646,7 @@ static int worker_spawn(struct worker *wk)
 		snprintf(flags[i], sizeof(flags[i]), "--%s", passed[i]);
 		/* Under MPS (the supervisor's probe says) a setting with an MPS
 		 * twin passes the twin's value. */
-		static const char *const mps_twin[][2] = {{"kernel-idle-us", "kernel-idle-mps-us"},
-		                                          {"channels", "channels-mps"}};
-		const char *from = passed[i];
-		for (size_t k = 0; srv->mps_active && k < sizeof(mps_twin) / sizeof(mps_twin[0]); k++)
-			if (strcmp(from, mps_twin[k][0]) == 0)
-				from = mps_twin[k][1];
+		const char *from = srv->mps_active ? config_mps_twin(passed[i]) : passed[i];
 		config_format(&srv->cfg, from, values[i], sizeof(values[i]));
 		args[argc++] = flags[i];
 		args[argc++] = values[i];

@@ -159,6 +159,13 @@ static void test_set_good(void **state)
 	assert_string_equal(c.socket_path, "/tmp/x.sock");
 	assert_int_equal(config_set(&c, "worker-restart-delay-ms", "0", err, sizeof(err)), 0);
 	assert_int_equal(c.worker_restart_delay_ms, 0);
+	/* Under MPS the worker gets the twins' values. */
+	assert_string_equal(config_mps_twin("channels"), "channels-mps");
+	assert_string_equal(config_mps_twin("kernel-idle-us"), "kernel-idle-mps-us");
+	assert_string_equal(config_mps_twin("spin-head"), "spin-head");
+	char v[64];
+	assert_int_equal(config_format(&c, config_mps_twin("channels"), v, sizeof(v)), 0);
+	assert_string_equal(v, "16");
 	assert_int_equal(config_set(&c, "visit-bytes", "4M", err, sizeof(err)), 0);
 	assert_int_equal(c.visit_bytes, 4 << 20);
 }
