@@ -23,6 +23,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "dfccl_comm.h"
 #include "dfccl_stats.h"
@@ -30,6 +31,14 @@
 #include "sq.h"
 
 enum engine_kind { ENGINE_HOST = 1, ENGINE_CUDA = 2 };
+
+/* The engines' clock: CLOCK_MONOTONIC in nanoseconds. */
+static inline uint64_t engine_now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
 
 /* What kind of memory a registration is, as the worker received it. */
 enum engine_mem {

@@ -153,13 +153,6 @@ static void ce_page_counters(struct dfccl_worker_stats *s, uint64_t *out[CE_NCOU
 		out[5 + a - DFCCL_ALGO_DIRECT] = &s->by_algo[a];
 }
 
-static uint64_t mono_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 static int ce_failed(struct cuda_engine *e, cudaError_t rc, const char *what)
 {
 	if (rc == cudaSuccess)
@@ -229,10 +222,10 @@ static void ce_park(struct cuda_engine *e)
 		return;
 	if (ce_put32(e, OFF(ctl.park), 1) < 0)
 		return;
-	uint64_t start = mono_ns();
+	uint64_t start = engine_now_ns();
 	while (e->running) {
 		ce_check_kernel(e);
-		if (e->running && mono_ns() - start > CE_PARK_TIMEOUT_NS) {
+		if (e->running && engine_now_ns() - start > CE_PARK_TIMEOUT_NS) {
 			snprintf(e->fatal, sizeof(e->fatal), "GPU %u: the daemon kernel did not park within 5 s",
 			         e->cfg.device);
 			return;
@@ -1180,8 +1173,8 @@ static void ce_free(void *impl)
 	if (e->running && !e->fatal[0]) {
 		uint32_t one = 1;
 		ce_put(e, OFF(ctl.stop), &one, sizeof(one));
-		uint64_t start = mono_ns();
-		while (e->running && mono_ns() - start < 2000000000ull) {
+		uint64_t start = engine_now_ns();
+		while (e->running && engine_now_ns() - start < 2000000000ull) {
 			ce_check_kernel(e);
 			usleep(100);
 		}

@@ -227,13 +227,6 @@ static int algo_step_ok(const struct host_task *t)
 #define HOST_NAP_NS 1000l
 #define HOST_POLL_NS 50ull
 
-static uint64_t coll_now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 void host_coll_nap(void)
 {
 	struct timespec ts = {0, HOST_NAP_NS};
@@ -332,12 +325,12 @@ static int coll_wait(const struct host_coll_env *env, struct host_task *t, uint3
 			cpu_relax();
 			continue;
 		}
-		uint64_t now = coll_now_ns();
+		uint64_t now = engine_now_ns();
 		if (!t0)
 			t0 = now;
 		else if (now - t0 >= HOST_SPIN_NS) {
 			env->nap();
-			now = coll_now_ns();
+			now = engine_now_ns();
 		}
 		if ((now - t0) / HOST_POLL_NS > spent)
 			spent = (now - t0) / HOST_POLL_NS;
