@@ -811,6 +811,7 @@ int worker_main(unsigned device, const struct worker_ident *id, const struct dfc
 	    .ll_bytes = (uint32_t)cfg->ll_bytes,
 	    .visit_bytes = (uint64_t)cfg->visit_bytes,
 	    .chan_bytes = (uint64_t)cfg->chan_bytes,
+	    .oneshot_bytes = (uint64_t)cfg->oneshot_bytes,
 	    .max_inflight = (uint32_t)cfg->max_inflight_per_session,
 	    .max_inflight_uid = (uint32_t)cfg->max_inflight_per_uid,
 	};

@@ -615,7 +615,7 @@ static int worker_spawn(struct worker *wk)
 	static const char *const passed[] = {"log-level", "log-target", "spin-head",
 	                                     "spin-other", "stick-mult", "spin-max",
 	                                     "algo",      "channels",   "spread-blocks", "kernel-idle-us", "push-bytes",
-	                                     "ll-bytes",  "visit-bytes", "chan-bytes",
+	                                     "ll-bytes",  "visit-bytes", "chan-bytes", "oneshot-bytes",
 	                                     "max-inflight-per-session", "max-inflight-per-uid"};
 	enum { NPASSED = sizeof(passed) / sizeof(passed[0]) };
 	char devbuf[16], uidbuf[16], gidbuf[16], values[NPASSED][64], flags[NPASSED][32];

@@ -1289,6 +1289,7 @@ extern "C" int cuda_engine_ops_new(const struct engine_config *cfg, const struct
 	e->params.idle_ns = cfg->kernel_idle_ns;
 	e->params.visit_bytes = cfg->visit_bytes ? cfg->visit_bytes : CE_VISIT_BYTES;
 	e->params.chan_bytes = cfg->chan_bytes ? cfg->chan_bytes : CE_CHAN_BYTES;
+	e->params.oneshot_bytes = cfg->oneshot_bytes;
 	e->params.push_bytes = cfg->push_bytes;
 	e->params.ll_bytes = cfg->ll_bytes;
 	e->params.spread = cfg->spread_blocks ? 1u : 0u;

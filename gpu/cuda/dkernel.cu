@@ -2287,17 +2287,23 @@ __device__ uint32_t bufs_load(dk_ctx &c, dk_task *t, dk_comm *cm, dk_bufs *b)
 /*
  * Whether a direct all-reduce runs in one shot: every rank reduces the
  * whole of its channel's share from every rank's send buffer into its own
- * receive buffer, with no second phase and no wait between. For small
- * ones, where the wait costs more than reading n times the data. Not when
- * some rank works in place: its result would overwrite the input the
- * others are still reading. Every rank decides alike, from the size and
- * the posts.
+ * receive buffer, with no second phase and no wait between. A rank then
+ * reads (n - 1) S of its peers' data for S bytes, where two shots read
+ * 2 (n - 1) S / n: the same on two ranks, so these always go in one shot
+ * (one wait and one pass over the links fewer: on 2x H200, 256 KiB
+ * 65 -> 50 us, 16 MiB 120 -> 107, 1 GiB unchanged; tests/perf/RESULTS.md,
+ * eighteenth run), and on more ranks while the reads beyond two shots,
+ * (n - 1)(n - 2) S / n, stay within the `oneshot-bytes` setting (0: never).
+ * Not when some rank works in place: its result would overwrite the input
+ * the others are still reading. Every rank decides alike, from the size,
+ * the setting (the same for every GPU of the daemon) and the posts.
  */
-#define DK_ONESHOT_BYTES 65536u
-
-__device__ bool oneshot_fits(const dk_task *t, const dk_task *tg, uint32_t n)
+__device__ bool oneshot_fits(const dk_params &p, const dk_task *t, const dk_task *tg, uint32_t n)
 {
-	if (t->opcode != DFCCL_OP_ALLREDUCE || t->count * t->dsize > DK_ONESHOT_BYTES)
+	if (t->opcode != DFCCL_OP_ALLREDUCE || p.oneshot_bytes == 0)
+		return false;
+	/* One 64-bit division per task, at its POSTS step. */
+	if (n > 2 && t->count * t->dsize * (n - 1) * (n - 2) / n > p.oneshot_bytes)
 		return false;
 	for (uint32_t r = 0; r < n; r++)
 		if (tg->post[r].send_reg == tg->post[r].recv_reg && tg->post[r].send_off == tg->post[r].recv_off)
@@ -3332,7 +3338,7 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 				x->astep = 0;
 				x->step = tg->alg[ch].nsteps ? DK_AWAIT : DK_CHDONE;
 			} else {
-				x->oneshot = oneshot_fits(t, tg, n);
+				x->oneshot = oneshot_fits(c.p, t, tg, n);
 				x->step = DK_WORK1;
 			}
 			break;

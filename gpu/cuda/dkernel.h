@@ -399,6 +399,7 @@ struct dk_params {
 	uint64_t idle_ns;        /* quit after this long with nothing to do */
 	uint64_t visit_bytes;    /* bytes a channel moves per visit before it yields */
 	uint64_t chan_bytes;     /* a collective gets one channel per this many bytes, up to `blocks` */
+	uint64_t oneshot_bytes;  /* most bytes a one-shot all-reduce reads beyond two shots (oneshot_fits); 0: never */
 	uint32_t algo;           /* enum dfccl_algo: for entries without a hint (the `algo` setting) */
 	uint32_t max_inflight;   /* tasks one queue pair may hold (sched_max_inflight) */
 	uint32_t max_inflight_uid; /* tasks the queue pairs of one uid may hold (sched_max_inflight_uid) */

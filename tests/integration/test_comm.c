@@ -503,7 +503,8 @@ static void test_worker_settings(void **state)
 	(void)state;
 	struct daemon_proc d;
 	assert_int_equal(daemon_start(&d, 1, "--channels", "3", "--channels-mps", "5", "--kernel-idle-us", "4321",
-	                              "--spin-head", "777", "--visit-bytes", "8M", "--chan-bytes", "64K", NULL),
+	                              "--spin-head", "777", "--visit-bytes", "8M", "--chan-bytes", "64K",
+	                              "--oneshot-bytes", "128K", NULL),
 	                 0);
 	int pid = worker_pid(&d, 0, NULL, NULL);
 	assert_true(pid > 0);
@@ -523,6 +524,7 @@ static void test_worker_settings(void **state)
 	assert_non_null(strstr(cmd, "--spin-head 777 "));
 	assert_non_null(strstr(cmd, "--visit-bytes 8388608 "));
 	assert_non_null(strstr(cmd, "--chan-bytes 65536 "));
+	assert_non_null(strstr(cmd, "--oneshot-bytes 131072 "));
 	assert_int_equal(daemon_stop(&d), 0);
 }
 

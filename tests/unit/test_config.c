@@ -76,6 +76,7 @@ static void test_defaults(void **state)
 	assert_int_equal(c.ll_bytes, 16384);
 	assert_int_equal(c.visit_bytes, 4 << 20);
 	assert_int_equal(c.chan_bytes, 256 << 10);
+	assert_int_equal(c.oneshot_bytes, 64 << 10);
 	assert_int_equal(c.shutdown_grace_ms, 2000);
 	assert_int_equal(c.worker_user, WORKER_USER_AUTO);
 	assert_int_equal(c.max_inflight_per_session, 256);
@@ -101,7 +102,7 @@ static void test_defaults(void **state)
 		n++;
 	}
 	fclose(dump);
-	assert_int_equal(n, 46);
+	assert_int_equal(n, 47);
 	assert_memory_equal(&c, &d, sizeof(c));
 }
 
