@@ -128,9 +128,9 @@ static const struct setting settings[] = {
      "for channels)"},
     {"oneshot-bytes", T_SIZE, F(oneshot_bytes), 0, 1073741824, "64K", NULL,
      "cuda engine: a direct all-reduce on which no rank works in place runs in one shot (every rank reduces "
-     "its channels' share from every rank's buffer: no second phase and no wait between) while what each rank "
-     "reads beyond a two-shot all-reduce, (n-1)(n-2)/n times its size on n ranks, is at most this many bytes: "
-     "on two ranks always (0: never)"},
+     "its channels' share from every rank's buffer: no second phase and no wait between) on two ranks at "
+     "every size, where it reads no more than two shots, and on more ranks up to this many bytes (0: never, "
+     "on two ranks too; every daemon of a communicator's GPUs must agree)"},
     {"visit-bytes", T_SIZE, F(visit_bytes), 65536, 1073741824, "4M", NULL,
      "bytes a collective's channel moves in one visit before it yields its block to the next collective of "
      "the block's queue (on a GPU, a collective alone on its block goes on without yielding): larger visits "

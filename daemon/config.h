@@ -49,7 +49,7 @@ struct dfccld_config {
 	int64_t push_bytes;     /* cuda engine: largest pushed all-reduce (0: none) */
 	int64_t ll_bytes;       /* cuda engine: largest pushed all-reduce sent as flagged lines (0: none) */
 	int64_t chan_bytes;     /* cuda engine: a channel per this many bytes of a collective */
-	int64_t oneshot_bytes;  /* cuda engine: most bytes a one-shot all-reduce reads beyond two shots (0: none) */
+	int64_t oneshot_bytes;  /* cuda engine: largest one-shot all-reduce on more than two ranks (0: none at all) */
 	int64_t visit_bytes;    /* bytes a channel moves per visit before it yields */
 	int64_t coll_timeout_ms;    /* default collective timeout of a communicator (0: none) */
 	int64_t watch_interval_ms;  /* the watcher's sampling tick (daemon/watch.h) */

@@ -71,7 +71,7 @@ struct engine_config {
 	uint32_t ll_bytes;                /* cuda: largest pushed all-reduce sent as flagged lines (0: none) */
 	uint64_t visit_bytes;             /* bytes a channel moves per visit before it yields (0: the engine's default) */
 	uint64_t chan_bytes;              /* cuda: a channel per this many bytes of a collective (0: the default) */
-	uint64_t oneshot_bytes;           /* cuda: most bytes a one-shot all-reduce reads beyond two shots (0: none) */
+	uint64_t oneshot_bytes;           /* cuda: largest one-shot all-reduce on more than two ranks (0: none at all) */
 	uint32_t max_inflight;            /* collectives of one queue pair in the engine (0: the most, scheduler.h) */
 	uint32_t max_inflight_uid;        /* collectives of one uid's queue pairs in the engine (0: the default) */
 };

@@ -47,9 +47,11 @@ static int tune_topo_coll(int coll)
  * The selection table's name for what DFCCL_ALGO=family runs for coll, or
  * -1 if that family cannot run it: the member of the family
  * (topo_plan_algo_family) that can. The one family with two members for a
- * collective is the direct all-reduce, one-shot or two-shot to the table;
- * the engines' direct all-reduce is two-shot (every rank reduces its chunk,
- * then gathers the others'), and the later member is the one it names.
+ * collective is the direct all-reduce, one-shot or two-shot to the table,
+ * which the engines run as one family and shape themselves (the host
+ * engine two-shot: every rank reduces its chunk, then gathers the others';
+ * the CUDA engine one-shot on two ranks and for small sizes where no rank
+ * works in place, oneshot_fits): the later member is the one it names.
  */
 static int tune_topo_algo(enum topo_coll coll, int family)
 {

@@ -27,7 +27,7 @@
  * instance never wait for each other. Per channel of a collective:
  *   SLOT (channel 0: wait until the slot's previous instance is finished on
  *   every rank, reset this rank's channel words, post) -> POSTS (wait for
- *   every rank's post, check them) -> WORK1 -> [all-reduce: SYNC1 -> WORK2;
+ *   every rank's post, check them) -> WORK1 -> [two-shot all-reduce: SYNC1 -> WORK2;
  *   DK_PHASE2_STORES: WORK2, and DRAIN before a failed rank completes]
  *   -> CHDONE (the last channel of the rank to get here stores `done`) ->
  *   FINISH (that channel waits until every rank is done, then completes).
@@ -59,9 +59,10 @@
  *   NVLink or PCIe, or the GPU itself for ranks sharing it): two-shot
  *   all-reduce (rank r reduces chunk r of its channel's share into its own
  *   buffer, then copies the other chunks from their owners, or with
- *   DK_PHASE2_STORES stores its own into theirs), one-shot for
- *   small ones where no rank works in place (each rank reduces the whole
- *   share from every rank's input: no second phase, oneshot_fits), and
+ *   DK_PHASE2_STORES stores its own into theirs), one-shot where no rank
+ *   works in place, on two ranks at every size and on more for small ones
+ *   (each rank reduces the whole share from every rank's input: no second
+ *   phase, oneshot_fits), and
  *   all-gather, reduce-scatter, broadcast and reduce by reading the peers'
  *   buffers. The reduction order is rank 0, 1, ..., n-1 on every rank.
  *   ring and trees: the steps of gpu/algo.h, the host engine's, each
@@ -2289,21 +2290,19 @@ __device__ uint32_t bufs_load(dk_ctx &c, dk_task *t, dk_comm *cm, dk_bufs *b)
  * whole of its channel's share from every rank's send buffer into its own
  * receive buffer, with no second phase and no wait between. A rank then
  * reads (n - 1) S of its peers' data for S bytes, where two shots read
- * 2 (n - 1) S / n: the same on two ranks, so these always go in one shot
- * (one wait and one pass over the links fewer: on 2x H200, 256 KiB
- * 65 -> 50 us, 16 MiB 120 -> 107, 1 GiB unchanged; tests/perf/RESULTS.md,
- * eighteenth run), and on more ranks while the reads beyond two shots,
- * (n - 1)(n - 2) S / n, stay within the `oneshot-bytes` setting (0: never).
- * Not when some rank works in place: its result would overwrite the input
- * the others are still reading. Every rank decides alike, from the size,
- * the setting (the same for every GPU of the daemon) and the posts.
+ * 2 (n - 1) S / n: the same on two ranks, so these go in one shot at
+ * every size (one wait and one pass over the links fewer: on 2x H200,
+ * 256 KiB 65 -> 50 us, 16 MiB 120 -> 107, 1 GiB unchanged;
+ * tests/perf/RESULTS.md, eighteenth run), and on more ranks the small ones,
+ * where the wait costs more than the extra reads: up to the `oneshot-bytes`
+ * setting (dk_oneshot_size_fits; 0: never). Not when some rank works in
+ * place: its result would overwrite the input the others are still
+ * reading. Every rank decides alike, from the size, the setting (the same
+ * for every GPU of the daemon; not in the posts) and the posts.
  */
 __device__ bool oneshot_fits(const dk_params &p, const dk_task *t, const dk_task *tg, uint32_t n)
 {
-	if (t->opcode != DFCCL_OP_ALLREDUCE || p.oneshot_bytes == 0)
-		return false;
-	/* One 64-bit division per task, at its POSTS step. */
-	if (n > 2 && t->count * t->dsize * (n - 1) * (n - 2) / n > p.oneshot_bytes)
+	if (t->opcode != DFCCL_OP_ALLREDUCE || !dk_oneshot_size_fits(t->count * t->dsize, n, p.oneshot_bytes))
 		return false;
 	for (uint32_t r = 0; r < n; r++)
 		if (tg->post[r].send_reg == tg->post[r].recv_reg && tg->post[r].send_off == tg->post[r].recv_off)

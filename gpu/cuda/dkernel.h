@@ -198,6 +198,17 @@ static inline DFCCL_HD uint64_t dk_ll_lines(uint64_t bytes)
 	return (bytes + 7u) / 8u;
 }
 
+/* Whether a direct all-reduce of `bytes` on n ranks may run in one shot
+ * (dkernel.cu's oneshot_fits, which also asks that no rank works in
+ * place): a rank then reads (n - 1) bytes of its peers' data where two
+ * shots read 2 (n - 1) / n. On two ranks that is the same, so any size
+ * may; on more, up to `limit` bytes (the oneshot-bytes setting). A limit
+ * of 0: never, on two ranks too. */
+static inline DFCCL_HD int dk_oneshot_size_fits(uint64_t bytes, uint32_t n, uint64_t limit)
+{
+	return limit != 0 && (n <= 2 || bytes <= limit);
+}
+
 /* Whether `bytes` of data and the region's last line fit one region. */
 static inline DFCCL_HD int dk_ll_fits(uint64_t bytes, uint32_t n)
 {
@@ -399,7 +410,7 @@ struct dk_params {
 	uint64_t idle_ns;        /* quit after this long with nothing to do */
 	uint64_t visit_bytes;    /* bytes a channel moves per visit before it yields */
 	uint64_t chan_bytes;     /* a collective gets one channel per this many bytes, up to `blocks` */
-	uint64_t oneshot_bytes;  /* most bytes a one-shot all-reduce reads beyond two shots (oneshot_fits); 0: never */
+	uint64_t oneshot_bytes;  /* largest one-shot all-reduce on more than two ranks (oneshot_fits); 0: none at all */
 	uint32_t algo;           /* enum dfccl_algo: for entries without a hint (the `algo` setting) */
 	uint32_t max_inflight;   /* tasks one queue pair may hold (sched_max_inflight) */
 	uint32_t max_inflight_uid; /* tasks the queue pairs of one uid may hold (sched_max_inflight_uid) */

@@ -6,7 +6,8 @@
  * also across the 2^32 wrap; a source's region holds its lines and the
  * last one for every size dk_ll_fits accepts, and the regions of a slot
  * stay inside it for every rank count; the per-rank allocation is the
- * connectors followed by the area.
+ * connectors followed by the area. Also the size rule of a one-shot
+ * all-reduce (dk_oneshot_size_fits), which the kernel applies per task.
  *
  * Expected flags are worked out by hand from the definition (key mod
  * 2^32 - 1, plus one), not by calling a second implementation.
@@ -97,6 +98,26 @@ static void area_follows_connectors(void **state)
 	assert_int_equal(DK_LL_AREA_OFFSET % 16u, 0);
 }
 
+/* Two ranks at every size (their reads are the same as two shots'); more
+ * ranks up to the limit; a limit of 0 never, on two ranks too. */
+static void oneshot_sizes(void **state)
+{
+	(void)state;
+	const uint64_t limit = 64 * 1024;
+	assert_true(dk_oneshot_size_fits(1ull << 30, 2, limit));
+	assert_true(dk_oneshot_size_fits(UINT64_MAX, 2, limit));
+	assert_true(dk_oneshot_size_fits(8, 1, limit));
+	assert_false(dk_oneshot_size_fits(8, 2, 0));
+	assert_false(dk_oneshot_size_fits(8, 4, 0));
+	for (uint32_t n = 3; n <= 64; n++) {
+		assert_true(dk_oneshot_size_fits(0, n, limit));
+		assert_true(dk_oneshot_size_fits(limit, n, limit));
+		assert_false(dk_oneshot_size_fits(limit + 1, n, limit));
+	}
+	assert_true(dk_oneshot_size_fits(1ull << 30, 8, 1ull << 30));
+	assert_false(dk_oneshot_size_fits((1ull << 30) + 4, 8, 1ull << 30));
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -104,6 +125,7 @@ int main(void)
 	    cmocka_unit_test(flag_never_zero_and_slots_differ),
 	    cmocka_unit_test(regions_hold_their_lines),
 	    cmocka_unit_test(area_follows_connectors),
+	    cmocka_unit_test(oneshot_sizes),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
