@@ -363,6 +363,12 @@ dfcclResult_t dfcclCommDeregister(const dfcclComm_t comm, void *handle);
  * call, and the receive buffer may be read once dfcclCommSynchronize
  * returns. Such calls never make a stream of the caller wait, so they stay
  * safe in any order and across cudaDeviceSynchronize.
+ *
+ * Buffers, in either form: sendbuff and recvbuff either do not overlap or
+ * are NCCL's in place: the same buffer, or for all-gather sendbuff at
+ * recvbuff + rank * sendcount elements, for reduce-scatter recvbuff at
+ * sendbuff + rank * recvcount elements. Any other overlap is refused with
+ * dfcclInvalidArgument (the daemon reads one while it writes the other).
  */
 
 dfcclResult_t dfcclAllReduce(const void *sendbuff, void *recvbuff, size_t count,
@@ -386,7 +392,7 @@ dfcclResult_t dfcclRecv(void *recvbuff, size_t count, dfcclDataType_t datatype, 
 
 /* All-to-all: rank r sends block j of sendbuff (count elements) to rank j
  * and receives block j of recvbuff from rank j; built on send/recv. Both
- * buffers hold nranks * count elements; not in place. */
+ * buffers hold nranks * count elements; not in place, nor overlapping. */
 dfcclResult_t dfcclAllToAll(const void *sendbuff, void *recvbuff, size_t count, dfcclDataType_t datatype,
                             dfcclComm_t comm, dfcclStream_t stream);
 

@@ -153,6 +153,44 @@ static dfcclResult_t coll_check(const struct coll_args *a)
 }
 
 /*
+ * Refuses buffers that overlap other than in NCCL's in-place layout for the
+ * collective: the same buffer, or for all-gather sendbuff at this rank's
+ * block of recvbuff, for reduce-scatter recvbuff at this rank's block of
+ * sendbuff. The engines read one buffer while they write the other (and
+ * peers read this rank's sendbuff until the collective is done), so any
+ * other overlap would corrupt the result.
+ */
+static dfcclResult_t coll_overlap(const struct coll_args *a, size_t send_bytes, size_t recv_bytes)
+{
+	uintptr_t s = (uintptr_t)a->send, r = (uintptr_t)a->recv;
+	if (s >= r + recv_bytes || r >= s + send_bytes)
+		return dfcclSuccess;
+	uintptr_t rank = (uintptr_t)a->comm->rank;
+	const char *layout;
+	switch (a->opcode) {
+	case DFCCL_OP_ALLGATHER:
+		if (s == r + rank * send_bytes)
+			return dfcclSuccess;
+		layout = "for all-gather, sendbuff = recvbuff + rank * sendcount elements";
+		break;
+	case DFCCL_OP_REDUCESCATTER:
+		if (r == s + rank * recv_bytes)
+			return dfcclSuccess;
+		layout = "for reduce-scatter, recvbuff = sendbuff + rank * recvcount elements";
+		break;
+	default:
+		if (s == r)
+			return dfcclSuccess;
+		layout = "sendbuff = recvbuff";
+		break;
+	}
+	return errors_set(dfcclInvalidArgument, "%s: sendbuff %p (%zu bytes) and recvbuff %p (%zu bytes) overlap but "
+	                  "are not in place (%s, rank %d): the result would be corrupted; pass buffers that do not "
+	                  "overlap, or the in-place layout", qp_op_name(a->opcode), a->send, send_bytes, a->recv,
+	                  recv_bytes, layout, a->comm->rank);
+}
+
+/*
  * Checks a call and builds its entry (all but its key). *empty is set for a
  * call with nothing to move (count 0), which NCCL completes without
  * submitting anything.
@@ -185,6 +223,11 @@ static dfcclResult_t coll_prepare(const struct coll_args *a, struct coll_op *op,
 	case DFCCL_OP_RECV: use_send = false; break;
 	default: break;
 	}
+
+	size_t esize = coll_dtype_size(a->dtype);
+	if (use_send && use_recv &&
+	    (r = coll_overlap(a, a->count * scale_send * esize, a->count * scale_recv * esize)) != dfcclSuccess)
+		return r;
 
 	struct dfccl_sqe *e = &op->sqe;
 	memset(op, 0, sizeof(*op));
@@ -412,10 +455,13 @@ static dfcclResult_t coll_alltoall(const char *send, char *recv, size_t count, d
 	dfcclResult_t r = coll_check(&a);
 	if (r != dfcclSuccess || count == 0)
 		return r;
+	size_t n = (size_t)comm->nranks, block = count * coll_dtype_size(dtype);
 	if (send == recv)
 		return errors_set(dfcclInvalidArgument, "AllToAll: sendbuff and recvbuff are the same buffer; all-to-all "
 		                  "does not work in place");
-	size_t n = (size_t)comm->nranks, block = count * coll_dtype_size(dtype);
+	if ((uintptr_t)send < (uintptr_t)recv + n * block && (uintptr_t)recv < (uintptr_t)send + n * block)
+		return errors_set(dfcclInvalidArgument, "AllToAll: sendbuff %p and recvbuff %p overlap (%zu bytes each); "
+		                  "all-to-all needs two separate buffers", (const void *)send, (void *)recv, n * block);
 	if ((r = coll_buffer(&a, "sendbuff", send, n, &op.sqe.send_reg, &op.sqe.send_off)) != dfcclSuccess ||
 	    (r = coll_buffer(&a, "recvbuff", recv, n, &op.sqe.recv_reg, &op.sqe.recv_off)) != dfcclSuccess)
 		return r;

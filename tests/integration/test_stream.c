@@ -524,6 +524,34 @@ static int rank_group(void *arg, int rank)
 	      "a misaligned sendbuff: %s (%s), expected dfcclInvalidArgument", dfcclGetErrorString(r),
 	      dfcclGetLastError(comm));
 	CHECK(sb->nbatches == 2, "a refused call queued work: %u batches", sb->nbatches);
+	/* Buffers that overlap other than in NCCL's in-place layout (the same
+	 * buffer; this rank's block) are refused with the reason, and nothing
+	 * queued; test_collectives runs the in-place layouts themselves. */
+	const int other = 1 - rank;
+	const char *says = "overlap but are not in place (sendbuff = recvbuff";
+	r = dfcclAllReduce(in[0], in[0] + 4, 8, dfcclFloat32, dfcclSum, comm, (dfcclStream_t)sb);
+	CHECK(r == dfcclInvalidArgument && strstr(dfcclGetLastError(comm), says),
+	      "an all-reduce whose recvbuff starts inside its sendbuff: %s (%s)", dfcclGetErrorString(r),
+	      dfcclGetLastError(comm));
+	/* The root's broadcast (each rank names itself: refused before any
+	 * rank's entry exists). */
+	r = dfcclBroadcast(in[1] + 1, in[1], 8, dfcclFloat32, rank, comm, (dfcclStream_t)sb);
+	CHECK(r == dfcclInvalidArgument && strstr(dfcclGetLastError(comm), says),
+	      "a root's broadcast whose buffers overlap: %s (%s)", dfcclGetErrorString(r), dfcclGetLastError(comm));
+	says = "for all-gather, sendbuff = recvbuff + rank * sendcount elements";
+	r = dfcclAllGather(in[2] + 8 * other, in[2], 8, dfcclFloat32, comm, (dfcclStream_t)sb);
+	CHECK(r == dfcclInvalidArgument && strstr(dfcclGetLastError(comm), says),
+	      "an all-gather whose sendbuff is the other rank's block of recvbuff: %s (%s)", dfcclGetErrorString(r),
+	      dfcclGetLastError(comm));
+	says = "for reduce-scatter, recvbuff = sendbuff + rank * recvcount elements";
+	r = dfcclReduceScatter(in[3], in[3] + 8 * other, 8, dfcclFloat32, dfcclSum, comm, (dfcclStream_t)sb);
+	CHECK(r == dfcclInvalidArgument && strstr(dfcclGetLastError(comm), says),
+	      "a reduce-scatter whose recvbuff is the other rank's block of sendbuff: %s (%s)", dfcclGetErrorString(r),
+	      dfcclGetLastError(comm));
+	r = dfcclAllToAll(in[4], in[4] + 4, 8, dfcclFloat32, comm, (dfcclStream_t)sb);
+	CHECK(r == dfcclInvalidArgument && strstr(dfcclGetLastError(comm), "all-to-all needs two separate buffers"),
+	      "an all-to-all whose buffers overlap: %s (%s)", dfcclGetErrorString(r), dfcclGetLastError(comm));
+	CHECK(sb->nbatches == 2, "a refused call queued work: %u batches", sb->nbatches);
 	/* Outside a group: the arm and the wait, in one batch. */
 	DF(dfcclAllReduce(in[0], out[0], COUNT, dfcclFloat32, dfcclSum, comm, (dfcclStream_t)sa));
 	CHECK(fs_sync(sa, 30000) == 0, "the stream did not finish");
