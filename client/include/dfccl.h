@@ -365,10 +365,11 @@ dfcclResult_t dfcclCommDeregister(const dfcclComm_t comm, void *handle);
  * safe in any order and across cudaDeviceSynchronize.
  *
  * Buffers, in either form: sendbuff and recvbuff either do not overlap or
- * are NCCL's in place: the same buffer, or for all-gather sendbuff at
- * recvbuff + rank * sendcount elements, for reduce-scatter recvbuff at
- * sendbuff + rank * recvcount elements. Any other overlap is refused with
- * dfcclInvalidArgument (the daemon reads one while it writes the other).
+ * are NCCL's in place: the same buffer for all-reduce, broadcast and
+ * reduce; for all-gather sendbuff at recvbuff + rank * sendcount elements;
+ * for reduce-scatter recvbuff at sendbuff + rank * recvcount elements. Any
+ * other overlap is refused with dfcclInvalidArgument (the daemon reads one
+ * while it writes the other).
  */
 
 dfcclResult_t dfcclAllReduce(const void *sendbuff, void *recvbuff, size_t count,

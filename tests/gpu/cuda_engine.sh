@@ -34,9 +34,10 @@
 # then prints the daemon's counters. A daemon with pushed all-reduces off
 # and every collective starting on block 0 (--push-bytes 0 --spread-blocks
 # 0) runs the quick sweep again on the direct paths they replace; daemons
-# with --oneshot-bytes 0 (two-rank all-reduces out of place in two shots)
-# and 1G (four ranks' in one shot) the quick sweep and checked all-reduces
-# up to 64 MiB each; and one whose collectives start on blocks chosen by
+# with nothing pushed and --oneshot-bytes 0 (two-rank all-reduces out of
+# place in two shots) and 1G (four ranks' in one shot) the quick sweep and
+# checked all-reduces up to 64 MiB each; and one whose collectives start on
+# blocks chosen by
 # their instance
 # (--spread-blocks 1, the default) the quick sweep, both forms, the deadlock
 # programs and chaos again, and batches of 150 small all-reduces checked
@@ -257,15 +258,16 @@ if part_on push; then
 	# Two-rank all-reduces run in one shot at every size unless in place;
 	# with --oneshot-bytes 0 out of place too runs two shots, and with 1G
 	# four ranks run one shot, several channels each at the larger sizes
-	# (dfccl-perf checks every result).
+	# (dfccl-perf checks every result, in place and out of place). Nothing
+	# pushed, so that the small ones take these paths too.
 	echo "== all-reduces in two shots (--oneshot-bytes 0), then in one shot on 4 ranks (--oneshot-bytes 1G)"
-	start_daemon "${daemon_args[@]}" --oneshot-bytes 0
+	start_daemon "${daemon_args[@]}" --push-bytes 0 --oneshot-bytes 0
 	step "two shots: collectives, 2 ranks on GPUs $pair" 300 "${coll[@]}" --quick --nranks 2 --gpus "$pair"
-	step "two shots: all-reduces of 1 KiB-64 MiB out of place, 2 ranks on GPUs $pair" 300 \
+	step "two shots: all-reduces of 1 KiB-64 MiB, 2 ranks on GPUs $pair" 300 \
 		"$bin/dfccl-perf" allreduce --socket "$sock" --mem device --devices "$pair" --nranks 2 \
 		-b 1K -e 64M -f 4 -n 3 -w 1 -c 1
 	stop_daemon
-	start_daemon "${daemon_args[@]}" --oneshot-bytes 1G
+	start_daemon "${daemon_args[@]}" --push-bytes 0 --oneshot-bytes 1G
 	step "one shot: collectives, 4 ranks sharing GPU 0" 300 "${coll[@]}" --quick --nranks 4 --gpus 0,0,0,0
 	step "one shot: all-reduces of 1 KiB-64 MiB, 4 ranks sharing GPU 0" 300 \
 		"$bin/dfccl-perf" allreduce --socket "$sock" --mem device --devices 0,0,0,0 --nranks 4 \
