@@ -156,9 +156,9 @@ static dfcclResult_t coll_check(const struct coll_args *a)
  * Refuses buffers that overlap other than in NCCL's in-place layout for the
  * collective: the same buffer for all-reduce, broadcast and reduce; for
  * all-gather sendbuff at this rank's block of recvbuff; for reduce-scatter
- * recvbuff at this rank's block of sendbuff. The engines read one buffer while they write the other (and
- * peers read this rank's sendbuff until the collective is done), so any
- * other overlap would corrupt the result.
+ * recvbuff at this rank's block of sendbuff. The engines read one buffer
+ * while they write the other (and peers read this rank's sendbuff until
+ * the collective is done), so any other overlap would corrupt the result.
  */
 static dfcclResult_t coll_overlap(const struct coll_args *a, size_t send_bytes, size_t recv_bytes)
 {

@@ -201,9 +201,9 @@ static inline DFCCL_HD uint64_t dk_ll_lines(uint64_t bytes)
 /* Whether a direct all-reduce of `bytes` on n ranks may run in one shot
  * (dkernel.cu's oneshot_fits, which also asks that no rank works in
  * place): a rank then reads (n - 1) times `bytes` of its peers' data where
- * two shots read 2 (n - 1) / n times. On two ranks that is the same, so any size
- * may; on more, up to `limit` bytes (the oneshot-bytes setting). A limit
- * of 0: never, on two ranks too. */
+ * two shots read 2 (n - 1) / n times. On two ranks that is the same, so
+ * any size may; on more, up to `limit` bytes (the oneshot-bytes setting).
+ * A limit of 0: never, on two ranks too. */
 static inline DFCCL_HD int dk_oneshot_size_fits(uint64_t bytes, uint32_t n, uint64_t limit)
 {
 	return limit != 0 && (n <= 2 || bytes <= limit);
