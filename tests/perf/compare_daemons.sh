@@ -13,14 +13,15 @@
 #            base=- mb2=/tmp/dfccld-mb2 ch8=-:"--channels 8"
 # What runs, for every variant in the order given and then the first one
 # again (the drift of the machine over the run shows as the difference
-# between the first and last rows): dfccl-perf all-reduce of float on
-# device buffers, callback and stream-ordered forms, -b CMP_MIN -e CMP_MAX
-# -f 8 (default 8 B to 1 MiB), on 2 ranks: GPUs 0,1 where there are two,
+# between the first and last rows): dfccl-perf all-reduce (CMP_COLL:
+# another of its collectives, e.g. allgather) of float on device buffers,
+# callback and stream-ordered forms, -b CMP_MIN -e CMP_MAX -f 8 (default
+# 8 B to 1 MiB), on 2 ranks: GPUs 0,1 where there are two,
 # else both on GPU 0. CMP_ITERS changes -n (default 200), CMP_TIMEOUT the
 # seconds a run may take (default 120), CMP_ARGS adds dfccl-perf options
 # (e.g. "--batch 150 --group 1" for batches of 150 in one group; a batch's
 # figure is per all-reduce). Every result is checked. The table
-# gives the out-of-place time per all-reduce in us; a run that failed, or
+# gives the out-of-place time per collective in us; a run that failed, or
 # a variant whose daemon failed to start or stop, shows as "failed", its
 # logs (the daemon's too) stay in OUTDIR, the other variants still run, and
 # the script exits 1 at the end. Without a GPU it says SKIPPED and exits 77.
@@ -57,6 +58,7 @@ iters=${CMP_ITERS:-200}
 limit=${CMP_TIMEOUT:-120}
 min=${CMP_MIN:-8}
 max=${CMP_MAX:-1M}
+coll=${CMP_COLL:-allreduce}
 if [ "$ngpu" -ge 2 ]; then devices=0,1; else devices=0,0; fi
 
 failed=0
@@ -82,7 +84,7 @@ run_variant() {
 	[ -z "${CMP_ARGS:-}" ] || more=($CMP_ARGS)
 	for mode in callback stream; do
 		rc=0
-		timeout -k 10 "$limit" "$bin/dfccl-perf" allreduce --socket "$sock" --nranks 2 --devices "$devices" \
+		timeout -k 10 "$limit" "$bin/dfccl-perf" "$coll" --socket "$sock" --nranks 2 --devices "$devices" \
 			--mem device --mode "$mode" -b "$min" -e "$max" -f 8 -n "$iters" -w 20 --json "${more[@]}" \
 			>"$outdir/${label}_$mode.json" 2>"$outdir/${label}_$mode.log" || rc=$?
 		if [ "$rc" != 0 ]; then
@@ -116,7 +118,7 @@ variant "${first%%=*}_again" "${first#*=}"
 {
 	echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(uname -n), GPUs $devices of $ngpu:" \
 		"$(nvidia-smi --query-gpu=name --format=csv,noheader | sort -u | paste -sd/), -n $iters -w 20," \
-		"all-reduce of float, out of place, us per all-reduce${CMP_ARGS:+, dfccl-perf $CMP_ARGS}"
+		"$coll of float, out of place, us per collective${CMP_ARGS:+, dfccl-perf $CMP_ARGS}"
 	PYTHONPATH=$perf_lib_dir python3 - "$outdir" "${order[@]}" <<'EOF'
 import sys
 
