@@ -2413,12 +2413,7 @@ __device__ uint64_t work_piece(const dk_task *t, uint32_t ch, uint32_t step, uin
 		}
 		break;
 	case DFCCL_OP_ALLGATHER: {
-		/* The sources in turn, channel ch starting with source ch % n:
-		 * with every channel on the same source at once, the copy of
-		 * this rank's own block (local memory) and the reads of the
-		 * peers' (the links) followed one another; staggered, some
-		 * channels copy locally while the others keep the links busy. */
-		uint64_t s = (pos / len + ch) % n, i = pos % len;
+		uint64_t s = dk_gather_source(pos, len, ch, n), i = pos % len;
 		if (m > len - i)
 			m = len - i;
 		op.dst = b.recv[r] + (s * t->count + lo + i) * ds;

@@ -209,6 +209,19 @@ static inline DFCCL_HD int dk_oneshot_size_fits(uint64_t bytes, uint32_t n, uint
 	return limit != 0 && (n <= 2 || bytes <= limit);
 }
 
+/* The rank whose block a direct all-gather's channel ch copies at element
+ * pos of its data step (len elements of each of the n ranks' blocks, one
+ * block after another): channel ch starts with block ch % n and takes the
+ * others in turn, so that the channels are spread over the blocks at every
+ * point. With every channel on the same block at once, a rank copied its
+ * own block (local memory) on all its channels at one time and read the
+ * peers' (the links) at another (2x H200, 256 MiB-1 GiB: 13-14 % less
+ * time; tests/perf/RESULTS.md, nineteenth run). */
+static inline DFCCL_HD uint32_t dk_gather_source(uint64_t pos, uint64_t len, uint32_t ch, uint32_t n)
+{
+	return (uint32_t)((pos / len + ch) % n);
+}
+
 /* Whether `bytes` of data and the region's last line fit one region. */
 static inline DFCCL_HD int dk_ll_fits(uint64_t bytes, uint32_t n)
 {

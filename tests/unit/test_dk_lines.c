@@ -7,7 +7,9 @@
  * last one for every size dk_ll_fits accepts, and the regions of a slot
  * stay inside it for every rank count; the per-rank allocation is the
  * connectors followed by the area. Also the size rule of a one-shot
- * all-reduce (dk_oneshot_size_fits), which the kernel applies per task.
+ * all-reduce (dk_oneshot_size_fits), which the kernel applies per task,
+ * and the order in which an all-gather's channels take the ranks' blocks
+ * (dk_gather_source).
  *
  * Expected flags are worked out by hand from the definition (key mod
  * 2^32 - 1, plus one), not by calling a second implementation.
@@ -118,6 +120,43 @@ static void oneshot_sizes(void **state)
 	assert_false(dk_oneshot_size_fits((1ull << 30) + 4, 8, 1ull << 30));
 }
 
+/* A channel copies every rank's block exactly once, starting with block
+ * ch % n, the same block for every position of a step; at any step the
+ * first n channels are on n different blocks. */
+static void gather_sources(void **state)
+{
+	(void)state;
+	const uint64_t lens[] = {1, 3, 4096, (1ull << 33) + 5};
+	for (uint32_t n = 1; n <= 9; n++)
+		for (size_t li = 0; li < sizeof(lens) / sizeof(lens[0]); li++) {
+			const uint64_t len = lens[li];
+			for (uint32_t ch = 0; ch < 2 * n + 3; ch++) {
+				uint32_t seen = 0;
+				for (uint64_t k = 0; k < n; k++) {
+					uint32_t s = dk_gather_source(k * len, len, ch, n);
+					assert_true(s < n);
+					assert_int_equal(dk_gather_source(k * len + len - 1, len, ch, n), s);
+					assert_false(seen >> s & 1u);
+					seen |= 1u << s;
+				}
+				assert_int_equal(seen, (1u << n) - 1u);
+				assert_int_equal(dk_gather_source(0, len, ch, n), ch % n);
+			}
+			for (uint64_t k = 0; k < n; k++) {
+				uint32_t at_step = 0;
+				for (uint32_t ch = 0; ch < n; ch++)
+					at_step |= 1u << dk_gather_source(k * len, len, ch, n);
+				assert_int_equal(at_step, (1u << n) - 1u);
+			}
+		}
+	/* Two ranks: even channels start with rank 0's block, odd ones with
+	 * rank 1's. */
+	assert_int_equal(dk_gather_source(0, 100, 0, 2), 0);
+	assert_int_equal(dk_gather_source(0, 100, 1, 2), 1);
+	assert_int_equal(dk_gather_source(100, 100, 0, 2), 1);
+	assert_int_equal(dk_gather_source(150, 100, 1, 2), 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -126,6 +165,7 @@ int main(void)
 	    cmocka_unit_test(regions_hold_their_lines),
 	    cmocka_unit_test(area_follows_connectors),
 	    cmocka_unit_test(oneshot_sizes),
+	    cmocka_unit_test(gather_sources),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
