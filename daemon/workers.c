@@ -786,6 +786,20 @@ int workers_device_up(const struct workers *w, uint32_t device)
 	}
 }
 
+/* The word for a worker's state in the stats reply (dfccl.proto,
+ * DeviceStats.worker_state). */
+static const char *worker_state_name(const struct worker *wk)
+{
+	switch (wk->state) {
+	case W_READY: return wk->ident.parked ? "parked" : "up";
+	case W_STARTING: return "starting";
+	case W_SWITCHING: return "switching";
+	case W_DEAD: return "dead";
+	case W_STOPPING: return "stopping";
+	default: return "stopped";
+	}
+}
+
 unsigned workers_ready_count(const struct workers *w)
 {
 	unsigned n = 0;
@@ -1324,6 +1338,7 @@ int workers_fill_stats(struct workers *w, Dfccl__V1__QueryReply *r)
 		d->spins = load64(&wk->stats->spins);
 		d->queue_pairs = wk->nqps;
 		d->worker_up = wk->state == W_READY;
+		d->worker_state = (char *)worker_state_name(wk);
 		d->kernel_launches = load64(&wk->stats->kernel_launches);
 		d->kernel_quits = load64(&wk->stats->kernel_quits);
 		/* Per block, up to the last that completed anything (none on

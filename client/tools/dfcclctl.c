@@ -389,7 +389,8 @@ static void print_stats(const Dfccl__V1__QueryReply *q, const char *socket_path)
 			used += s->by_block[b] != 0;
 		table_cell(&t, "%u", used);
 		table_cell(&t, "%u", s->queue_pairs);
-		table_cell(&t, "%s", s->worker_up ? "up" : "down");
+		/* A daemon before the state word: up or down only. */
+		table_cell(&t, "%s", s->worker_state && *s->worker_state ? s->worker_state : s->worker_up ? "up" : "down");
 	}
 	table_print_free(&t);
 }

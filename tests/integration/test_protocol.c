@@ -345,6 +345,9 @@ static void test_queue_nop_and_garbage(void **state)
 	assert_int_equal(r->query_reply->stats[1]->completed, 1);
 	assert_int_equal(r->query_reply->stats[1]->errors, 7);
 	assert_int_equal(r->query_reply->stats[0]->errors, 0);
+	/* Both workers serve: their state says so in words. */
+	assert_string_equal(r->query_reply->stats[0]->worker_state, "up");
+	assert_string_equal(r->query_reply->stats[1]->worker_state, "up");
 	frame_envelope_free(r);
 	qp_unmap(&m);
 	raw_close(&c);
