@@ -20,7 +20,7 @@
 # else both on GPU 0. CMP_ITERS changes -n (default 200), CMP_TIMEOUT the
 # seconds a run may take (default 120), CMP_ARGS adds dfccl-perf options
 # (e.g. "--batch 150 --group 1" for batches of 150 in one group; a batch's
-# figure is per all-reduce). Every result is checked. The table
+# figure is per collective). Every result is checked. The table
 # gives the out-of-place time per collective in us; a run that failed, or
 # a variant whose daemon failed to start or stop, shows as "failed", its
 # logs (the daemon's too) stay in OUTDIR, the other variants still run, and

@@ -19,7 +19,10 @@
 # 20 calls after 5 warm-up ones read 62-69 us for a small stream-ordered
 # all-reduce where 100 after 20 read 38-41, RESULTS.md seventeenth run);
 # VS_NCCL_DAEMON_ARGS gives dfccld settings (e.g. "--channels 32"), for
-# its every start here, and the header names them.
+# its every start here, and the header names them. VS_NCCL_PARTS names the
+# parts to run, of "sweep", "bw", "batch" and "trace" below, comma-separated
+# (default all: the whole takes 6-10 minutes on 2 H200), and VS_NCCL_SWEEP
+# replaces the sweep's size options (default "-b 8 -e 1G -f 2").
 # VS_NCCL_MPS=1 runs both libraries' runs under a private MPS daemon (root
 # and nvidia-cuda-mps-control, else SKIPPED): without MPS a client's
 # context with stream work queued takes time slices from the daemon
@@ -67,6 +70,17 @@ if [ "$ngpu" -lt 2 ]; then
 	exit 77
 fi
 gpus=${VS_NCCL_GPUS:-0,1}
+IFS=', ' read -ra part_list <<<"${VS_NCCL_PARTS:-sweep,bw,batch,trace}"
+[ ${#part_list[@]} -gt 0 ] || fail "VS_NCCL_PARTS names no part (sweep, bw, batch, trace)"
+for p in "${part_list[@]}"; do
+	case $p in
+	sweep | bw | batch | trace) ;;
+	*) fail "VS_NCCL_PARTS: unknown part '$p' (sweep, bw, batch, trace)" ;;
+	esac
+done
+parts=$(IFS=,; echo "${part_list[*]}")
+# part_on NAME: whether VS_NCCL_PARTS asks for part NAME.
+part_on() { [[ ",$parts," == *",$1,"* ]]; }
 iters=${VS_NCCL_ITERS:-20}
 warmup=${VS_NCCL_WARMUP:-20}
 [ -n "$outdir" ] || outdir=$(mktemp -d /tmp/vs-nccl-XXXXXX)
@@ -119,15 +133,15 @@ perf_of() {
 }
 perf() { perf_of allreduce "$@"; }
 
-sweep="-b 8 -e 1G -f 2"
-# shellcheck disable=SC2086 # $sweep is three options
-{
+sweep=${VS_NCCL_SWEEP:-"-b 8 -e 1G -f 2"}
+# shellcheck disable=SC2086 # $sweep is several options
+part_on sweep && {
 	perf sweep_dfccl --backend dfccl --mode stream --mem device $sweep
 	perf sweep_dfccl_cb --backend dfccl --mode callback --mem device $sweep
 	perf sweep_nccl --backend nccl $sweep
 	perf sweep_nccl_sym --backend nccl --nccl-symmetric $sweep
 }
-for coll in allgather reducescatter broadcast; do
+part_on bw && for coll in allgather reducescatter broadcast; do
 	b="-b 64M -e 1G -f 4"
 	# shellcheck disable=SC2086 # $b is several options
 	{
@@ -136,7 +150,7 @@ for coll in allgather reducescatter broadcast; do
 		perf_of "$coll" "bw_${coll}_nccl_sym" --backend nccl --nccl-symmetric $b
 	}
 done
-for size in 4K 64K 1M; do
+part_on batch && for size in 4K 64K 1M; do
 	for group in 1 0; do
 		b="-b $size -e $size --batch 150 --group $group"
 		# shellcheck disable=SC2086 # $b is several options
@@ -151,9 +165,11 @@ done
 stop_daemon
 
 # Traced runs (perf_lib.sh), summarised per GPU after the tables.
-traced traced_callback --backend dfccl --mode callback --mem device
-traced traced_stream --backend dfccl --mode stream --mem device
-traced traced_batch --backend dfccl --mode callback --mem device --batch 150 --group 1
+if part_on trace; then
+	traced traced_callback --backend dfccl --mode callback --mem device
+	traced traced_stream --backend dfccl --mode stream --mem device
+	traced traced_batch --backend dfccl --mode callback --mem device --batch 150 --group 1
+fi
 [ -z "$mps" ] || mps_stop
 
 {
@@ -161,15 +177,15 @@ traced traced_batch --backend dfccl --mode callback --mem device --batch 150 --g
 		"$(nvidia-smi --query-gpu=name --format=csv,noheader | sort -u | paste -sd/), -n $iters -w $warmup," \
 		"NCCL_NVLS_ENABLE=$NCCL_NVLS_ENABLE," \
 		"CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-32, as libdfccl sets it for both backends}$mps" \
-		"${VS_NCCL_DAEMON_ARGS:+, dfccld $VS_NCCL_DAEMON_ARGS}"
-	PYTHONPATH=$perf_lib_dir python3 - "$outdir" <<'EOF'
+		"${VS_NCCL_DAEMON_ARGS:+, dfccld $VS_NCCL_DAEMON_ARGS}${VS_NCCL_PARTS:+, parts $parts}"
+	PYTHONPATH=$perf_lib_dir python3 - "$outdir" "$parts" <<'EOF'
 import json
 import os
 import sys
 
 import perf_json
 
-out = sys.argv[1]
+out, parts = sys.argv[1], sys.argv[2].split(",")
 
 
 def load(name):
@@ -206,49 +222,60 @@ def library(*runs):
     return "?"
 
 
-dfccl, cb = load("sweep_dfccl"), load("sweep_dfccl_cb")
-nccl, sym = load("sweep_nccl"), load("sweep_nccl_sym")
-print("# %s against %s, all-reduce, 2 ranks, float sum, out of place"
-      % (library(dfccl, cb), library(nccl, sym)))
-print("# time per all-reduce (us); dfccl: stream-ordered, dfccl-cb: callback form; x/best: over the")
-print("# better of NCCL's two modes (stream-ordered)")
-print("%12s %12s %12s %12s %12s %12s %12s %12s" % ("size(B)", "dfccl", "dfccl-cb", "nccl", "nccl-sym",
-                                                   "best-nccl", "dfccl/best", "cb/best"))
-for size in sorted(set(dfccl) | set(cb) | set(nccl) | set(sym)):
-    t, c, n, s = time_of(dfccl, size), time_of(cb, size), time_of(nccl, size), time_of(sym, size)
-    b = best(n, s)
-    print("%12d %s %s %s %s %s %s %s" % (size, fmt(t), fmt(c), fmt(n), fmt(s), fmt(b), ratio(t, b), ratio(c, b)))
+def sweep_table():
+    dfccl, cb = load("sweep_dfccl"), load("sweep_dfccl_cb")
+    nccl, sym = load("sweep_nccl"), load("sweep_nccl_sym")
+    print("# %s against %s, all-reduce, 2 ranks, float sum, out of place"
+          % (library(dfccl, cb), library(nccl, sym)))
+    print("# time per all-reduce (us); dfccl: stream-ordered, dfccl-cb: callback form; x/best: over the")
+    print("# better of NCCL's two modes (stream-ordered)")
+    print("%12s %12s %12s %12s %12s %12s %12s %12s" % ("size(B)", "dfccl", "dfccl-cb", "nccl", "nccl-sym",
+                                                       "best-nccl", "dfccl/best", "cb/best"))
+    for size in sorted(set(dfccl) | set(cb) | set(nccl) | set(sym)):
+        t, c, n, s = time_of(dfccl, size), time_of(cb, size), time_of(nccl, size), time_of(sym, size)
+        b = best(n, s)
+        print("%12d %s %s %s %s %s %s %s" % (size, fmt(t), fmt(c), fmt(n), fmt(s), fmt(b), ratio(t, b), ratio(c, b)))
 
-print()
-print("# all-gather, reduce-scatter, broadcast (dfccl stream-ordered): time per collective (us) and")
-print("# bus bandwidth (GB/s); x/best: dfccl's time over the better of NCCL's two modes")
-print("%14s %12s %12s %12s %12s %12s %12s" % ("collective", "size(B)", "dfccl", "nccl", "nccl-sym", "dfccl GB/s",
-                                              "dfccl/best"))
-for coll in ("allgather", "reducescatter", "broadcast"):
-    d, n, s = (load("bw_%s_%s" % (coll, k)) for k in ("dfccl", "nccl", "nccl_sym"))
-    for size in sorted(set(d) | set(n) | set(s)):
-        t = time_of(d, size)
-        m = d.get(size, {}).get("out_of_place") or {}
-        bw = "%12.1f" % m["busbw_gbs"] if t is not None and "busbw_gbs" in m else "%12s" % "-"
-        b = best(time_of(n, size), time_of(s, size))
-        print("%14s %12d %s %s %s %s %s" % (coll, size, fmt(t), fmt(time_of(n, size)), fmt(time_of(s, size)), bw,
-                                            ratio(t, b)))
 
-print()
-print("# 150 all-reduces before each wait: time per all-reduce (us); x/best-grouped: over the better of")
-print("# NCCL's two modes inside one ncclGroupStart/End")
-print("%8s %6s %12s %12s %12s %12s %12s %12s" % ("size", "group", "dfccl-strm", "dfccl-cb", "nccl", "nccl-sym",
-                                                "strm/best-g", "cb/best-g"))
-for size in ("4K", "64K", "1M"):
-    runs = {g: {k: load("batch_%s_g%s_%s" % (size, g, k))
-                for k in ("dfccl_stream", "dfccl_callback", "nccl", "nccl_sym")} for g in (1, 0)}
-    nbytes = {"4K": 4096, "64K": 65536, "1M": 1048576}[size]
-    ref = best(time_of(runs[1]["nccl"], nbytes), time_of(runs[1]["nccl_sym"], nbytes))
-    for g in (1, 0):
-        t = {k: time_of(r, nbytes) for k, r in runs[g].items()}
-        print("%8s %6d %s %s %s %s %s %s" % (size, g, fmt(t["dfccl_stream"]), fmt(t["dfccl_callback"]),
-                                             fmt(t["nccl"]), fmt(t["nccl_sym"]), ratio(t["dfccl_stream"], ref),
-                                             ratio(t["dfccl_callback"], ref)))
+def bw_table():
+    print("# all-gather, reduce-scatter, broadcast (dfccl stream-ordered): time per collective (us) and")
+    print("# bus bandwidth (GB/s); x/best: dfccl's time over the better of NCCL's two modes")
+    print("%14s %12s %12s %12s %12s %12s %12s" % ("collective", "size(B)", "dfccl", "nccl", "nccl-sym", "dfccl GB/s",
+                                                  "dfccl/best"))
+    for coll in ("allgather", "reducescatter", "broadcast"):
+        d, n, s = (load("bw_%s_%s" % (coll, k)) for k in ("dfccl", "nccl", "nccl_sym"))
+        for size in sorted(set(d) | set(n) | set(s)):
+            t = time_of(d, size)
+            m = d.get(size, {}).get("out_of_place") or {}
+            bw = "%12.1f" % m["busbw_gbs"] if t is not None and "busbw_gbs" in m else "%12s" % "-"
+            b = best(time_of(n, size), time_of(s, size))
+            print("%14s %12d %s %s %s %s %s" % (coll, size, fmt(t), fmt(time_of(n, size)), fmt(time_of(s, size)), bw,
+                                                ratio(t, b)))
+
+
+def batch_table():
+    print("# 150 all-reduces before each wait: time per all-reduce (us); x/best-grouped: over the better of")
+    print("# NCCL's two modes inside one ncclGroupStart/End")
+    print("%8s %6s %12s %12s %12s %12s %12s %12s" % ("size", "group", "dfccl-strm", "dfccl-cb", "nccl", "nccl-sym",
+                                                    "strm/best-g", "cb/best-g"))
+    for size in ("4K", "64K", "1M"):
+        runs = {g: {k: load("batch_%s_g%s_%s" % (size, g, k))
+                    for k in ("dfccl_stream", "dfccl_callback", "nccl", "nccl_sym")} for g in (1, 0)}
+        nbytes = {"4K": 4096, "64K": 65536, "1M": 1048576}[size]
+        ref = best(time_of(runs[1]["nccl"], nbytes), time_of(runs[1]["nccl_sym"], nbytes))
+        for g in (1, 0):
+            t = {k: time_of(r, nbytes) for k, r in runs[g].items()}
+            print("%8s %6d %s %s %s %s %s %s" % (size, g, fmt(t["dfccl_stream"]), fmt(t["dfccl_callback"]),
+                                                 fmt(t["nccl"]), fmt(t["nccl_sym"]), ratio(t["dfccl_stream"], ref),
+                                                 ratio(t["dfccl_callback"], ref)))
+
+
+# The parts that ran, each table after a blank line but the first.
+tables = [f for part, f in (("sweep", sweep_table), ("bw", bw_table), ("batch", batch_table)) if part in parts]
+for i, f in enumerate(tables):
+    if i:
+        print()
+    f()
 
 print()
 print("# the daemon kernel's counters over each dfccl run (both GPUs), per collective completed")
