@@ -18,7 +18,9 @@
 # callback and stream-ordered forms, -b CMP_MIN -e CMP_MAX -f 8 (default
 # 8 B to 1 MiB), on 2 ranks: GPUs 0,1 where there are two,
 # else both on GPU 0. CMP_ITERS changes -n (default 200), CMP_TIMEOUT the
-# seconds a run may take (default 120), CMP_ARGS adds dfccl-perf options
+# seconds a run may take (default 120), CMP_MODES the forms to run
+# (default "callback stream"; one of them halves the run), CMP_ARGS adds
+# dfccl-perf options
 # (e.g. "--batch 150 --group 1" for batches of 150 in one group; a batch's
 # figure is per collective). Every result is checked. The table
 # gives the out-of-place time per collective in us; a run that failed, or
@@ -59,6 +61,14 @@ limit=${CMP_TIMEOUT:-120}
 min=${CMP_MIN:-8}
 max=${CMP_MAX:-1M}
 coll=${CMP_COLL:-allreduce}
+read -ra modes <<<"${CMP_MODES:-callback stream}"
+[ ${#modes[@]} -gt 0 ] || { echo "CMP_MODES names no form (callback, stream)" >&2; exit 2; }
+for m in "${modes[@]}"; do
+	case $m in
+	callback | stream) ;;
+	*) echo "CMP_MODES: unknown form '$m' (callback, stream)" >&2; exit 2 ;;
+	esac
+done
 if [ "$ngpu" -ge 2 ]; then devices=0,1; else devices=0,0; fi
 
 failed=0
@@ -82,7 +92,7 @@ run_variant() {
 	start_daemon $extra
 	# shellcheck disable=SC2206 # CMP_ARGS is dfccl-perf options, split on spaces
 	[ -z "${CMP_ARGS:-}" ] || more=($CMP_ARGS)
-	for mode in callback stream; do
+	for mode in "${modes[@]}"; do
 		rc=0
 		timeout -k 10 "$limit" "$bin/dfccl-perf" "$coll" --socket "$sock" --nranks 2 --devices "$devices" \
 			--mem device --mode "$mode" -b "$min" -e "$max" -f 8 -n "$iters" -w 20 --json "${more[@]}" \
@@ -119,12 +129,12 @@ variant "${first%%=*}_again" "${first#*=}"
 	echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(uname -n), GPUs $devices of $ngpu:" \
 		"$(nvidia-smi --query-gpu=name --format=csv,noheader | sort -u | paste -sd/), -n $iters -w 20," \
 		"$coll of float, out of place, us per collective${CMP_ARGS:+, dfccl-perf $CMP_ARGS}"
-	PYTHONPATH=$perf_lib_dir python3 - "$outdir" "${order[@]}" <<'EOF'
+	PYTHONPATH=$perf_lib_dir python3 - "$outdir" "${modes[*]}" "${order[@]}" <<'EOF'
 import sys
 
 import perf_json
 
-out, labels = sys.argv[1], sys.argv[2:]
+out, modes, labels = sys.argv[1], sys.argv[2].split(), sys.argv[3:]
 
 
 def load(name):
@@ -132,7 +142,7 @@ def load(name):
     return perf_json.times(out, name) or {}
 
 
-for mode in ("callback", "stream"):
+for mode in modes:
     runs = [(label, load("%s_%s" % (label, mode))) for label in labels]
     sizes = sorted({s for _, r in runs for s in r})
     print("\n%s form\n" % mode)
