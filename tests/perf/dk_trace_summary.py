@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Where the daemon kernel's time goes, from its event trace.
 
-Usage: dk_trace_summary.py TRACE [--block B|reader] [--top N] [--turnaround] [--blocks] [--stalls US]
+Usage: dk_trace_summary.py TRACE [--block B|reader] [--top N] [--turnaround] [--blocks] [--data]
+                           [--stalls US]
 
 TRACE is the file a CUDA worker writes when dfccld runs with
 DFCCL_DK_TRACE=TRACE (gpu/cuda/dkernel.h): one line per event of thread 0 of
@@ -35,6 +36,14 @@ not yet completed there: mean over the block's span, and the most). A
 batch of single-channel collectives whose tasks a block runs one after
 another shows about one in flight and its chain per task between
 completions; a block that interleaves its tasks' waits shows more.
+
+With --data it prints instead a line per block (the queue reader left out)
+for its pieces of data: each "data" event (its argument the piece's bytes)
+to the block's next event is the piece's time; the pieces, their bytes,
+their time and its share of the block's span (first to last event), the
+rate within the pieces and the median piece. A large collective whose share
+is low is bound by its steps around the data; one whose rate within the
+pieces is low, by how fast a block moves data.
 
 With --stalls US it prints instead every interval longer than US
 microseconds in which no block and not the reader recorded anything: the
@@ -162,6 +171,35 @@ def blocks(path):
                                       sum(len(d["done"]) for d in per.values()), med(gaps), med(spans)))
 
 
+def data(path):
+    reader = reader_of(path)
+    per = {}
+    for block, t, event, arg in records(path):
+        if block != reader:
+            per.setdefault(block, []).append((t, event, arg))
+    rows = []
+    for block in sorted(per):
+        evs = sorted(per[block], key=lambda r: r[0])
+        pieces = [(arg, b[0] - a[0]) for a, b in zip(evs, evs[1:]) for _, event, arg in (a,) if event == "data"]
+        if pieces:
+            rows.append((block, pieces, evs[-1][0] - evs[0][0]))
+    if not rows:
+        print("data: no piece traced")
+        return
+
+    def line(name, pieces, span):
+        nbytes, ns = sum(p[0] for p in pieces), sum(p[1] for p in pieces)
+        print("%6s %7d %10.1f %12s %7.1f %10s %10s" % (
+            name, len(pieces), nbytes / 1048576.0, us(ns), 100.0 * ns / span if span else 0.0,
+            "%.1f" % (nbytes / ns) if ns else "-", us(statistics.median(p[1] for p in pieces))))
+
+    print("%6s %7s %10s %12s %7s %10s %10s" % ("block", "pieces", "MiB", "in pieces us", "share %", "GB/s",
+                                               "median us"))
+    for block, pieces, span in rows:
+        line("%d" % block, pieces, span)
+    line("all", [p for _, ps, _ in rows for p in ps], sum(span for _, _, span in rows))
+
+
 def stalls(path, min_us):
     times = sorted(t for _, t, _, _ in records(path))
     if len(times) < 2:
@@ -219,6 +257,8 @@ def main():
                     help="the time from each completion to the queue reader's next take instead")
     ap.add_argument("--blocks", action="store_true",
                     help="a line per block instead: tasks, completions, their pace, tasks in flight")
+    ap.add_argument("--data", action="store_true",
+                    help="a line per block instead: its pieces of data, their time and rate")
     ap.add_argument("--stalls", type=float, metavar="US",
                     help="the intervals longer than US microseconds with no event of any block instead")
     args = ap.parse_args()
@@ -228,6 +268,8 @@ def main():
         whole = lambda: stalls(args.trace, args.stalls)
     elif args.blocks:
         whole = lambda: blocks(args.trace)
+    elif args.data:
+        whole = lambda: data(args.trace)
     elif args.turnaround:
         whole = lambda: turnaround(args.trace)
     if whole:
