@@ -19,7 +19,8 @@
 # 8 B to 1 MiB), on 2 ranks: GPUs 0,1 where there are two,
 # else both on GPU 0. CMP_ITERS changes -n (default 200), CMP_TIMEOUT the
 # seconds a run may take (default 120), CMP_MODES the forms to run
-# (default "callback stream"; one of them halves the run), CMP_ARGS adds
+# (default "callback stream", space- or comma-separated; one of them
+# halves the run), CMP_ARGS adds
 # dfccl-perf options
 # (e.g. "--batch 150 --group 1" for batches of 150 in one group; a batch's
 # figure is per collective). Every result is checked. The table
@@ -61,7 +62,7 @@ limit=${CMP_TIMEOUT:-120}
 min=${CMP_MIN:-8}
 max=${CMP_MAX:-1M}
 coll=${CMP_COLL:-allreduce}
-read -ra modes <<<"${CMP_MODES:-callback stream}"
+IFS=', ' read -ra modes <<<"${CMP_MODES:-callback stream}"
 [ ${#modes[@]} -gt 0 ] || { echo "CMP_MODES names no form (callback, stream)" >&2; exit 2; }
 for m in "${modes[@]}"; do
 	case $m in
@@ -73,8 +74,8 @@ if [ "$ngpu" -ge 2 ]; then devices=0,1; else devices=0,0; fi
 
 failed=0
 order=()
-# run_variant LABEL SPEC: both forms against one daemon; non-zero where
-# anything failed. It runs in a subshell of its own (variant): gpu_lib's
+# run_variant LABEL SPEC: the forms of CMP_MODES against one daemon;
+# non-zero where anything failed. It runs in a subshell of its own (variant): gpu_lib's
 # fail exits, and must end only this variant.
 run_variant() {
 	local label=$1 spec=$2 exe extra mode rc bad=0 more=()

@@ -40,10 +40,13 @@ completions; a block that interleaves its tasks' waits shows more.
 With --data it prints instead a line per block (the queue reader left out)
 for its pieces of data: each "data" event (its argument the piece's bytes)
 to the block's next event is the piece's time; the pieces, their bytes,
-their time and its share of the block's span (first to last event), the
-rate within the pieces and the median piece. A large collective whose share
-is low is bound by its steps around the data; one whose rate within the
-pieces is low, by how fast a block moves data.
+their time and its share of the block's busy time, the rate within the
+pieces and the median piece. Busy is the time from any of the block's
+events but an idle turn of its loop ("loop 0": nothing queued) to its next
+event: a benchmark's checks between its calls and a kernel that quit for
+being idle are not counted. A large collective whose share is low is bound
+by its steps around the data; one whose rate within the pieces is low, by
+how fast a block moves data.
 
 With --stalls US it prints instead every interval longer than US
 microseconds in which no block and not the reader recorded anything: the
@@ -180,24 +183,25 @@ def data(path):
     rows = []
     for block in sorted(per):
         evs = sorted(per[block], key=lambda r: r[0])
-        pieces = [(arg, b[0] - a[0]) for a, b in zip(evs, evs[1:]) for _, event, arg in (a,) if event == "data"]
+        pieces = [(a[2], b[0] - a[0]) for a, b in zip(evs, evs[1:]) if a[1] == "data"]
+        busy = sum(b[0] - a[0] for a, b in zip(evs, evs[1:]) if not (a[1] == "loop" and a[2] == 0))
         if pieces:
-            rows.append((block, pieces, evs[-1][0] - evs[0][0]))
+            rows.append((block, pieces, busy))
     if not rows:
         print("data: no piece traced")
         return
 
-    def line(name, pieces, span):
+    def line(name, pieces, busy):
         nbytes, ns = sum(p[0] for p in pieces), sum(p[1] for p in pieces)
         print("%6s %7d %10.1f %12s %7.1f %10s %10s" % (
-            name, len(pieces), nbytes / 1048576.0, us(ns), 100.0 * ns / span if span else 0.0,
+            name, len(pieces), nbytes / 1048576.0, us(ns), 100.0 * ns / busy if busy else 0.0,
             "%.1f" % (nbytes / ns) if ns else "-", us(statistics.median(p[1] for p in pieces))))
 
-    print("%6s %7s %10s %12s %7s %10s %10s" % ("block", "pieces", "MiB", "in pieces us", "share %", "GB/s",
+    print("%6s %7s %10s %12s %7s %10s %10s" % ("block", "pieces", "MiB", "in pieces us", "busy %", "GB/s",
                                                "median us"))
-    for block, pieces, span in rows:
-        line("%d" % block, pieces, span)
-    line("all", [p for _, ps, _ in rows for p in ps], sum(span for _, _, span in rows))
+    for block, pieces, busy in rows:
+        line("%d" % block, pieces, busy)
+    line("all", [p for _, ps, _ in rows for p in ps], sum(busy for _, _, busy in rows))
 
 
 def stalls(path, min_us):

@@ -11,15 +11,17 @@
 # Usage: large_trace.sh BINDIR [OUTDIR]
 #   BINDIR  the folder of dfccld, dfcclctl and dfccl-perf (a CUDA build)
 #   OUTDIR  where the traces, their summaries, the JSON and logs of every
-#           run and the table go (default: a new folder under /tmp)
+#           run and the table go (default: a new folder under /tmp, which
+#           keeps the summaries but not the traces themselves)
 # Environment: LT_COLLS the collectives (default "allreduce allgather
 #   reducescatter broadcast"), LT_SIZE their size (default 256M), LT_BLOCKS
 #   the daemon's block counts (--channels; default "16 32": the count under
 #   MPS and without it), LT_ITERS timed calls (default 5, after 2 untimed),
 #   LT_MODE the form (callback or stream; default callback). 2 ranks on
 #   GPUs 0,1 (both on GPU 0 where there is one), without MPS, every result
-#   checked. Without a GPU it says SKIPPED and exits 77; a run that fails is
-#   reported, the others still run, and the script exits 1 at the end.
+#   checked. Without a GPU it says SKIPPED and exits 77; a run that fails
+#   (its daemon too) is reported with the daemon's log kept in OUTDIR, the
+#   others still run, and the script exits 1 at the end.
 set -u
 
 # shellcheck source=perf_lib.sh
@@ -29,7 +31,8 @@ export NCCL_NVLS_ENABLE=0
 gpu_need_gpu large_trace.sh
 gpu_need_bins dfccld dfcclctl dfccl-perf
 gpu_setup large-trace
-[ -n "$outdir" ] || outdir=$(mktemp -d /tmp/large-trace-XXXXXX)
+keep_traces=1
+[ -n "$outdir" ] || { outdir=$(mktemp -d /tmp/large-trace-XXXXXX); keep_traces=; }
 mkdir -p "$outdir" || exit 1
 read -ra colls <<<"${LT_COLLS:-allreduce allgather reducescatter broadcast}"
 read -ra block_counts <<<"${LT_BLOCKS:-16 32}"
@@ -42,39 +45,57 @@ callback | stream) ;;
 esac
 for c in "${block_counts[@]}"; do
 	case $c in
-	'' | *[!0-9]*) fail "LT_BLOCKS: '$c' is not a block count" ;;
+	'' | *[!0-9]*) fail "LT_BLOCKS: '$c' is not a block count (1 to 32)" ;;
 	esac
+	if [ "$c" -lt 1 ] || [ "$c" -gt 32 ]; then
+		fail "LT_BLOCKS: $c is not a block count (1 to 32)"
+	fi
 done
 if [ ${#colls[@]} -eq 0 ] || [ ${#block_counts[@]} -eq 0 ]; then
 	fail "LT_COLLS and LT_BLOCKS name nothing to run"
 fi
-if [ "$ngpu" -ge 2 ]; then devices=0,1; else devices=0,0; fi
+if [ "$ngpu" -ge 2 ]; then devices=0,1; gpus=(0 1); else devices=0,0; gpus=(0); fi
+
+# run_one NAME COLL BLOCKS: one traced run and its summaries; non-zero where
+# it failed. In a subshell of its own (one_run): gpu_lib's fail exits, and
+# must end only this run.
+run_one() {
+	local name=$1 coll=$2 c=$3 rc=0 g f
+	echo "== $name: dfccl-perf $coll -b $size -e $size --mode $mode, dfccld --channels $c, traced"
+	DFCCL_DK_TRACE=$outdir/trace_$name.txt start_daemon --channels "$c"
+	timeout -k 10 600 "$bin/dfccl-perf" "$coll" --socket "$sock" --nranks 2 --devices "$devices" --mem device \
+		--mode "$mode" -b "$size" -e "$size" -n "$iters" -w 2 --json >"$outdir/$name.json" \
+		2>"$outdir/$name.log" || rc=$?
+	stop_daemon
+	[ "$rc" = 0 ] || echo "   failed (exit $rc): $(tail -n 2 "$outdir/$name.log")"
+	# The trace of each GPU the ranks ran on (GPU N > 0: .gpuN).
+	for g in "${gpus[@]}"; do
+		f=$outdir/trace_$name.txt
+		[ "$g" = 0 ] || f=$f.gpu$g
+		[ -f "$f" ] || continue
+		{ python3 "$perf_lib_dir/dk_trace_summary.py" "$f" --data &&
+			python3 "$perf_lib_dir/dk_trace_summary.py" "$f" --blocks; } >"$outdir/${name}_gpu${g}_data.txt" 2>&1 ||
+			echo "   the trace of GPU $g could not be summarised: $(tail -n 1 "$outdir/${name}_gpu${g}_data.txt")"
+		[ -n "$keep_traces" ] || rm -f "$f"
+	done
+	return "$rc"
+}
+# one_run NAME COLL BLOCKS: run_one in a subshell, whose exit (gpu_lib's
+# fail included) kills a daemon it left running and keeps the daemon's log
+# in OUTDIR.
+one_run() {
+	(
+		trap '[ -n "$daemon_pid" ] && kill -KILL "$daemon_pid" 2>/dev/null; cp "$tmp/dfccld.log" "$outdir/$1_dfccld.log" 2>/dev/null; rm -f "$tmp/dfccld.log"' EXIT
+		run_one "$@"
+	)
+}
 
 failed=0
 names=()
 for coll in "${colls[@]}"; do
 	for c in "${block_counts[@]}"; do
-		name=${coll}_b$c
-		names+=("$name")
-		echo "== $name: dfccl-perf $coll -b $size -e $size --mode $mode, dfccld --channels $c, traced"
-		DFCCL_DK_TRACE=$outdir/trace_$name.txt start_daemon --channels "$c"
-		rc=0
-		timeout -k 10 600 "$bin/dfccl-perf" "$coll" --socket "$sock" --nranks 2 --devices "$devices" --mem device \
-			--mode "$mode" -b "$size" -e "$size" -n "$iters" -w 2 --json >"$outdir/$name.json" \
-			2>"$outdir/$name.log" || rc=$?
-		stop_daemon
-		if [ "$rc" != 0 ]; then
-			echo "   failed (exit $rc): $(tail -n 2 "$outdir/$name.log")"
-			failed=$((failed + 1))
-		fi
-		for g in $(seq 0 $((ngpu - 1))); do
-			f=$outdir/trace_$name.txt
-			[ "$g" = 0 ] || f=$f.gpu$g
-			[ -f "$f" ] || continue
-			{ python3 "$perf_lib_dir/dk_trace_summary.py" "$f" --data &&
-				python3 "$perf_lib_dir/dk_trace_summary.py" "$f" --blocks; } >"$outdir/${name}_gpu${g}_data.txt" 2>&1 ||
-				echo "   the trace of GPU $g could not be summarised: $(tail -n 1 "$outdir/${name}_gpu${g}_data.txt")"
-		done
+		names+=("${coll}_b$c")
+		one_run "${coll}_b$c" "$coll" "$c" || failed=$((failed + 1))
 	done
 done
 

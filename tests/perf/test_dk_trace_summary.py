@@ -150,23 +150,25 @@ def main():
         if "\n    16 " in out:
             sys.exit("FAIL: --blocks listed the queue reader:\n%s" % out)
 
-        # --data: block 0 moves 1 MiB in 2 us then 3 MiB in 6 us (its span
-        # 10 us), block 1 one piece of 2 MiB in 4 us (span 5 us); the
+        # --data: block 0 moves 1 MiB in 2 us then 3 MiB in 6 us, busy 11
+        # us (10.5 until its idle turn, 39.5 idle, then 0.5 with a task
+        # queued), block 1 one piece of 2 MiB in 4 us (busy 5 us); the
         # reader's "data" is left out.
         mib = 1 << 20
         with open(path, "w") as f:
             f.write("# block ns event arg (GPU 0; block 16: the queue reader)\n16 0 data %d\n16 9000 queues 1\n"
                     % (64 * mib))
             for block, evs in ((0, [(0, "step", 2), (1000, "data", mib), (3000, "step", 2),
-                                    (4000, "data", 3 * mib), (10000, "complete", 0)]),
+                                    (4000, "data", 3 * mib), (10000, "complete", 0), (10500, "loop", 0),
+                                    (50000, "loop", 1), (50500, "step", 2)]),
                                (1, [(500, "data", 2 * mib), (4500, "step", 5), (5500, "complete", 0)])):
                 for t, e, a in evs:
                     f.write("%d %d %s %d\n" % (block, t, e, a))
         out = run(path, "--data")
         row = "%6s %7d %10.1f %12s %7.1f %10s %10s"
-        expect(out, row % ("0", 2, 4.0, "8.00", 80.0, "%.1f" % (4 * mib / 8000.0), "4.00"))
+        expect(out, row % ("0", 2, 4.0, "8.00", 100.0 * 8000 / 11000, "%.1f" % (4 * mib / 8000.0), "4.00"))
         expect(out, row % ("1", 1, 2.0, "4.00", 80.0, "%.1f" % (2 * mib / 4000.0), "4.00"))
-        expect(out, row % ("all", 3, 6.0, "12.00", 80.0, "%.1f" % (6 * mib / 12000.0), "4.00"))
+        expect(out, row % ("all", 3, 6.0, "12.00", 75.0, "%.1f" % (6 * mib / 12000.0), "4.00"))
         if "\n    16 " in out:
             sys.exit("FAIL: --data listed the queue reader:\n%s" % out)
     print("OK: dk_trace_summary.py's tables match the constructed trace")

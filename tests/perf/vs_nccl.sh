@@ -177,7 +177,7 @@ fi
 		"$(nvidia-smi --query-gpu=name --format=csv,noheader | sort -u | paste -sd/), -n $iters -w $warmup," \
 		"NCCL_NVLS_ENABLE=$NCCL_NVLS_ENABLE," \
 		"CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-32, as libdfccl sets it for both backends}$mps" \
-		"${VS_NCCL_DAEMON_ARGS:+, dfccld $VS_NCCL_DAEMON_ARGS}${VS_NCCL_PARTS:+, parts $parts}"
+		"${VS_NCCL_DAEMON_ARGS:+, dfccld $VS_NCCL_DAEMON_ARGS}${VS_NCCL_PARTS:+, parts $parts}${VS_NCCL_SWEEP:+, sweep $VS_NCCL_SWEEP}"
 	PYTHONPATH=$perf_lib_dir python3 - "$outdir" "$parts" <<'EOF'
 import json
 import os
