@@ -2,7 +2,7 @@
 # Where a large collective's time goes: each collective at one size, on a
 # daemon of its own per block count, traced (DFCCL_DK_TRACE), with the time
 # per collective beside what every GPU's blocks spent moving data
-# (dk_trace_summary.py --data: the pieces' share of the blocks' span, and
+# (dk_trace_summary.py --data: the pieces' share of the blocks' busy time, and
 # the rate within the pieces) and their pace (--blocks). A low share says
 # the steps around the data bound the collective; a low rate, the blocks'
 # moving of data; a rate that falls with fewer blocks, what a block keeps
