@@ -106,17 +106,12 @@ run_variant() {
 	stop_daemon
 	return "$bad"
 }
-# variant LABEL SPEC: run_variant in a subshell, whose exit (gpu_lib's fail
-# included) kills a daemon it left running and keeps the daemon's log in
-# OUTDIR.
+# variant LABEL SPEC: run_variant apart (perf_lib.sh), the daemon's log
+# kept in OUTDIR.
 variant() {
 	local rc=0
 	order+=("$1")
-	(
-		keep=$outdir/$1_dfccld.log
-		trap '[ -n "$daemon_pid" ] && kill -KILL "$daemon_pid" 2>/dev/null; cp "$tmp/dfccld.log" "$keep" 2>/dev/null; rm -f "$tmp/dfccld.log"' EXIT
-		run_variant "$1" "$2"
-	) || rc=$?
+	apart "$outdir/$1_dfccld.log" run_variant "$1" "$2" || rc=$?
 	[ "$rc" = 0 ] || failed=$((failed + 1))
 }
 for v in "${variants[@]}"; do

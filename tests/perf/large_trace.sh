@@ -57,8 +57,8 @@ fi
 if [ "$ngpu" -ge 2 ]; then devices=0,1; gpus=(0 1); else devices=0,0; gpus=(0); fi
 
 # run_one NAME COLL BLOCKS: one traced run and its summaries; non-zero where
-# it failed. In a subshell of its own (one_run): gpu_lib's fail exits, and
-# must end only this run.
+# it failed. Run apart (perf_lib.sh): gpu_lib's fail exits, and must end
+# only this run.
 run_one() {
 	local name=$1 coll=$2 c=$3 rc=0 g f
 	echo "== $name: dfccl-perf $coll -b $size -e $size --mode $mode, dfccld --channels $c, traced"
@@ -80,22 +80,12 @@ run_one() {
 	done
 	return "$rc"
 }
-# one_run NAME COLL BLOCKS: run_one in a subshell, whose exit (gpu_lib's
-# fail included) kills a daemon it left running and keeps the daemon's log
-# in OUTDIR.
-one_run() {
-	(
-		trap '[ -n "$daemon_pid" ] && kill -KILL "$daemon_pid" 2>/dev/null; cp "$tmp/dfccld.log" "$outdir/$1_dfccld.log" 2>/dev/null; rm -f "$tmp/dfccld.log"' EXIT
-		run_one "$@"
-	)
-}
-
 failed=0
 names=()
 for coll in "${colls[@]}"; do
 	for c in "${block_counts[@]}"; do
 		names+=("${coll}_b$c")
-		one_run "${coll}_b$c" "$coll" "$c" || failed=$((failed + 1))
+		apart "$outdir/${coll}_b${c}_dfccld.log" run_one "${coll}_b$c" "$coll" "$c" || failed=$((failed + 1))
 	done
 done
 

@@ -64,6 +64,19 @@ queue_print() {
 	cat "$outdir/queue.txt"
 }
 
+# apart KEEP CMD...: CMD (a function of the script that starts and stops
+# a daemon) in a subshell of its own, so that gpu_lib's fail, which exits,
+# ends only CMD; on the subshell's exit a daemon CMD left running is killed
+# and the daemon's log is kept as KEEP. Returns CMD's status.
+apart() {
+	local keep=$1
+	shift
+	(
+		trap '[ -n "$daemon_pid" ] && kill -KILL "$daemon_pid" 2>/dev/null; cp "$tmp/dfccld.log" "$keep" 2>/dev/null; rm -f "$tmp/dfccld.log"' EXIT
+		"$@"
+	)
+}
+
 # traced NAME ARGS...: one run of 4 KiB through the script's own `perf`
 # function (NAME ARGS...), on a daemon of its own started with
 # DFCCL_DK_TRACE (trace_NAME.txt for GPU 0, trace_NAME.txt.gpuN for the
