@@ -8,6 +8,13 @@
 # moving of data; a rate that falls with fewer blocks, what a block keeps
 # in flight.
 #
+# A block's ring keeps its last 65536 events (DK_TRACE_EVENTS). While one
+# rank's dfccl-perf checks a large result, the other rank may already be in
+# its next run (the in-place one), and its GPU's blocks, waiting for the
+# peer, record a turn about every microsecond: that GPU's rings then hold
+# only the wait, and its table shows few blocks with pieces, or none. Read
+# the GPU whose table lists every block.
+#
 # Usage: large_trace.sh BINDIR [OUTDIR]
 #   BINDIR  the folder of dfccld, dfcclctl and dfccl-perf (a CUDA build)
 #   OUTDIR  where the traces, their summaries, the JSON and logs of every

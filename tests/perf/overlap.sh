@@ -33,7 +33,8 @@
 #     stream-ordered, on the dfccl ranks' GPUs) runs, sized from a short
 #     probe of the job to outlast it well.
 # OVERLAP_ITERS and OVERLAP_WARMUP change the sweep's -n and -w (default 20
-# and 5). The table gives, per size, out of place, the kernel's time alone
+# and 5); OVERLAP_DAEMON_ARGS gives dfccld settings (e.g. "--channels-mps
+# 32"), which the table's header names. The table gives, per size, out of place, the kernel's time alone
 # and with the all-reduce per iteration and the time the all-reduce added
 # (their difference), for both backends, and dfccl's added time minus
 # NCCL's; then the bystander's time alone, beside the job, and the slowdown
@@ -67,8 +68,10 @@ else
 fi
 
 mps_start
-# shellcheck disable=SC2119 # the daemon with its defaults: every GPU
-start_daemon
+# The daemon on every GPU, with OVERLAP_DAEMON_ARGS' settings.
+daemon_args=()
+[ -z "${OVERLAP_DAEMON_ARGS:-}" ] || read -ra daemon_args <<<"$OVERLAP_DAEMON_ARGS"
+start_daemon "${daemon_args[@]+"${daemon_args[@]}"}"
 
 # Whether NCCL loads and runs: one small all-reduce (no daemon needed).
 nccl=1
@@ -170,7 +173,7 @@ mps_stop
 {
 	echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(uname -n), $ngpu GPU(s):" \
 		"$(nvidia-smi --query-gpu=name --format=csv,noheader | sort -u | paste -sd/), under MPS, -n $iters" \
-		"-w $warmup, NCCL_NVLS_ENABLE=$NCCL_NVLS_ENABLE"
+		"-w $warmup, NCCL_NVLS_ENABLE=$NCCL_NVLS_ENABLE${OVERLAP_DAEMON_ARGS:+, dfccld $OVERLAP_DAEMON_ARGS}"
 	python3 - "$outdir" "$dfccl_gpus" "$nccl_gpus" "$nccl_ranks" "$us" "$job_size" <<'EOF'
 import json
 import os
