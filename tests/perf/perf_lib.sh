@@ -77,6 +77,17 @@ apart() {
 	)
 }
 
+# traced_print: the summaries traced() wrote, each under a header.
+traced_print() {
+	local f
+	for f in "$outdir"/trace_*_summary.txt; do
+		[ -f "$f" ] || continue
+		echo
+		echo "# the daemon kernel's trace: $(basename "$f" _summary.txt) (4 KiB, block 0)"
+		cat "$f"
+	done
+}
+
 # traced NAME ARGS...: one run of 4 KiB through the script's own `perf`
 # function (NAME ARGS...), on a daemon of its own started with
 # DFCCL_DK_TRACE (trace_NAME.txt for GPU 0, trace_NAME.txt.gpuN for the

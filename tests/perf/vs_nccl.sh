@@ -307,12 +307,7 @@ for name in names:
     c = d["completed"]
     print("%-32s %10d %s" % (name, c, " ".join("%12.2f" % (d[k] / c) for k in keys)))
 EOF
-	for f in "$outdir"/trace_*_summary.txt; do
-		[ -f "$f" ] || continue
-		echo
-		echo "# the daemon kernel's trace: $(basename "$f" _summary.txt) (4 KiB, block 0)"
-		cat "$f"
-	done
+	traced_print
 	queue_print
 	prims_print
 } | tee "$outdir/table.txt"
