@@ -12,8 +12,9 @@
 # rank's dfccl-perf checks a large result, the other rank may already be in
 # its next run (the in-place one), and its GPU's blocks, waiting for the
 # peer, record a turn about every microsecond: that GPU's rings then hold
-# only the wait, and its table shows few blocks with pieces, or none. Read
-# the GPU whose table lists every block.
+# mostly the wait, and its table shows few blocks with pieces, or none, or
+# counts the wait as busy. The rates per block hold in a table that lists
+# every block; the pieces' share of busy time only where it is high.
 #
 # Usage: large_trace.sh BINDIR [OUTDIR]
 #   BINDIR  the folder of dfccld, dfcclctl and dfccl-perf (a CUDA build)

@@ -34,12 +34,13 @@
 #     probe of the job to outlast it well.
 # OVERLAP_ITERS and OVERLAP_WARMUP change the sweep's -n and -w (default 20
 # and 5); OVERLAP_DAEMON_ARGS gives dfccld settings (e.g. "--channels-mps
-# 32"), which the table's header names; OVERLAP_TRACE=1 adds a traced run
-# of the loop at 4 KiB (dfccl only), summarised after the table. The table gives, per size, out of place, the kernel's time alone
-# and with the all-reduce per iteration and the time the all-reduce added
-# (their difference), for both backends, and dfccl's step minus NCCL's
-# (step-diff); then the bystander's time alone, beside the job, and the slowdown
-# in %. The bystander alone must take US/2 to 2 US (its calibration); the job
+# 32"), which the table's header names; OVERLAP_TRACE=1 (any value but 0)
+# adds a traced run of the loop at 4 KiB (dfccl only), summarised after
+# the table. The table gives, per size, out of place, the kernel's time
+# alone and with the all-reduce per iteration and the time the all-reduce
+# added (their difference), for both backends, and dfccl's step minus
+# NCCL's (step-diff); then the bystander's time alone, beside the job, and
+# the slowdown in %. The bystander alone must take US/2 to 2 US (its calibration); the job
 # must be seen completing collectives on GPU 0 before the bystander starts
 # and still run when it ends. A run that fails shows as "failed", its log
 # stays in OUTDIR, and the script exits 1 at the end.
@@ -172,9 +173,9 @@ stop_daemon
 # OVERLAP_TRACE=1: the overlap loop once more at 4 KiB, dfccl only, on a
 # traced daemon of its own (perf_lib.sh's traced), still under MPS: where
 # the time a collective adds to a step goes. Its summaries follow the table.
-if [ -n "${OVERLAP_TRACE:-}" ]; then
-	traced traced_overlap allreduce --nranks 2 --devices "$dfccl_gpus" --mode stream --mem device -n "$iters" \
-		-w "$warmup" --overlap "$us"
+if [ "${OVERLAP_TRACE:-0}" != 0 ]; then
+	apart "$outdir/traced_overlap_dfccld.log" traced traced_overlap allreduce --nranks 2 --devices "$dfccl_gpus" \
+		--mode stream --mem device -n "$iters" -w "$warmup" --overlap "$us" || failed=$((failed + 1))
 fi
 mps_stop
 

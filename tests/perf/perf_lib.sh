@@ -95,15 +95,18 @@ traced_print() {
 # trace is summarised by dk_trace_summary.py (block 0, then --turnaround,
 # then the queue reader's passes, then every block's pace (--blocks), then
 # --stalls 50) into
-# trace_NAME_gpuN_summary.txt in $outdir.
+# trace_NAME_gpuN_summary.txt in $outdir (an earlier run's of that NAME
+# removed first). Returns perf's status; run it apart (above) where a
+# daemon that fails must not end the script.
 traced() {
-	local name=$1 g f sum
+	local name=$1 g f sum rc=0
 	shift
+	rm -f "$outdir/trace_${name}_gpu"*_summary.txt
 	# The daemon with the script's settings (daemon_args, where it has
 	# them), traced.
 	# shellcheck disable=SC2154 # daemon_args is the sourcing script's
 	DFCCL_DK_TRACE=$outdir/trace_$name.txt start_daemon "${daemon_args[@]+"${daemon_args[@]}"}"
-	perf "$name" "$@" -b 4K -e 4K
+	perf "$name" "$@" -b 4K -e 4K || rc=$?
 	stop_daemon
 	for g in $(seq 0 $((ngpu - 1))); do
 		f=$outdir/trace_$name.txt
@@ -117,4 +120,5 @@ traced() {
 			python3 "$perf_lib_dir/dk_trace_summary.py" "$f" --stalls 50; } >"$sum" 2>&1 ||
 			echo "== the trace of $name on GPU $g could not be summarised: $(tail -n 1 "$sum")"
 	done
+	return "$rc"
 }

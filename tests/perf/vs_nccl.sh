@@ -130,6 +130,7 @@ perf_of() {
 		echo "   failed (exit $rc): $(tail -n 3 "$outdir/$name.log")"
 		failed=$((failed + 1))
 	fi
+	return "$rc"
 }
 perf() { perf_of allreduce "$@"; }
 
@@ -164,11 +165,15 @@ part_on batch && for size in 4K 64K 1M; do
 done
 stop_daemon
 
-# Traced runs (perf_lib.sh), summarised per GPU after the tables.
+# Traced runs (perf_lib.sh), summarised per GPU after the tables, each
+# apart: a daemon that fails ends only its run.
 if part_on trace; then
-	traced traced_callback --backend dfccl --mode callback --mem device
-	traced traced_stream --backend dfccl --mode stream --mem device
-	traced traced_batch --backend dfccl --mode callback --mem device --batch 150 --group 1
+	apart "$outdir/traced_callback_dfccld.log" traced traced_callback --backend dfccl --mode callback \
+		--mem device || failed=$((failed + 1))
+	apart "$outdir/traced_stream_dfccld.log" traced traced_stream --backend dfccl --mode stream --mem device ||
+		failed=$((failed + 1))
+	apart "$outdir/traced_batch_dfccld.log" traced traced_batch --backend dfccl --mode callback --mem device \
+		--batch 150 --group 1 || failed=$((failed + 1))
 fi
 [ -z "$mps" ] || mps_stop
 
