@@ -40,9 +40,9 @@
 # alone and with the all-reduce per iteration and the time the all-reduce
 # added (their difference), for both backends, and dfccl's step minus
 # NCCL's (step-diff); then the bystander's time alone, beside the job, and
-# the slowdown in %. The bystander alone must take US/2 to 2 US (its calibration); the job
-# must be seen completing collectives on GPU 0 before the bystander starts
-# and still run when it ends. A run that fails shows as "failed", its log
+# the slowdown in %. The bystander alone must take US/2 to 2 US (its
+# calibration); the job must be seen completing collectives on GPU 0 before
+# the bystander starts and still run when it ends. A run that fails shows as "failed", its log
 # stays in OUTDIR, and the script exits 1 at the end.
 set -u
 
@@ -174,8 +174,8 @@ stop_daemon
 # traced daemon of its own (perf_lib.sh's traced), still under MPS: where
 # the time a collective adds to a step goes. Its summaries follow the table.
 if [ "${OVERLAP_TRACE:-0}" != 0 ]; then
-	apart "$outdir/traced_overlap_dfccld.log" traced traced_overlap allreduce --nranks 2 --devices "$dfccl_gpus" \
-		--mode stream --mem device -n "$iters" -w "$warmup" --overlap "$us" || failed=$((failed + 1))
+	traced_apart traced_overlap allreduce --nranks 2 --devices "$dfccl_gpus" --mode stream --mem device \
+		-n "$iters" -w "$warmup" --overlap "$us" || failed=$((failed + 1))
 fi
 mps_stop
 

@@ -96,8 +96,8 @@ traced_print() {
 # then the queue reader's passes, then every block's pace (--blocks), then
 # --stalls 50) into
 # trace_NAME_gpuN_summary.txt in $outdir (an earlier run's of that NAME
-# removed first). Returns perf's status; run it apart (above) where a
-# daemon that fails must not end the script.
+# removed first). Returns perf's status; traced_apart (below) runs it
+# apart, where a daemon that fails must not end the script.
 traced() {
 	local name=$1 g f sum rc=0
 	shift
@@ -121,4 +121,11 @@ traced() {
 			echo "== the trace of $name on GPU $g could not be summarised: $(tail -n 1 "$sum")"
 	done
 	return "$rc"
+}
+
+# traced_apart NAME ARGS...: traced, run apart, the daemon's log kept as
+# NAME_dfccld.log in $outdir; non-zero where the run failed (a failure
+# counted inside it does not reach the caller's count).
+traced_apart() {
+	apart "$outdir/$1_dfccld.log" traced "$@"
 }

@@ -168,12 +168,10 @@ stop_daemon
 # Traced runs (perf_lib.sh), summarised per GPU after the tables, each
 # apart: a daemon that fails ends only its run.
 if part_on trace; then
-	apart "$outdir/traced_callback_dfccld.log" traced traced_callback --backend dfccl --mode callback \
-		--mem device || failed=$((failed + 1))
-	apart "$outdir/traced_stream_dfccld.log" traced traced_stream --backend dfccl --mode stream --mem device ||
+	traced_apart traced_callback --backend dfccl --mode callback --mem device || failed=$((failed + 1))
+	traced_apart traced_stream --backend dfccl --mode stream --mem device || failed=$((failed + 1))
+	traced_apart traced_batch --backend dfccl --mode callback --mem device --batch 150 --group 1 ||
 		failed=$((failed + 1))
-	apart "$outdir/traced_batch_dfccld.log" traced traced_batch --backend dfccl --mode callback --mem device \
-		--batch 150 --group 1 || failed=$((failed + 1))
 fi
 [ -z "$mps" ] || mps_stop
 
