@@ -222,17 +222,7 @@ run_suite() {
 		x.get('kernel_launches', 'n/a'), x.get('kernel_quits', 'n/a')) for x in d['devices'])"
 }
 
-IFS=', ' read -ra part_list <<<"${CUDA_ENGINE_PARTS:-main,push,spread,nccl,mps}"
-[ ${#part_list[@]} -gt 0 ] || fail "CUDA_ENGINE_PARTS names no part (main, push, spread, nccl, mps)"
-for p in "${part_list[@]}"; do
-	case $p in
-	main | push | spread | nccl | mps) ;;
-	*) fail "CUDA_ENGINE_PARTS: unknown part '$p' (main, push, spread, nccl, mps)" ;;
-	esac
-done
-parts=$(IFS=,; echo "${part_list[*]}")
-# part_on NAME: whether CUDA_ENGINE_PARTS asks for part NAME.
-part_on() { [[ ",$parts," == *",$1,"* ]]; }
+parts_from CUDA_ENGINE_PARTS main,push,spread,nccl,mps main push spread nccl mps
 
 echo "== $ngpu GPU(s); seed $seed; parts $parts"
 if part_on main; then

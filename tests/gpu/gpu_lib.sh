@@ -22,6 +22,11 @@
 #                          nvidia-cuda-mps-control needed); what starts
 #                          after mps_start uses it, through the exported
 #                          CUDA_MPS_PIPE_DIRECTORY
+#   parts_from VAR DEFAULT KNOWN...
+#                          the parts the environment variable VAR names
+#                          (comma- or space-separated; DEFAULT where it is
+#                          unset), each one of KNOWN, into $parts (comma-
+#                          separated); part_on NAME: whether NAME is one
 # DFCCLD=PATH in the environment makes the scripts start that dfccld instead
 # of $bin/dfccld (`dfccld_bin`), so that two builds of the daemon can be
 # compared under the same tests and tools.
@@ -119,6 +124,19 @@ stop_daemon() {
 	daemon_pid=
 	[ "$rc" = 0 ] || fail "dfccld exited with $rc on SIGTERM"
 }
+
+parts_from() {
+	local var=$1 dflt=$2 p list
+	shift 2
+	local known="$*"
+	IFS=', ' read -ra list <<<"${!var:-$dflt}"
+	[ ${#list[@]} -gt 0 ] || fail "$var names no part (${known// /, })"
+	for p in "${list[@]}"; do
+		[[ " $known " == *" $p "* ]] || fail "$var: unknown part '$p' (${known// /, })"
+	done
+	parts=$(IFS=,; echo "${list[*]}")
+}
+part_on() { [[ ",$parts," == *",$1,"* ]]; }
 
 mps_usable() {
 	command -v nvidia-cuda-mps-control >/dev/null 2>&1 && [ "$(id -u)" = 0 ]

@@ -70,17 +70,7 @@ if [ "$ngpu" -lt 2 ]; then
 	exit 77
 fi
 gpus=${VS_NCCL_GPUS:-0,1}
-IFS=', ' read -ra part_list <<<"${VS_NCCL_PARTS:-sweep,bw,batch,trace}"
-[ ${#part_list[@]} -gt 0 ] || fail "VS_NCCL_PARTS names no part (sweep, bw, batch, trace)"
-for p in "${part_list[@]}"; do
-	case $p in
-	sweep | bw | batch | trace) ;;
-	*) fail "VS_NCCL_PARTS: unknown part '$p' (sweep, bw, batch, trace)" ;;
-	esac
-done
-parts=$(IFS=,; echo "${part_list[*]}")
-# part_on NAME: whether VS_NCCL_PARTS asks for part NAME.
-part_on() { [[ ",$parts," == *",$1,"* ]]; }
+parts_from VS_NCCL_PARTS sweep,bw,batch,trace sweep bw batch trace
 iters=${VS_NCCL_ITERS:-20}
 warmup=${VS_NCCL_WARMUP:-20}
 [ -n "$outdir" ] || outdir=$(mktemp -d /tmp/vs-nccl-XXXXXX)
