@@ -152,6 +152,13 @@ static dfcclResult_t coll_check(const struct coll_args *a)
 	return comm_check(comm);
 }
 
+/* Whether [s, s + send_bytes) and [r, r + recv_bytes) share a byte. */
+static bool bufs_overlap(const void *send, size_t send_bytes, const void *recv, size_t recv_bytes)
+{
+	uintptr_t s = (uintptr_t)send, r = (uintptr_t)recv;
+	return s < r + recv_bytes && r < s + send_bytes;
+}
+
 /*
  * Refuses buffers that overlap other than in NCCL's in-place layout for the
  * collective: the same buffer for all-reduce, broadcast and reduce; for
@@ -163,7 +170,7 @@ static dfcclResult_t coll_check(const struct coll_args *a)
 static dfcclResult_t coll_overlap(const struct coll_args *a, size_t send_bytes, size_t recv_bytes)
 {
 	uintptr_t s = (uintptr_t)a->send, r = (uintptr_t)a->recv;
-	if (s >= r + recv_bytes || r >= s + send_bytes)
+	if (!bufs_overlap(a->send, send_bytes, a->recv, recv_bytes))
 		return dfcclSuccess;
 	uintptr_t rank = (uintptr_t)a->comm->rank;
 	const char *layout;
@@ -459,7 +466,7 @@ static dfcclResult_t coll_alltoall(const char *send, char *recv, size_t count, d
 	if (send == recv)
 		return errors_set(dfcclInvalidArgument, "AllToAll: sendbuff and recvbuff are the same buffer; all-to-all "
 		                  "does not work in place");
-	if ((uintptr_t)send < (uintptr_t)recv + n * block && (uintptr_t)recv < (uintptr_t)send + n * block)
+	if (bufs_overlap(send, n * block, recv, n * block))
 		return errors_set(dfcclInvalidArgument, "AllToAll: sendbuff %p and recvbuff %p overlap (%zu bytes each); "
 		                  "all-to-all needs two separate buffers", (const void *)send, (void *)recv, n * block);
 	if ((r = coll_buffer(&a, "sendbuff", send, n, &op.sqe.send_reg, &op.sqe.send_off)) != dfcclSuccess ||
