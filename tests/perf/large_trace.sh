@@ -76,10 +76,9 @@ run_one() {
 		2>"$outdir/$name.log" || rc=$?
 	stop_daemon
 	[ "$rc" = 0 ] || echo "   failed (exit $rc): $(tail -n 2 "$outdir/$name.log")"
-	# The trace of each GPU the ranks ran on (GPU N > 0: .gpuN).
+	# The trace of each GPU the ranks ran on.
 	for g in "${gpus[@]}"; do
-		f=$outdir/trace_$name.txt
-		[ "$g" = 0 ] || f=$f.gpu$g
+		f=$(trace_of "$outdir/trace_$name.txt" "$g")
 		[ -f "$f" ] || continue
 		{ python3 "$perf_lib_dir/dk_trace_summary.py" "$f" --data &&
 			python3 "$perf_lib_dir/dk_trace_summary.py" "$f" --blocks; } >"$outdir/${name}_gpu${g}_data.txt" 2>&1 ||

@@ -77,6 +77,13 @@ apart() {
 	)
 }
 
+# trace_of FILE G: where GPU G's worker writes the trace that
+# DFCCL_DK_TRACE=FILE asks for: FILE for GPU 0, FILE.gpuG for the others
+# (gpu/cuda/cuda_engine.cu).
+trace_of() {
+	if [ "$2" = 0 ]; then echo "$1"; else echo "$1.gpu$2"; fi
+}
+
 # traced_print: the summaries traced() wrote, each under a header.
 traced_print() {
 	local f
@@ -109,8 +116,7 @@ traced() {
 	perf "$name" "$@" -b 4K -e 4K || rc=$?
 	stop_daemon
 	for g in $(seq 0 $((ngpu - 1))); do
-		f=$outdir/trace_$name.txt
-		[ "$g" = 0 ] || f=$f.gpu$g
+		f=$(trace_of "$outdir/trace_$name.txt" "$g")
 		[ -f "$f" ] || continue
 		sum=$outdir/trace_${name}_gpu${g}_summary.txt
 		{ python3 "$perf_lib_dir/dk_trace_summary.py" "$f" &&
