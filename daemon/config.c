@@ -114,6 +114,17 @@ static const struct setting settings[] = {
      "cuda engine under MPS (where a resident daemon kernel runs beside the trainers' kernels): microseconds it "
      "stays resident with nothing to do, so that a trainer whose compute between two collectives is shorter "
      "pays no relaunch"},
+    {"resident-blocks", T_INT, F(resident_blocks), 0, 30, "0", NULL,
+     "cuda engine: 0 runs the daemon kernel as one grid of `channels` blocks, resident while it has work; N "
+     "splits it: N resident blocks run the queue reader and single-channel collectives, and each other block, "
+     "launched when a collective of more channels comes to it, leaves after bulk-idle-us without one (at "
+     "least 2 must remain for them, else one grid)"},
+    {"resident-blocks-mps", T_INT, F(resident_blocks_mps), 0, 30, "0", NULL,
+     "cuda engine under MPS (where each resident block holds an SM the trainers' kernels cannot use): "
+     "resident-blocks"},
+    {"bulk-idle-us", T_INT, F(bulk_idle_us), 0, 60000000, "1000", NULL,
+     "cuda engine with resident-blocks: microseconds a bulk block stays with nothing to do before "
+     "it leaves"},
     {"push-bytes", T_INT, F(push_bytes), 0, 65536, "65536", NULL,
      "cuda engine: all-reduces up to this many bytes on one channel are pushed: each rank writes its data into "
      "the other ranks' GPU memory and reduces what it received, one exchange with no reads across GPUs "
@@ -413,7 +424,8 @@ static void setting_format(const struct dfccld_config *cfg, const struct setting
 
 const char *config_mps_twin(const char *name)
 {
-	static const char *const twin[][2] = {{"kernel-idle-us", "kernel-idle-mps-us"}, {"channels", "channels-mps"}};
+	static const char *const twin[][2] = {
+	    {"kernel-idle-us", "kernel-idle-mps-us"}, {"channels", "channels-mps"}, {"resident-blocks", "resident-blocks-mps"}};
 	for (size_t k = 0; k < sizeof(twin) / sizeof(twin[0]); k++)
 		if (strcmp(name, twin[k][0]) == 0)
 			return twin[k][1];

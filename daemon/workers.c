@@ -614,7 +614,8 @@ static int worker_spawn(struct worker *wk)
 	 * ones it uses by name. The engine is the resolved one, never auto. */
 	static const char *const passed[] = {"log-level", "log-target", "spin-head",
 	                                     "spin-other", "stick-mult", "spin-max",
-	                                     "algo",      "channels",   "spread-blocks", "kernel-idle-us", "push-bytes",
+	                                     "algo",      "channels",   "spread-blocks", "kernel-idle-us", "resident-blocks",
+	                                     "bulk-idle-us", "push-bytes",
 	                                     "ll-bytes",  "visit-bytes", "chan-bytes", "oneshot-bytes",
 	                                     "max-inflight-per-session", "max-inflight-per-uid"};
 	enum { NPASSED = sizeof(passed) / sizeof(passed[0]) };

@@ -43,6 +43,10 @@ extern "C" {
 /* While the kernel runs, the worker looks for completions to wake sleepers
  * and for the kernel's exit this often. */
 #define CE_RUNNING_PAUSE_NS 20000ull
+/* The same where the kernel has bulk blocks: the reader's ask for one
+ * waits for the worker's next look (bulk-idle-us keeps them running
+ * through a job's collectives, so a job pays this at its first). */
+#define CE_BULK_PAUSE_NS 4000ull
 /* Longest pause between looks at entries a stream has still to arm, while
  * the kernel is not running: the delay it adds to such a call. */
 #define CE_UNARMED_PAUSE_NS 10000ull
@@ -116,6 +120,7 @@ struct cuda_engine {
 	struct engine_config cfg;
 	struct dfccl_worker_stats *stats;
 	cudaStream_t kstream, ctl_stream;
+	cudaStream_t bstream[DK_MAX_BLOCKS]; /* each bulk block's (dk_params.bulk0), made at its first launch */
 	struct dk_state *dst;  /* device */
 	struct dk_host *host;  /* mapped pinned host memory */
 	struct dk_host *host_dev;
@@ -133,6 +138,8 @@ struct cuda_engine {
 	uint32_t nqps;          /* queue-pair slots below this may be in use */
 	uint32_t ncomms;        /* communicator slots below this may be in use */
 	int running;
+	uint32_t bulk_launched[DK_MAX_BLOCKS]; /* launches of each bulk block (dk_host.bulk_exits: ended) */
+	uint32_t bulk_seen[DK_MAX_BLOCKS];     /* dk_host.bulk_want at each block's last launch asked for */
 	int resume;             /* the kernel left with tasks in flight: launch it again */
 	char *trace_path;       /* DK_TRACE_ENV: where the kernel's trace goes at the end */
 	char fatal[256];
@@ -189,11 +196,29 @@ static int ce_get32(struct cuda_engine *e, const uint32_t *dev, uint32_t *v)
 /* The address of a field of the device state (computed, never dereferenced here). */
 #define OFF(field) (&e->dst->field)
 
-/* Notices the kernel's exit (or its failure). */
+/* The first bulk block with a launch not ended, or 0 (none is a bulk
+ * block). */
+static uint32_t ce_bulk_running(const struct cuda_engine *e)
+{
+	for (uint32_t b = e->params.bulk0; e->params.bulk0 && b < e->params.blocks; b++)
+		if (__atomic_load_n(&e->host->bulk_exits[b], __ATOMIC_ACQUIRE) != e->bulk_launched[b])
+			return b;
+	return 0;
+}
+
+/* Notices the kernel's exit (or its failure). A bulk block says when its
+ * launch ends (dk_host.bulk_exits); one that failed never does, and
+ * fails the resident grid with it (a fault is the context's), or, where
+ * that is gone, its stream says why. */
 static void ce_check_kernel(struct cuda_engine *e)
 {
-	if (!e->running)
+	if (!e->running) {
+		uint32_t b = ce_bulk_running(e);
+		cudaError_t rc = b ? cudaStreamQuery(e->bstream[b]) : cudaSuccess;
+		if (rc != cudaErrorNotReady)
+			ce_failed(e, rc, "a bulk block of the daemon kernel failed");
 		return;
+	}
 	cudaError_t rc = cudaStreamQuery(e->kstream);
 	if (rc == cudaErrorNotReady)
 		return;
@@ -218,14 +243,16 @@ static void ce_check_kernel(struct cuda_engine *e)
 static void ce_park(struct cuda_engine *e)
 {
 	ce_check_kernel(e);
-	if (!e->running)
+	if (!e->running && !ce_bulk_running(e))
 		return;
 	if (ce_put32(e, OFF(ctl.park), 1) < 0)
 		return;
 	uint64_t start = engine_now_ns();
-	while (e->running) {
+	while (e->running || ce_bulk_running(e)) {
 		ce_check_kernel(e);
-		if (e->running && engine_now_ns() - start > CE_PARK_TIMEOUT_NS) {
+		if (e->fatal[0])
+			return;
+		if (engine_now_ns() - start > CE_PARK_TIMEOUT_NS) {
 			snprintf(e->fatal, sizeof(e->fatal), "GPU %u: the daemon kernel did not park within 5 s",
 			         e->cfg.device);
 			return;
@@ -234,22 +261,65 @@ static void ce_park(struct cuda_engine *e)
 	}
 }
 
+/* Launches bulk block b on its stream, after its last launch (dkernel.h,
+ * dk_params.bulk0): rebuild as dk_params says. */
+static int ce_launch_bulk(struct cuda_engine *e, uint32_t b, uint32_t rebuild)
+{
+	if (!e->bstream[b] &&
+	    ce_failed(e, cudaStreamCreateWithFlags(&e->bstream[b], cudaStreamNonBlocking), "creating a bulk block's stream"))
+		return -1;
+	struct dk_params p = e->params;
+	p.first = b;
+	p.rebuild = rebuild;
+	if (ce_failed(e, (cudaError_t)dk_launch(&p, e->bstream[b]), "launching a bulk block of the daemon kernel"))
+		return -1;
+	e->bulk_launched[b]++;
+	__atomic_fetch_add(&e->stats->kernel_launches, 1, __ATOMIC_RELAXED);
+	return 0;
+}
+
+/* Launches the kernel: the resident grid, and where the kernel left with
+ * tasks in flight every bulk block with it, all rebuilding their queues. */
 static void ce_launch(struct cuda_engine *e)
 {
-	if (e->running || e->fatal[0])
+	/* A resume waits for every bulk block to be gone: one may still hold
+	 * tasks its next launch must rebuild. */
+	if (e->running || e->fatal[0] || (e->resume && ce_bulk_running(e)))
 		return;
 	for (uint32_t i = 0; i < e->nqps; i++)
 		if (e->qps[i].q)
 			sq_set_engine_state(e->qps[i].q, DFCCL_ENGINE_POLLING);
 	if (ce_put32(e, OFF(ctl.quit), 0) < 0 || ce_put32(e, OFF(ctl.park), 0) < 0 || ce_put32(e, OFF(ctl.started), 0) < 0)
 		return;
+	int both = e->params.bulk0 && e->resume;
 	e->resume = 0;
 	if (++e->params.epoch == 0)
 		e->params.epoch = 1;
+	e->params.first = 0;
+	e->params.rebuild = 1;
+	e->params.wait_blocks = e->params.bulk0 && !both ? e->params.bulk0 : e->params.blocks;
 	if (ce_failed(e, (cudaError_t)dk_launch(&e->params, e->kstream), "launching the daemon kernel"))
 		return;
 	e->running = 1;
 	__atomic_fetch_add(&e->stats->kernel_launches, 1, __ATOMIC_RELAXED);
+	for (uint32_t b = e->params.bulk0; both && b < e->params.blocks; b++)
+		if (ce_launch_bulk(e, b, 1) < 0)
+			return;
+}
+
+/* Launches the bulk blocks the queue reader asked for since the last look
+ * (bulk_ask, dkernel.cu); returns how many. */
+static unsigned ce_bulk_asked(struct cuda_engine *e)
+{
+	unsigned n = 0;
+	for (uint32_t b = e->params.bulk0; e->params.bulk0 && b < e->params.blocks; b++) {
+		uint32_t want = __atomic_load_n(&e->host->bulk_want[b], __ATOMIC_ACQUIRE);
+		if (want == e->bulk_seen[b])
+			continue;
+		e->bulk_seen[b] = want;
+		n += ce_launch_bulk(e, b, 0) == 0;
+	}
+	return n;
 }
 
 /* What the queue pairs hold that the kernel has not taken. */
@@ -1083,7 +1153,7 @@ static unsigned ce_poll(void *impl)
 {
 	struct cuda_engine *e = (struct cuda_engine *)impl;
 	ce_check_kernel(e);
-	unsigned work = ce_completions(e);
+	unsigned work = ce_completions(e) + ce_bulk_asked(e);
 	if (!e->running && (e->resume || ce_armed(e))) {
 		ce_launch(e);
 		work++;
@@ -1094,8 +1164,8 @@ static unsigned ce_poll(void *impl)
 static int ce_busy(void *impl, uint64_t *pause_ns)
 {
 	struct cuda_engine *e = (struct cuda_engine *)impl;
-	*pause_ns = CE_RUNNING_PAUSE_NS;
-	if (e->running)
+	*pause_ns = e->params.bulk0 ? CE_BULK_PAUSE_NS : CE_RUNNING_PAUSE_NS;
+	if (e->running || ce_bulk_running(e))
 		return 1;
 	/* Entries that a stream will arm: watch them from here, as the
 	 * kernel is gone and nobody rings once the stream arms one. */
@@ -1170,11 +1240,11 @@ static void ce_free(void *impl)
 	struct cuda_engine *e = (struct cuda_engine *)impl;
 	if (!e)
 		return;
-	if (e->running && !e->fatal[0]) {
+	if ((e->running || ce_bulk_running(e)) && !e->fatal[0]) {
 		uint32_t one = 1;
 		ce_put(e, OFF(ctl.stop), &one, sizeof(one));
 		uint64_t start = engine_now_ns();
-		while (e->running && engine_now_ns() - start < 2000000000ull) {
+		while ((e->running || ce_bulk_running(e)) && engine_now_ns() - start < 2000000000ull) {
 			ce_check_kernel(e);
 			usleep(100);
 		}
@@ -1202,6 +1272,9 @@ static void ce_free(void *impl)
 	cudaFreeHost(e->host);
 	if (e->kstream)
 		cudaStreamDestroy(e->kstream);
+	for (uint32_t b = 0; b < DK_MAX_BLOCKS; b++)
+		if (e->bstream[b])
+			cudaStreamDestroy(e->bstream[b]);
 	if (e->ctl_stream)
 		cudaStreamDestroy(e->ctl_stream);
 	free(e);
@@ -1293,6 +1366,15 @@ extern "C" int cuda_engine_ops_new(const struct engine_config *cfg, const struct
 	e->params.push_bytes = cfg->push_bytes;
 	e->params.ll_bytes = cfg->ll_bytes;
 	e->params.spread = cfg->spread_blocks ? 1u : 0u;
+	/* Bulk blocks where at least 2 remain for them (a task of one channel
+	 * runs on the resident grid). */
+	if (cfg->resident_blocks && cfg->resident_blocks + 2 <= e->params.blocks) {
+		e->params.bulk0 = cfg->resident_blocks;
+	} else if (cfg->resident_blocks) {
+		fprintf(stderr, "GPU %u: %u resident blocks of %u leave fewer than 2 bulk blocks: running one grid\n",
+		        cfg->device, cfg->resident_blocks, e->params.blocks);
+	}
+	e->params.bulk_idle_ns = cfg->bulk_idle_ns;
 	e->params.algo = cfg->algo;
 	e->params.max_inflight = sched_max_inflight(cfg->max_inflight);
 	e->params.max_inflight_uid = sched_max_inflight_uid(cfg->max_inflight_uid);

@@ -14,7 +14,10 @@
  * takes a task for it, which the copier lanes fill, and hands the task
  * to c blocks through their inboxes, c channels
  * chosen by size: blocks 0..c-1, or with the spread-blocks setting c
- * blocks from one chosen by the instance (block_of). Each block then runs
+ * blocks from one chosen by the instance (block_of); where the kernel has
+ * bulk blocks (dk_params.bulk0), single-channel tasks go to the resident
+ * grid and the others to the bulk blocks, which run only while they have
+ * work (dk_main). Each block then runs
  * its part of the task -- its channel's share of the data -- interleaved
  * with its other tasks under the shared scheduling policy
  * (gpu/scheduler.h): a wait on a peer spins up to the task's threshold and
@@ -1098,29 +1101,47 @@ __device__ uint32_t channels_for(const dk_params &p, uint8_t opcode, uint64_t by
 	if (sqe_is_p2p(opcode) || bytes < p.chan_bytes)
 		return 1; /* without a 64-bit division, which one thread pays for in every small entry */
 	uint64_t c = bytes / p.chan_bytes + 1;
-	return c > p.blocks ? p.blocks : (uint32_t)c;
+	uint32_t most = p.blocks - p.bulk0; /* the bulk blocks (cuda_engine.cu: at least 2) */
+	return c > most ? most : (uint32_t)c;
+}
+
+/* The blocks that run the channels of a task of nch channels: lo..hi-1,
+ * the bulk blocks for more than one channel, the resident grid's for one
+ * (all of them where the kernel is one grid). */
+__device__ __forceinline__ uint32_t range_lo(const dk_params &p, uint32_t nch)
+{
+	return nch > 1 ? p.bulk0 : 0;
+}
+
+__device__ __forceinline__ uint32_t range_hi(const dk_params &p, uint32_t nch)
+{
+	return nch > 1 || !p.bulk0 ? p.blocks : p.bulk0;
 }
 
 /*
  * The block that runs channel 0 of the task of entry e (instance key, nch
- * channels); channel c runs on block (that + c) % blocks. With the spread
- * setting, a task that leaves blocks free starts on block (key + s) %
- * blocks, where s is a hash of what the instance's numbering is counted
- * in: the communicator, and the registered collective or the sending and
- * receiving ranks of a message. So consecutive collectives of one
- * communicator run side by side on consecutive blocks rather than one
- * after the other on block 0, and the i-th of different communicators
- * (or of the registered collectives of an iteration) do not all land on
- * one block. Every rank computes the same from the entry, so the ranks'
- * blocks that run a channel see the same tasks in the same order and run
- * them together. A channel's context and scheduling state are kept by the
- * block that runs it (dk_task.ch, dk_state.states), its protocol words and
- * connector share by the channel.
+ * channels); channel c runs on the block c after it, wrapping around the
+ * task's range of blocks (range_lo, range_hi). With the spread setting, a
+ * task that leaves blocks of the resident range free starts on block
+ * (key + s) % its size, where s is a hash of what the instance's numbering
+ * is counted in: the communicator, and the registered collective or the
+ * sending and receiving ranks of a message. So consecutive collectives of
+ * one communicator run side by side on consecutive blocks rather than one
+ * after the other on block 0, and the i-th of different communicators (or
+ * of the registered collectives of an iteration) do not all land on one
+ * block. The bulk blocks' tasks are not spread: they start on the first
+ * bulk block, so that a job of middle sizes keeps only the blocks its channels
+ * need, and the others leave (dk_main). Every rank computes the same from
+ * the entry, so the ranks' blocks that run a channel see the same tasks in
+ * the same order and run them together. A channel's context and scheduling
+ * state are kept by the block that runs it (dk_task.ch, dk_state.states),
+ * its protocol words and connector share by the channel.
  */
 __device__ uint32_t block_of(const dk_params &p, const dfccl_sqe *e, uint64_t key, uint32_t nch)
 {
-	if (!p.spread || nch >= p.blocks)
-		return 0;
+	uint32_t lo = range_lo(p, nch), span = range_hi(p, nch) - lo;
+	if (!p.spread || nch >= span || lo)
+		return lo;
 	uint64_t s = e->comm_id * 0x9E3779B97F4A7C15ull;
 	if (sqe_is_p2p(e->opcode)) {
 		uint64_t from = e->opcode == DFCCL_OP_SEND ? e->rank : e->peer;
@@ -1133,27 +1154,25 @@ __device__ uint32_t block_of(const dk_params &p, const dfccl_sqe *e, uint64_t ke
 	/* In 32 bits: a 64-bit remainder costs the reader a long chain of
 	 * instructions per entry. Consecutive keys still go to consecutive
 	 * blocks (but once in 2^32). */
-	return ((uint32_t)key + (uint32_t)(s ^ s >> 32)) % p.blocks;
+	return ((uint32_t)key + (uint32_t)(s ^ s >> 32)) % span;
 }
 
 /* The channel of task t that block b runs (>= t->nch: none); and the
- * block that runs channel ch of a task whose channel 0 runs on block0 (of
- * task t). All without a division: block0 < blocks and ch < nch <=
- * blocks. */
+ * block that runs channel ch of a task of nch channels whose channel 0
+ * runs on block0. All without a division: block0 is in the task's range
+ * of blocks and ch < nch <= its size. */
 __device__ __forceinline__ uint32_t chan_of(const dk_params &p, const dk_task *t, uint32_t b)
 {
-	return b >= t->block0 ? b - t->block0 : b + p.blocks - t->block0;
+	uint32_t lo = range_lo(p, t->nch), hi = range_hi(p, t->nch);
+	if (b < lo || b >= hi)
+		return DK_NO_TASK;
+	return b >= t->block0 ? b - t->block0 : b + (hi - lo) - t->block0;
 }
 
-__device__ __forceinline__ uint32_t block_at(const dk_params &p, uint32_t block0, uint32_t ch)
+__device__ __forceinline__ uint32_t block_at(const dk_params &p, uint32_t block0, uint32_t ch, uint32_t nch)
 {
-	uint32_t b = block0 + ch;
-	return b >= p.blocks ? b - p.blocks : b;
-}
-
-__device__ __forceinline__ uint32_t block_for(const dk_params &p, const dk_task *t, uint32_t ch)
-{
-	return block_at(p, t->block0, ch);
+	uint32_t b = block0 + ch, hi = range_hi(p, nch);
+	return b >= hi ? b - (hi - range_lo(p, nch)) : b;
 }
 
 /*
@@ -1387,7 +1406,7 @@ __device__ void task_fill(const dk_params &p, uint32_t qi, const dfccl_sqe *e, c
 	uint32_t first = sqe_is_p2p(e->opcode) ? (e->opcode == DFCCL_OP_SEND ? DK_BOX_FREE : DK_BOX_WANT) : DK_SLOT;
 	uint8_t priority = (e->flags & DFCCL_SQE_F_PRIORITY) ? e->priority : 0;
 	for (uint32_t ch = 0; ch < pr.nch; ch++) {
-		uint32_t b = block_at(p, pr.block0, ch);
+		uint32_t b = block_at(p, pr.block0, ch, pr.nch);
 		t->ch[b].step = ch == 0 ? first : DK_POSTS;
 		t->ch[b].wait_rank = 0;
 		t->ch[b].pos = 0;
@@ -1421,7 +1440,7 @@ __device__ uint32_t entry_take(dk_ctx &c, const dk_prep &pr)
 		return DK_NO_TASK;
 	*(volatile uint32_t *)&st->tasks[ti].state = DK_TASK_LIVE;
 	for (uint32_t ch = 0; ch < pr.nch; ch++) {
-		uint32_t b = block_at(c.p, pr.block0, ch);
+		uint32_t b = block_at(c.p, pr.block0, ch, pr.nch);
 		st->inbox[b].idx[c.rtail[b]++ % DK_MAX_TASKS] = ti;
 		c.rpend |= 1u << b;
 	}
@@ -1430,6 +1449,35 @@ __device__ uint32_t entry_take(dk_ctx &c, const dk_prep &pr)
 }
 
 DFCCL_STATIC_ASSERT(DK_MAX_BLOCKS <= 32, "dk_ctx.rpend has a bit per block");
+
+/*
+ * Asks the worker for a launch of each bulk block in `m`, whose inboxes
+ * just received tasks, that is not running. The block's side (dk_main)
+ * stores active = 0, fences, and leaves only if its tail has not moved;
+ * the reader moves the tail, fences, and reads active: one of the two
+ * sees the other's store, so a task is never left in the inbox of a block
+ * that has gone with no launch asked for. Asking marks the block active,
+ * so that the tasks that come before it starts ask no more; if the block
+ * was still leaving, it may clear the mark after, and the next task for it
+ * asks for one more launch, which finds nothing and leaves after
+ * bulk_idle_ns.
+ */
+__device__ void bulk_ask(dk_ctx &c, uint32_t m)
+{
+	dk_state *st = c.st;
+	asm volatile("fence.sc.gpu;" ::: "memory");
+	while (m) {
+		uint32_t b = __ffs(m) - 1;
+		m &= m - 1;
+		dk_inbox *ib = &st->inbox[b];
+		if (vload(&ib->active))
+			continue;
+		*(volatile uint32_t *)&ib->active = 1;
+		uint32_t asks = vload(&ib->asks) + 1;
+		*(volatile uint32_t *)&ib->asks = asks;
+		*(volatile uint32_t *)&c.p.host->bulk_want[b] = asks;
+	}
+}
 
 /* The tasks placed since the last call, in their blocks' inboxes: one
  * fence publishes them and their places, then the tails move (the reader
@@ -1440,13 +1488,15 @@ __device__ void inbox_publish(dk_ctx &c)
 	if (!m)
 		return;
 	__threadfence();
-	while (m) {
-		uint32_t b = __ffs(m) - 1;
-		m &= m - 1;
+	for (uint32_t k = m; k;) {
+		uint32_t b = __ffs(k) - 1;
+		k &= k - 1;
 		*(volatile uint32_t *)&c.st->inbox[b].tail = c.rtail[b];
 	}
 	c.rpend = 0;
 	c.st->arrivals = c.arrivals;
+	if (c.p.bulk0 && (m >> c.p.bulk0))
+		bulk_ask(c, m >> c.p.bulk0 << c.p.bulk0);
 }
 
 /* The admission of queue pair q's next entries as its tasks stand now
@@ -3439,7 +3489,7 @@ __device__ void reader_main(dk_ctx &c)
 	ctx_start(c);
 	/* Tasks only once every block has rebuilt its queue, so none is taken
 	 * twice. */
-	while (vload(&st->ctl.started) < c.p.blocks) {
+	while (vload(&st->ctl.started) < c.p.wait_blocks) {
 		if (vload(&st->ctl.stop) || vload(&st->ctl.park))
 			return;
 		__nanosleep(100);
@@ -3491,7 +3541,7 @@ __global__ void __launch_bounds__(DK_THREADS, DK_MIN_BLOCKS_PER_SM) dk_main(dk_p
 	dk_ctx c;
 	c.p = p;
 	c.st = p.st;
-	c.b = blockIdx.x;
+	c.b = p.first + blockIdx.x;
 	const uint32_t tid = threadIdx.x;
 	if (tid >= DK_WORKERS) {
 		uint32_t lane = tid - DK_WORKERS;
@@ -3508,23 +3558,36 @@ __global__ void __launch_bounds__(DK_THREADS, DK_MIN_BLOCKS_PER_SM) dk_main(dk_p
 	c.slot = c.b;
 	c.bs = &p.host->block[c.b];
 	dk_state *st = p.st;
+	/* A bulk block leaves after bulk_idle_ns with nothing to
+	 * do (thread 0: since when, 0: busy). */
+	const bool bulk = p.bulk0 && c.b >= p.bulk0;
+	uint64_t idle_since = 0;
+	bool left_idle = false;
 	if (tid == 0) {
 		ctx_start(c);
 		vis.epoch = 0; /* no communicator's words read yet */
-		/* Resume: the tasks this block had when the kernel last left
-		 * (their contexts are in global memory), in their order. Tasks
-		 * still in the inbox are among them, so it starts empty. */
 		sh.q.n = 0;
 		dk_inbox *ib = &st->inbox[c.b];
-		ib->head = vload(&ib->tail);
-		uint32_t live = vload(&st->live_tasks);
-		for (uint32_t ti = 0; live && ti < DK_MAX_TASKS; ti++) {
-			dk_task *t = &st->tasks[ti];
-			if (vload(&t->state) == DK_TASK_LIVE && chan_of(p, t, c.b) < t->nch && t->ch[c.b].step != DK_LEFT)
-				sched_insert(&p.sched, &sh.q, st->states[c.b], ti);
+		if (bulk)
+			*(volatile uint32_t *)&ib->active = 1;
+		if (p.rebuild) {
+			/* Resume: the tasks this block had when the kernel last
+			 * left (their contexts are in global memory), in their
+			 * order. Tasks still in the inbox are among them, so it
+			 * starts empty. */
+			ib->head = vload(&ib->tail);
+			uint32_t live = vload(&st->live_tasks);
+			for (uint32_t ti = 0; live && ti < DK_MAX_TASKS; ti++) {
+				dk_task *t = &st->tasks[ti];
+				if (vload(&t->state) == DK_TASK_LIVE && chan_of(p, t, c.b) < t->nch &&
+				    t->ch[c.b].step != DK_LEFT)
+					sched_insert(&p.sched, &sh.q, st->states[c.b], ti);
+			}
+			__threadfence();
+			atomicAdd(&st->ctl.started, 1u);
 		}
-		__threadfence();
-		atomicAdd(&st->ctl.started, 1u);
+		/* Else a bulk block the reader asked for: it left with
+		 * an empty queue, and its tasks since are in its inbox. */
 	}
 	uint64_t last_task = 0;
 	for (;;) {
@@ -3549,6 +3612,26 @@ __global__ void __launch_bounds__(DK_THREADS, DK_MIN_BLOCKS_PER_SM) dk_main(dk_p
 				sh.quit = 1;
 			} else if (ctl.x && sh.q.n == 0 && ib->head == vload(&ib->tail)) { /* quit */
 				sh.quit = 1;
+			} else if (bulk && sh.q.n == 0) {
+				uint64_t now = now_ns();
+				if (!idle_since) {
+					idle_since = now;
+				} else if (now - idle_since >= p.bulk_idle_ns) {
+					/* Leaving, unless the reader handed a task
+					 * meanwhile (bulk_ask: its side of the two
+					 * stores and loads). */
+					*(volatile uint32_t *)&ib->active = 0;
+					asm volatile("fence.sc.gpu;" ::: "memory");
+					if (vload(&ib->tail) == ib->head) {
+						sh.quit = 1;
+						left_idle = true;
+					} else {
+						*(volatile uint32_t *)&ib->active = 1;
+					}
+					idle_since = 0;
+				}
+			} else {
+				idle_since = 0;
 			}
 		}
 		work_sync();
@@ -3617,13 +3700,22 @@ __global__ void __launch_bounds__(DK_THREADS, DK_MIN_BLOCKS_PER_SM) dk_main(dk_p
 			stats_tick(c, sh.q.n == 0);
 		work_sync();
 	}
-	if (tid == 0)
+	if (tid == 0) {
+		if (bulk && !left_idle) /* stop, park, quit: the next launch is the host's */
+			*(volatile uint32_t *)&st->inbox[c.b].active = 0;
 		stats_flush(c);
+		if (bulk) { /* the worker's sign that this launch is over (cuda_engine.cu) */
+			__threadfence_system();
+			volatile uint32_t *x = &p.host->bulk_exits[c.b];
+			*x = *x + 1;
+		}
+	}
 }
 
 extern "C" int dk_launch(const struct dk_params *p, void *stream)
 {
-	dk_main<<<p->blocks, DK_THREADS, 0, (cudaStream_t)stream>>>(*p);
+	uint32_t grid = p->first ? 1 : p->bulk0 ? p->bulk0 : p->blocks;
+	dk_main<<<grid, DK_THREADS, 0, (cudaStream_t)stream>>>(*p);
 	return (int)cudaGetLastError();
 }
 

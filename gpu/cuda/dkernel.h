@@ -356,6 +356,9 @@ DFCCL_STATIC_ASSERT(DK_TASK_FIXED_BYTES % 16 == 0, "the fixed part of a task is 
 struct dk_inbox {
 	uint32_t head;                 /* owner */
 	uint32_t tail;                 /* the queue reader */
+	uint32_t active;               /* a bulk block (dk_params.bulk0): 1 while it runs or a launch of it is
+	                                * asked for (owner; the queue reader sets it when it asks) */
+	uint32_t asks;                 /* a bulk block: launches of it the queue reader asked for */
 	uint32_t idx[DK_MAX_TASKS];
 };
 
@@ -385,6 +388,8 @@ struct dk_host {
 	struct dk_block_stats block[DK_SLOTS]; /* the blocks', then the queue reader's */
 	uint32_t quit_voluntary; /* the queue reader: set when the kernel quit for being idle */
 	uint32_t reserved[15];
+	uint32_t bulk_want[DK_MAX_BLOCKS];  /* the queue reader: dk_inbox.asks of each bulk block */
+	uint32_t bulk_exits[DK_MAX_BLOCKS]; /* each bulk block: its launches that ended, moved last thing */
 };
 DFCCL_STATIC_ASSERT(DK_MAX_BLOCKS <= 256, "a task's first block is a byte");
 
@@ -433,6 +438,26 @@ struct dk_params {
 	uint32_t push_bytes;     /* all-reduces up to this size may be pushed (push_fits, dkernel.cu); 0: never */
 	uint32_t ll_bytes;       /* pushed all-reduces up to this size go as lines (DK_PUSH_LL); 0: never */
 	uint32_t spread;         /* 1: a task's channels start at a block chosen by its instance (block_of) */
+	/* Resident and bulk blocks. With bulk0 = 0 the kernel is one grid of
+	 * `blocks`, resident while it has work. Otherwise blocks 0..bulk0-1
+	 * are the resident grid (the queue reader's, which runs
+	 * single-channel tasks), and each of blocks bulk0..blocks-1, which
+	 * run the tasks of more channels, is a grid of one block on a stream
+	 * of its own: launched when the reader hands a task to it while it is
+	 * not running, leaving after bulk_idle_ns with nothing to do, so that
+	 * under MPS only the SMs that large collectives use stay taken
+	 * (dkernel.cu, dk_main). One grid each, so that a block's launch
+	 * waits for nothing but its own last one to end: were they one grid,
+	 * a block that left would come back only once every other had left,
+	 * and a task in its inbox could be what they wait for. */
+	uint32_t bulk0;
+	uint64_t bulk_idle_ns;
+	/* This launch: */
+	uint32_t first;          /* 0: the resident grid; else the bulk block it runs */
+	uint32_t rebuild;        /* 1: its blocks rebuild their queues from the tasks (the kernel left with
+	                          * tasks: every block is launched again); 0: a bulk block the reader asked
+	                          * for, which left with an empty queue and goes on from its inbox */
+	uint32_t wait_blocks;    /* blocks the queue reader waits for to have rebuilt their queues */
 };
 
 /*
@@ -505,7 +530,9 @@ static inline DFCCL_HD uint32_t dk_reg_hash(uint32_t reg_id)
 #if defined(__cplusplus)
 extern "C" {
 #endif
-/* Launches the daemon kernel (dkernel.cu) on stream; returns a cudaError_t. */
+/* Launches a grid of the daemon kernel (dkernel.cu) on stream: the
+ * resident grid (p->first 0) or bulk block p->first; returns a
+ * cudaError_t. */
 int dk_launch(const struct dk_params *p, void *stream);
 /* How many blocks of the kernel device can hold at once (its SMs, as this
  * context sees them: a MIG instance's, an MPS client's share), or 0 when

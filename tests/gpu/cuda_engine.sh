@@ -43,7 +43,12 @@
 # programs and chaos again, and batches of 150 small all-reduces checked
 # (collectives side by side on several blocks); then one with 4 blocks and
 # nothing pushed, whose tasks wrap past the last block, over the direct
-# paths and rings. After the daemon stops, nccl_deadlock
+# paths and rings. Then a daemon whose kernel has bulk blocks
+# (--resident-blocks 2 of 8, --bulk-idle-us 0: each bulk block leaves as
+# soon as its queue is empty, so they come and go all the time) with a
+# channel per 16 KiB runs the quick sweep, both forms, the deadlock
+# programs, chaos and batches of middle sizes; resident and bulk blocks
+# must both have completed collectives. After the daemon stops, nccl_deadlock
 # replays the deadlock pattern on NCCL, where it is expected to hang (not a
 # failure of this test). With nvidia-cuda-mps-control and root, the suite
 # runs again, quick, under a private MPS daemon. Any failure prints the
@@ -56,9 +61,9 @@
 #        repeats a run's data and orders (the seed is printed);
 #        CUDA_ENGINE_PARTS names the parts to run, of "main" (the suite
 #        without MPS), "push" (pushed all-reduces off, no spread), "spread"
-#        (--spread-blocks 1), "nccl" (the pattern on NCCL) and "mps" (the
-#        suite under MPS), comma-separated (default all), so that a long
-#        run can be split between calls.
+#        (--spread-blocks 1), "split" (resident and bulk blocks), "nccl" (the
+#        pattern on NCCL) and "mps" (the suite under MPS), comma-separated
+#        (default all), so that a long run can be split between calls.
 set -euo pipefail
 bin=${1:?usage: cuda_engine.sh BINDIR}
 seed=${DFCCL_TEST_SEED:-$(date +%s)}
@@ -222,7 +227,26 @@ run_suite() {
 		x.get('kernel_launches', 'n/a'), x.get('kernel_quits', 'n/a')) for x in d['devices'])"
 }
 
-parts_from CUDA_ENGINE_PARTS main,push,spread,nccl,mps main push spread nccl mps
+# variant_suite NAME MAX_BYTES: against a daemon of other settings (NAME in
+# the steps' titles), on GPUs $pair: the quick sweep with 2 ranks and with
+# 4 sharing GPU 0, stream-ordered too, deadlock programs A (stream-ordered,
+# 8 streams) and B, and chaos with collectives up to MAX_BYTES.
+variant_suite() {
+	local name=$1 max=$2
+	step "$name: collectives, 2 ranks on GPUs $pair" 300 "${coll[@]}" --quick --nranks 2 --gpus "$pair"
+	step "$name: collectives, 4 ranks sharing GPU 0" 300 "${coll[@]}" --quick --nranks 4 --gpus 0,0,0,0
+	step "$name: stream-ordered collectives, 2 ranks on GPUs $pair" 300 "${coll[@]}" --stream --quick --nranks 2 \
+		--gpus "$pair"
+	step "$name: stream-ordered deadlock program A, 8 streams, 2 ranks on GPUs $pair" 300 \
+		"${coll[@]}" --stream --deadlock A --comms 8 --iters 50 --nranks 2 --gpus "$pair"
+	step "$name: deadlock program B, 2 ranks on GPUs $pair" 300 \
+		"${coll[@]}" --deadlock B --comms 8 --iters 50 --nranks 2 --gpus "$pair"
+	step "$name: dfccl-chaos on GPU buffers, 2 ranks per GPU" 300 \
+		"$bin/dfccl-chaos" --socket "$sock" --mem device --nranks $((2 * ngpu)) --comms 4 --iters 20 \
+		--min-bytes 64 --max-bytes "$max" --seed "$seed"
+}
+
+parts_from CUDA_ENGINE_PARTS main,push,spread,split,nccl,mps main push spread split nccl mps
 
 echo "== $ngpu GPU(s); seed $seed; parts $parts"
 if part_on main; then
@@ -281,17 +305,7 @@ if part_on spread; then
 	blocks=$(ctl --json stats | json "min([sum(1 for v in x.get('by_block', []) if v) for x in d['devices'] if x.get('completed', 0)] or [0])")
 	echo "blocks that completed collectives, on the GPU that used fewest: $blocks"
 	[ "$blocks" -ge 2 ] || fail "with --spread-blocks 1, single-channel collectives all completed on one block"
-	step "spread: collectives, 2 ranks on GPUs $pair" 300 "${coll[@]}" --quick --nranks 2 --gpus "$pair"
-	step "spread: collectives, 4 ranks sharing GPU 0" 300 "${coll[@]}" --quick --nranks 4 --gpus 0,0,0,0
-	step "spread: stream-ordered collectives, 2 ranks on GPUs $pair" 300 "${coll[@]}" --stream --quick --nranks 2 \
-		--gpus "$pair"
-	step "spread: stream-ordered deadlock program A, 8 streams, 2 ranks on GPUs $pair" 300 \
-		"${coll[@]}" --stream --deadlock A --comms 8 --iters 50 --nranks 2 --gpus "$pair"
-	step "spread: deadlock program B, 2 ranks on GPUs $pair" 300 \
-		"${coll[@]}" --deadlock B --comms 8 --iters 50 --nranks 2 --gpus "$pair"
-	step "spread: dfccl-chaos on GPU buffers, 2 ranks per GPU" 300 \
-		"$bin/dfccl-chaos" --socket "$sock" --mem device --nranks $((2 * ngpu)) --comms 4 --iters 20 \
-		--min-bytes 64 --max-bytes 256K --seed "$seed"
+	variant_suite spread 256K
 	for g in 1 0; do
 		for mode in callback stream; do
 			step "spread: 150 all-reduces of 4 KiB per wait ($mode, group $g), 2 ranks on GPUs $pair" 300 \
@@ -313,6 +327,40 @@ if part_on spread; then
 	step "spread, 4 blocks: 150 all-reduces of 64-512 KiB per wait, 2 ranks on GPUs $pair" 300 \
 		"$bin/dfccl-perf" allreduce --socket "$sock" --mem device --devices "$pair" --nranks 2 \
 		--mode callback --batch 150 --group 0 -b 64K -e 512K -f 8 -n 3 -w 1 -c 1
+	stop_daemon
+fi
+
+# The kernel as resident blocks (the queue reader's grid, single-channel
+# collectives) and bulk blocks, each launched when a collective of more
+# channels comes to it and leaving when it runs out of work. With
+# --bulk-idle-us 0 a block leaves as soon as its queue is empty, so the
+# reader hands tasks to blocks that are leaving or gone all the time (the
+# handshake of bulk_ask, dkernel.cu): a task left behind hangs its step.
+if part_on split; then
+	echo "== resident and bulk blocks (--channels 8 --resident-blocks 2 --bulk-idle-us 0 --chan-bytes 16K)"
+	start_daemon "${daemon_args[@]}" --channels 8 --resident-blocks 2 --bulk-idle-us 0 --chan-bytes 16K
+	pair=0,0
+	[ "$ngpu" -ge 2 ] && pair=0,1
+	variant_suite "bulk blocks" 1M
+	step "bulk blocks: collectives over rings, 3 ranks sharing GPU 0" 300 env DFCCL_ALGO=ring "${coll[@]}" \
+		--quick --nranks 3 --gpus 0,0,0
+	for mode in callback stream; do
+		step "bulk blocks: 150 all-reduces of 4-256 KiB per wait ($mode), 2 ranks on GPUs $pair" 300 \
+			"$bin/dfccl-perf" allreduce --socket "$sock" --mem device --devices "$pair" --nranks 2 \
+			--mode "$mode" --batch 150 --group 0 -b 4K -e 256K -f 8 -n 3 -w 1 -c 1
+	done
+	# Completions by block, on each GPU that completed any: the resident
+	# blocks (0, 1) and the bulk ones (2-7).
+	by=$(ctl --json stats | json "' '.join('%d:%d' % (sum(x.get('by_block', [])[:2]), sum(x.get('by_block', [])[2:8]))
+		for x in d['devices'] if x.get('completed', 0))")
+	echo "completions on the resident blocks : the bulk blocks, per GPU: $by"
+	for g in $by; do
+		if [ "${g%%:*}" -eq 0 ] || [ "${g##*:}" -eq 0 ]; then
+			fail "bulk blocks: the resident or the bulk blocks of a GPU completed nothing ($by)"
+		fi
+	done
+	ctl --json stats | json "'\n'.join('device %d: kernel launches %s' % (x['device'], x.get('kernel_launches',
+		'n/a')) for x in d['devices'])"
 	stop_daemon
 fi
 

@@ -72,6 +72,9 @@ static void test_defaults(void **state)
 	assert_int_equal(c.spread_blocks, 1);
 	assert_int_equal(c.kernel_idle_us, 200);
 	assert_int_equal(c.kernel_idle_mps_us, 5000);
+	assert_int_equal(c.resident_blocks, 0);
+	assert_int_equal(c.resident_blocks_mps, 0);
+	assert_int_equal(c.bulk_idle_us, 1000);
 	assert_int_equal(c.push_bytes, 65536);
 	assert_int_equal(c.ll_bytes, 16384);
 	assert_int_equal(c.visit_bytes, 4 << 20);
@@ -102,7 +105,7 @@ static void test_defaults(void **state)
 		n++;
 	}
 	fclose(dump);
-	assert_int_equal(n, 47);
+	assert_int_equal(n, 50);
 	assert_memory_equal(&c, &d, sizeof(c));
 }
 
@@ -163,6 +166,7 @@ static void test_set_good(void **state)
 	/* Under MPS the worker gets the twins' values. */
 	assert_string_equal(config_mps_twin("channels"), "channels-mps");
 	assert_string_equal(config_mps_twin("kernel-idle-us"), "kernel-idle-mps-us");
+	assert_string_equal(config_mps_twin("resident-blocks"), "resident-blocks-mps");
 	assert_string_equal(config_mps_twin("spin-head"), "spin-head");
 	char v[64];
 	assert_int_equal(config_format(&c, config_mps_twin("channels"), v, sizeof(v)), 0);
@@ -228,6 +232,8 @@ static void test_set_bad(void **state)
 	expect_set("visit-bytes", "0", -ERANGE);
 	expect_set("visit-bytes", "2G", -ERANGE);
 	expect_set("spread-blocks", "2", -ERANGE);
+	expect_set("resident-blocks", "31", -ERANGE); /* the bulk grid keeps at least 2 of 32 */
+	expect_set("resident-blocks-mps", "-1", -ERANGE);
 	expect_set("spread-blocks", "yes", -EINVAL);
 	expect_set("engine", "gpu", -EINVAL);
 	expect_set("engine", "", -EINVAL);
