@@ -99,7 +99,7 @@ static const struct setting settings[] = {
      "cuda engine: blocks (channels) of each GPU's daemon kernel; a collective uses up to this many, by size "
      "(without MPS the kernel and the trainers' kernels take turns on the whole GPU, so its blocks cost them "
      "nothing)"},
-    {"channels-mps", T_INT, F(channels_mps), 1, 32, "16", NULL,
+    {"channels-mps", T_INT, F(channels_mps), 1, 32, "32", NULL,
      "cuda engine under MPS (where the daemon kernel runs beside the trainers' kernels and each of its blocks "
      "holds an SM while it is resident): its blocks (channels)"},
     {"spread-blocks", T_INT, F(spread_blocks), 0, 1, "1", NULL,
@@ -119,7 +119,7 @@ static const struct setting settings[] = {
      "splits it: N resident blocks run the queue reader and single-channel collectives, and each other block, "
      "launched when a collective of more channels comes to it, leaves after bulk-idle-us without one (at "
      "least 2 must remain for them, else one grid)"},
-    {"resident-blocks-mps", T_INT, F(resident_blocks_mps), 0, 30, "0", NULL,
+    {"resident-blocks-mps", T_INT, F(resident_blocks_mps), 0, 30, "1", NULL,
      "cuda engine under MPS (where each resident block holds an SM the trainers' kernels cannot use): "
      "resident-blocks"},
     {"bulk-idle-us", T_INT, F(bulk_idle_us), 0, 60000000, "1000", NULL,

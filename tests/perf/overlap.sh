@@ -33,8 +33,8 @@
 #     stream-ordered, on the dfccl ranks' GPUs) runs, sized from a short
 #     probe of the job to outlast it well.
 # OVERLAP_ITERS and OVERLAP_WARMUP change the sweep's -n and -w (default 20
-# and 5); OVERLAP_DAEMON_ARGS gives dfccld settings (e.g. "--channels-mps
-# 32"), which the table's header names; OVERLAP_TRACE=1 (any value but 0)
+# and 5); OVERLAP_DAEMON_ARGS gives dfccld settings (e.g. "--resident-blocks-mps
+# 2"), which the table's header names; OVERLAP_TRACE=1 (any value but 0)
 # adds a traced run of the loop at 4 KiB (dfccl only), summarised after
 # the table. The table gives, per size, out of place, the kernel's time
 # alone and with the all-reduce per iteration and the time the all-reduce

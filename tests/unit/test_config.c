@@ -68,12 +68,12 @@ static void test_defaults(void **state)
 	assert_int_equal(c.worker_restart_delay_ms, 100);
 	assert_int_equal(c.worker_start_timeout_ms, 30000);
 	assert_int_equal(c.channels, 32);
-	assert_int_equal(c.channels_mps, 16);
+	assert_int_equal(c.channels_mps, 32);
 	assert_int_equal(c.spread_blocks, 1);
 	assert_int_equal(c.kernel_idle_us, 200);
 	assert_int_equal(c.kernel_idle_mps_us, 5000);
 	assert_int_equal(c.resident_blocks, 0);
-	assert_int_equal(c.resident_blocks_mps, 0);
+	assert_int_equal(c.resident_blocks_mps, 1);
 	assert_int_equal(c.bulk_idle_us, 1000);
 	assert_int_equal(c.push_bytes, 65536);
 	assert_int_equal(c.ll_bytes, 16384);
@@ -169,8 +169,8 @@ static void test_set_good(void **state)
 	assert_string_equal(config_mps_twin("resident-blocks"), "resident-blocks-mps");
 	assert_string_equal(config_mps_twin("spin-head"), "spin-head");
 	char v[64];
-	assert_int_equal(config_format(&c, config_mps_twin("channels"), v, sizeof(v)), 0);
-	assert_string_equal(v, "16");
+	assert_int_equal(config_format(&c, config_mps_twin("resident-blocks"), v, sizeof(v)), 0);
+	assert_string_equal(v, "1"); /* resident-blocks itself is 0 */
 	assert_int_equal(config_set(&c, "visit-bytes", "4M", err, sizeof(err)), 0);
 	assert_int_equal(c.visit_bytes, 4 << 20);
 }
