@@ -47,6 +47,10 @@ extern "C" {
  * waits for the worker's next look (bulk-idle-us keeps them running
  * through a job's collectives, so a job pays this at its first). */
 #define CE_BULK_PAUSE_NS 4000ull
+/* Tasks in the kernel per resident block from which single-channel ones go
+ * to the bulk blocks too (dk_params.spill_at): a lone collective, or a few
+ * on several streams, stays on the resident blocks, a batch spreads. */
+#define CE_SPILL_PER_RESIDENT 4u
 /* Longest pause between looks at entries a stream has still to arm, while
  * the kernel is not running: the delay it adds to such a call. */
 #define CE_UNARMED_PAUSE_NS 10000ull
@@ -1370,6 +1374,7 @@ extern "C" int cuda_engine_ops_new(const struct engine_config *cfg, const struct
 	 * runs on the resident grid). */
 	if (cfg->resident_blocks && cfg->resident_blocks + 2 <= e->params.blocks) {
 		e->params.bulk0 = cfg->resident_blocks;
+		e->params.spill_at = CE_SPILL_PER_RESIDENT * cfg->resident_blocks;
 	} else if (cfg->resident_blocks) {
 		fprintf(stderr, "GPU %u: %u resident blocks of %u leave fewer than 2 bulk blocks: running one grid\n",
 		        cfg->device, cfg->resident_blocks, e->params.blocks);

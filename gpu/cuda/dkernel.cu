@@ -16,8 +16,8 @@
  * chosen by size: blocks 0..c-1, or with the spread-blocks setting c
  * blocks from one chosen by the instance (block_of); where the kernel has
  * bulk blocks (dk_params.bulk0), single-channel tasks go to the resident
- * grid and the others to the bulk blocks, which run only while they have
- * work (dk_main). Each block then runs
+ * grid (but for a backlog's) and the others to the bulk blocks, which run
+ * only while they have work (dk_main). Each block then runs
  * its part of the task -- its channel's share of the data -- interleaved
  * with its other tasks under the shared scheduling policy
  * (gpu/scheduler.h): a wait on a peer spins up to the task's threshold and
@@ -1105,42 +1105,50 @@ __device__ uint32_t channels_for(const dk_params &p, uint8_t opcode, uint64_t by
 	return c > most ? most : (uint32_t)c;
 }
 
-/* The blocks that run the channels of a task of nch channels: lo..hi-1,
- * the bulk blocks for more than one channel, the resident grid's for one
- * (all of them where the kernel is one grid). */
-__device__ __forceinline__ uint32_t range_lo(const dk_params &p, uint32_t nch)
+/* The blocks that run the channels of a task whose channel 0 runs on
+ * block0: lo..hi-1, the bulk blocks or the resident grid's, whichever
+ * block0 is among (all of them where the kernel is one grid). */
+__device__ __forceinline__ uint32_t range_lo(const dk_params &p, uint32_t block0)
 {
-	return nch > 1 ? p.bulk0 : 0;
+	return p.bulk0 && block0 >= p.bulk0 ? p.bulk0 : 0;
 }
 
-__device__ __forceinline__ uint32_t range_hi(const dk_params &p, uint32_t nch)
+__device__ __forceinline__ uint32_t range_hi(const dk_params &p, uint32_t block0)
 {
-	return nch > 1 || !p.bulk0 ? p.blocks : p.bulk0;
+	return p.bulk0 && block0 < p.bulk0 ? p.bulk0 : p.blocks;
 }
 
 /*
  * The block that runs channel 0 of the task of entry e (instance key, nch
  * channels); channel c runs on the block c after it, wrapping around the
- * task's range of blocks (range_lo, range_hi). With the spread setting, a
- * task that leaves blocks of the resident range free starts on block
- * (key + s) % its size, where s is a hash of what the instance's numbering
+ * task's range of blocks (range_lo, range_hi). Where the kernel has bulk
+ * blocks (dk_params.bulk0), a task of several channels runs on them, and
+ * one of a single channel on the resident grid, unless `spill` (the
+ * resident blocks have a backlog, entry_prepare) sends it to the bulk
+ * blocks too. With the spread setting, a single-channel task (or, in one
+ * grid, any task that leaves blocks free) starts on block lo + (key + s)
+ * % the range's size, where s is a hash of what the instance's numbering
  * is counted in: the communicator, and the registered collective or the
  * sending and receiving ranks of a message. So consecutive collectives of
  * one communicator run side by side on consecutive blocks rather than one
  * after the other on block 0, and the i-th of different communicators (or
  * of the registered collectives of an iteration) do not all land on one
- * block. The bulk blocks' tasks are not spread: they start on the first
- * bulk block, so that a job of middle sizes keeps only the blocks its channels
- * need, and the others leave (dk_main). Every rank computes the same from
- * the entry, so the ranks' blocks that run a channel see the same tasks in
- * the same order and run them together. A channel's context and scheduling
- * state are kept by the block that runs it (dk_task.ch, dk_state.states),
- * its protocol words and connector share by the channel.
+ * block. Tasks of several channels on the bulk blocks are not spread:
+ * they start on the first, so that a job of middle sizes keeps only the
+ * blocks its channels need, and the others leave (dk_main). Every rank
+ * computes the same from the entry (but `spill`, which is the GPU's own:
+ * a spilled task may run on different blocks on two ranks, which costs
+ * them turns, not progress), so the ranks' blocks that run a channel see
+ * the same tasks in the same order and run them together. A channel's
+ * context and scheduling state are kept by the block that runs it
+ * (dk_task.ch, dk_state.states), its protocol words and connector share
+ * by the channel.
  */
-__device__ uint32_t block_of(const dk_params &p, const dfccl_sqe *e, uint64_t key, uint32_t nch)
+__device__ uint32_t block_of(const dk_params &p, const dfccl_sqe *e, uint64_t key, uint32_t nch, bool spill)
 {
-	uint32_t lo = range_lo(p, nch), span = range_hi(p, nch) - lo;
-	if (!p.spread || nch >= span || lo)
+	bool bulk = p.bulk0 && (nch > 1 || spill);
+	uint32_t lo = bulk ? p.bulk0 : 0, span = (bulk || !p.bulk0 ? p.blocks : p.bulk0) - lo;
+	if (!p.spread || nch >= span || (bulk && nch > 1))
 		return lo;
 	uint64_t s = e->comm_id * 0x9E3779B97F4A7C15ull;
 	if (sqe_is_p2p(e->opcode)) {
@@ -1154,25 +1162,24 @@ __device__ uint32_t block_of(const dk_params &p, const dfccl_sqe *e, uint64_t ke
 	/* In 32 bits: a 64-bit remainder costs the reader a long chain of
 	 * instructions per entry. Consecutive keys still go to consecutive
 	 * blocks (but once in 2^32). */
-	return ((uint32_t)key + (uint32_t)(s ^ s >> 32)) % span;
+	return lo + ((uint32_t)key + (uint32_t)(s ^ s >> 32)) % span;
 }
 
 /* The channel of task t that block b runs (>= t->nch: none); and the
- * block that runs channel ch of a task of nch channels whose channel 0
- * runs on block0. All without a division: block0 is in the task's range
- * of blocks and ch < nch <= its size. */
+ * block that runs channel ch of a task whose channel 0 runs on block0.
+ * All without a division: ch < nch <= the size of block0's range. */
 __device__ __forceinline__ uint32_t chan_of(const dk_params &p, const dk_task *t, uint32_t b)
 {
-	uint32_t lo = range_lo(p, t->nch), hi = range_hi(p, t->nch);
+	uint32_t lo = range_lo(p, t->block0), hi = range_hi(p, t->block0);
 	if (b < lo || b >= hi)
 		return DK_NO_TASK;
 	return b >= t->block0 ? b - t->block0 : b + (hi - lo) - t->block0;
 }
 
-__device__ __forceinline__ uint32_t block_at(const dk_params &p, uint32_t block0, uint32_t ch, uint32_t nch)
+__device__ __forceinline__ uint32_t block_at(const dk_params &p, uint32_t block0, uint32_t ch)
 {
-	uint32_t b = block0 + ch, hi = range_hi(p, nch);
-	return b >= hi ? b - (hi - range_lo(p, nch)) : b;
+	uint32_t b = block0 + ch, hi = range_hi(p, block0);
+	return b >= hi ? b - (hi - range_lo(p, block0)) : b;
 }
 
 /*
@@ -1328,7 +1335,11 @@ __device__ void entry_prepare(const dk_params &p, dk_qp *q, const dfccl_sqe *e, 
 	o->nch = (uint8_t)nch;
 	o->algo = algo;
 	o->push = push_fits(p, e->opcode, algo, nch, n, bytes, o->conn_all);
-	o->block0 = (uint8_t)block_of(p, e, e->comm_seq, nch);
+	/* A single-channel task goes to the bulk blocks while the kernel holds
+	 * spill_at tasks or more: a batch of small collectives then runs side
+	 * by side there rather than one after another on the resident grid. */
+	bool spill = p.bulk0 && nch == 1 && vload(&p.st->live_tasks) >= p.spill_at;
+	o->block0 = (uint8_t)block_of(p, e, e->comm_seq, nch, spill);
 }
 
 /* Records a phase of the queue reader's take (tracing: whether the trace is
@@ -1406,7 +1417,7 @@ __device__ void task_fill(const dk_params &p, uint32_t qi, const dfccl_sqe *e, c
 	uint32_t first = sqe_is_p2p(e->opcode) ? (e->opcode == DFCCL_OP_SEND ? DK_BOX_FREE : DK_BOX_WANT) : DK_SLOT;
 	uint8_t priority = (e->flags & DFCCL_SQE_F_PRIORITY) ? e->priority : 0;
 	for (uint32_t ch = 0; ch < pr.nch; ch++) {
-		uint32_t b = block_at(p, pr.block0, ch, pr.nch);
+		uint32_t b = block_at(p, pr.block0, ch);
 		t->ch[b].step = ch == 0 ? first : DK_POSTS;
 		t->ch[b].wait_rank = 0;
 		t->ch[b].pos = 0;
@@ -1440,7 +1451,7 @@ __device__ uint32_t entry_take(dk_ctx &c, const dk_prep &pr)
 		return DK_NO_TASK;
 	*(volatile uint32_t *)&st->tasks[ti].state = DK_TASK_LIVE;
 	for (uint32_t ch = 0; ch < pr.nch; ch++) {
-		uint32_t b = block_at(c.p, pr.block0, ch, pr.nch);
+		uint32_t b = block_at(c.p, pr.block0, ch);
 		st->inbox[b].idx[c.rtail[b]++ % DK_MAX_TASKS] = ti;
 		c.rpend |= 1u << b;
 	}
@@ -3558,8 +3569,8 @@ __global__ void __launch_bounds__(DK_THREADS, DK_MIN_BLOCKS_PER_SM) dk_main(dk_p
 	c.slot = c.b;
 	c.bs = &p.host->block[c.b];
 	dk_state *st = p.st;
-	/* A bulk block leaves after bulk_idle_ns with nothing to
-	 * do (thread 0: since when, 0: busy). */
+	/* A bulk block leaves after bulk_idle_ns with nothing to do (thread
+	 * 0: since when, 0: busy). */
 	const bool bulk = p.bulk0 && c.b >= p.bulk0;
 	uint64_t idle_since = 0;
 	bool left_idle = false;
@@ -3586,8 +3597,8 @@ __global__ void __launch_bounds__(DK_THREADS, DK_MIN_BLOCKS_PER_SM) dk_main(dk_p
 			__threadfence();
 			atomicAdd(&st->ctl.started, 1u);
 		}
-		/* Else a bulk block the reader asked for: it left with
-		 * an empty queue, and its tasks since are in its inbox. */
+		/* Else a bulk block the reader asked for: it left with an
+		 * empty queue, and its tasks since are in its inbox. */
 	}
 	uint64_t last_task = 0;
 	for (;;) {
@@ -3701,7 +3712,7 @@ __global__ void __launch_bounds__(DK_THREADS, DK_MIN_BLOCKS_PER_SM) dk_main(dk_p
 		work_sync();
 	}
 	if (tid == 0) {
-		if (bulk && !left_idle) /* stop, park, quit: the next launch is the host's */
+		if (bulk && !left_idle) /* stop, park (the host launches it again), quit (nothing left) */
 			*(volatile uint32_t *)&st->inbox[c.b].active = 0;
 		stats_flush(c);
 		if (bulk) { /* the worker's sign that this launch is over (cuda_engine.cu) */

@@ -442,8 +442,9 @@ struct dk_params {
 	 * `blocks`, resident while it has work. Otherwise blocks 0..bulk0-1
 	 * are the resident grid (the queue reader's, which runs
 	 * single-channel tasks), and each of blocks bulk0..blocks-1, which
-	 * run the tasks of more channels, is a grid of one block on a stream
-	 * of its own: launched when the reader hands a task to it while it is
+	 * run the tasks of more channels (and single-channel ones while the
+	 * kernel holds spill_at tasks or more), is a grid of one block on a
+	 * stream of its own: launched when the reader hands a task to it while it is
 	 * not running, leaving after bulk_idle_ns with nothing to do, so that
 	 * under MPS only the SMs that large collectives use stay taken
 	 * (dkernel.cu, dk_main). One grid each, so that a block's launch
@@ -451,6 +452,7 @@ struct dk_params {
 	 * a block that left would come back only once every other had left,
 	 * and a task in its inbox could be what they wait for. */
 	uint32_t bulk0;
+	uint32_t spill_at;       /* live tasks from which single-channel ones go to the bulk blocks too */
 	uint64_t bulk_idle_ns;
 	/* This launch: */
 	uint32_t first;          /* 0: the resident grid; else the bulk block it runs */

@@ -46,7 +46,8 @@
 # paths and rings. Then a daemon whose kernel has bulk blocks
 # (--resident-blocks 2 of 8, --bulk-idle-us 0: each bulk block leaves as
 # soon as its queue is empty, so they come and go all the time) with a
-# channel per 16 KiB runs the quick sweep, both forms, the deadlock
+# channel per 16 KiB runs a batch of small all-reduces (which must spill
+# onto the bulk blocks), the quick sweep, both forms, the deadlock
 # programs, chaos and batches of middle sizes; resident and bulk blocks
 # must both have completed collectives. After the daemon stops, nccl_deadlock
 # replays the deadlock pattern on NCCL, where it is expected to hang (not a
@@ -336,11 +337,21 @@ fi
 # --bulk-idle-us 0 a block leaves as soon as its queue is empty, so the
 # reader hands tasks to blocks that are leaving or gone all the time (the
 # handshake of bulk_ask, dkernel.cu): a task left behind hangs its step.
+# A batch's single-channel collectives spill onto the bulk blocks.
 if part_on split; then
 	echo "== resident and bulk blocks (--channels 8 --resident-blocks 2 --bulk-idle-us 0 --chan-bytes 16K)"
 	start_daemon "${daemon_args[@]}" --channels 8 --resident-blocks 2 --bulk-idle-us 0 --chan-bytes 16K
 	pair=0,0
 	[ "$ngpu" -ge 2 ] && pair=0,1
+	# First, on the fresh daemon, single-channel collectives only, 150 in
+	# flight: beyond 8 (4 per resident block) they spill onto the bulk
+	# blocks, which must have completed some.
+	step "bulk blocks: 150 all-reduces of 4 KiB per wait, 2 ranks on GPUs $pair" 300 \
+		"$bin/dfccl-perf" allreduce --socket "$sock" --mem device --devices "$pair" --nranks 2 \
+		--mode callback --batch 150 --group 0 -b 4K -e 4K -n 5 -w 2 -c 1
+	spilled=$(ctl --json stats | json "min([sum(x.get('by_block', [])[2:8]) for x in d['devices'] if x.get('completed', 0)] or [0])")
+	echo "single-channel collectives completed on the bulk blocks, on the GPU with fewest: $spilled"
+	[ "$spilled" -gt 0 ] || fail "bulk blocks: a batch of 150 single-channel all-reduces never spilled onto them"
 	variant_suite "bulk blocks" 1M
 	step "bulk blocks: collectives over rings, 3 ranks sharing GPU 0" 300 env DFCCL_ALGO=ring "${coll[@]}" \
 		--quick --nranks 3 --gpus 0,0,0
