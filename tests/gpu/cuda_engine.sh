@@ -247,6 +247,15 @@ variant_suite() {
 		--min-bytes 64 --max-bytes "$max" --seed "$seed"
 }
 
+# small_batch NAME: 150 single-channel all-reduces (4 KiB) before each
+# wait, callback form, not grouped, 2 ranks on GPUs $pair (NAME in the
+# step's title).
+small_batch() {
+	step "$1: 150 all-reduces of 4 KiB per wait, 2 ranks on GPUs $pair" 300 \
+		"$bin/dfccl-perf" allreduce --socket "$sock" --mem device --devices "$pair" --nranks 2 \
+		--mode callback --batch 150 --group 0 -b 4K -e 4K -n 5 -w 2 -c 1
+}
+
 parts_from CUDA_ENGINE_PARTS main,push,spread,split,nccl,mps main push spread split nccl mps
 
 echo "== $ngpu GPU(s); seed $seed; parts $parts"
@@ -300,9 +309,7 @@ if part_on spread; then
 	[ "$ngpu" -ge 2 ] && pair=0,1
 	# First, on the fresh daemon, single-channel collectives only: without
 	# the spread every one of them completes on block 0.
-	step "spread: 150 all-reduces of 4 KiB per wait, 2 ranks on GPUs $pair" 300 \
-		"$bin/dfccl-perf" allreduce --socket "$sock" --mem device --devices "$pair" --nranks 2 \
-		--mode callback --batch 150 --group 0 -b 4K -e 4K -n 5 -w 2 -c 1
+	small_batch spread
 	blocks=$(ctl --json stats | json "min([sum(1 for v in x.get('by_block', []) if v) for x in d['devices'] if x.get('completed', 0)] or [0])")
 	echo "blocks that completed collectives, on the GPU that used fewest: $blocks"
 	[ "$blocks" -ge 2 ] || fail "with --spread-blocks 1, single-channel collectives all completed on one block"
@@ -346,9 +353,7 @@ if part_on split; then
 	# First, on the fresh daemon, single-channel collectives only, 150 in
 	# flight: beyond 8 (4 per resident block) they spill onto the bulk
 	# blocks, which must have completed some.
-	step "bulk blocks: 150 all-reduces of 4 KiB per wait, 2 ranks on GPUs $pair" 300 \
-		"$bin/dfccl-perf" allreduce --socket "$sock" --mem device --devices "$pair" --nranks 2 \
-		--mode callback --batch 150 --group 0 -b 4K -e 4K -n 5 -w 2 -c 1
+	small_batch "bulk blocks"
 	spilled=$(ctl --json stats | json "min([sum(x.get('by_block', [])[2:8]) for x in d['devices'] if x.get('completed', 0)] or [0])")
 	echo "single-channel collectives completed on the bulk blocks, on the GPU with fewest: $spilled"
 	[ "$spilled" -gt 0 ] || fail "bulk blocks: a batch of 150 single-channel all-reduces never spilled onto them"
