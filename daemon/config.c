@@ -117,8 +117,9 @@ static const struct setting settings[] = {
     {"resident-blocks", T_INT, F(resident_blocks), 0, 30, "0", NULL,
      "cuda engine: 0 runs the daemon kernel as one grid of `channels` blocks, resident while it has work; N "
      "splits it: N resident blocks run the queue reader and single-channel collectives, and each other block, "
-     "launched when a collective of more channels (or, beyond 4 N collectives in flight, of one) comes to it, "
-     "leaves after bulk-idle-us without one (at least 2 must remain for them, else one grid)"},
+     "launched when a collective of more channels (or one of a single channel while the GPU's kernel holds 4 N "
+     "collectives or more) comes to it, leaves after bulk-idle-us without one (at least 2 must remain for "
+     "them, else one grid)"},
     {"resident-blocks-mps", T_INT, F(resident_blocks_mps), 0, 30, "1", NULL,
      "cuda engine under MPS (where each resident block holds an SM the trainers' kernels cannot use): "
      "resident-blocks"},

@@ -269,6 +269,8 @@ static void ce_park(struct cuda_engine *e)
  * dk_params.bulk0): rebuild as dk_params says. */
 static int ce_launch_bulk(struct cuda_engine *e, uint32_t b, uint32_t rebuild)
 {
+	if (e->fatal[0])
+		return -1;
 	if (!e->bstream[b] &&
 	    ce_failed(e, cudaStreamCreateWithFlags(&e->bstream[b], cudaStreamNonBlocking), "creating a bulk block's stream"))
 		return -1;

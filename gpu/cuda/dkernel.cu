@@ -1462,8 +1462,23 @@ __device__ uint32_t entry_take(dk_ctx &c, const dk_prep &pr)
 DFCCL_STATIC_ASSERT(DK_MAX_BLOCKS <= 32, "dk_ctx.rpend has a bit per block");
 
 /*
+ * Whether bulk block ib's owner may leave: its side of bulk_ask's
+ * handshake. It clears active, fences, and leaves only if the reader has
+ * not moved the tail meanwhile; else it marks itself active again.
+ */
+__device__ bool bulk_leave(dk_inbox *ib)
+{
+	*(volatile uint32_t *)&ib->active = 0;
+	asm volatile("fence.sc.gpu;" ::: "memory");
+	if (vload(&ib->tail) == ib->head)
+		return true;
+	*(volatile uint32_t *)&ib->active = 1;
+	return false;
+}
+
+/*
  * Asks the worker for a launch of each bulk block in `m`, whose inboxes
- * just received tasks, that is not running. The block's side (dk_main)
+ * just received tasks, that is not running. The block's side (bulk_leave)
  * stores active = 0, fences, and leaves only if its tail has not moved;
  * the reader moves the tail, fences, and reads active: one of the two
  * sees the other's store, so a task is never left in the inbox of a block
@@ -3570,10 +3585,10 @@ __global__ void __launch_bounds__(DK_THREADS, DK_MIN_BLOCKS_PER_SM) dk_main(dk_p
 	c.bs = &p.host->block[c.b];
 	dk_state *st = p.st;
 	/* A bulk block leaves after bulk_idle_ns with nothing to do (thread
-	 * 0: since when, 0: busy). */
+	 * 0: since when, 0: busy), or on a quit, through bulk_leave (left). */
 	const bool bulk = p.bulk0 && c.b >= p.bulk0;
 	uint64_t idle_since = 0;
-	bool left_idle = false;
+	bool left = false;
 	if (tid == 0) {
 		ctx_start(c);
 		vis.epoch = 0; /* no communicator's words read yet */
@@ -3622,23 +3637,19 @@ __global__ void __launch_bounds__(DK_THREADS, DK_MIN_BLOCKS_PER_SM) dk_main(dk_p
 			if (ctl.y || ctl.z) { /* stop, park */
 				sh.quit = 1;
 			} else if (ctl.x && sh.q.n == 0 && ib->head == vload(&ib->tail)) { /* quit */
-				sh.quit = 1;
+				/* A bulk block too through the handshake: the host
+				 * may have launched the kernel again meanwhile, and
+				 * its reader handed this block a task. */
+				if (bulk)
+					left = bulk_leave(ib);
+				sh.quit = !bulk || left;
 			} else if (bulk && sh.q.n == 0) {
 				uint64_t now = now_ns();
 				if (!idle_since) {
 					idle_since = now;
 				} else if (now - idle_since >= p.bulk_idle_ns) {
-					/* Leaving, unless the reader handed a task
-					 * meanwhile (bulk_ask: its side of the two
-					 * stores and loads). */
-					*(volatile uint32_t *)&ib->active = 0;
-					asm volatile("fence.sc.gpu;" ::: "memory");
-					if (vload(&ib->tail) == ib->head) {
-						sh.quit = 1;
-						left_idle = true;
-					} else {
-						*(volatile uint32_t *)&ib->active = 1;
-					}
+					left = bulk_leave(ib);
+					sh.quit = left;
 					idle_since = 0;
 				}
 			} else {
@@ -3712,7 +3723,7 @@ __global__ void __launch_bounds__(DK_THREADS, DK_MIN_BLOCKS_PER_SM) dk_main(dk_p
 		work_sync();
 	}
 	if (tid == 0) {
-		if (bulk && !left_idle) /* stop, park (the host launches it again), quit (nothing left) */
+		if (bulk && !left) /* stop, park: the host launches it again */
 			*(volatile uint32_t *)&st->inbox[c.b].active = 0;
 		stats_flush(c);
 		if (bulk) { /* the worker's sign that this launch is over (cuda_engine.cu) */

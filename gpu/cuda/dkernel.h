@@ -274,7 +274,7 @@ struct dk_chan_ctx {
 	uint32_t epoch;     /* the launch (dk_params.epoch) in which the task's queue pair and communicator
 	                     * were last found in place: tables change only between launches */
 	uint16_t oneshot;   /* direct all-reduce in one pass (decided at POSTS, dkernel.cu) */
-	uint16_t chan;      /* the channel this context's block runs (set with the task: block_for) */
+	uint16_t chan;      /* the channel this context's block runs (set with the task: block_at) */
 };
 
 enum dk_task_state { DK_TASK_FREE = 0, DK_TASK_LIVE = 1 };
@@ -356,8 +356,9 @@ DFCCL_STATIC_ASSERT(DK_TASK_FIXED_BYTES % 16 == 0, "the fixed part of a task is 
 struct dk_inbox {
 	uint32_t head;                 /* owner */
 	uint32_t tail;                 /* the queue reader */
-	uint32_t active;               /* a bulk block (dk_params.bulk0): 1 while it runs or a launch of it is
-	                                * asked for (owner; the queue reader sets it when it asks) */
+	uint32_t active;               /* a bulk block (dk_params.bulk0): 0 once it decided to leave with nothing
+	                                * in its inbox, or left parked (a launch rebuilds it); 1 from its start, or
+	                                * from the queue reader's ask for its launch (bulk_ask, dk_main) */
 	uint32_t asks;                 /* a bulk block: launches of it the queue reader asked for */
 	uint32_t idx[DK_MAX_TASKS];
 };
