@@ -1105,23 +1105,10 @@ __device__ uint32_t channels_for(const dk_params &p, uint8_t opcode, uint64_t by
 	return c > most ? most : (uint32_t)c;
 }
 
-/* The blocks that run the channels of a task whose channel 0 runs on
- * block0: lo..hi-1, the bulk blocks or the resident grid's, whichever
- * block0 is among (all of them where the kernel is one grid). */
-__device__ __forceinline__ uint32_t range_lo(const dk_params &p, uint32_t block0)
-{
-	return p.bulk0 && block0 >= p.bulk0 ? p.bulk0 : 0;
-}
-
-__device__ __forceinline__ uint32_t range_hi(const dk_params &p, uint32_t block0)
-{
-	return p.bulk0 && block0 < p.bulk0 ? p.bulk0 : p.blocks;
-}
-
 /*
  * The block that runs channel 0 of the task of entry e (instance key, nch
  * channels); channel c runs on the block c after it, wrapping around the
- * task's range of blocks (range_lo, range_hi). Where the kernel has bulk
+ * task's range of blocks (dkernel.h, dk_range_lo). Where the kernel has bulk
  * blocks (dk_params.bulk0), a task of several channels runs on them, and
  * one of a single channel on the resident grid, unless `spill` (the
  * resident blocks have a backlog, entry_prepare) sends it to the bulk
@@ -1146,9 +1133,8 @@ __device__ __forceinline__ uint32_t range_hi(const dk_params &p, uint32_t block0
  */
 __device__ uint32_t block_of(const dk_params &p, const dfccl_sqe *e, uint64_t key, uint32_t nch, bool spill)
 {
-	bool bulk = p.bulk0 && (nch > 1 || spill);
-	uint32_t lo = bulk ? p.bulk0 : 0, span = (bulk || !p.bulk0 ? p.blocks : p.bulk0) - lo;
-	if (!p.spread || nch >= span || (bulk && nch > 1))
+	uint32_t lo, span;
+	if (!dk_start_range(p.bulk0, p.blocks, nch, spill, p.spread, &lo, &span))
 		return lo;
 	uint64_t s = e->comm_id * 0x9E3779B97F4A7C15ull;
 	if (sqe_is_p2p(e->opcode)) {
@@ -1166,20 +1152,16 @@ __device__ uint32_t block_of(const dk_params &p, const dfccl_sqe *e, uint64_t ke
 }
 
 /* The channel of task t that block b runs (>= t->nch: none); and the
- * block that runs channel ch of a task whose channel 0 runs on block0.
- * All without a division: ch < nch <= the size of block0's range. */
+ * block that runs channel ch of a task whose channel 0 runs on block0
+ * (dkernel.h, dk_chan_of). */
 __device__ __forceinline__ uint32_t chan_of(const dk_params &p, const dk_task *t, uint32_t b)
 {
-	uint32_t lo = range_lo(p, t->block0), hi = range_hi(p, t->block0);
-	if (b < lo || b >= hi)
-		return DK_NO_TASK;
-	return b >= t->block0 ? b - t->block0 : b + (hi - lo) - t->block0;
+	return dk_chan_of(p.bulk0, p.blocks, t->block0, b);
 }
 
 __device__ __forceinline__ uint32_t block_at(const dk_params &p, uint32_t block0, uint32_t ch)
 {
-	uint32_t b = block0 + ch, hi = range_hi(p, block0);
-	return b >= hi ? b - (hi - range_lo(p, block0)) : b;
+	return dk_block_at(p.bulk0, p.blocks, block0, ch);
 }
 
 /*

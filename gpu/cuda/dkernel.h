@@ -464,6 +464,58 @@ struct dk_params {
 };
 
 /*
+ * Which blocks run a task's channels (dkernel.cu, block_of). Where the
+ * kernel has bulk blocks (bulk0 > 0), a task whose channel 0 runs on a
+ * block below bulk0 runs on the resident blocks 0..bulk0-1, any other on
+ * the bulk blocks bulk0..blocks-1; in one grid (bulk0 = 0) on all blocks.
+ * Its channel ch runs on the block ch after its first, block0, wrapping
+ * around within that range [lo, hi). All without a division: ch < nch <=
+ * the range's size.
+ */
+static inline DFCCL_HD uint32_t dk_range_lo(uint32_t bulk0, uint32_t block0)
+{
+	return bulk0 && block0 >= bulk0 ? bulk0 : 0;
+}
+
+static inline DFCCL_HD uint32_t dk_range_hi(uint32_t bulk0, uint32_t blocks, uint32_t block0)
+{
+	return bulk0 && block0 < bulk0 ? bulk0 : blocks;
+}
+
+/* The block that runs channel ch of a task whose channel 0 runs on block0. */
+static inline DFCCL_HD uint32_t dk_block_at(uint32_t bulk0, uint32_t blocks, uint32_t block0, uint32_t ch)
+{
+	uint32_t b = block0 + ch, hi = dk_range_hi(bulk0, blocks, block0);
+	return b >= hi ? b - (hi - dk_range_lo(bulk0, block0)) : b;
+}
+
+/* The channel of such a task that block b runs: DK_NO_TASK outside its
+ * range, else a number to compare with the task's channel count. */
+static inline DFCCL_HD uint32_t dk_chan_of(uint32_t bulk0, uint32_t blocks, uint32_t block0, uint32_t b)
+{
+	uint32_t lo = dk_range_lo(bulk0, block0), hi = dk_range_hi(bulk0, blocks, block0);
+	if (b < lo || b >= hi)
+		return DK_NO_TASK;
+	return b >= block0 ? b - block0 : b + (hi - lo) - block0;
+}
+
+/* Where a task of nch channels starts: the range [*lo, *lo + *span) it
+ * runs in -- the bulk blocks for several channels, or for one when
+ * `spill` (the resident blocks have a backlog), else the resident ones --
+ * and whether its first block is chosen in it by its instance (1: the
+ * spread setting, a task that leaves blocks of the range free, and not one
+ * of several channels on the bulk blocks, which start on the first of
+ * them) or is *lo (0). */
+static inline DFCCL_HD int dk_start_range(uint32_t bulk0, uint32_t blocks, uint32_t nch, int spill, int spread,
+                                          uint32_t *lo, uint32_t *span)
+{
+	int bulk = bulk0 && (nch > 1 || spill);
+	*lo = bulk ? bulk0 : 0;
+	*span = (bulk || !bulk0 ? blocks : bulk0) - *lo;
+	return spread && nch < *span && !(bulk && nch > 1);
+}
+
+/*
  * The kernel's event trace, for finding where its time goes: with
  * DFCCL_DK_TRACE=FILE in a CUDA worker's environment, thread 0 of every
  * block and the queue reader (as block DK_READER) record their events, with
