@@ -22,7 +22,10 @@
 # its every start here, and the header names them. VS_NCCL_PARTS names the
 # parts to run, of "sweep", "bw", "batch" and "trace" below, comma-separated
 # (default all: the whole takes 6-10 minutes on 2 H200), and VS_NCCL_SWEEP
-# replaces the sweep's size options (default "-b 8 -e 1G -f 2").
+# replaces the sweep's size options (default "-b 8 -e 1G -f 2"),
+# VS_NCCL_BW_COLLS the bandwidth part's collectives (default "allgather
+# reducescatter broadcast") and VS_NCCL_BATCH_SIZES the batch part's sizes
+# (default "4K 64K 1M"; any of these three).
 # VS_NCCL_MPS=1 runs both libraries' runs under a private MPS daemon (root
 # and nvidia-cuda-mps-control, else SKIPPED): without MPS a client's
 # context with stream work queued takes time slices from the daemon
@@ -132,7 +135,16 @@ part_on sweep && {
 	perf sweep_nccl --backend nccl $sweep
 	perf sweep_nccl_sym --backend nccl --nccl-symmetric $sweep
 }
-part_on bw && for coll in allgather reducescatter broadcast; do
+bw_colls=${VS_NCCL_BW_COLLS:-allgather reducescatter broadcast}
+batch_sizes=${VS_NCCL_BATCH_SIZES:-4K 64K 1M}
+for x in $bw_colls; do
+	case $x in allgather | reducescatter | broadcast) ;; *) fail "VS_NCCL_BW_COLLS: unknown collective $x" ;; esac
+done
+for x in $batch_sizes; do
+	case $x in 4K | 64K | 1M) ;; *) fail "VS_NCCL_BATCH_SIZES: $x is not one of 4K 64K 1M" ;; esac
+done
+# shellcheck disable=SC2086 # lists of words
+part_on bw && for coll in $bw_colls; do
 	b="-b 64M -e 1G -f 4"
 	# shellcheck disable=SC2086 # $b is several options
 	{
@@ -141,7 +153,8 @@ part_on bw && for coll in allgather reducescatter broadcast; do
 		perf_of "$coll" "bw_${coll}_nccl_sym" --backend nccl --nccl-symmetric $b
 	}
 done
-part_on batch && for size in 4K 64K 1M; do
+# shellcheck disable=SC2086 # lists of words
+part_on batch && for size in $batch_sizes; do
 	for group in 1 0; do
 		b="-b $size -e $size --batch 150 --group $group"
 		# shellcheck disable=SC2086 # $b is several options
@@ -170,7 +183,8 @@ fi
 		"$(nvidia-smi --query-gpu=name --format=csv,noheader | sort -u | paste -sd/), -n $iters -w $warmup," \
 		"NCCL_NVLS_ENABLE=$NCCL_NVLS_ENABLE," \
 		"CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-32, as libdfccl sets it for both backends}$mps" \
-		"${VS_NCCL_DAEMON_ARGS:+, dfccld $VS_NCCL_DAEMON_ARGS}${VS_NCCL_PARTS:+, parts $parts}${VS_NCCL_SWEEP:+, sweep $VS_NCCL_SWEEP}"
+		"${VS_NCCL_DAEMON_ARGS:+, dfccld $VS_NCCL_DAEMON_ARGS}${VS_NCCL_PARTS:+, parts $parts}${VS_NCCL_SWEEP:+, sweep $VS_NCCL_SWEEP}" \
+		"${VS_NCCL_BW_COLLS:+, bandwidth: $bw_colls}${VS_NCCL_BATCH_SIZES:+, batches: $batch_sizes}"
 	PYTHONPATH=$perf_lib_dir python3 - "$outdir" "$parts" <<'EOF'
 import json
 import os
@@ -254,6 +268,8 @@ def batch_table():
     for size in ("4K", "64K", "1M"):
         runs = {g: {k: load("batch_%s_g%s_%s" % (size, g, k))
                     for k in ("dfccl_stream", "dfccl_callback", "nccl", "nccl_sym")} for g in (1, 0)}
+        if not any(r for g in runs.values() for r in g.values()):
+            continue  # not asked for (VS_NCCL_BATCH_SIZES)
         nbytes = {"4K": 4096, "64K": 65536, "1M": 1048576}[size]
         ref = best(time_of(runs[1]["nccl"], nbytes), time_of(runs[1]["nccl_sym"], nbytes))
         for g in (1, 0):
