@@ -96,12 +96,13 @@ static const struct setting settings[] = {
     {"spin-max", T_INT, F(spin_max), 1, 1000000000, "2000000", NULL,
      "the largest spin threshold stickiness can reach"},
     {"channels", T_INT, F(channels), 1, 32, "32", NULL,
-     "cuda engine: blocks (channels) of each GPU's daemon kernel; a collective uses up to this many, by size "
+     "cuda engine: channels of each GPU's daemon kernel, a block each (resident-blocks adds blocks beside "
+     "them); a collective uses up to this many, by size "
      "(without MPS the kernel and the trainers' kernels take turns on the whole GPU, so its blocks cost them "
      "nothing)"},
     {"channels-mps", T_INT, F(channels_mps), 1, 32, "32", NULL,
      "cuda engine under MPS (where the daemon kernel runs beside the trainers' kernels and each of its blocks "
-     "holds an SM while it is resident): its blocks (channels)"},
+     "holds an SM while it is resident): its channels"},
     {"spread-blocks", T_INT, F(spread_blocks), 0, 1, "1", NULL,
      "cuda engine: 1 starts each collective that uses fewer channels than the daemon kernel has blocks on a "
      "block chosen by its instance number and a hash of its communicator (and registered collective, or the "
@@ -114,13 +115,13 @@ static const struct setting settings[] = {
      "cuda engine under MPS (where a resident daemon kernel runs beside the trainers' kernels): microseconds it "
      "stays resident with nothing to do, so that a trainer whose compute between two collectives is shorter "
      "pays no relaunch"},
-    {"resident-blocks", T_INT, F(resident_blocks), 0, 30, "0", NULL,
+    {"resident-blocks", T_INT, F(resident_blocks), 0, 8, "0", NULL,
      "cuda engine: 0 runs the daemon kernel as one grid of `channels` blocks, resident while it has work; N "
-     "splits it: N resident blocks run the queue reader and single-channel collectives, and each other block, "
-     "launched when a collective of more channels (or one of a single channel while the GPU's kernel holds 4 N "
-     "collectives or more) comes to it, leaves after bulk-idle-us without one (at least 2 must remain for "
-     "them, else one grid)"},
-    {"resident-blocks-mps", T_INT, F(resident_blocks_mps), 0, 30, "1", NULL,
+     "adds N resident blocks, which run the queue reader and single-channel collectives, and makes each of the "
+     "`channels` blocks a bulk block: launched when a collective of more channels (or one of a single channel "
+     "while the GPU's kernel holds 4 N collectives or more) comes to it, it leaves after bulk-idle-us without one "
+     "(with fewer than 2 channels: one grid)"},
+    {"resident-blocks-mps", T_INT, F(resident_blocks_mps), 0, 8, "1", NULL,
      "cuda engine under MPS (where each resident block holds an SM the trainers' kernels cannot use): "
      "resident-blocks"},
     {"bulk-idle-us", T_INT, F(bulk_idle_us), 0, 60000000, "1000", NULL,

@@ -17,7 +17,7 @@
 
 #define DFCCL_STATS_MAGIC 0x3130535443434644ull /* "DFCCST01" */
 #define DFCCL_STATS_SIZE 4096u
-#define DFCCL_STATS_BLOCKS 32u /* daemon-kernel blocks counted apiece (by_block) */
+#define DFCCL_STATS_BLOCKS 40u /* daemon-kernel blocks counted apiece (by_block) */
 
 struct dfccl_worker_stats {
 	uint64_t magic;            /* supervisor, at creation */

@@ -1352,16 +1352,31 @@ extern "C" int cuda_engine_ops_new(const struct engine_config *cfg, const struct
 	e->params.st = e->dst;
 	e->params.host = e->host_dev;
 	e->params.sched = sp;
-	e->params.blocks = cfg->channels ? cfg->channels : 1;
-	if (e->params.blocks > DK_MAX_BLOCKS)
-		e->params.blocks = DK_MAX_BLOCKS;
+	/* A block per channel; with resident blocks (below), a bulk block
+	 * per channel beside them, so that a collective of every channel
+	 * runs on bulk blocks alone. */
+	uint32_t channels = cfg->channels ? cfg->channels : 1;
+	if (channels > DFCCL_COMM_MAX_CHANNELS)
+		channels = DFCCL_COMM_MAX_CHANNELS;
+	uint32_t resident = cfg->resident_blocks < DK_MAX_RESIDENT ? cfg->resident_blocks : DK_MAX_RESIDENT;
+	if (resident && channels < 2) {
+		fprintf(stderr, "GPU %u: resident blocks need 2 channels or more beside them (channels %u): running one grid\n",
+		        cfg->device, channels);
+		resident = 0;
+	}
+	e->params.blocks = resident + channels;
 	uint32_t fit = dk_max_blocks((int)cfg->device);
 	if (fit && e->params.blocks > fit) {
-		/* Fewer SMs than channels (a MIG instance, an MPS share): a block
+		/* Fewer SMs than blocks (a MIG instance, an MPS share): a block
 		 * that never starts would stop the kernel. Communicators that span
 		 * this GPU and one with more channels fail with a mismatch. */
-		fprintf(stderr, "GPU %u: %u channels asked, %u blocks of the daemon kernel fit at once: running %u\n",
-		        cfg->device, e->params.blocks, fit, fit);
+		if (resident && fit < resident + 2)
+			resident = 0;
+		fprintf(stderr,
+		        "GPU %u: %u blocks of the daemon kernel asked (%u channels, %u resident), %u fit at once: "
+		        "running %u channels%s\n",
+		        cfg->device, e->params.blocks, channels, e->params.blocks - channels, fit, fit - resident,
+		        resident ? " beside the resident blocks" : " in one grid");
 		e->params.blocks = fit;
 	}
 	e->params.device = cfg->device;
@@ -1372,14 +1387,11 @@ extern "C" int cuda_engine_ops_new(const struct engine_config *cfg, const struct
 	e->params.push_bytes = cfg->push_bytes;
 	e->params.ll_bytes = cfg->ll_bytes;
 	e->params.spread = cfg->spread_blocks ? 1u : 0u;
-	/* Bulk blocks where at least 2 remain for them (a task of one channel
-	 * runs on the resident grid). */
-	if (cfg->resident_blocks && cfg->resident_blocks + 2 <= e->params.blocks) {
-		e->params.bulk0 = cfg->resident_blocks;
-		e->params.spill_at = CE_SPILL_PER_RESIDENT * cfg->resident_blocks;
-	} else if (cfg->resident_blocks) {
-		fprintf(stderr, "GPU %u: %u resident blocks of %u leave fewer than 2 bulk blocks: running one grid\n",
-		        cfg->device, cfg->resident_blocks, e->params.blocks);
+	/* Blocks 0..resident-1 resident, the channels' bulk blocks after them
+	 * (a task of one channel runs on the resident grid). */
+	if (resident) {
+		e->params.bulk0 = resident;
+		e->params.spill_at = CE_SPILL_PER_RESIDENT * resident;
 	}
 	e->params.bulk_idle_ns = cfg->bulk_idle_ns;
 	e->params.algo = cfg->algo;

@@ -811,7 +811,7 @@ struct dk_ctx {
 	/* The queue reader's own (reader_main loads them at its start): */
 	uint64_t arrivals;  /* dk_state.arrivals, stored back by inbox_publish */
 	uint32_t rtail[DK_MAX_BLOCKS]; /* each inbox's next place (its tail once published) */
-	uint32_t rpend;     /* blocks whose inbox has places not published (bit b: block b) */
+	uint64_t rpend;     /* blocks whose inbox has places not published (bit b: block b) */
 	uint32_t free_base, free_mask; /* bit k: task free_base + k is known free (task_alloc) */
 };
 
@@ -1111,18 +1111,19 @@ __device__ uint32_t channels_for(const dk_params &p, uint8_t opcode, uint64_t by
  * task's range of blocks (dkernel.h, dk_range_lo). Where the kernel has bulk
  * blocks (dk_params.bulk0), a task of several channels runs on them, and
  * one of a single channel on the resident grid, unless `spill` (the
- * resident blocks have a backlog, entry_prepare) sends it to the bulk
- * blocks too. With the spread setting, a single-channel task (or, in one
- * grid, any task that leaves blocks free) starts on block lo + (key + s)
- * % the range's size, where s is a hash of what the instance's numbering
+ * kernel has a backlog, entry_prepare) sends it to the bulk blocks too.
+ * With the spread setting, a single-channel task (or, in one grid, any
+ * task that leaves blocks free) starts on block lo + (key + s) * nch % the
+ * range's size (dk_spread_block), where s is a hash of what the instance's numbering
  * is counted in: the communicator, and the registered collective or the
  * sending and receiving ranks of a message. So consecutive collectives of
  * one communicator run side by side on consecutive blocks rather than one
  * after the other on block 0, and the i-th of different communicators (or
  * of the registered collectives of an iteration) do not all land on one
- * block. Tasks of several channels on the bulk blocks are not spread:
- * they start on the first, so that a job of middle sizes keeps only the
- * blocks its channels need, and the others leave (dk_main). Every rank
+ * block. Tasks of several channels on the bulk blocks are spread only
+ * with a backlog (`spill`), else they start on the first, so that a job of
+ * middle sizes keeps only the blocks its channels need, and the others
+ * leave (dk_main). Every rank
  * computes the same from the entry (but `spill`, which is the GPU's own:
  * a spilled task may run on different blocks on two ranks, which costs
  * them turns, not progress), so the ranks' blocks that run a channel see
@@ -1147,8 +1148,8 @@ __device__ uint32_t block_of(const dk_params &p, const dfccl_sqe *e, uint64_t ke
 	s ^= s >> 29;
 	/* In 32 bits: a 64-bit remainder costs the reader a long chain of
 	 * instructions per entry. Consecutive keys still go to consecutive
-	 * blocks (but once in 2^32). */
-	return lo + ((uint32_t)key + (uint32_t)(s ^ s >> 32)) % span;
+	 * blocks, or groups of nch (but once in 2^32). */
+	return dk_spread_block(lo, span, nch, (uint32_t)key + (uint32_t)(s ^ s >> 32));
 }
 
 /* The channel of task t that block b runs (>= t->nch: none); and the
@@ -1317,10 +1318,13 @@ __device__ void entry_prepare(const dk_params &p, dk_qp *q, const dfccl_sqe *e, 
 	o->nch = (uint8_t)nch;
 	o->algo = algo;
 	o->push = push_fits(p, e->opcode, algo, nch, n, bytes, o->conn_all);
-	/* A single-channel task goes to the bulk blocks while the kernel holds
-	 * spill_at tasks or more: a batch of small collectives then runs side
-	 * by side there rather than one after another on the resident grid. */
-	bool spill = p.bulk0 && nch == 1 && vload(&p.st->live_tasks) >= p.spill_at;
+	/* While the kernel holds spill_at tasks or more, a single-channel task
+	 * goes to the bulk blocks, and one of several starts on a block there
+	 * chosen by its instance: a batch of small collectives then runs side
+	 * by side there rather than one after another on the resident grid,
+	 * and one of middle sizes over every bulk block rather than the first
+	 * nch. */
+	bool spill = p.bulk0 && vload(&p.st->live_tasks) >= p.spill_at;
 	o->block0 = (uint8_t)block_of(p, e, e->comm_seq, nch, spill);
 }
 
@@ -1435,13 +1439,13 @@ __device__ uint32_t entry_take(dk_ctx &c, const dk_prep &pr)
 	for (uint32_t ch = 0; ch < pr.nch; ch++) {
 		uint32_t b = block_at(c.p, pr.block0, ch);
 		st->inbox[b].idx[c.rtail[b]++ % DK_MAX_TASKS] = ti;
-		c.rpend |= 1u << b;
+		c.rpend |= 1ull << b;
 	}
 	c.acc.started[pr.algo - 1]++;
 	return ti;
 }
 
-DFCCL_STATIC_ASSERT(DK_MAX_BLOCKS <= 32, "dk_ctx.rpend has a bit per block");
+DFCCL_STATIC_ASSERT(DK_MAX_BLOCKS <= 64, "dk_ctx.rpend has a bit per block");
 
 /*
  * Whether bulk block ib's owner may leave: its side of bulk_ask's
@@ -1470,12 +1474,12 @@ __device__ bool bulk_leave(dk_inbox *ib)
  * asks for one more launch, which finds nothing and leaves after
  * bulk_idle_ns.
  */
-__device__ void bulk_ask(dk_ctx &c, uint32_t m)
+__device__ void bulk_ask(dk_ctx &c, uint64_t m)
 {
 	dk_state *st = c.st;
 	asm volatile("fence.sc.gpu;" ::: "memory");
 	while (m) {
-		uint32_t b = __ffs(m) - 1;
+		uint32_t b = __ffsll((long long)m) - 1;
 		m &= m - 1;
 		dk_inbox *ib = &st->inbox[b];
 		if (vload(&ib->active))
@@ -1492,12 +1496,12 @@ __device__ void bulk_ask(dk_ctx &c, uint32_t m)
  * alone moves them). */
 __device__ void inbox_publish(dk_ctx &c)
 {
-	uint32_t m = c.rpend;
+	uint64_t m = c.rpend;
 	if (!m)
 		return;
 	__threadfence();
-	for (uint32_t k = m; k;) {
-		uint32_t b = __ffs(k) - 1;
+	for (uint64_t k = m; k;) {
+		uint32_t b = __ffsll((long long)k) - 1;
 		k &= k - 1;
 		*(volatile uint32_t *)&c.st->inbox[b].tail = c.rtail[b];
 	}

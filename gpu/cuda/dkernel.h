@@ -39,7 +39,12 @@
 #define DK_MAX_COMMS 256u
 #define DK_REG_CAP 8192u /* registration hash table: a power of two */
 #define DK_MAX_TASKS SCHED_MAX_TASKS
-#define DK_MAX_BLOCKS DFCCL_COMM_MAX_CHANNELS
+/* Blocks: with resident-blocks R > 0 the kernel has R resident blocks and
+ * a bulk block per channel beside them (cuda_engine.cu), so that a
+ * collective of every channel runs on bulk blocks alone; R is at most
+ * DK_MAX_RESIDENT (the resident-blocks settings' bound, daemon/config.c). */
+#define DK_MAX_RESIDENT 8u
+#define DK_MAX_BLOCKS (DFCCL_COMM_MAX_CHANNELS + DK_MAX_RESIDENT)
 #define DK_THREADS 512u
 /* Blocks of the kernel that an SM must be able to hold at once, which caps
  * the registers of a thread at 65536 / (DK_THREADS * this): with 1 (128
@@ -424,7 +429,7 @@ struct dk_params {
 	struct dk_state *st;     /* device memory */
 	struct dk_host *host;    /* mapped host memory, device pointer */
 	struct sched_params sched;
-	uint32_t blocks;         /* channels: the grid size */
+	uint32_t blocks;         /* every block: the channels, and the resident blocks where bulk0 > 0 */
 	uint32_t device;
 	uint64_t idle_ns;        /* quit after this long with nothing to do */
 	uint64_t visit_bytes;    /* bytes a channel moves per visit before it yields */
@@ -501,18 +506,28 @@ static inline DFCCL_HD uint32_t dk_chan_of(uint32_t bulk0, uint32_t blocks, uint
 
 /* Where a task of nch channels starts: the range [*lo, *lo + *span) it
  * runs in -- the bulk blocks for several channels, or for one when
- * `spill` (the resident blocks have a backlog), else the resident ones --
- * and whether its first block is chosen in it by its instance (1: the
- * spread setting, a task that leaves blocks of the range free, and not one
- * of several channels on the bulk blocks, which start on the first of
- * them) or is *lo (0). */
+ * `spill` (the kernel has a backlog), else the resident ones -- and
+ * whether its first block is chosen in it by its instance (1: the spread
+ * setting, a task that leaves blocks of the range free, and not one of
+ * several channels on the bulk blocks without a backlog, which start on
+ * the first of them) or is *lo (0). */
 static inline DFCCL_HD int dk_start_range(uint32_t bulk0, uint32_t blocks, uint32_t nch, int spill, int spread,
                                           uint32_t *lo, uint32_t *span)
 {
 	int bulk = bulk0 && (nch > 1 || spill);
 	*lo = bulk ? bulk0 : 0;
 	*span = (bulk || !bulk0 ? blocks : bulk0) - *lo;
-	return spread && nch < *span && !(bulk && nch > 1);
+	return spread && nch < *span && !(bulk && nch > 1 && !spill);
+}
+
+/* The first block of a task that dk_start_range lets its instance place:
+ * h (the instance number plus a hash of what it is counted in, dkernel.cu's
+ * block_of) times its channel count, so that consecutive instances take
+ * consecutive groups of nch blocks rather than overlapping ones; in 32
+ * bits, without a 64-bit remainder. */
+static inline DFCCL_HD uint32_t dk_spread_block(uint32_t lo, uint32_t span, uint32_t nch, uint32_t h)
+{
+	return lo + h * nch % span;
 }
 
 /*

@@ -232,7 +232,8 @@ static void test_set_bad(void **state)
 	expect_set("visit-bytes", "0", -ERANGE);
 	expect_set("visit-bytes", "2G", -ERANGE);
 	expect_set("spread-blocks", "2", -ERANGE);
-	expect_set("resident-blocks", "31", -ERANGE); /* at least 2 of 32 stay bulk blocks */
+	expect_set("resident-blocks", "9", -ERANGE); /* beside the channels: at most 8 */
+	expect_set("resident-blocks", "8", 0);
 	expect_set("resident-blocks-mps", "-1", -ERANGE);
 	expect_set("spread-blocks", "yes", -EINVAL);
 	expect_set("engine", "gpu", -EINVAL);

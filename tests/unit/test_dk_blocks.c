@@ -3,7 +3,8 @@
  * (gpu/cuda/dkernel.h: dk_start_range, dk_block_at, dk_chan_of), which the
  * kernel applies to every task and every block's rebuild of its queue: for
  * every kernel shape (blocks, and bulk0 = 0 for one grid or a resident
- * count) and every task the kernel can make (channel count, spilled or
+ * count of up to DK_MAX_RESIDENT beside up to DFCCL_COMM_MAX_CHANNELS bulk
+ * blocks) and every task the kernel can make (channel count, spilled or
  * not, spread or not, any instance), the channels land on distinct blocks
  * of the task's range and nowhere else, each block finds its own channel
  * back, a single-channel task stays on the resident blocks unless it
@@ -30,7 +31,7 @@ static uint32_t first_block(uint32_t bulk0, uint32_t blocks, uint32_t nch, int s
 	uint32_t lo, span;
 	if (!dk_start_range(bulk0, blocks, nch, spill, spread, &lo, &span))
 		return lo;
-	return lo + h % span;
+	return dk_spread_block(lo, span, nch, h);
 }
 
 /* Checks every channel of a task of nch channels starting on block0 in a
@@ -40,13 +41,13 @@ static void check_task(uint32_t bulk0, uint32_t blocks, uint32_t block0, uint32_
 {
 	assert_true(block0 >= lo && block0 < hi);
 	assert_true(nch >= 1 && nch <= hi - lo);
-	uint32_t seen = 0;
+	uint64_t seen = 0;
 	for (uint32_t ch = 0; ch < nch; ch++) {
 		uint32_t b = dk_block_at(bulk0, blocks, block0, ch);
 		/* The definition: the ch-th block after block0 within [lo, hi). */
 		assert_int_equal(b, lo + (block0 - lo + ch) % (hi - lo));
 		assert_false(seen >> b & 1u); /* no two channels on one block */
-		seen |= 1u << b;
+		seen |= 1ull << b;
 		assert_int_equal(dk_chan_of(bulk0, blocks, block0, b), ch);
 	}
 	/* Every other block, inside the range or not, runs none of it. */
@@ -62,7 +63,7 @@ static void check_task(uint32_t bulk0, uint32_t blocks, uint32_t block0, uint32_
 static void one_grid_as_before(void **state)
 {
 	(void)state;
-	for (uint32_t blocks = 1; blocks <= DK_MAX_BLOCKS; blocks++)
+	for (uint32_t blocks = 1; blocks <= DFCCL_COMM_MAX_CHANNELS; blocks++)
 		for (uint32_t block0 = 0; block0 < blocks; block0++)
 			for (uint32_t nch = 1; nch <= blocks; nch++) {
 				for (uint32_t ch = 0; ch < nch; ch++)
@@ -70,12 +71,18 @@ static void one_grid_as_before(void **state)
 				check_task(0, blocks, block0, nch, 0, blocks);
 			}
 	/* Where a task starts: block 0 without the spread or when it takes
-	 * every block; else chosen by its instance among all blocks. */
+	 * every block; else chosen by its instance among all blocks, groups of
+	 * nch apart. */
 	assert_int_equal(first_block(0, 16, 3, 0, 0, 7), 0);
 	assert_int_equal(first_block(0, 16, 16, 0, 1, 7), 0);
-	assert_int_equal(first_block(0, 16, 3, 0, 1, 7), 7);
-	assert_int_equal(first_block(0, 16, 3, 0, 1, 21), 5);
+	assert_int_equal(first_block(0, 16, 3, 0, 1, 7), 5);   /* 7 * 3 % 16 */
+	assert_int_equal(first_block(0, 16, 3, 0, 1, 21), 15); /* 63 % 16 */
 	assert_int_equal(first_block(0, 16, 1, 1, 1, 21), 5); /* no spill without bulk blocks */
+	/* Several channels: groups of nch, consecutive instances side by side. */
+	assert_int_equal(first_block(0, 32, 5, 0, 1, 0), 0);
+	assert_int_equal(first_block(0, 32, 5, 0, 1, 1), 5);
+	assert_int_equal(first_block(0, 32, 5, 0, 1, 6), 30);
+	assert_int_equal(first_block(0, 32, 5, 0, 1, 7), 3); /* 35 % 32 */
 }
 
 static void resident_and_bulk_blocks(void **state)
@@ -83,7 +90,7 @@ static void resident_and_bulk_blocks(void **state)
 	(void)state;
 	const uint32_t hashes[] = {0, 1, 2, 5, 29, 30, 31, 1000003u, 0x7FFFFFFFu, 0xFFFFFFFFu};
 	for (uint32_t blocks = 3; blocks <= DK_MAX_BLOCKS; blocks++)
-		for (uint32_t bulk0 = 1; bulk0 + 2 <= blocks; bulk0++)
+		for (uint32_t bulk0 = 1; bulk0 + 2 <= blocks && bulk0 <= DK_MAX_RESIDENT; bulk0++)
 			/* The bulk blocks hold at most blocks - bulk0 channels
 			 * (channels_for). */
 			for (uint32_t nch = 1; nch <= blocks - bulk0; nch++)
@@ -94,12 +101,15 @@ static void resident_and_bulk_blocks(void **state)
 							int bulk = nch > 1 || spill;
 							uint32_t lo = bulk ? bulk0 : 0, hi = bulk ? blocks : bulk0;
 							/* Several channels start on the first bulk
-							 * block; one goes by its instance where
-							 * spread, else to its range's first. */
-							if (nch > 1 || !spread || hi - lo == 1)
+							 * block, but with a backlog (spill); one, or
+							 * several with a backlog, go by their
+							 * instance where spread and the range has
+							 * more blocks than channels, else to the
+							 * range's first. */
+							if ((nch > 1 && !spill) || !spread || hi - lo <= nch)
 								assert_int_equal(b0, lo);
 							else
-								assert_int_equal(b0, lo + hashes[k] % (hi - lo));
+								assert_int_equal(b0, lo + (uint32_t)((uint64_t)hashes[k] * nch % 4294967296ull) % (hi - lo));
 							assert_int_equal(dk_range_lo(bulk0, b0), lo);
 							assert_int_equal(dk_range_hi(bulk0, blocks, b0), hi);
 							check_task(bulk0, blocks, b0, nch, lo, hi);
@@ -112,7 +122,7 @@ static void wrap_within_the_range(void **state)
 {
 	(void)state;
 	for (uint32_t blocks = 3; blocks <= DK_MAX_BLOCKS; blocks++)
-		for (uint32_t bulk0 = 1; bulk0 + 2 <= blocks; bulk0++) {
+		for (uint32_t bulk0 = 1; bulk0 + 2 <= blocks && bulk0 <= DK_MAX_RESIDENT; bulk0++) {
 			for (uint32_t block0 = 0; block0 < bulk0; block0++)
 				for (uint32_t nch = 1; nch <= bulk0; nch++)
 					check_task(bulk0, blocks, block0, nch, 0, bulk0);
