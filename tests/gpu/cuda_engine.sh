@@ -65,7 +65,9 @@
 #        without MPS), "push" (pushed all-reduces off, no spread), "spread"
 #        (--spread-blocks 1), "split" (resident and bulk blocks), "nccl" (the
 #        pattern on NCCL) and "mps" (the suite under MPS), comma-separated
-#        (default all), so that a long run can be split between calls.
+#        (default all), so that a long run can be split between calls;
+#        CUDA_ENGINE_DAEMON_ARGS adds dfccld settings to every daemon the
+#        suite starts (e.g. "--resident-share 1").
 set -euo pipefail
 bin=${1:?usage: cuda_engine.sh BINDIR}
 seed=${DFCCL_TEST_SEED:-$(date +%s)}
@@ -82,6 +84,11 @@ gpu_setup dfccl-cuda
 # 2000 polls keeps a stuck collective from holding a channel for tens of
 # milliseconds before it is preempted.
 daemon_args=(--spin-head 2000)
+if [ -n "${CUDA_ENGINE_DAEMON_ARGS:-}" ]; then
+	read -ra extra_args <<<"$CUDA_ENGINE_DAEMON_ARGS"
+	daemon_args+=("${extra_args[@]}")
+	echo "== every daemon with ${CUDA_ENGINE_DAEMON_ARGS}"
+fi
 
 # Collectives started over algorithm $1 (a DFCCL_ALGO name), over every device.
 started() {

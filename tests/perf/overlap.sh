@@ -30,8 +30,12 @@
 #     in a process of its own, OVERLAP_BYSTANDER_ITERS times (default
 #     2000), first alone (dfccld idle), then with the same rounds while a
 #     dfccl job (dfccl-perf all-reduce of OVERLAP_JOB_SIZE, default 1M,
-#     stream-ordered, on the dfccl ranks' GPUs) runs, sized from a short
-#     probe of the job to outlast it well.
+#     stream-ordered, or in OVERLAP_JOB_MODE's form, on the dfccl ranks'
+#     GPUs) runs, sized from a short
+#     probe of the job to outlast it well; then, with dfccld stopped, the
+#     same rounds beside the same job on NCCL (where it loads, on the NCCL
+#     ranks' GPUs), started one probe's length (its start-up) before them:
+#     what a job costs a bystander without the daemon.
 # OVERLAP_ITERS and OVERLAP_WARMUP change the sweep's -n and -w (default 20
 # and 5); OVERLAP_DAEMON_ARGS gives dfccld settings (e.g. "--resident-blocks-mps
 # 2"), which the table's header names; OVERLAP_TRACE=1 (any value but 0)
@@ -40,7 +44,7 @@
 # alone and with the all-reduce per iteration and the time the all-reduce
 # added (their difference), for both backends, and dfccl's step minus
 # NCCL's (step-diff); then the bystander's time alone, beside the job, and
-# the slowdown in %. The bystander alone must take US/2 to 2 US (its
+# the slowdown in %, and its slowdown beside NCCL's job. The bystander alone must take US/2 to 2 US (its
 # calibration); the job must be seen completing collectives on GPU 0 before
 # the bystander starts and still run when it ends. A run that fails shows as "failed", its log
 # stays in OUTDIR, and the script exits 1 at the end.
@@ -61,6 +65,11 @@ iters=${OVERLAP_ITERS:-20}
 warmup=${OVERLAP_WARMUP:-5}
 by_iters=${OVERLAP_BYSTANDER_ITERS:-2000}
 job_size=${OVERLAP_JOB_SIZE:-1M}
+job_mode=${OVERLAP_JOB_MODE:-stream}
+case $job_mode in
+stream | callback) ;;
+*) fail "OVERLAP_JOB_MODE: '$job_mode' is not stream or callback" ;;
+esac
 [ -n "$outdir" ] || outdir=$(mktemp -d /tmp/overlap-XXXXXX)
 mkdir -p "$outdir" || exit 1
 if [ "$ngpu" -ge 2 ]; then
@@ -124,7 +133,7 @@ bystander() {
 	# Calibrated on the GPU as it is, the kernel alone takes about US.
 	[ "$(field bystander_alone "$us / 2 <= d['time_us'] <= $us * 2")" = True ] ||
 		fail "the compute kernel, calibrated to about $us us, took $(field bystander_alone "d['time_us']") us alone"
-	perf job_probe allreduce --nranks 2 --devices "$dfccl_gpus" --mode stream --mem device \
+	perf job_probe allreduce --nranks 2 --devices "$dfccl_gpus" --mode "$job_mode" --mem device \
 		-b "$job_size" -e "$job_size" -n 200 -w 5 -c 0 || return 1
 	job_us=$(field job_probe "d['out_of_place']['time_us']")
 	[ -n "$job_us" ] || fail "the probe of the dfccl job gave no time (see $outdir/job_probe.json)"
@@ -134,7 +143,7 @@ bystander() {
 	echo "== job: dfccl-perf allreduce -b $job_size -e $job_size -n $job_n (about $(python3 -c \
 		"print(round($job_n * $job_us / 1e6))") s) on GPUs $dfccl_gpus"
 	before=$(completed)
-	"$bin/dfccl-perf" allreduce --socket "$sock" --nranks 2 --devices "$dfccl_gpus" --mode stream --mem device \
+	"$bin/dfccl-perf" allreduce --socket "$sock" --nranks 2 --devices "$dfccl_gpus" --mode "$job_mode" --mem device \
 		-b "$job_size" -e "$job_size" -n "$job_n" -w 5 -c 1 --json >"$outdir/job.json" 2>"$outdir/job.log" &
 	job_pid=$!
 	bg_pids+=("$job_pid")
@@ -168,8 +177,37 @@ bystander() {
 	wait "$job_pid" || { echo "   the dfccl job failed: $(tail -n 3 "$outdir/job.log")"; failed=$((failed + 1)); }
 	return "$rc"
 }
+# The bystander beside the same job on NCCL, with the daemon stopped:
+# NCCL's job shows no count, so the bystander starts once a probe's
+# length (most of it NCCL's start-up) and 2 s have passed.
+nccl_bystander() {
+	local job_us job_n job_pid start wall by_s rc=0
+	[ -f "$outdir/bystander_alone.json" ] || return 1
+	start=$(date +%s.%N)
+	perf nccl_job_probe allreduce --backend nccl --nranks "$nccl_ranks" --devices "$nccl_gpus" \
+		-b "$job_size" -e "$job_size" -n 200 -w 5 -c 0 || return 1
+	wall=$(python3 -c "print($(date +%s.%N) - $start)")
+	job_us=$(field nccl_job_probe "d['out_of_place']['time_us']")
+	by_s=$(python3 -c "print($(field bystander_alone "d['time_us']") * ($by_iters + 20) / 1e6)")
+	job_n=$(python3 -c "print(min(100000000, int(($by_s * 3 + $wall + 10) * 1e6 / $job_us) + 1))")
+	echo "== NCCL job: dfccl-perf allreduce --backend nccl -b $job_size -e $job_size -n $job_n on GPUs $nccl_gpus"
+	"$bin/dfccl-perf" allreduce --backend nccl --nranks "$nccl_ranks" --devices "$nccl_gpus" \
+		-b "$job_size" -e "$job_size" -n "$job_n" -w 5 -c 1 --json >"$outdir/nccl_job.json" 2>"$outdir/nccl_job.log" &
+	job_pid=$!
+	bg_pids+=("$job_pid")
+	sleep "$(python3 -c "print($wall + 2)")"
+	kill -0 "$job_pid" 2>/dev/null || fail "the NCCL job ended at start: $(tail -n 3 "$outdir/nccl_job.log")"
+	perf bystander_nccl --compute-only "$us" --compute-rounds "$(field bystander_alone "d['rounds']")" \
+		-n "$by_iters" -w 20 --devices 0 || rc=1
+	kill -0 "$job_pid" 2>/dev/null ||
+		fail "the NCCL job ended before the bystander did: raise its length (the probe said $job_us us)"
+	kill -TERM "$job_pid" 2>/dev/null
+	wait "$job_pid" 2>/dev/null
+	return "$rc"
+}
 bystander
 stop_daemon
+[ "$nccl" = 1 ] && nccl_bystander
 # OVERLAP_TRACE=1: the overlap loop once more at 4 KiB, dfccl only, on a
 # traced daemon of its own (perf_lib.sh's traced), still under MPS: where
 # the time a collective adds to a step goes. Its summaries follow the table.
@@ -183,12 +221,12 @@ mps_stop
 	echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(uname -n), $ngpu GPU(s):" \
 		"$(nvidia-smi --query-gpu=name --format=csv,noheader | sort -u | paste -sd/), under MPS, -n $iters" \
 		"-w $warmup, NCCL_NVLS_ENABLE=$NCCL_NVLS_ENABLE${OVERLAP_DAEMON_ARGS:+, dfccld $OVERLAP_DAEMON_ARGS}"
-	python3 - "$outdir" "$dfccl_gpus" "$nccl_gpus" "$nccl_ranks" "$us" "$job_size" <<'EOF'
+	python3 - "$outdir" "$dfccl_gpus" "$nccl_gpus" "$nccl_ranks" "$us" "$job_size" "$job_mode" <<'EOF'
 import json
 import os
 import sys
 
-out, dfccl_gpus, nccl_gpus, nccl_ranks, us, job_size = sys.argv[1:]
+out, dfccl_gpus, nccl_gpus, nccl_ranks, us, job_size, job_mode = sys.argv[1:]
 
 
 def load(name):
@@ -241,8 +279,8 @@ for size in sorted(set(dfccl) | set(nccl)):
                                          fmt(n, "added_us", bool(nccl)), diff))
 
 print()
-alone, busy = load("bystander_alone"), load("bystander_busy")
-alone, busy = alone and alone[-1], busy and busy[-1]
+alone, busy, busy_nccl = load("bystander_alone"), load("bystander_busy"), load("bystander_nccl")
+alone, busy, busy_nccl = alone and alone[-1], busy and busy[-1], busy_nccl and busy_nccl[-1]
 try:
     during = int(open(os.path.join(out, "job_during.txt")).read())
 except (OSError, ValueError):
@@ -252,12 +290,15 @@ print("# bystander on GPU 0: --compute-only %s%s" % (us, ", %d rounds per launch
 for name, d in (("alone", alone), ("beside a dfccl job", busy)):
     ok = d and not d["wrong"]
     print("%-24s %s" % (name + ":", "%.2f us per iteration" % d["time_us"] if ok else "failed"))
-print("%-24s all-reduce of %s on GPU(s) %s, %s collectives completed on GPU 0 during the run" %
-      ("the job:", job_size, dfccl_gpus, during if during is not None else "?"))
-if alone and busy and not alone["wrong"] and not busy["wrong"]:
-    print("%-24s %.1f %%" % ("slowdown:", (busy["time_us"] - alone["time_us"]) / alone["time_us"] * 100))
-else:
-    print("%-24s -" % "slowdown:")
+print("%-24s all-reduce of %s (%s) on GPU(s) %s, %s collectives completed on GPU 0 during the run" %
+      ("the job:", job_size, job_mode, dfccl_gpus, during if during is not None else "?"))
+for name, d in (("slowdown:", busy), ("beside an NCCL job:", busy_nccl)):
+    if alone and d and not alone["wrong"] and not d["wrong"]:
+        print("%-24s %.1f %%%s" % (name, (d["time_us"] - alone["time_us"]) / alone["time_us"] * 100,
+                                   " (%.2f us per iteration; the same job on NCCL, GPU(s) %s, no daemon)"
+                                   % (d["time_us"], nccl_gpus) if d is busy_nccl else ""))
+    elif d is busy or nccl:
+        print("%-24s -" % name)
 EOF
 	traced_print
 } | tee "$outdir/table.txt"
