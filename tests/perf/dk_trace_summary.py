@@ -32,7 +32,9 @@ With --blocks it prints instead a line per block (the queue reader left
 out): the tasks that arrived in its queue, the completions it made, the
 median time between its completions and from a task's arrival to its
 completion, and how many of its tasks were in its queue at once (arrived,
-not yet completed there: mean over the block's span, and the most). A
+and neither completed there nor past their channel's CHDONE step, where a
+channel of several leaves the block whose channel does not complete the
+task: mean over the block's span, and the most). A
 batch of single-channel collectives whose tasks a block runs one after
 another shows about one in flight and its chain per task between
 completions; a block that interleaves its tasks' waits shows more.
@@ -136,22 +138,24 @@ def blocks(path):
     for block, t, event, arg in records(path):
         if block == reader:
             continue
-        d = per.setdefault(block, {"arrived": {}, "spans": [], "done": [], "tasks": 0, "current": None,
-                                   "live": 0, "most": 0, "area": 0, "first": t, "last": t})
-        d["area"] += d["live"] * (t - d["last"])
+        d = per.setdefault(block, {"arrived": {}, "queued": set(), "spans": [], "done": [], "tasks": 0,
+                                   "current": None, "most": 0, "area": 0, "first": t, "last": t})
+        d["area"] += len(d["queued"]) * (t - d["last"])
         d["last"] = t
         if event == "task":
             d["tasks"] += 1
             d["arrived"][arg] = t
-            d["live"] += 1
-            d["most"] = max(d["most"], d["live"])
+            d["queued"].add(arg)  # a task slot reused: counted once
+            d["most"] = max(d["most"], len(d["queued"]))
         elif event in ("step", "preempt"):
             d["current"] = arg >> 16
+            if event == "step" and arg & 0xFFFF == STEPS.index("CHDONE"):
+                d["queued"].discard(d["current"])
         elif event == "complete":
             d["done"].append(t)
+            d["queued"].discard(d["current"])
             if d["current"] in d["arrived"]:
                 d["spans"].append(t - d["arrived"].pop(d["current"]))
-                d["live"] -= 1
     if not per:
         print("blocks: none traced")
         return

@@ -125,15 +125,19 @@ def main():
         # One pass that took one entry, 9.5 us after the empty one.
         expect(out, "%6d %8d %9s %9s %9s" % (1, 1, "9.50", "9.50", "9.50"))
         # --blocks: block 0 runs two tasks one after the other, block 1
-        # interleaves two; the reader's events are left out.
+        # interleaves two, block 2 runs a channel of each of two tasks
+        # that complete elsewhere (it leaves each at CHDONE, step 5); the
+        # reader's events are left out.
         serial = [(0, "task", 0), (1000, "step", 0 << 16 | 1), (10000, "complete", 0),
                   (12000, "task", 1), (13000, "step", 1 << 16 | 1), (22000, "complete", 0)]
         interleaved = [(0, "task", 5), (1000, "task", 6), (2000, "step", 5 << 16 | 1), (3000, "step", 6 << 16 | 1),
                        (4000, "step", 5 << 16 | 4), (5000, "complete", 0), (6000, "step", 6 << 16 | 4),
                        (8000, "complete", 0)]
+        others = [(0, "task", 7), (1000, "task", 8), (2000, "step", 7 << 16 | 4), (3000, "step", 7 << 16 | 5),
+                  (5000, "step", 8 << 16 | 4), (6000, "step", 8 << 16 | 5), (10000, "loop", 0)]
         with open(path, "w") as f:
             f.write("# block ns event arg (GPU 0; block 16: the queue reader)\n16 0 queues 1\n16 500 task 9\n")
-            for block, evs in ((0, serial), (1, interleaved)):
+            for block, evs in ((0, serial), (1, interleaved), (2, others)):
                 for t, e, a in evs:
                     f.write("%d %d %s %d\n" % (block, t, e, a))
         out = run(path, "--blocks")
@@ -144,9 +148,13 @@ def main():
         in_flight1 = (1000 * 1 + 4000 * 2 + 3000 * 1) / 8000.0
         expect(out, "%6d %7d %10d %13s %13s %10.2f %6d" % (0, 2, 2, "12.00", "10.00", in_flight0, 1))
         expect(out, "%6d %7d %10d %13s %13s %10.2f %6d" % (1, 2, 2, "3.00", "6.00", in_flight1, 2))
+        # Block 2: one task for 1 us, two for 2 us, one for 3 us, none for
+        # the last 4 us of its 10 (completions: none, so "-").
+        in_flight2 = (1000 * 1 + 2000 * 2 + 3000 * 1) / 10000.0
+        expect(out, "%6d %7d %10d %13s %13s %10.2f %6d" % (2, 2, 0, "-", "-", in_flight2, 2))
         # All blocks: completions 12 and 3 us apart (median 7.5), arrivals to
         # completions 10, 10, 5 and 7 us (median 8.5).
-        expect(out, "%6s %7d %10d %13s %13s" % ("all", 4, 4, "7.50", "8.50"))
+        expect(out, "%6s %7d %10d %13s %13s" % ("all", 6, 4, "7.50", "8.50"))
         if "\n    16 " in out:
             sys.exit("FAIL: --blocks listed the queue reader:\n%s" % out)
 
