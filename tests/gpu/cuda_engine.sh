@@ -67,7 +67,7 @@
 #        pattern on NCCL) and "mps" (the suite under MPS), comma-separated
 #        (default all), so that a long run can be split between calls;
 #        CUDA_ENGINE_DAEMON_ARGS adds dfccld settings to every daemon the
-#        suite starts (e.g. "--resident-share 1").
+#        suite starts (e.g. "--bulk-idle-us 0").
 set -euo pipefail
 bin=${1:?usage: cuda_engine.sh BINDIR}
 seed=${DFCCL_TEST_SEED:-$(date +%s)}

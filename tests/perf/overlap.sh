@@ -31,11 +31,12 @@
 #     2000), first alone (dfccld idle), then with the same rounds while a
 #     dfccl job (dfccl-perf all-reduce of OVERLAP_JOB_SIZE, default 1M,
 #     stream-ordered, or in OVERLAP_JOB_MODE's form, on the dfccl ranks'
-#     GPUs) runs, sized from a short
-#     probe of the job to outlast it well; then, with dfccld stopped, the
-#     same rounds beside the same job on NCCL (where it loads, on the NCCL
-#     ranks' GPUs), started one probe's length (its start-up) before them:
-#     what a job costs a bystander without the daemon.
+#     GPUs) runs, sized from a short probe of the job to outlast it well;
+#     then, with dfccld stopped, the same rounds beside the same job on
+#     NCCL (where it loads, on the NCCL ranks' GPUs; stopped once the
+#     bystander is done, its results unchecked), started one probe's
+#     length (its start-up) before them: what a job costs a bystander
+#     without the daemon.
 # OVERLAP_ITERS and OVERLAP_WARMUP change the sweep's -n and -w (default 20
 # and 5); OVERLAP_DAEMON_ARGS gives dfccld settings (e.g. "--resident-blocks-mps
 # 2"), which the table's header names; OVERLAP_TRACE=1 (any value but 0)
@@ -44,8 +45,9 @@
 # alone and with the all-reduce per iteration and the time the all-reduce
 # added (their difference), for both backends, and dfccl's step minus
 # NCCL's (step-diff); then the bystander's time alone, beside the job, and
-# the slowdown in %, and its slowdown beside NCCL's job. The bystander alone must take US/2 to 2 US (its
-# calibration); the job must be seen completing collectives on GPU 0 before
+# the slowdown in %, and its slowdown beside NCCL's job. The bystander
+# alone must take US/2 to 2 US (its calibration); the dfccl job must be
+# seen completing collectives on GPU 0 before
 # the bystander starts and still run when it ends. A run that fails shows as "failed", its log
 # stays in OUTDIR, and the script exits 1 at the end.
 set -u
@@ -192,7 +194,7 @@ nccl_bystander() {
 	job_n=$(python3 -c "print(min(100000000, int(($by_s * 3 + $wall + 10) * 1e6 / $job_us) + 1))")
 	echo "== NCCL job: dfccl-perf allreduce --backend nccl -b $job_size -e $job_size -n $job_n on GPUs $nccl_gpus"
 	"$bin/dfccl-perf" allreduce --backend nccl --nranks "$nccl_ranks" --devices "$nccl_gpus" \
-		-b "$job_size" -e "$job_size" -n "$job_n" -w 5 -c 1 --json >"$outdir/nccl_job.json" 2>"$outdir/nccl_job.log" &
+		-b "$job_size" -e "$job_size" -n "$job_n" -w 5 -c 0 --json >"$outdir/nccl_job.json" 2>"$outdir/nccl_job.log" &
 	job_pid=$!
 	bg_pids+=("$job_pid")
 	sleep "$(python3 -c "print($wall + 2)")"
