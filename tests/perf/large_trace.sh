@@ -25,9 +25,12 @@
 #   reducescatter broadcast"), LT_SIZE their size (default 256M), LT_BLOCKS
 #   the daemon's block counts (--channels; default "16 32": the count under
 #   MPS and without it), LT_ITERS timed calls (default 5, after 2 untimed),
-#   LT_MODE the form (callback or stream; default callback). 2 ranks on
-#   GPUs 0,1 (both on GPU 0 where there is one), without MPS, every result
-#   checked. Without a GPU it says SKIPPED and exits 77; a run that fails
+#   LT_MODE the form (callback or stream; default callback), LT_ARGS more
+#   dfccl-perf options (e.g. "--batch 150 --group 1": a batch's figure is
+#   per collective), LT_MPS=1 runs under a private MPS daemon (root and
+#   nvidia-cuda-mps-control, else SKIPPED), the block counts then given as
+#   --channels-mps. 2 ranks on GPUs 0,1 (both on GPU 0 where there is
+#   one), without MPS unless asked, every result checked. Without a GPU it says SKIPPED and exits 77; a run that fails
 #   (its daemon too) is reported with the daemon's log kept in OUTDIR, the
 #   others still run, and the script exits 1 at the end.
 set -u
@@ -47,6 +50,16 @@ read -ra block_counts <<<"${LT_BLOCKS:-16 32}"
 size=${LT_SIZE:-256M}
 iters=${LT_ITERS:-5}
 mode=${LT_MODE:-callback}
+extra=()
+[ -z "${LT_ARGS:-}" ] || read -ra extra <<<"$LT_ARGS"
+chan_opt=--channels
+if [ -n "${LT_MPS:-}" ]; then
+	if ! mps_usable; then
+		echo "SKIPPED: LT_MPS asks for MPS, which needs root and nvidia-cuda-mps-control"
+		exit 77
+	fi
+	chan_opt=--channels-mps
+fi
 case $mode in
 callback | stream) ;;
 *) fail "LT_MODE: '$mode' is not callback or stream" ;;
@@ -69,11 +82,11 @@ if [ "$ngpu" -ge 2 ]; then devices=0,1; gpus=(0 1); else devices=0,0; gpus=(0); 
 # only this run.
 run_one() {
 	local name=$1 coll=$2 c=$3 rc=0 g f
-	echo "== $name: dfccl-perf $coll -b $size -e $size --mode $mode, dfccld --channels $c, traced"
-	DFCCL_DK_TRACE=$outdir/trace_$name.txt start_daemon --channels "$c"
+	echo "== $name: dfccl-perf $coll -b $size -e $size --mode $mode ${extra[*]}, dfccld $chan_opt $c, traced"
+	DFCCL_DK_TRACE=$outdir/trace_$name.txt start_daemon "$chan_opt" "$c"
 	timeout -k 10 600 "$bin/dfccl-perf" "$coll" --socket "$sock" --nranks 2 --devices "$devices" --mem device \
-		--mode "$mode" -b "$size" -e "$size" -n "$iters" -w 2 --json >"$outdir/$name.json" \
-		2>"$outdir/$name.log" || rc=$?
+		--mode "$mode" -b "$size" -e "$size" -n "$iters" -w 2 "${extra[@]+"${extra[@]}"}" --json \
+		>"$outdir/$name.json" 2>"$outdir/$name.log" || rc=$?
 	stop_daemon
 	[ "$rc" = 0 ] || echo "   failed (exit $rc): $(tail -n 2 "$outdir/$name.log")"
 	# The trace of each GPU the ranks ran on.
@@ -89,17 +102,19 @@ run_one() {
 }
 failed=0
 names=()
+[ -z "${LT_MPS:-}" ] || mps_start
 for coll in "${colls[@]}"; do
 	for c in "${block_counts[@]}"; do
 		names+=("${coll}_b$c")
 		apart "$outdir/${coll}_b${c}_dfccld.log" run_one "${coll}_b$c" "$coll" "$c" || failed=$((failed + 1))
 	done
 done
+[ -z "${LT_MPS:-}" ] || mps_stop
 
 {
 	echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(uname -n), GPUs $devices of $ngpu:" \
 		"$(nvidia-smi --query-gpu=name --format=csv,noheader | sort -u | paste -sd/), $size, $mode form," \
-		"-n $iters -w 2, out of place, traced (the trace's own cost included)"
+		"-n $iters -w 2${LT_ARGS:+, $LT_ARGS}${LT_MPS:+, under MPS}, out of place, traced (the trace's own cost included)"
 	for name in "${names[@]}"; do
 		echo
 		t=$(PYTHONPATH=$perf_lib_dir python3 -c '
