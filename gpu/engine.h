@@ -67,7 +67,7 @@ struct engine_config {
 	uint32_t channels;                /* cuda: blocks of the daemon kernel */
 	uint32_t spread_blocks;           /* cuda: 1: a collective starts on a block chosen by its instance */
 	uint64_t kernel_idle_ns;          /* cuda: idle time before the daemon kernel quits */
-	uint32_t resident_blocks;         /* cuda: blocks of the resident grid, the rest bulk blocks (0: one grid) */
+	uint32_t resident_blocks;         /* cuda: resident blocks beside a bulk block per channel (0: one grid) */
 	uint64_t bulk_idle_ns;            /* cuda: idle time before a bulk block leaves */
 	uint32_t push_bytes;              /* cuda: largest pushed all-reduce (0: none) */
 	uint32_t ll_bytes;                /* cuda: largest pushed all-reduce sent as flagged lines (0: none) */

@@ -1114,14 +1114,15 @@ __device__ uint32_t channels_for(const dk_params &p, uint8_t opcode, uint64_t by
  * kernel has a backlog, entry_prepare) sends it to the bulk blocks too.
  * With the spread setting, a single-channel task (or, in one grid, any
  * task that leaves blocks free) starts on block lo + (key + s) * nch % the
- * range's size (dk_spread_block), where s is a hash of what the instance's numbering
- * is counted in: the communicator, and the registered collective or the
- * sending and receiving ranks of a message. So consecutive collectives of
- * one communicator run side by side on consecutive blocks rather than one
- * after the other on block 0, and the i-th of different communicators (or
- * of the registered collectives of an iteration) do not all land on one
- * block. Tasks of several channels on the bulk blocks are spread only
- * with a backlog (`spill`), else they start on the first, so that a job of
+ * range's size (dk_spread_block), where s is a hash of what the
+ * instance's numbering is counted in: the communicator, and the
+ * registered collective or the sending and receiving ranks of a message.
+ * So consecutive collectives of one communicator run side by side on
+ * consecutive blocks (or groups of nch) rather than one after the other
+ * on block 0, and the i-th of different communicators (or of the
+ * registered collectives of an iteration) do not all land on one block.
+ * Tasks of several channels on the bulk blocks are spread only with a
+ * backlog (`spill`), else they start on the first, so that a job of
  * middle sizes keeps only the blocks its channels need, and the others
  * leave (dk_main). Every rank
  * computes the same from the entry (but `spill`, which is the GPU's own:

@@ -458,7 +458,8 @@ struct dk_params {
 	 * a block that left would come back only once every other had left,
 	 * and a task in its inbox could be what they wait for. */
 	uint32_t bulk0;
-	uint32_t spill_at;       /* live tasks from which single-channel ones go to the bulk blocks too */
+	uint32_t spill_at;       /* live tasks from which single-channel ones go to the bulk blocks too, and
+	                          * those of several channels start there where their instance says */
 	uint64_t bulk_idle_ns;
 	/* This launch: */
 	uint32_t first;          /* 0: the resident grid; else the bulk block it runs */
