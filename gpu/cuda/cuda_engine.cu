@@ -296,7 +296,11 @@ static void ce_launch(struct cuda_engine *e)
 	for (uint32_t i = 0; i < e->nqps; i++)
 		if (e->qps[i].q)
 			sq_set_engine_state(e->qps[i].q, DFCCL_ENGINE_POLLING);
-	if (ce_put32(e, OFF(ctl.quit), 0) < 0 || ce_put32(e, OFF(ctl.park), 0) < 0 || ce_put32(e, OFF(ctl.started), 0) < 0)
+	/* quit, stop (0: the engine is not being freed), park and started, in
+	 * one copy. It is waited for, as every control word: one still on its
+	 * way could land after a park the host writes next. */
+	static const uint32_t ctl_clear[4] = {0, 0, 0, 0};
+	if (ce_put(e, OFF(ctl), ctl_clear, sizeof(ctl_clear)) < 0)
 		return;
 	int both = e->params.bulk0 && e->resume;
 	e->resume = 0;

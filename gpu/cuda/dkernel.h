@@ -414,9 +414,11 @@ struct dk_state {
 	struct sched_state states[DK_MAX_BLOCKS][DK_MAX_TASKS];
 	struct dk_inbox inbox[DK_MAX_BLOCKS];
 };
-/* The blocks load quit, stop and park in one 16-byte word (dk_main). */
+/* The blocks load quit, stop and park in one 16-byte word (dk_main); the
+ * host clears them and started with one copy before a launch (ce_launch). */
 DFCCL_STATIC_ASSERT(offsetof(struct dk_state, ctl) == 0 && offsetof(struct dk_ctl, quit) == 0 &&
-                        offsetof(struct dk_ctl, stop) == 4 && offsetof(struct dk_ctl, park) == 8,
+                        offsetof(struct dk_ctl, stop) == 4 && offsetof(struct dk_ctl, park) == 8 &&
+                        offsetof(struct dk_ctl, started) == 12,
                     "the control words in the state's first 16 bytes");
 /* The kernel loads registrations and the fixed part of tasks in 16-byte words. */
 DFCCL_STATIC_ASSERT(offsetof(struct dk_state, regs) % 16 == 0 && sizeof(struct dk_reg) % 16 == 0,
