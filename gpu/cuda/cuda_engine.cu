@@ -48,9 +48,9 @@ extern "C" {
  * through a job's collectives, so a job pays this at its first). */
 #define CE_BULK_PAUSE_NS 4000ull
 /* Tasks in the kernel per resident block from which single-channel ones go
- * to the bulk blocks too, and those of several channels spread over them
- * (dk_params.spill_at): a lone collective, or a few on several streams,
- * stays where it would, a batch spreads. */
+ * to the bulk blocks too (dk_params.spill_at, dk_spills): a lone
+ * collective, or a few on several streams, stays on the resident grid, a
+ * batch spreads. */
 #define CE_SPILL_PER_RESIDENT 4u
 /* Longest pause between looks at entries a stream has still to arm, while
  * the kernel is not running: the delay it adds to such a call. */

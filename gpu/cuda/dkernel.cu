@@ -1225,9 +1225,10 @@ struct dk_prep {
 	uint8_t nch, block0, algo, push;
 };
 
-/* The checks of entry e of queue pair q (taken under e->arm), for accepting
- * it or completing it at once: into *o. Loads only. */
-__device__ void entry_prepare(const dk_params &p, dk_qp *q, const dfccl_sqe *e, dk_prep *o)
+/* The checks of entry e of queue pair q (taken under e->arm), the
+ * `ahead`-th of its chunk, for accepting it or completing it at once: into
+ * *o. Loads only. */
+__device__ void entry_prepare(const dk_params &p, dk_qp *q, const dfccl_sqe *e, uint32_t ahead, dk_prep *o)
 {
 	dk_state *st = p.st;
 	uint64_t bytes;
@@ -1319,13 +1320,14 @@ __device__ void entry_prepare(const dk_params &p, dk_qp *q, const dfccl_sqe *e, 
 	o->nch = (uint8_t)nch;
 	o->algo = algo;
 	o->push = push_fits(p, e->opcode, algo, nch, n, bytes, o->conn_all);
-	/* While the kernel holds spill_at tasks or more, a single-channel task
-	 * goes to the bulk blocks, and one of several starts on a block there
-	 * chosen by its instance: a batch of small collectives then runs side
-	 * by side there rather than one after another on the resident grid,
-	 * and one of middle sizes over every bulk block rather than the first
-	 * nch. */
-	bool spill = p.bulk0 && vload(&p.st->live_tasks) >= p.spill_at;
+	/* With a backlog (dk_spills), a single-channel task goes to the bulk
+	 * blocks, and one of several starts on a block there chosen by its
+	 * instance: a batch of small collectives then runs side by side there
+	 * rather than one after another on the resident grid, and one of
+	 * middle sizes over every bulk block rather than the first nch. The
+	 * chunk's entries before it count: at a batch's start the whole chunk
+	 * is placed before any of it is live, and went to the same blocks. */
+	bool spill = dk_spills(p.bulk0, p.spill_at, nch, vload(&p.st->live_tasks), ahead);
 	o->block0 = (uint8_t)block_of(p, e, e->comm_seq, nch, spill);
 }
 
@@ -1656,7 +1658,7 @@ __device__ __noinline__ void copier_main(uint32_t lane, dk_params p)
 			entry_in_registers(mine, &e, NULL);
 			e.arm = seq;
 			dk_prep pr;
-			entry_prepare(p, *(dk_qp *const volatile *)&rcopy.q, &e, &pr);
+			entry_prepare(p, *(dk_qp *const volatile *)&rcopy.q, &e, mine, &pr);
 			rcopy.prep[mine] = pr;
 			if (timed)
 				rcopy.t_prepared = now_ns();

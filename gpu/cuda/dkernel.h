@@ -450,8 +450,8 @@ struct dk_params {
 	 * `blocks`, resident while it has work. Otherwise blocks 0..bulk0-1
 	 * are the resident grid (the queue reader's, which runs
 	 * single-channel tasks), and each of blocks bulk0..blocks-1, which
-	 * run the tasks of more channels (and single-channel ones while the
-	 * kernel holds spill_at tasks or more), is a grid of one block on a
+	 * run the tasks of more channels (and single-channel ones with a
+	 * backlog, dk_spills), is a grid of one block on a
 	 * stream of its own: launched when the reader hands a task to it while it is
 	 * not running, leaving after bulk_idle_ns with nothing to do, so that
 	 * under MPS only the SMs that large collectives use stay taken
@@ -460,8 +460,8 @@ struct dk_params {
 	 * a block that left would come back only once every other had left,
 	 * and a task in its inbox could be what they wait for. */
 	uint32_t bulk0;
-	uint32_t spill_at;       /* live tasks from which single-channel ones go to the bulk blocks too, and
-	                          * those of several channels start there where their instance says */
+	uint32_t spill_at;       /* tasks (live or ahead in the reader's chunk) from which single-channel ones go
+	                          * to the bulk blocks too (dk_spills) */
 	uint64_t bulk_idle_ns;
 	/* This launch: */
 	uint32_t first;          /* 0: the resident grid; else the bulk block it runs */
@@ -505,6 +505,26 @@ static inline DFCCL_HD uint32_t dk_chan_of(uint32_t bulk0, uint32_t blocks, uint
 	if (b < lo || b >= hi)
 		return DK_NO_TASK;
 	return b >= block0 ? b - block0 : b + (hi - lo) - block0;
+}
+
+/* Tasks a collective of several channels counts as a backlog from (its
+ * own not included): with one other it spreads, so that a batch's tasks of
+ * middle sizes run side by side on every bulk block; alone it starts on
+ * the first bulk block, so that a job of such collectives one after
+ * another keeps only the blocks its channels need. */
+#define DK_SPILL_AT_MULTI 1u
+
+/* Whether the task of nch channels of an entry spills (dk_start_range):
+ * the kernel has bulk blocks, and the tasks live in it (`live`) and those
+ * of the entries before it in the queue reader's chunk (`ahead`, which
+ * become tasks together, after every one of them was placed) reach the
+ * backlog's mark: spill_at (dk_params) for a single channel,
+ * DK_SPILL_AT_MULTI for several. Each GPU decides it alone; the ranks of
+ * a batch decide alike for all but its first few tasks, and a task placed
+ * differently on two ranks costs them turns, not progress. */
+static inline DFCCL_HD int dk_spills(uint32_t bulk0, uint32_t spill_at, uint32_t nch, uint32_t live, uint32_t ahead)
+{
+	return bulk0 && live + ahead >= (nch > 1 ? DK_SPILL_AT_MULTI : spill_at);
 }
 
 /* Where a task of nch channels starts: the range [*lo, *lo + *span) it

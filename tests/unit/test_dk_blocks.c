@@ -10,7 +10,8 @@
  * back, a single-channel task stays on the resident blocks unless it
  * spills, one of several channels goes to the bulk blocks, and one grid
  * places channel c of a task that starts on block0 on (block0 + c) %
- * blocks, as before there were bulk blocks.
+ * blocks, as before there were bulk blocks. And when a task counts as a
+ * backlog's (dk_spills).
  *
  * Expected blocks are worked out from the definition with a division (the
  * kernel's functions avoid one), not by calling the functions again.
@@ -139,12 +140,42 @@ static void wrap_within_the_range(void **state)
 	assert_int_equal(dk_block_at(2, 8, 1, 1), 0);         /* a resident task wraps within 0-1 */
 }
 
+/* The backlog's mark (dk_spills): a single-channel task spills from
+ * spill_at tasks live or placed before it in the reader's chunk, one of
+ * several channels from one; without bulk blocks nothing spills. */
+static void backlog_marks(void **state)
+{
+	(void)state;
+	for (uint32_t spill_at = 1; spill_at <= 4 * DK_MAX_RESIDENT; spill_at++)
+		for (uint32_t nch = 1; nch <= DFCCL_COMM_MAX_CHANNELS; nch++)
+			for (uint32_t live = 0; live <= 40; live++)
+				for (uint32_t ahead = 0; ahead < 24; ahead++) {
+					uint32_t mark = nch == 1 ? spill_at : 1;
+					assert_int_equal(dk_spills(0, spill_at, nch, live, ahead), 0);
+					assert_int_equal(dk_spills(1, spill_at, nch, live, ahead), live + ahead >= mark);
+				}
+	/* A batch's first chunk under the defaults (one resident block, 4 tasks
+	 * per resident block): of 16 single-channel entries taken while none is
+	 * live, the first 4 stay on the resident block; of 16 of five channels,
+	 * the first alone starts on the first bulk block. */
+	uint32_t home1 = 0, home5 = 0;
+	for (uint32_t ahead = 0; ahead < 16; ahead++) {
+		home1 += !dk_spills(1, 4, 1, 0, ahead);
+		home5 += !dk_spills(1, 4, 5, 0, ahead);
+	}
+	assert_int_equal(home1, 4);
+	assert_int_equal(home5, 1);
+	/* A job of one collective at a time keeps its blocks. */
+	assert_int_equal(dk_spills(1, 4, 5, 0, 0), 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(one_grid_as_before),
 	    cmocka_unit_test(resident_and_bulk_blocks),
 	    cmocka_unit_test(wrap_within_the_range),
+	    cmocka_unit_test(backlog_marks),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
