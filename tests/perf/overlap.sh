@@ -38,7 +38,8 @@
 #     length (its start-up) before them: what a job costs a bystander
 #     without the daemon.
 # OVERLAP_ITERS and OVERLAP_WARMUP change the sweep's -n and -w (default 20
-# and 5); OVERLAP_DAEMON_ARGS gives dfccld settings (e.g. "--resident-blocks-mps
+# and 5), OVERLAP_SIZES its sizes (default "-b 8 -e 64M -f 2");
+# OVERLAP_DAEMON_ARGS gives dfccld settings (e.g. "--resident-blocks-mps
 # 2"), which the table's header names; OVERLAP_TRACE=1 (any value but 0)
 # adds a traced run of the loop at 4 KiB (dfccl only), summarised after
 # the table. The table gives, per size, out of place, the kernel's time
@@ -121,7 +122,7 @@ completed() {
 	ctl --json stats | json "sum(int(x['completed']) for x in d['devices'] if int(x['device']) == 0)"
 }
 
-sweep="-b 8 -e 64M -f 2 -n $iters -w $warmup --overlap $us"
+sweep="${OVERLAP_SIZES:--b 8 -e 64M -f 2} -n $iters -w $warmup --overlap $us"
 # shellcheck disable=SC2086 # $sweep is several options
 {
 	perf overlap_dfccl allreduce --nranks 2 --devices "$dfccl_gpus" --mode stream --mem device $sweep
