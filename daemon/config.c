@@ -127,6 +127,13 @@ static const struct setting settings[] = {
     {"bulk-idle-us", T_INT, F(bulk_idle_us), 0, 60000000, "1000", NULL,
      "cuda engine with resident-blocks: microseconds a bulk block stays with nothing to do before "
      "it leaves"},
+    {"launch-gate", T_INT, F(launch_gate), 0, 1, "0", NULL,
+     "cuda engine: 1: while the daemon kernel is stopped and an entry is posted for a stream to arm, its "
+     "launch waits on the GPU behind a wait on that entry's arm word, so that the stream arming it starts "
+     "the kernel with no worker in the path (the worker opens the gate itself to launch for anything else)"},
+    {"launch-gate-mps", T_INT, F(launch_gate_mps), 0, 1, "0", NULL,
+     "cuda engine under MPS (where a kernel that stays resident between collectives holds SMs the trainers' "
+     "kernels lack; kernel-idle-mps-us says how long it stays): launch-gate"},
     {"push-bytes", T_INT, F(push_bytes), 0, 65536, "65536", NULL,
      "cuda engine: all-reduces up to this many bytes on one channel are pushed: each rank writes its data into "
      "the other ranks' GPU memory and reduces what it received, one exchange with no reads across GPUs "
@@ -427,7 +434,8 @@ static void setting_format(const struct dfccld_config *cfg, const struct setting
 const char *config_mps_twin(const char *name)
 {
 	static const char *const twin[][2] = {
-	    {"kernel-idle-us", "kernel-idle-mps-us"}, {"channels", "channels-mps"}, {"resident-blocks", "resident-blocks-mps"}};
+	    {"kernel-idle-us", "kernel-idle-mps-us"}, {"channels", "channels-mps"}, {"resident-blocks", "resident-blocks-mps"},
+	    {"launch-gate", "launch-gate-mps"}};
 	for (size_t k = 0; k < sizeof(twin) / sizeof(twin[0]); k++)
 		if (strcmp(name, twin[k][0]) == 0)
 			return twin[k][1];

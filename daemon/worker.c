@@ -809,6 +809,7 @@ int worker_main(unsigned device, const struct worker_ident *id, const struct dfc
 	    .kernel_idle_ns = (uint64_t)cfg->kernel_idle_us * 1000u,
 	    .resident_blocks = (uint32_t)cfg->resident_blocks,
 	    .bulk_idle_ns = (uint64_t)cfg->bulk_idle_us * 1000u,
+	    .gate = (uint32_t)cfg->launch_gate,
 	    .push_bytes = (uint32_t)cfg->push_bytes,
 	    .ll_bytes = (uint32_t)cfg->ll_bytes,
 	    .visit_bytes = (uint64_t)cfg->visit_bytes,

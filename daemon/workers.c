@@ -615,7 +615,7 @@ static int worker_spawn(struct worker *wk)
 	static const char *const passed[] = {"log-level", "log-target", "spin-head",
 	                                     "spin-other", "stick-mult", "spin-max",
 	                                     "algo",      "channels",   "spread-blocks", "kernel-idle-us", "resident-blocks",
-	                                     "bulk-idle-us", "push-bytes",
+	                                     "bulk-idle-us", "launch-gate", "push-bytes",
 	                                     "ll-bytes",  "visit-bytes", "chan-bytes", "oneshot-bytes",
 	                                     "max-inflight-per-session", "max-inflight-per-uid"};
 	enum { NPASSED = sizeof(passed) / sizeof(passed[0]) };
@@ -1342,6 +1342,7 @@ int workers_fill_stats(struct workers *w, Dfccl__V1__QueryReply *r)
 		d->worker_state = (char *)worker_state_name(wk);
 		d->kernel_launches = load64(&wk->stats->kernel_launches);
 		d->kernel_quits = load64(&wk->stats->kernel_quits);
+		d->kernel_gated = load64(&wk->stats->kernel_gated);
 		/* Per block, up to the last that completed anything (none on
 		 * the host engine). */
 		unsigned nb = 0;

@@ -69,6 +69,8 @@ struct engine_config {
 	uint64_t kernel_idle_ns;          /* cuda: idle time before the daemon kernel quits */
 	uint32_t resident_blocks;         /* cuda: resident blocks beside a bulk block per channel (0: one grid) */
 	uint64_t bulk_idle_ns;            /* cuda: idle time before a bulk block leaves */
+	uint32_t gate;                    /* cuda: 1: a stopped kernel's launch waits on the GPU for the next
+	                                   * stream-ordered entry's arm (cuda_engine.cu, ce_gate_open) */
 	uint32_t push_bytes;              /* cuda: largest pushed all-reduce (0: none) */
 	uint32_t ll_bytes;                /* cuda: largest pushed all-reduce sent as flagged lines (0: none) */
 	uint64_t visit_bytes;             /* bytes a channel moves per visit before it yields (0: the engine's default) */

@@ -39,7 +39,11 @@
  * ready when arm == seq == its expected sequence. The engine copies the entry
  * before it checks it, and takes ready entries in any order, so an unarmed
  * entry never blocks an armed one behind it. sq_head is the lowest sequence
- * number not yet taken.
+ * number not yet taken. The engine may also store s + 2^62 into the `arm` of
+ * a posted entry s that is not armed yet (with a compare-and-swap that never
+ * replaces s): a GPU engine's launch gate, which waits for arm >= s, opened
+ * by the engine itself; the value is not s, so the entry stays unarmed until
+ * the client's own arm overwrites it. Clients never read `arm`.
  * Completion: the engine writes the slot's completion word once, as a single
  * 64-bit store, DFCCL_CW_MAKE(seq, status); then it increments `completed`,
  * and if `waiters` is nonzero (read after a full barrier) it wakes the

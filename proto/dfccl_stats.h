@@ -37,7 +37,8 @@ struct dfccl_worker_stats {
 	uint64_t by_block[DFCCL_STATS_BLOCKS]; /* worker (CUDA engine): entries each block of the daemon kernel
 	                                        * completed, with either status (the queue reader's own, NOPs
 	                                        * and refusals, are in completed and errors only) */
-	uint8_t reserved[DFCCL_STATS_SIZE - 88 - 8 * DFCCL_ALGO_COUNT_ - 8 * DFCCL_STATS_BLOCKS];
+	uint64_t kernel_gated;     /* worker (CUDA engine): daemon-kernel launches queued behind a gate (launch-gate) */
+	uint8_t reserved[DFCCL_STATS_SIZE - 96 - 8 * DFCCL_ALGO_COUNT_ - 8 * DFCCL_STATS_BLOCKS];
 };
 
 DFCCL_STATIC_ASSERT(sizeof(struct dfccl_worker_stats) == DFCCL_STATS_SIZE, "stats page size");

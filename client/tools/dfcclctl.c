@@ -372,8 +372,8 @@ static void print_queues(const Dfccl__V1__QueryReply *q, const char *socket_path
 static void print_stats(const Dfccl__V1__QueryReply *q, const char *socket_path)
 {
 	struct table t;
-	table_start(&t, 11, "DEVICE", "COMPLETED", "PREEMPTIONS", "ERRORS", "CTX SWITCHES", "SPINS", "LAUNCHES", "QUITS",
-	            "BLOCKS", "QUEUE PAIRS", "WORKER");
+	table_start(&t, 12, "DEVICE", "COMPLETED", "PREEMPTIONS", "ERRORS", "CTX SWITCHES", "SPINS", "LAUNCHES", "GATED",
+	            "QUITS", "BLOCKS", "QUEUE PAIRS", "WORKER");
 	for (size_t i = 0; i < q->n_stats; i++) {
 		const Dfccl__V1__DeviceStats *s = q->stats[i];
 		table_cell(&t, "%u", s->device);
@@ -383,6 +383,7 @@ static void print_stats(const Dfccl__V1__QueryReply *q, const char *socket_path)
 		table_cell(&t, "%llu", (unsigned long long)s->context_switches);
 		table_cell(&t, "%llu", (unsigned long long)s->spins);
 		table_cell(&t, "%llu", (unsigned long long)s->kernel_launches);
+		table_cell(&t, "%llu", (unsigned long long)s->kernel_gated);
 		table_cell(&t, "%llu", (unsigned long long)s->kernel_quits);
 		unsigned used = 0;
 		for (size_t b = 0; b < s->n_by_block; b++)

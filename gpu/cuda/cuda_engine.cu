@@ -2,8 +2,12 @@
  * See cuda_engine.h. State of the daemon kernel as the host side sees it:
  *
  *   STOPPED --(an armed entry)--> RUNNING --(the kernel quit: idle)--> STOPPED
- *                                    |
- *                                    +--(a CUDA error)--> FAILED (fatal)
+ *      |                           ^  |
+ *      |                           |  +--(a CUDA error)--> FAILED (fatal)
+ *      +--(gate: an entry posted --+
+ *          for a stream to arm)       the launch queued on the kernel's stream
+ *                                     behind a wait on that entry's arm word:
+ *                                     counted as RUNNING from then on
  *
  * Table updates go through `ctl_stream`, a non-blocking stream beside the
  * kernel's own, so they are carried out while the kernel runs; each update
@@ -45,7 +49,8 @@ extern "C" {
 #define CE_RUNNING_PAUSE_NS 20000ull
 /* The same where the kernel has bulk blocks: the reader's ask for one
  * waits for the worker's next look (bulk-idle-us keeps them running
- * through a job's collectives, so a job pays this at its first). */
+ * through a job's collectives, so a job pays this at its first); and
+ * while a launch waits behind a gate (ce_gate_open). */
 #define CE_BULK_PAUSE_NS 4000ull
 /* Tasks in the kernel per resident block from which single-channel ones go
  * to the bulk blocks too (dk_params.spill_at, dk_spills): a lone
@@ -63,6 +68,7 @@ extern "C" {
 struct ce_qp {
 	struct sq_queue *q; /* NULL: free slot */
 	uint64_t *taken;    /* device memory */
+	char *dev_sq;       /* the entries as the GPU sees them (the gate's wait) */
 	uint64_t last_completed;
 	uint32_t gen;
 	uint32_t uid_slot;  /* its uid's slot in the kernel's uid_inflight */
@@ -146,6 +152,13 @@ struct cuda_engine {
 	uint32_t bulk_launched[DK_MAX_BLOCKS]; /* launches of each bulk block (dk_host.bulk_exits: ended) */
 	uint32_t bulk_seen[DK_MAX_BLOCKS];     /* dk_host.bulk_want at each block's last launch asked for */
 	int resume;             /* the kernel left with tasks in flight: launch it again */
+	/* The gate (engine_config.gate): a launch queued on kstream behind a
+	 * stream wait on entry `seq` of queue pair `qp` being armed. */
+	struct {
+		int queued;         /* the launch waits there (running is 1 too) */
+		uint32_t qp;
+		uint64_t seq;
+	} gate;
 	char *trace_path;       /* DK_TRACE_ENV: where the kernel's trace goes at the end */
 	char fatal[256];
 };
@@ -211,6 +224,8 @@ static uint32_t ce_bulk_running(const struct cuda_engine *e)
 	return 0;
 }
 
+static void ce_gate_open(struct cuda_engine *e);
+
 /* Notices the kernel's exit (or its failure). A bulk block says when its
  * launch ends (dk_host.bulk_exits); one that failed never does, and
  * fails the resident grid with it (a fault is the context's), or, where
@@ -228,6 +243,7 @@ static void ce_check_kernel(struct cuda_engine *e)
 	if (rc == cudaErrorNotReady)
 		return;
 	e->running = 0;
+	e->gate.queued = 0; /* the client armed its entry: the gate opened */
 	if (ce_failed(e, rc, "the daemon kernel failed"))
 		return;
 	/* Idle, it leaves nothing behind; parked or stopped, it may have. */
@@ -252,6 +268,8 @@ static void ce_park(struct cuda_engine *e)
 		return;
 	if (ce_put32(e, OFF(ctl.park), 1) < 0)
 		return;
+	/* A launch behind a gate starts now and leaves at once. */
+	ce_gate_open(e);
 	uint64_t start = engine_now_ns();
 	while (e->running || ce_bulk_running(e)) {
 		ce_check_kernel(e);
@@ -286,12 +304,14 @@ static int ce_launch_bulk(struct cuda_engine *e, uint32_t b, uint32_t rebuild)
 }
 
 /* Launches the kernel: the resident grid, and where the kernel left with
- * tasks in flight every bulk block with it, all rebuilding their queues. */
-static void ce_launch(struct cuda_engine *e)
+ * tasks in flight every bulk block with it, all rebuilding their queues.
+ * With `gated`, the launch waits on the GPU behind a stream wait on entry
+ * `seq` of queue pair qi being armed (ce_gate_open). */
+static void ce_start(struct cuda_engine *e, int gated, uint32_t qi, uint64_t seq)
 {
 	/* A resume waits for every bulk block to be gone: one may still hold
 	 * tasks its next launch must rebuild. */
-	if (e->running || e->fatal[0] || (e->resume && ce_bulk_running(e)))
+	if (e->running || e->fatal[0] || (e->resume && ce_bulk_running(e)) || (gated && e->resume))
 		return;
 	for (uint32_t i = 0; i < e->nqps; i++)
 		if (e->qps[i].q)
@@ -309,13 +329,40 @@ static void ce_launch(struct cuda_engine *e)
 	e->params.first = 0;
 	e->params.rebuild = 1;
 	e->params.wait_blocks = e->params.bulk0 && !both ? e->params.bulk0 : e->params.blocks;
+	if (gated) {
+		const struct ce_qp *p = &e->qps[qi];
+		struct cudrv_stream_op wait = {
+		    true, (uintptr_t)(p->dev_sq + (size_t)DFCCL_QP_SLOT(seq, p->q->n) * sizeof(struct dfccl_sqe)), seq};
+		if (cudrv_stream_ops(e->kstream, &wait, 1, (int)e->cfg.device) < 0) {
+			/* Nothing queued: the worker launches by itself from now. */
+			fprintf(stderr, "GPU %u: no launch gate (%s): launching from the worker\n", e->cfg.device,
+			        cudrv_last_error());
+			e->cfg.gate = 0;
+			gated = 0;
+		}
+	}
 	if (ce_failed(e, (cudaError_t)dk_launch(&e->params, e->kstream), "launching the daemon kernel"))
 		return;
 	e->running = 1;
+	if (gated) {
+		e->gate.queued = 1;
+		e->gate.qp = qi;
+		e->gate.seq = seq;
+		__atomic_fetch_add(&e->stats->kernel_gated, 1, __ATOMIC_RELAXED);
+	}
 	__atomic_fetch_add(&e->stats->kernel_launches, 1, __ATOMIC_RELAXED);
 	for (uint32_t b = e->params.bulk0; both && b < e->params.blocks; b++)
 		if (ce_launch_bulk(e, b, 1) < 0)
 			return;
+}
+
+/* Launches the kernel now: a launch queued behind a gate starts. */
+static void ce_launch(struct cuda_engine *e)
+{
+	if (e->gate.queued)
+		ce_gate_open(e);
+	else
+		ce_start(e, 0, 0, 0);
 }
 
 /* Launches the bulk blocks the queue reader asked for since the last look
@@ -366,6 +413,72 @@ static int ce_queues(struct cuda_engine *e)
 static int ce_armed(struct cuda_engine *e)
 {
 	return ce_queues(e) == CE_QUEUES_ARMED;
+}
+
+/*
+ * The gate (engine_config.gate). While the kernel is stopped and a
+ * stream-ordered entry is posted but not armed, its launch is queued on
+ * the kernel's stream behind a stream wait (>=) on that entry's arm word,
+ * so that the client's stream arming it starts the kernel on the GPU: no
+ * worker in the path, and no SM held before (tests/perf/launch_path.cu:
+ * 8.8 us a call under MPS against 6.4 for a resident kernel, whose SM a
+ * trainer's full waves lack). The worker counts such a launch as running.
+ * To launch for any other reason (another pair armed, a park, the end) it
+ * opens the gate itself: it stores CE_GATE_MARK + seq into the arm word
+ * unless the client's arm is there, which passes the wait (>=) but is
+ * not the sequence, so neither the kernel nor ce_queues takes the entry
+ * for armed; the client's own arm overwrites it. A wait that never passes
+ * would leave the device busy for good, and calls that wait for it idle
+ * (the reason for parking) would never return.
+ */
+#define CE_GATE_MARK (1ull << 62)
+
+/* Opens the queued gate, if any. */
+static void ce_gate_open(struct cuda_engine *e)
+{
+	if (!e->gate.queued)
+		return;
+	e->gate.queued = 0;
+	struct sq_queue *q = e->qps[e->gate.qp].q;
+	uint64_t s = e->gate.seq;
+	uint64_t *arm = &q->sq[DFCCL_QP_SLOT(s, q->n)].arm;
+	uint64_t v = __atomic_load_n(arm, __ATOMIC_ACQUIRE);
+	/* Anything but the client's arm is replaced: the arm itself may land
+	 * at any moment, and is never overwritten. */
+	while (v != s && v != s + CE_GATE_MARK &&
+	       !__atomic_compare_exchange_n(arm, &v, s + CE_GATE_MARK, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+		;
+}
+
+/* The entry to gate on: the first posted and not armed of a queue pair
+ * (a stream will arm it), one whose gate was not opened already by the
+ * worker (its marker would pass a new wait at once). 0 where none is. */
+static int ce_gate_pick(struct cuda_engine *e, uint32_t *qi, uint64_t *seq)
+{
+	for (uint32_t i = 0; i < e->nqps; i++) {
+		struct sq_queue *q = e->qps[i].q;
+		if (!q || sq_qp_state(q) != DFCCL_QP_ACTIVE)
+			continue;
+		struct dfccl_qp_header *h = q->hdr;
+		uint64_t tail = __atomic_load_n(&h->sq_tail, __ATOMIC_ACQUIRE);
+		uint64_t head = __atomic_load_n(&h->sq_head, __ATOMIC_ACQUIRE);
+		/* Both words are client-writable: look at one lap at most. */
+		if (tail >= q->n && head < tail - q->n + 1)
+			head = tail - q->n + 1;
+		if (head == 0)
+			head = 1;
+		for (uint64_t s = head; s <= tail && s < head + q->n; s++) {
+			uint64_t a = __atomic_load_n(&q->sq[DFCCL_QP_SLOT(s, q->n)].arm, __ATOMIC_ACQUIRE);
+			if (a == s)
+				continue;
+			if (a == s + CE_GATE_MARK)
+				break;
+			*qi = i;
+			*seq = s;
+			return 1;
+		}
+	}
+	return 0;
 }
 
 /* Wakes clients sleeping on a completion count the kernel moved, and copies
@@ -569,6 +682,7 @@ static int ce_qp_add(void *impl, struct sq_queue *q, char *err, size_t errlen)
 	}
 	p->q = q;
 	p->taken = taken;
+	p->dev_sq = (char *)d.sq;
 	p->uid_slot = us;
 	e->uids[us].uid = q->uid;
 	e->uids[us].nqps++;
@@ -1168,6 +1282,15 @@ static unsigned ce_poll(void *impl)
 	if (!e->running && (e->resume || ce_armed(e))) {
 		ce_launch(e);
 		work++;
+	} else if (e->gate.queued && ce_armed(e)) {
+		/* Armed elsewhere (or the gate's own entry, which opened it). */
+		ce_gate_open(e);
+		work++;
+	} else if (!e->running && e->cfg.gate) {
+		uint32_t qi;
+		uint64_t seq;
+		if (ce_gate_pick(e, &qi, &seq))
+			ce_start(e, 1, qi, seq);
 	}
 	return work;
 }
@@ -1175,7 +1298,9 @@ static unsigned ce_poll(void *impl)
 static int ce_busy(void *impl, uint64_t *pause_ns)
 {
 	struct cuda_engine *e = (struct cuda_engine *)impl;
-	*pause_ns = e->params.bulk0 ? CE_BULK_PAUSE_NS : CE_RUNNING_PAUSE_NS;
+	/* Behind a gate, an entry armed by a CPU (which rings no doorbell: the
+	 * state says POLLING) waits for this look to open it. */
+	*pause_ns = e->params.bulk0 || e->gate.queued ? CE_BULK_PAUSE_NS : CE_RUNNING_PAUSE_NS;
 	if (e->running || ce_bulk_running(e))
 		return 1;
 	/* Entries that a stream will arm: watch them from here, as the
@@ -1254,6 +1379,7 @@ static void ce_free(void *impl)
 	if ((e->running || ce_bulk_running(e)) && !e->fatal[0]) {
 		uint32_t one = 1;
 		ce_put(e, OFF(ctl.stop), &one, sizeof(one));
+		ce_gate_open(e);
 		uint64_t start = engine_now_ns();
 		while ((e->running || ce_bulk_running(e)) && engine_now_ns() - start < 2000000000ull) {
 			ce_check_kernel(e);

@@ -63,8 +63,9 @@
 #        repeats a run's data and orders (the seed is printed);
 #        CUDA_ENGINE_PARTS names the parts to run, of "main" (the suite
 #        without MPS), "push" (pushed all-reduces off, no spread), "spread"
-#        (--spread-blocks 1), "split" (resident and bulk blocks), "nccl" (the
-#        pattern on NCCL) and "mps" (the suite under MPS), comma-separated
+#        (--spread-blocks 1), "split" (resident and bulk blocks), "gate"
+#        (launches behind a gate), "nccl" (the pattern on NCCL) and "mps"
+#        (the suite under MPS), comma-separated
 #        (default all), so that a long run can be split between calls;
 #        CUDA_ENGINE_DAEMON_ARGS adds dfccld settings to every daemon the
 #        suite starts (e.g. "--bulk-idle-us 0").
@@ -264,7 +265,7 @@ small_batch() {
 		--mode callback --batch 150 --group 0 -b 4K -e 4K -n 5 -w 2 -c 1
 }
 
-parts_from CUDA_ENGINE_PARTS main,push,spread,split,nccl,mps main push spread split nccl mps
+parts_from CUDA_ENGINE_PARTS main,push,spread,split,gate,nccl,mps main push spread split gate nccl mps
 
 echo "== $ngpu GPU(s); seed $seed; parts $parts"
 if part_on main; then
@@ -385,6 +386,30 @@ if part_on split; then
 	done
 	ctl --json stats | json "'\n'.join('device %d: kernel launches %s' % (x['device'], x.get('kernel_launches',
 		'n/a')) for x in d['devices'])"
+	stop_daemon
+fi
+
+# Launches behind a gate (--launch-gate 1): with --kernel-idle-us 0 the
+# kernel quits whenever it has nothing to do, so stream-ordered collectives
+# start it through their arm words all the time, while the callback form,
+# other streams' entries and parks open the gate from the worker: an entry
+# taken twice or never shows as wrong data or a hang, a gate that never
+# opens as a hang.
+if part_on gate; then
+	echo "== launches behind a gate (--launch-gate 1 --kernel-idle-us 0)"
+	start_daemon "${daemon_args[@]}" --launch-gate 1 --kernel-idle-us 0
+	pair=0,0
+	[ "$ngpu" -ge 2 ] && pair=0,1
+	variant_suite "gated" 1M
+	step "gated: 150 all-reduces of 4-256 KiB per wait (stream), 2 ranks on GPUs $pair" 300 \
+		"$bin/dfccl-perf" allreduce --socket "$sock" --mem device --devices "$pair" --nranks 2 \
+		--mode stream --batch 150 --group 0 -b 4K -e 256K -f 8 -n 3 -w 1 -c 1
+	gated=$(ctl --json stats | json "' '.join('%d:%d:%d' % (x['device'], int(x.get('kernel_launches', 0)),
+		int(x.get('kernel_gated', 0))) for x in d['devices'] if int(x.get('completed', 0)))")
+	echo "device:launches:gated launches, per GPU that completed collectives: $gated"
+	for g in $gated; do
+		[ "${g##*:}" -gt 0 ] || fail "gated: GPU ${g%%:*} launched its kernel behind no gate ($gated)"
+	done
 	stop_daemon
 fi
 

@@ -34,7 +34,9 @@
 #        FAULTS_CLIENTS_SEE=own starts the victim's pair and the bystander
 #        with CUDA_VISIBLE_DEVICES naming only the GPUs each uses (default
 #        all: they see every GPU), to tell whether what a killed client
-#        poisons under MPS depends on the GPUs its process sees.
+#        poisons under MPS depends on the GPUs its process sees;
+#        CUDA_FAULTS_DAEMON_ARGS adds dfccld settings to every daemon the
+#        script starts (e.g. "--launch-gate 1 --kernel-idle-us 0").
 set -euo pipefail
 bin=${1:?usage: cuda_faults.sh BINDIR}
 seed=${DFCCL_TEST_SEED:-$(date +%s)}
@@ -52,6 +54,10 @@ latency_mps=2
 # A dead worker is restarted this long after its death (the default, named
 # here because the waits below count on it).
 daemon_args=(--worker-restart-delay-ms 100)
+if [ -n "${CUDA_FAULTS_DAEMON_ARGS:-}" ]; then
+	read -ra more_args <<<"$CUDA_FAULTS_DAEMON_ARGS"
+	daemon_args+=("${more_args[@]}")
+fi
 
 # workers_settled BEFORE MUST ANYOF MAY: whether the workers, against the
 # status in file BEFORE, are all up and restarted as required: every GPU of

@@ -75,6 +75,8 @@ static void test_defaults(void **state)
 	assert_int_equal(c.resident_blocks, 0);
 	assert_int_equal(c.resident_blocks_mps, 1);
 	assert_int_equal(c.bulk_idle_us, 1000);
+	assert_int_equal(c.launch_gate, 0);
+	assert_int_equal(c.launch_gate_mps, 0);
 	assert_int_equal(c.push_bytes, 65536);
 	assert_int_equal(c.ll_bytes, 16384);
 	assert_int_equal(c.visit_bytes, 4 << 20);
@@ -105,7 +107,7 @@ static void test_defaults(void **state)
 		n++;
 	}
 	fclose(dump);
-	assert_int_equal(n, 50);
+	assert_int_equal(n, 52);
 	assert_memory_equal(&c, &d, sizeof(c));
 }
 
@@ -167,6 +169,7 @@ static void test_set_good(void **state)
 	assert_string_equal(config_mps_twin("channels"), "channels-mps");
 	assert_string_equal(config_mps_twin("kernel-idle-us"), "kernel-idle-mps-us");
 	assert_string_equal(config_mps_twin("resident-blocks"), "resident-blocks-mps");
+	assert_string_equal(config_mps_twin("launch-gate"), "launch-gate-mps");
 	assert_string_equal(config_mps_twin("spin-head"), "spin-head");
 	char v[64];
 	assert_int_equal(config_format(&c, config_mps_twin("resident-blocks"), v, sizeof(v)), 0);
