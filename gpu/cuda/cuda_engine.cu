@@ -383,6 +383,30 @@ static unsigned ce_bulk_asked(struct cuda_engine *e)
 /* What the queue pairs hold that the kernel has not taken. */
 enum { CE_QUEUES_EMPTY = 0, CE_QUEUES_UNARMED = 1, CE_QUEUES_ARMED = 2 };
 
+/* The posted entries of queue pair i that the kernel may not have taken:
+ * sequences [*from, *to), one lap at most (sq_head and sq_tail are both
+ * client-writable). NULL where the pair is not served. */
+static struct sq_queue *ce_posted(const struct cuda_engine *e, uint32_t i, uint64_t *from, uint64_t *to)
+{
+	struct sq_queue *q = e->qps[i].q;
+	if (!q || sq_qp_state(q) != DFCCL_QP_ACTIVE)
+		return NULL;
+	uint64_t tail = __atomic_load_n(&q->hdr->sq_tail, __ATOMIC_ACQUIRE);
+	uint64_t head = __atomic_load_n(&q->hdr->sq_head, __ATOMIC_ACQUIRE);
+	if (tail >= q->n && head < tail - q->n + 1)
+		head = tail - q->n + 1;
+	if (head == 0)
+		head = 1;
+	*from = head;
+	*to = tail < head ? head : tail - head < q->n ? tail + 1 : head + q->n;
+	return q;
+}
+
+static uint64_t ce_arm_word(const struct sq_queue *q, uint64_t s)
+{
+	return __atomic_load_n(&q->sq[DFCCL_QP_SLOT(s, q->n)].arm, __ATOMIC_ACQUIRE);
+}
+
 /* CE_QUEUES_ARMED if some queue pair has an armed entry the kernel has not
  * taken; else CE_QUEUES_UNARMED if some entry is posted but not armed yet
  * (a stream will arm it, and cannot ring the doorbell); else EMPTY. */
@@ -390,19 +414,10 @@ static int ce_queues(struct cuda_engine *e)
 {
 	int found = CE_QUEUES_EMPTY;
 	for (uint32_t i = 0; i < e->nqps; i++) {
-		struct sq_queue *q = e->qps[i].q;
-		if (!q || sq_qp_state(q) != DFCCL_QP_ACTIVE)
-			continue;
-		struct dfccl_qp_header *h = q->hdr;
-		uint64_t tail = __atomic_load_n(&h->sq_tail, __ATOMIC_ACQUIRE);
-		uint64_t head = __atomic_load_n(&h->sq_head, __ATOMIC_ACQUIRE);
-		/* Both words are client-writable: look at one lap at most. */
-		if (tail >= q->n && head < tail - q->n + 1)
-			head = tail - q->n + 1;
-		if (head == 0)
-			head = 1;
-		for (uint64_t s = head; s <= tail && s < head + q->n; s++) {
-			if (__atomic_load_n(&q->sq[DFCCL_QP_SLOT(s, q->n)].arm, __ATOMIC_ACQUIRE) == s)
+		uint64_t from, to;
+		const struct sq_queue *q = ce_posted(e, i, &from, &to);
+		for (uint64_t s = from; q && s < to; s++) {
+			if (ce_arm_word(q, s) == s)
 				return CE_QUEUES_ARMED;
 			found = CE_QUEUES_UNARMED;
 		}
@@ -456,19 +471,10 @@ static void ce_gate_open(struct cuda_engine *e)
 static int ce_gate_pick(struct cuda_engine *e, uint32_t *qi, uint64_t *seq)
 {
 	for (uint32_t i = 0; i < e->nqps; i++) {
-		struct sq_queue *q = e->qps[i].q;
-		if (!q || sq_qp_state(q) != DFCCL_QP_ACTIVE)
-			continue;
-		struct dfccl_qp_header *h = q->hdr;
-		uint64_t tail = __atomic_load_n(&h->sq_tail, __ATOMIC_ACQUIRE);
-		uint64_t head = __atomic_load_n(&h->sq_head, __ATOMIC_ACQUIRE);
-		/* Both words are client-writable: look at one lap at most. */
-		if (tail >= q->n && head < tail - q->n + 1)
-			head = tail - q->n + 1;
-		if (head == 0)
-			head = 1;
-		for (uint64_t s = head; s <= tail && s < head + q->n; s++) {
-			uint64_t a = __atomic_load_n(&q->sq[DFCCL_QP_SLOT(s, q->n)].arm, __ATOMIC_ACQUIRE);
+		uint64_t from, to;
+		const struct sq_queue *q = ce_posted(e, i, &from, &to);
+		for (uint64_t s = from; q && s < to; s++) {
+			uint64_t a = ce_arm_word(q, s);
 			if (a == s)
 				continue;
 			if (a == s + CE_GATE_MARK)
