@@ -31,7 +31,6 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
-#include <dlfcn.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,6 +39,9 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#define PERF_PROG "launch_path"
+#include "perf_cuda.h"
 
 enum { MODE_NONE = 0, MODE_PERSISTENT = 1, MODE_LAUNCH = 2, MODE_GATED = 3, MODE_QUIT = 4 };
 /* Calls the gated server keeps queued ahead. */
@@ -61,25 +63,6 @@ struct task_arg {
 	uint64_t value;
 	uint64_t rest[30];
 };
-
-static __device__ __forceinline__ uint64_t ld_acquire_sys(const uint64_t *p)
-{
-	uint64_t v;
-	asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-	return v;
-}
-
-static __device__ __forceinline__ void st_release_sys(uint64_t *p, uint64_t v)
-{
-	asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-
-static __device__ __forceinline__ uint64_t globaltimer(void)
-{
-	uint64_t t;
-	asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-	return t;
-}
 
 /* The persistent server: until *quit (device memory) is set. */
 __global__ void persistent_kernel(struct shared *h, const volatile uint32_t *quit)
@@ -108,38 +91,6 @@ __global__ void compute_kernel(uint32_t us)
 	uint64_t t0 = globaltimer();
 	while (globaltimer() - t0 < (uint64_t)us * 1000u)
 		;
-}
-
-#define CK(call)                                                                                                     \
-	do {                                                                                                           \
-		cudaError_t e_ = (call);                                                                                   \
-		if (e_ != cudaSuccess) {                                                                                   \
-			fprintf(stderr, "launch_path: %s: %s\n", #call, cudaGetErrorString(e_));                              \
-			exit(1);                                                                                               \
-		}                                                                                                          \
-	} while (0)
-#define CD(call)                                                                                                     \
-	do {                                                                                                           \
-		CUresult e_ = (call);                                                                                      \
-		if (e_ != CUDA_SUCCESS) {                                                                                  \
-			fprintf(stderr, "launch_path: %s: error %d\n", #call, (int)e_);                                       \
-			exit(1);                                                                                               \
-		}                                                                                                          \
-	} while (0)
-
-/* The stream memory operations, from the driver loaded at run time (no link
- * against libcuda: the program must start, and skip, where none is). */
-typedef CUresult (*write_value_fn)(CUstream, CUdeviceptr, cuuint64_t, unsigned);
-static write_value_fn write_value64, wait_value64;
-
-static bool load_driver(void)
-{
-	void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-	if (!lib)
-		return false;
-	write_value64 = (write_value_fn)dlsym(lib, "cuStreamWriteValue64_v2");
-	wait_value64 = (write_value_fn)dlsym(lib, "cuStreamWaitValue64_v2");
-	return write_value64 && wait_value64;
 }
 
 /* The daemon: serves the arm word in the mode the parent asks for, until

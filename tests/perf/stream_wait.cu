@@ -21,7 +21,6 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
-#include <dlfcn.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,6 +29,9 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#define PERF_PROG "stream_wait"
+#include "perf_cuda.h"
 
 #define MAX_WORKS 16
 
@@ -44,25 +46,6 @@ struct shared {
 	volatile uint32_t work_ns, cw_on_device;
 	volatile int ready, quit, failed;
 };
-
-static __device__ __forceinline__ uint64_t ld_acquire_sys(const uint64_t *p)
-{
-	uint64_t v;
-	asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-	return v;
-}
-
-static __device__ __forceinline__ void st_release_sys(uint64_t *p, uint64_t v)
-{
-	asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-
-static __device__ __forceinline__ uint64_t globaltimer(void)
-{
-	uint64_t t;
-	asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-	return t;
-}
 
 /* The daemon's kernel: the settings are read again every 64 idle polls (a
  * read of host memory costs a PCIe round trip). */
@@ -84,38 +67,6 @@ __global__ void daemon_kernel(struct shared *h, uint64_t *dev)
 			;
 		st_release_sys(on_device ? &dev[0] : &h->cw, a);
 	}
-}
-
-#define CK(call)                                                                                                     \
-	do {                                                                                                           \
-		cudaError_t e_ = (call);                                                                                   \
-		if (e_ != cudaSuccess) {                                                                                   \
-			fprintf(stderr, "stream_wait: %s: %s\n", #call, cudaGetErrorString(e_));                              \
-			exit(1);                                                                                               \
-		}                                                                                                          \
-	} while (0)
-#define CD(call)                                                                                                     \
-	do {                                                                                                           \
-		CUresult e_ = (call);                                                                                      \
-		if (e_ != CUDA_SUCCESS) {                                                                                  \
-			fprintf(stderr, "stream_wait: %s: error %d\n", #call, (int)e_);                                       \
-			exit(1);                                                                                               \
-		}                                                                                                          \
-	} while (0)
-
-/* The stream memory operations, from the driver loaded at run time (no link
- * against libcuda: the program must start, and skip, where none is). */
-typedef CUresult (*write_value_fn)(CUstream, CUdeviceptr, cuuint64_t, unsigned);
-static write_value_fn write_value64, wait_value64;
-
-static bool load_driver(void)
-{
-	void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-	if (!lib)
-		return false;
-	write_value64 = (write_value_fn)dlsym(lib, "cuStreamWriteValue64_v2");
-	wait_value64 = (write_value_fn)dlsym(lib, "cuStreamWaitValue64_v2");
-	return write_value64 && wait_value64;
 }
 
 static double now_us(void)
