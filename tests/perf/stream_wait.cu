@@ -21,6 +21,7 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -129,30 +130,10 @@ int main(int argc, char **argv)
 			return 2;
 		}
 	}
-	/* No CUDA call before the fork (a process that initialised CUDA
-	 * cannot use it in a child): the driver's device node says. */
-	if (access("/dev/nvidiactl", F_OK) != 0 || !load_driver()) {
-		printf("SKIPPED: no NVIDIA GPU driver here\n");
-		return 77;
-	}
-	struct shared *h = (struct shared *)mmap(NULL, sizeof(struct shared), PROT_READ | PROT_WRITE,
-	                                         MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-	if (h == MAP_FAILED)
-		return 1;
-	memset(h, 0, sizeof(*h));
-	fflush(stdout);
-	pid_t pid = fork();
-	if (pid == 0)
-		_exit(daemon_main(h));
-	while (!__atomic_load_n(&h->ready, __ATOMIC_ACQUIRE)) {
-		if (waitpid(pid, NULL, WNOHANG) == pid) {
-			fprintf(stderr, "stream_wait: the daemon process failed\n");
-			return 1;
-		}
-		usleep(1000);
-	}
-	CK(cudaSetDevice(0));
-	CK(cudaHostRegister(h, sizeof(*h), cudaHostRegisterMapped | cudaHostRegisterPortable));
+	pid_t pid;
+	struct shared *h = (struct shared *)perf_start_daemon(
+	    sizeof(struct shared), offsetof(struct shared, ready),
+	    [](void *mem) { return daemon_main((struct shared *)mem); }, &pid);
 	uint64_t *dev;
 	CK(cudaIpcOpenMemHandle((void **)&dev, h->dev, cudaIpcMemLazyEnablePeerAccess));
 	uint64_t *arm_p, *hcw_p;
