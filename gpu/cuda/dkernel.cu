@@ -1326,7 +1326,8 @@ __device__ void entry_prepare(const dk_params &p, dk_qp *q, const dfccl_sqe *e, 
 	 * rather than one after another on the resident grid, and one of
 	 * middle sizes over every bulk block rather than the first nch. The
 	 * chunk's entries before it count: at a batch's start the whole chunk
-	 * is placed before any of it is live, and went to the same blocks. */
+	 * is placed before any of it is live, and would all go to the same
+	 * blocks. */
 	bool spill = dk_spills(p.bulk0, p.spill_at, nch, vload(&p.st->live_tasks), ahead);
 	o->block0 = (uint8_t)block_of(p, e, e->comm_seq, nch, spill);
 }
