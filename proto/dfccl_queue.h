@@ -40,8 +40,8 @@
  * before it checks it, and takes ready entries in any order, so an unarmed
  * entry never blocks an armed one behind it. sq_head is the lowest sequence
  * number not yet taken. The engine may also store s + 2^62 into the `arm` of
- * a posted entry s that is not armed yet (with a compare-and-swap that never
- * replaces s): a GPU engine's launch gate, which waits for arm >= s, opened
+ * a posted entry s that is not armed yet (with a compare-and-swap that only
+ * replaces an earlier lap's value): a GPU engine's launch gate, which waits for arm >= s, opened
  * by the engine itself; the value is not s, so the entry stays unarmed until
  * the client's own arm overwrites it. Clients never read `arm`.
  * Completion: the engine writes the slot's completion word once, as a single

@@ -187,10 +187,17 @@ static int ce_failed(struct cuda_engine *e, cudaError_t rc, const char *what)
 	return 1;
 }
 
+static void ce_gate_open(struct cuda_engine *e);
+
 /* Copies bytes of host memory into the device state at `off` and waits for
- * the copy to land, so the next word written is seen after it. */
+ * the copy to land, so the next word written is seen after it. A launch
+ * behind a gate starts first: the stream wait ahead of it stalls its
+ * hardware queue, which the control stream may share (the driver maps
+ * streams onto CUDA_DEVICE_MAX_CONNECTIONS queues), and the copy would
+ * wait for the client. */
 static int ce_put(struct cuda_engine *e, void *dev, const void *src, size_t bytes)
 {
+	ce_gate_open(e);
 	cudaError_t rc = cudaMemcpyAsync(dev, src, bytes, cudaMemcpyHostToDevice, e->ctl_stream);
 	if (rc == cudaSuccess)
 		rc = cudaStreamSynchronize(e->ctl_stream);
@@ -202,9 +209,11 @@ static int ce_put32(struct cuda_engine *e, uint32_t *dev, uint32_t v)
 	return ce_put(e, dev, &v, sizeof(v));
 }
 
-/* Reads a word of the kernel's state (parked or not: it is only read). */
+/* Reads a word of the kernel's state (parked or not: it is only read);
+ * as ce_put, after opening a gate. */
 static int ce_get32(struct cuda_engine *e, const uint32_t *dev, uint32_t *v)
 {
+	ce_gate_open(e);
 	cudaError_t rc = cudaMemcpyAsync(v, dev, sizeof(*v), cudaMemcpyDeviceToHost, e->ctl_stream);
 	if (rc == cudaSuccess)
 		rc = cudaStreamSynchronize(e->ctl_stream);
@@ -224,8 +233,6 @@ static uint32_t ce_bulk_running(const struct cuda_engine *e)
 	return 0;
 }
 
-static void ce_gate_open(struct cuda_engine *e);
-
 /* Notices the kernel's exit (or its failure). A bulk block says when its
  * launch ends (dk_host.bulk_exits); one that failed never does, and
  * fails the resident grid with it (a fault is the context's), or, where
@@ -243,7 +250,7 @@ static void ce_check_kernel(struct cuda_engine *e)
 	if (rc == cudaErrorNotReady)
 		return;
 	e->running = 0;
-	e->gate.queued = 0; /* the client armed its entry: the gate opened */
+	e->gate.queued = 0; /* over, whoever opened it */
 	if (ce_failed(e, rc, "the daemon kernel failed"))
 		return;
 	/* Idle, it leaves nothing behind; parked or stopped, it may have. */
@@ -266,10 +273,9 @@ static void ce_park(struct cuda_engine *e)
 	ce_check_kernel(e);
 	if (!e->running && !ce_bulk_running(e))
 		return;
+	/* A launch behind a gate starts (ce_put opens it) and leaves at once. */
 	if (ce_put32(e, OFF(ctl.park), 1) < 0)
 		return;
-	/* A launch behind a gate starts now and leaves at once. */
-	ce_gate_open(e);
 	uint64_t start = engine_now_ns();
 	while (e->running || ce_bulk_running(e)) {
 		ce_check_kernel(e);
@@ -440,8 +446,8 @@ static int ce_armed(struct cuda_engine *e)
  * trainer's full waves lack). The worker counts such a launch as running.
  * To launch for any other reason (another pair armed, a park, the end) it
  * opens the gate itself: it stores CE_GATE_MARK + seq into the arm word
- * unless the client's arm is there, which passes the wait (>=) but is
- * not the sequence, so neither the kernel nor ce_queues takes the entry
+ * where the wait does not pass yet, which passes it (>=) but is not the
+ * sequence, so neither the kernel nor ce_queues takes the entry
  * for armed; the client's own arm overwrites it. A wait that never passes
  * would leave the device busy for good, and calls that wait for it idle
  * (the reason for parking) would never return.
@@ -458,9 +464,12 @@ static void ce_gate_open(struct cuda_engine *e)
 	uint64_t s = e->gate.seq;
 	uint64_t *arm = &q->sq[DFCCL_QP_SLOT(s, q->n)].arm;
 	uint64_t v = __atomic_load_n(arm, __ATOMIC_ACQUIRE);
-	/* Anything but the client's arm is replaced: the arm itself may land
-	 * at any moment, and is never overwritten. */
-	while (v != s && v != s + CE_GATE_MARK &&
+	/* Only a value the wait does not pass yet (an earlier lap's, as the
+	 * wait compares) is replaced: the client's arm may land at any moment
+	 * and is never overwritten, nor is a later lap's entry in the slot
+	 * (the gate may have opened long ago, unseen: the kernel took s and
+	 * ran on). */
+	while ((int64_t)(v - s) < 0 &&
 	       !__atomic_compare_exchange_n(arm, &v, s + CE_GATE_MARK, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
 		;
 }
@@ -1385,7 +1394,6 @@ static void ce_free(void *impl)
 	if ((e->running || ce_bulk_running(e)) && !e->fatal[0]) {
 		uint32_t one = 1;
 		ce_put(e, OFF(ctl.stop), &one, sizeof(one));
-		ce_gate_open(e);
 		uint64_t start = engine_now_ns();
 		while ((e->running || ce_bulk_running(e)) && engine_now_ns() - start < 2000000000ull) {
 			ce_check_kernel(e);
