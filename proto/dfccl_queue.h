@@ -322,4 +322,25 @@ DFCCL_STATIC_ASSERT(offsetof(struct dfccl_sqe, reserved) == 112, "reserved offse
 /* Slot of a sequence number in a queue of n (a power of two) entries. */
 #define DFCCL_QP_SLOT(seq, n) ((uint32_t)(((seq)-1u) & ((uint64_t)(n)-1u)))
 
+/* A GPU engine's launch gate on entry s (see "Engine side" above): the
+ * value the engine stores into the arm word to open it, which is not s; and
+ * whether an arm word passes the gate's stream wait (a cyclic >=: the
+ * client's arm of s and later laps' do, earlier laps' do not). */
+#define DFCCL_ARM_GATE_MARK(s) ((uint64_t)(s) + (1ull << 62))
+static inline int dfccl_arm_passes(uint64_t arm, uint64_t s)
+{
+	return (int64_t)(arm - s) >= 0;
+}
+
+/* Opens a gate on entry s whose arm word is *arm: stores the mark unless
+ * the wait passes already, with a compare-and-swap, so an arm (the
+ * client's, or a later lap's) that lands meanwhile is never overwritten. */
+static inline void dfccl_arm_gate_open(uint64_t *arm, uint64_t s)
+{
+	uint64_t v = __atomic_load_n(arm, __ATOMIC_ACQUIRE);
+	while (!dfccl_arm_passes(v, s) &&
+	       !__atomic_compare_exchange_n(arm, &v, DFCCL_ARM_GATE_MARK(s), 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+		;
+}
+
 #endif /* DFCCL_QUEUE_H */

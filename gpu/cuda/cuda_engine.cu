@@ -445,15 +445,13 @@ static int ce_armed(struct cuda_engine *e)
  * 8.8 us a call under MPS against 6.4 for a resident kernel, whose SM a
  * trainer's full waves lack). The worker counts such a launch as running.
  * To launch for any other reason (another pair armed, a park, the end) it
- * opens the gate itself: it stores CE_GATE_MARK + seq into the arm word
- * where the wait does not pass yet, which passes it (>=) but is not the
- * sequence, so neither the kernel nor ce_queues takes the entry
- * for armed; the client's own arm overwrites it. A wait that never passes
+ * opens the gate itself: it stores DFCCL_ARM_GATE_MARK(seq) into the arm
+ * word where the wait does not pass yet (dfccl_arm_gate_open), which
+ * passes it but is not the sequence, so neither the kernel nor ce_queues
+ * takes the entry for armed; the client's own arm overwrites it. A wait that never passes
  * would leave the device busy for good, and calls that wait for it idle
  * (the reason for parking) would never return.
  */
-#define CE_GATE_MARK (1ull << 62)
-
 /* Opens the queued gate, if any. */
 static void ce_gate_open(struct cuda_engine *e)
 {
@@ -461,17 +459,9 @@ static void ce_gate_open(struct cuda_engine *e)
 		return;
 	e->gate.queued = 0;
 	struct sq_queue *q = e->qps[e->gate.qp].q;
-	uint64_t s = e->gate.seq;
-	uint64_t *arm = &q->sq[DFCCL_QP_SLOT(s, q->n)].arm;
-	uint64_t v = __atomic_load_n(arm, __ATOMIC_ACQUIRE);
-	/* Only a value the wait does not pass yet (an earlier lap's, as the
-	 * wait compares) is replaced: the client's arm may land at any moment
-	 * and is never overwritten, nor is a later lap's entry in the slot
-	 * (the gate may have opened long ago, unseen: the kernel took s and
-	 * ran on). */
-	while ((int64_t)(v - s) < 0 &&
-	       !__atomic_compare_exchange_n(arm, &v, s + CE_GATE_MARK, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
-		;
+	/* A later lap's arm is kept too: the gate may have opened long ago,
+	 * unseen (the kernel took the entry and ran on). */
+	dfccl_arm_gate_open(&q->sq[DFCCL_QP_SLOT(e->gate.seq, q->n)].arm, e->gate.seq);
 }
 
 /* The entry to gate on: the first posted and not armed of a queue pair
@@ -486,7 +476,7 @@ static int ce_gate_pick(struct cuda_engine *e, uint32_t *qi, uint64_t *seq)
 			uint64_t a = ce_arm_word(q, s);
 			if (a == s)
 				continue;
-			if (a == s + CE_GATE_MARK)
+			if (a == DFCCL_ARM_GATE_MARK(s))
 				break;
 			*qi = i;
 			*seq = s;

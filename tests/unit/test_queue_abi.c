@@ -60,6 +60,39 @@ static void test_slot(void **state)
 		assert_int_equal(DFCCL_QP_SLOT(s, 32), (s - 1) % 32);
 }
 
+/* A launch gate's mark (DFCCL_ARM_GATE_MARK): it passes the gate's wait
+ * but never reads as the entry armed, and opening a gate replaces only a
+ * value the wait does not pass yet: the client's arm, a later lap's, or a
+ * mark already there stay. Expected values from the definition, a cyclic
+ * >= on 64 bits. */
+static void test_gate_mark(void **state)
+{
+	(void)state;
+	const uint64_t seqs[] = {1, 2, 1023, 1024, 1025, 1ull << 40, (1ull << 62) - 1};
+	const uint64_t laps[] = {1, 8, 1024, 65536};
+	for (size_t i = 0; i < sizeof(seqs) / sizeof(seqs[0]); i++)
+		for (size_t k = 0; k < sizeof(laps) / sizeof(laps[0]); k++) {
+			uint64_t s = seqs[i], n = laps[k];
+			uint64_t mark = DFCCL_ARM_GATE_MARK(s);
+			assert_true(mark != s);
+			assert_true(dfccl_arm_passes(mark, s));
+			assert_true(dfccl_arm_passes(s, s));
+			assert_true(dfccl_arm_passes(s + n, s));
+			assert_false(dfccl_arm_passes(0, s));
+			if (s > n)
+				assert_false(dfccl_arm_passes(s - n, s));
+			/* Opening: an earlier lap's value (or a fresh slot's 0) gets
+			 * the mark; the arm, a later lap's, the mark itself stay. */
+			const uint64_t before[] = {s > n ? s - n : 0, s, s + n, mark};
+			for (size_t b = 0; b < sizeof(before) / sizeof(before[0]); b++) {
+				uint64_t arm = before[b];
+				dfccl_arm_gate_open(&arm, s);
+				assert_int_equal(arm, b == 0 ? mark : before[b]);
+				assert_true(dfccl_arm_passes(arm, s));
+			}
+		}
+}
+
 static void test_completion_word(void **state)
 {
 	const uint64_t max_seq = (1ull << 48) - 1;
@@ -268,6 +301,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_region_geometry), cmocka_unit_test(test_slot),
+	    cmocka_unit_test(test_gate_mark),
 	    cmocka_unit_test(test_completion_word), cmocka_unit_test(test_post_shape),
 	    cmocka_unit_test(test_stats_page),
 	    cmocka_unit_test(test_names),           cmocka_unit_test(test_create_map_check),
