@@ -3502,7 +3502,9 @@ __device__ void ctx_start(dk_ctx &c)
 __device__ void reader_main(dk_ctx &c)
 {
 	dk_state *st = c.st;
+	const uint64_t begun = c.p.trace ? now_ns() : 0;
 	ctx_start(c);
+	trace_at(c, DK_EV_START, DK_START_BEGUN, begun);
 	/* Tasks only once every block has rebuilt its queue, so none is taken
 	 * twice. */
 	while (vload(&st->ctl.started) < c.p.wait_blocks) {
@@ -3510,6 +3512,7 @@ __device__ void reader_main(dk_ctx &c)
 			return;
 		__nanosleep(100);
 	}
+	trace(c, DK_EV_START, DK_START_READY);
 	/* The reader's own copies: the tails and the arrival count are moved
 	 * by it alone. */
 	for (uint32_t b = 0; b < c.p.blocks && b < DK_MAX_BLOCKS; b++)
@@ -3580,7 +3583,9 @@ __global__ void __launch_bounds__(DK_THREADS, DK_MIN_BLOCKS_PER_SM) dk_main(dk_p
 	uint64_t idle_since = 0;
 	bool left = false;
 	if (tid == 0) {
+		const uint64_t begun = p.trace ? now_ns() : 0;
 		ctx_start(c);
+		trace_at(c, DK_EV_START, DK_START_BEGUN, begun);
 		vis.epoch = 0; /* no communicator's words read yet */
 		sh.q.n = 0;
 		dk_inbox *ib = &st->inbox[c.b];
@@ -3602,6 +3607,7 @@ __global__ void __launch_bounds__(DK_THREADS, DK_MIN_BLOCKS_PER_SM) dk_main(dk_p
 			__threadfence();
 			atomicAdd(&st->ctl.started, 1u);
 		}
+		trace(c, DK_EV_START, DK_START_READY);
 		/* Else a bulk block the reader asked for: it left with an
 		 * empty queue, and its tasks since are in its inbox. */
 	}

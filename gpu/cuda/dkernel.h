@@ -574,10 +574,19 @@ enum dk_trace_event {
 	DK_EV_DATA,        /* a piece of data was moved; arg: bytes (saturated) */
 	DK_EV_COMPLETE,    /* an entry completed; arg: its status */
 	DK_EV_TAKE,        /* the queue reader's take of an entry reached a phase; arg: enum dk_take_phase */
+	DK_EV_START,       /* a launch's block, or the queue reader, got this far; arg: enum dk_start_phase */
 	DK_EV_COUNT_
 };
 
-#define DK_TRACE_NAMES {"loop", "queues", "task", "step", "preempt", "data", "complete", "take"}
+#define DK_TRACE_NAMES {"loop", "queues", "task", "step", "preempt", "data", "complete", "take", "start"}
+
+/* How far a block (or the queue reader) of a new launch got (DK_EV_START):
+ * the time from a launch's first event to its first take is the kernel's
+ * start (tests/perf/dk_trace_summary.py --launches). */
+enum dk_start_phase {
+	DK_START_BEGUN = 0, /* its first instruction (timed then, recorded once its counters are loaded) */
+	DK_START_READY,     /* a block: its queue rebuilt; the reader: every block's, its first pass next */
+};
 
 /* The phases of the queue reader's pass over a queue pair and of its take
  * of an entry, in order, as the trace records them (DK_EV_TAKE): the time

@@ -2,7 +2,7 @@
 """Where the daemon kernel's time goes, from its event trace.
 
 Usage: dk_trace_summary.py TRACE [--block B|reader] [--top N] [--turnaround] [--blocks] [--data]
-                           [--stalls US]
+                           [--launches] [--stalls US]
 
 TRACE is the file a CUDA worker writes when dfccld runs with
 DFCCL_DK_TRACE=TRACE (gpu/cuda/dkernel.h): one line per event of thread 0 of
@@ -50,6 +50,17 @@ being idle are not counted. A large collective whose share is low is bound
 by its steps around the data; one whose rate within the pieces is low, by
 how fast a block moves data.
 
+With --launches it prints instead where each launch of the resident grid
+(block 0's "start begun": the block's first instruction) spends its start,
+from that event: block 0's queue rebuilt ("start ready"), the queue
+reader's beginning and its wait for every block, its first pass over the
+queue pairs, its first pass that took an entry, the first task on a block,
+the first completion, and the launch's last event; and the time from one
+launch's last event to the next launch's beginning (the kernel absent: it
+quit for being idle, or was parked). A relaunched kernel's start, in a
+loop that waits on each completion, is the part after its beginning that
+a kernel which stays resident would not pay.
+
 With --stalls US it prints instead every interval longer than US
 microseconds in which no block and not the reader recorded anything: the
 kernel was not running (it quit for being idle, or was parked), or the GPU
@@ -69,6 +80,8 @@ STEPS = ["SLOT", "POSTS", "WORK1", "SYNC1", "WORK2", "CHDONE", "FINISH", "BOX_FR
 # enum dk_take_phase, in order (gpu/cuda/dkernel.h): the queue reader's pass and take of an entry.
 TAKES = ["header", "scanned", "copied", "armed", "checked", "task", "done", "admitted", "filled", "handed", "loaded",
          "prepared"]
+# enum dk_start_phase, in order (gpu/cuda/dkernel.h): how far a launch's block got.
+STARTS = ["begun", "ready"]
 
 
 def label(event, arg):
@@ -78,6 +91,8 @@ def label(event, arg):
         return "%s %s" % (event, STEPS[step] if step < len(STEPS) else str(step))
     if event == "take":
         return "take %s" % (TAKES[arg] if arg < len(TAKES) else str(arg))
+    if event == "start":
+        return "start %s" % (STARTS[arg] if arg < len(STARTS) else str(arg))
     if event == "queues":
         return "queues (took %s)" % ("none" if arg == 0 else "some")
     return event
@@ -208,6 +223,55 @@ def data(path):
     line("all", [p for _, ps, _ in rows for p in ps], sum(busy for _, _, busy in rows))
 
 
+def launches(path):
+    reader = reader_of(path)
+    evs = sorted(records(path), key=lambda r: r[1])
+    begins = [t for b, t, e, a in evs if b == 0 and e == "start" and a == STARTS.index("begun")]
+    if not begins:
+        print("launches: none traced (no block 0 \"start begun\" event)")
+        return
+    # Per launch, the first time of each milestone after its beginning.
+    marks = ["block 0 ready", "reader begun", "reader ready", "first pass", "first take", "first task",
+             "first completion", "last event"]
+    rows = {m: [] for m in marks}
+    absent = []
+    for i, t0 in enumerate(begins):
+        end = begins[i + 1] if i + 1 < len(begins) else None
+        seen, last = {}, t0
+        for b, t, e, a in evs[bisect.bisect_left([r[1] for r in evs], t0):]:
+            if end is not None and t >= end:
+                break
+            last = t
+            if b == 0 and e == "start" and a == STARTS.index("ready"):
+                m = "block 0 ready"
+            elif b == reader and e == "start":
+                m = "reader " + (STARTS[a] if a < len(STARTS) else str(a))
+            elif b == reader and e == "queues":
+                m = "first take" if a > 0 else "first pass"
+                seen.setdefault("first pass", t)
+            elif b != reader and e == "task":
+                m = "first task"
+            elif b != reader and e == "complete":
+                m = "first completion"
+            else:
+                continue
+            seen.setdefault(m, t)
+        seen["last event"] = last
+        for m, t in seen.items():
+            rows[m].append(t - t0)
+        if end is not None:
+            absent.append(end - last)
+    print("launches: %d (block 0's \"start begun\" events)" % len(begins))
+    print("%-34s %8s %10s %10s %10s" % ("from the launch's beginning to", "count", "median us", "min us", "max us"))
+    for m in marks:
+        d = rows[m]
+        if d:
+            print("%-34s %8d %10s %10s %10s" % (m, len(d), us(statistics.median(d)), us(min(d)), us(max(d))))
+    if absent:
+        print("%-34s %8d %10s %10s %10s" % ("absent (last event -> next launch)", len(absent),
+                                           us(statistics.median(absent)), us(min(absent)), us(max(absent))))
+
+
 def stalls(path, min_us):
     times = sorted(t for _, t, _, _ in records(path))
     if len(times) < 2:
@@ -267,6 +331,8 @@ def main():
                     help="a line per block instead: tasks, completions, their pace, tasks in flight")
     ap.add_argument("--data", action="store_true",
                     help="a line per block instead: its pieces of data, their time and rate")
+    ap.add_argument("--launches", action="store_true",
+                    help="where each launch of the resident grid spends its start instead")
     ap.add_argument("--stalls", type=float, metavar="US",
                     help="the intervals longer than US microseconds with no event of any block instead")
     args = ap.parse_args()
@@ -278,6 +344,8 @@ def main():
         whole = lambda: blocks(args.trace)
     elif args.data:
         whole = lambda: data(args.trace)
+    elif args.launches:
+        whole = lambda: launches(args.trace)
     elif args.turnaround:
         whole = lambda: turnaround(args.trace)
     if whole:

@@ -215,6 +215,17 @@ stop_daemon
 # traced daemon of its own (perf_lib.sh's traced), still under MPS: where
 # the time a collective adds to a step goes. Its summaries follow the table.
 if [ "${OVERLAP_TRACE:-0}" != 0 ]; then
+	# On a fresh MPS server: the NCCL job, stopped mid-collective, can
+	# leave the last one refusing new clients for a while ("CUDA-capable
+	# device(s) is/are busy or unavailable").
+	if [ "$nccl" = 1 ]; then
+		mps_stop
+		for _ in $(seq 50); do
+			pgrep -x nvidia-cuda-mps-server >/dev/null || break
+			sleep 0.2
+		done
+		mps_start
+	fi
 	traced_apart traced_overlap allreduce --nranks 2 --devices "$dfccl_gpus" --mode stream --mem device \
 		-n "$iters" -w "$warmup" --overlap "$us" || failed=$((failed + 1))
 fi
