@@ -882,11 +882,13 @@ __device__ __forceinline__ void trace_at(dk_ctx &c, uint32_t event, uint32_t arg
 __device__ void stats_flush(dk_ctx &c)
 {
 	volatile uint64_t *d = (volatile uint64_t *)c.bs;
+	volatile uint64_t *dev = (volatile uint64_t *)&c.st->counters[c.slot];
 	const uint64_t *a = (const uint64_t *)&c.acc;
 	uint64_t *o = (uint64_t *)&c.out;
 	for (int k = 0; k < DK_NCOUNTERS; k++)
 		if (a[k] != o[k]) {
 			d[k] = a[k];
+			dev[k] = a[k];
 			o[k] = a[k];
 		}
 	c.flushed = now_ns();
@@ -3466,13 +3468,22 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 /* ------------------------------------------------------------------ the kernel */
 
 /* Counters carry on from the last launch (thread 0 of each block, and the
- * reader). */
+ * reader): from their copy in device memory (dk_state.counters), which
+ * stats_flush keeps with the host's. Loaded from the host's, over PCIe,
+ * they took 8.3 us from a launch's first instruction to block 0's queue
+ * rebuilt, on every launch, loaded into registers before any was stored
+ * or not (tests/perf/RESULTS.md, twenty-fourth run). */
 __device__ void ctx_start(dk_ctx &c)
 {
-	volatile uint64_t *v = (volatile uint64_t *)c.bs;
-	uint64_t *a = (uint64_t *)&c.acc;
+	const volatile uint64_t *v = (const volatile uint64_t *)&c.st->counters[c.slot];
+	uint64_t x[DK_NCOUNTERS];
+#pragma unroll
 	for (int k = 0; k < DK_NCOUNTERS; k++)
-		a[k] = v[k];
+		x[k] = v[k];
+	uint64_t *a = (uint64_t *)&c.acc;
+#pragma unroll
+	for (int k = 0; k < DK_NCOUNTERS; k++)
+		a[k] = x[k];
 	c.out = c.acc;
 	c.flushed = now_ns();
 	c.trace_n = c.p.trace ? c.p.trace->n[c.slot] : 0;
@@ -3505,6 +3516,7 @@ __device__ void reader_main(dk_ctx &c)
 	const uint64_t begun = c.p.trace ? now_ns() : 0;
 	ctx_start(c);
 	trace_at(c, DK_EV_START, DK_START_BEGUN, begun);
+	trace(c, DK_EV_START, DK_START_LOADED);
 	/* Tasks only once every block has rebuilt its queue, so none is taken
 	 * twice. */
 	while (vload(&st->ctl.started) < c.p.wait_blocks) {
@@ -3514,9 +3526,19 @@ __device__ void reader_main(dk_ctx &c)
 	}
 	trace(c, DK_EV_START, DK_START_READY);
 	/* The reader's own copies: the tails and the arrival count are moved
-	 * by it alone. */
-	for (uint32_t b = 0; b < c.p.blocks && b < DK_MAX_BLOCKS; b++)
-		c.rtail[b] = vload(&st->inbox[b].tail);
+	 * by it alone. Eight tails loaded before any is stored, as in
+	 * ctx_start: one at a time they took about 7 us on every launch. */
+	const uint32_t nb = c.p.blocks < DK_MAX_BLOCKS ? c.p.blocks : DK_MAX_BLOCKS;
+	for (uint32_t b0 = 0; b0 < nb; b0 += 8) {
+		uint32_t tl[8];
+#pragma unroll
+		for (uint32_t k = 0; k < 8; k++)
+			tl[k] = b0 + k < nb ? vload(&st->inbox[b0 + k].tail) : 0;
+#pragma unroll
+		for (uint32_t k = 0; k < 8; k++)
+			if (b0 + k < nb)
+				c.rtail[b0 + k] = tl[k];
+	}
 	c.rpend = 0;
 	c.arrivals = vload(&st->arrivals);
 	c.free_base = c.free_mask = 0;
@@ -3586,6 +3608,7 @@ __global__ void __launch_bounds__(DK_THREADS, DK_MIN_BLOCKS_PER_SM) dk_main(dk_p
 		const uint64_t begun = p.trace ? now_ns() : 0;
 		ctx_start(c);
 		trace_at(c, DK_EV_START, DK_START_BEGUN, begun);
+		trace(c, DK_EV_START, DK_START_LOADED);
 		vis.epoch = 0; /* no communicator's words read yet */
 		sh.q.n = 0;
 		dk_inbox *ib = &st->inbox[c.b];

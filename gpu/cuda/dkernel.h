@@ -413,6 +413,10 @@ struct dk_state {
 	struct dk_task tasks[DK_MAX_TASKS];
 	struct sched_state states[DK_MAX_BLOCKS][DK_MAX_TASKS];
 	struct dk_inbox inbox[DK_MAX_BLOCKS];
+	/* Each block's counters (and the queue reader's) as it last stored
+	 * them to dk_host: where a launch's blocks load them from, in device
+	 * memory (dkernel.cu, ctx_start). */
+	struct dk_block_stats counters[DK_SLOTS];
 };
 /* The blocks load quit, stop and park in one 16-byte word (dk_main); the
  * host clears them and started with one copy before a launch (ce_launch). */
@@ -585,6 +589,7 @@ enum dk_trace_event {
  * start (tests/perf/dk_trace_summary.py --launches). */
 enum dk_start_phase {
 	DK_START_BEGUN = 0, /* its first instruction (timed then, recorded once its counters are loaded) */
+	DK_START_LOADED,    /* its counters loaded (ctx_start) */
 	DK_START_READY,     /* a block: its queue rebuilt; the reader: every block's, its first pass next */
 };
 

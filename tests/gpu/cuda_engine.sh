@@ -404,6 +404,30 @@ if part_on gate; then
 	step "gated: 150 all-reduces of 4-256 KiB per wait (stream), 2 ranks on GPUs $pair" 300 \
 		"$bin/dfccl-perf" allreduce --socket "$sock" --mem device --devices "$pair" --nranks 2 \
 		--mode stream --batch 150 --group 0 -b 4K -e 256K -f 8 -n 3 -w 1 -c 1
+	# The kernel's counters carry over from launch to launch (dkernel.cu,
+	# ctx_start): with a launch per collective here, a count that started
+	# again at a launch would fall short of the collectives the step ran
+	# (n + w per rank, each rank's GPU; its checks and sums add some).
+	completed() { ctl --json stats | json "' '.join('%d:%d' % (x['device'], int(x.get('completed', 0)))
+		for x in d['devices'])"; }
+	before=$(completed)
+	step "gated: 300 all-reduces of 8 B (stream), 2 ranks on GPUs $pair, counted" 120 \
+		"$bin/dfccl-perf" allreduce --socket "$sock" --mem device --devices "$pair" --nranks 2 \
+		--mode stream -b 8 -e 8 -n 300 -w 5 -c 1
+	want=305
+	[ "$pair" = 0,0 ] && want=610 # both ranks' entries on GPU 0
+	for _ in $(seq 20); do
+		after=$(completed)
+		short=$(python3 -c "
+b = dict(map(int, x.split(':')) for x in '$before'.split())
+a = dict(map(int, x.split(':')) for x in '$after'.split())
+print(' '.join('GPU %d: %d' % (g, a[g] - b.get(g, 0)) for g in sorted(a)
+               if g in {int(x) for x in '$pair'.split(',')} and a[g] - b.get(g, 0) < $want))")
+		[ -z "$short" ] && break
+		sleep 0.1
+	done
+	[ -z "$short" ] || fail "gated: completions counted fell short of $want per GPU ($short): counters lost at a launch"
+	echo "completions counted per GPU over the step: at least $want"
 	gated=$(ctl --json stats | json "' '.join('%d:%d:%d' % (x['device'], int(x.get('kernel_launches', 0)),
 		int(x.get('kernel_gated', 0))) for x in d['devices'] if int(x.get('completed', 0)))")
 	echo "device:launches:gated launches, per GPU that completed collectives: $gated"

@@ -52,8 +52,10 @@ how fast a block moves data.
 
 With --launches it prints instead where each launch of the resident grid
 (block 0's "start begun": the block's first instruction) spends its start,
-from that event: block 0's queue rebuilt ("start ready"), the queue
-reader's beginning and its wait for every block, its first pass over the
+from that event: block 0's counters loaded and its queue rebuilt ("start
+loaded", "start ready"), the queue
+reader's beginning (a few ns before block 0's, if that is where it falls) and
+its wait for every block, its first pass over the
 queue pairs, its first pass that took an entry, the first task on a block,
 the first completion, and the launch's last event; and the time from one
 launch's last event to the next launch's beginning (the kernel absent: it
@@ -81,7 +83,7 @@ STEPS = ["SLOT", "POSTS", "WORK1", "SYNC1", "WORK2", "CHDONE", "FINISH", "BOX_FR
 TAKES = ["header", "scanned", "copied", "armed", "checked", "task", "done", "admitted", "filled", "handed", "loaded",
          "prepared"]
 # enum dk_start_phase, in order (gpu/cuda/dkernel.h): how far a launch's block got.
-STARTS = ["begun", "ready"]
+STARTS = ["begun", "loaded", "ready"]
 
 
 def label(event, arg):
@@ -223,6 +225,9 @@ def data(path):
     line("all", [p for _, ps, _ in rows for p in ps], sum(busy for _, _, busy in rows))
 
 
+READER_NEAR_NS = 50000
+
+
 def launches(path):
     reader = reader_of(path)
     evs = sorted(records(path), key=lambda r: r[1])
@@ -231,21 +236,31 @@ def launches(path):
         print("launches: none traced (no block 0 \"start begun\" event)")
         return
     # Per launch, the first time of each milestone after its beginning.
-    marks = ["block 0 ready", "reader begun", "reader ready", "first pass", "first take", "first task",
+    marks = ["block 0 loaded", "block 0 ready", "reader begun", "reader ready", "first pass", "first take", "first task",
              "first completion", "last event"]
     rows = {m: [] for m in marks}
     absent = []
+    # The reader may begin a little before block 0 (its own thread of the
+    # same launch): the nearest of its beginnings, either side, within
+    # READER_NEAR_NS, is the launch's (a negative offset where it came first).
+    reader_begins = [t for b, t, e, a in evs if b == reader and e == "start" and a == STARTS.index("begun")]
+    for t0 in begins:
+        near = min(reader_begins, key=lambda t: abs(t - t0), default=None)
+        if near is not None and abs(near - t0) <= READER_NEAR_NS:
+            rows["reader begun"].append(near - t0)
     for i, t0 in enumerate(begins):
         end = begins[i + 1] if i + 1 < len(begins) else None
         seen, last = {}, t0
         for b, t, e, a in evs[bisect.bisect_left([r[1] for r in evs], t0):]:
             if end is not None and t >= end:
                 break
+            if b == reader and e == "start" and a == STARTS.index("begun"):
+                continue  # matched to its launch above
             last = t
-            if b == 0 and e == "start" and a == STARTS.index("ready"):
-                m = "block 0 ready"
-            elif b == reader and e == "start":
-                m = "reader " + (STARTS[a] if a < len(STARTS) else str(a))
+            if b == 0 and e == "start" and a in (STARTS.index("loaded"), STARTS.index("ready")):
+                m = "block 0 " + STARTS[a]
+            elif b == reader and e == "start" and a == STARTS.index("ready"):
+                m = "reader ready"
             elif b == reader and e == "queues":
                 m = "first take" if a > 0 else "first pass"
                 seen.setdefault("first pass", t)

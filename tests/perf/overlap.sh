@@ -221,7 +221,7 @@ if [ "${OVERLAP_TRACE:-0}" != 0 ]; then
 	if [ "$nccl" = 1 ]; then
 		mps_stop
 		for _ in $(seq 50); do
-			pgrep -x nvidia-cuda-mps-server >/dev/null || break
+			pgrep -f nvidia-cuda-mps-server >/dev/null || break
 			sleep 0.2
 		done
 		mps_start

@@ -184,13 +184,16 @@ def main():
         # with its milestones at fixed offsets (us) from block 0's "start
         # begun"; the second's reader takes on its second pass only, and a
         # bulk block's start (block 3) is no launch of the resident grid.
-        offsets = [(0, "start", 1, 2.0), (16, "start", 0, 1.0), (16, "start", 1, 3.0), (16, "queues", 0, 4.0),
-                   (16, "queues", 1, 9.0), (0, "task", 0, 11.0), (0, "complete", 0, 20.0), (0, "loop", 0, 45.0)]
+        # The second launch's reader begins 0.5 us before its block 0.
+        offsets = lambda k: [(0, "start", 1, 1.5), (0, "start", 2, 2.0), (16, "start", 0, -0.5 if k else 1.0),
+                             (16, "start", 1, 2.5), (16, "start", 2, 3.0),
+                             (16, "queues", 0, 4.0), (16, "queues", 1, 9.0), (0, "task", 0, 11.0),
+                             (0, "complete", 0, 20.0), (0, "loop", 0, 45.0)]
         with open(path, "w") as f:
             f.write("# block ns event arg (GPU 0; block 16: the queue reader)\n")
             for k, base in enumerate((0, 100000)):
                 f.write("0 %d start 0\n" % base)
-                for block, e, a, at in offsets:
+                for block, e, a, at in offsets(k):
                     if k == 0 and e == "queues" and a == 0:
                         a = 1  # the first launch takes on its first pass
                     f.write("%d %d %s %d\n" % (block, base + int(at * 1000), e, a))
@@ -198,7 +201,7 @@ def main():
         out = run(path, "--launches")
         row = "%-34s %8d %10s %10s %10s"
         expect(out, "launches: 2 ")
-        for mark, lo, hi in (("block 0 ready", 2.0, 2.0), ("reader begun", 1.0, 1.0), ("reader ready", 3.0, 3.0),
+        for mark, lo, hi in (("block 0 loaded", 1.5, 1.5), ("block 0 ready", 2.0, 2.0), ("reader begun", -0.5, 1.0), ("reader ready", 3.0, 3.0),
                              ("first pass", 4.0, 4.0), ("first take", 4.0, 9.0), ("first task", 11.0, 11.0),
                              ("first completion", 20.0, 20.0)):
             expect(out, row % (mark, 2, "%.2f" % ((lo + hi) / 2), "%.2f" % lo, "%.2f" % hi))
