@@ -811,6 +811,7 @@ struct dk_ctx {
 	/* The queue reader's own (reader_main loads them at its start): */
 	uint64_t arrivals;  /* dk_state.arrivals, stored back by inbox_publish */
 	uint32_t rtail[DK_MAX_BLOCKS]; /* each inbox's next place (its tail once published) */
+	uint64_t rknown;    /* bit b: rtail[b] loaded in this launch (entry_take) */
 	uint64_t rpend;     /* blocks whose inbox has places not published (bit b: block b) */
 	uint32_t free_base, free_mask; /* bit k: task free_base + k is known free (task_alloc) */
 };
@@ -1444,6 +1445,10 @@ __device__ uint32_t entry_take(dk_ctx &c, const dk_prep &pr)
 	*(volatile uint32_t *)&st->tasks[ti].state = DK_TASK_LIVE;
 	for (uint32_t ch = 0; ch < pr.nch; ch++) {
 		uint32_t b = block_at(c.p, pr.block0, ch);
+		if (!(c.rknown >> b & 1u)) {
+			c.rtail[b] = vload(&st->inbox[b].tail);
+			c.rknown |= 1ull << b;
+		}
 		st->inbox[b].idx[c.rtail[b]++ % DK_MAX_TASKS] = ti;
 		c.rpend |= 1ull << b;
 	}
@@ -1451,7 +1456,7 @@ __device__ uint32_t entry_take(dk_ctx &c, const dk_prep &pr)
 	return ti;
 }
 
-DFCCL_STATIC_ASSERT(DK_MAX_BLOCKS <= 64, "dk_ctx.rpend has a bit per block");
+DFCCL_STATIC_ASSERT(DK_MAX_BLOCKS <= 64, "dk_ctx.rpend and rknown have a bit per block");
 
 /*
  * Whether bulk block ib's owner may leave: its side of bulk_ask's
@@ -3526,19 +3531,10 @@ __device__ void reader_main(dk_ctx &c)
 	}
 	trace(c, DK_EV_START, DK_START_READY);
 	/* The reader's own copies: the tails and the arrival count are moved
-	 * by it alone. Eight tails loaded before any is stored, as in
-	 * ctx_start: one at a time they took about 7 us on every launch. */
-	const uint32_t nb = c.p.blocks < DK_MAX_BLOCKS ? c.p.blocks : DK_MAX_BLOCKS;
-	for (uint32_t b0 = 0; b0 < nb; b0 += 8) {
-		uint32_t tl[8];
-#pragma unroll
-		for (uint32_t k = 0; k < 8; k++)
-			tl[k] = b0 + k < nb ? vload(&st->inbox[b0 + k].tail) : 0;
-#pragma unroll
-		for (uint32_t k = 0; k < 8; k++)
-			if (b0 + k < nb)
-				c.rtail[b0 + k] = tl[k];
-	}
+	 * by it alone. A tail is loaded when a task first goes to its block
+	 * (entry_take): every block's, one after the other, took about 7 us
+	 * before a launch's first pass (twenty-fourth run). */
+	c.rknown = 0;
 	c.rpend = 0;
 	c.arrivals = vload(&st->arrivals);
 	c.free_base = c.free_mask = 0;
