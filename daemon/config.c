@@ -114,7 +114,7 @@ static const struct setting settings[] = {
     {"kernel-idle-mps-us", T_INT, F(kernel_idle_mps_us), 0, 60000000, "5000", NULL,
      "cuda engine under MPS (where a resident daemon kernel runs beside the trainers' kernels): microseconds it "
      "stays resident with nothing to do, so that a trainer whose compute between two collectives is shorter "
-     "pays no relaunch"},
+     "pays no relaunch; with the launch gate, after collectives the CPU armed only (launch-gate-idle-us)"},
     {"resident-blocks", T_INT, F(resident_blocks), 0, 8, "0", NULL,
      "cuda engine: 0 runs the daemon kernel as one grid of `channels` blocks, resident while it has work; N "
      "adds N resident blocks, which run the queue reader and single-channel collectives, and makes each of the "
@@ -131,9 +131,14 @@ static const struct setting settings[] = {
      "cuda engine: 1: while the daemon kernel is stopped and an entry is posted for a stream to arm, its "
      "launch waits on the GPU behind a wait on that entry's arm word, so that the stream arming it starts "
      "the kernel with no worker in the path (the worker opens the gate itself to launch for anything else)"},
-    {"launch-gate-mps", T_INT, F(launch_gate_mps), 0, 1, "0", NULL,
+    {"launch-gate-mps", T_INT, F(launch_gate_mps), 0, 1, "1", NULL,
      "cuda engine under MPS (where a kernel that stays resident between collectives holds SMs the trainers' "
-     "kernels lack; kernel-idle-mps-us says how long it stays): launch-gate"},
+     "kernels lack): launch-gate"},
+    {"launch-gate-idle-us", T_INT, F(launch_gate_idle_us), 0, 60000000, "5", NULL,
+     "cuda engine with the launch gate on: microseconds the daemon kernel stays with nothing to do when every "
+     "collective it took in that time was armed by a stream (the gate launches it again for the next one); after "
+     "one the CPU armed, kernel-idle-us (kernel-idle-mps-us) applies. Shorter lets a trainer's next kernel "
+     "have every SM sooner, longer keeps back-to-back collectives from relaunching it"},
     {"push-bytes", T_INT, F(push_bytes), 0, 65536, "65536", NULL,
      "cuda engine: all-reduces up to this many bytes on one channel are pushed: each rank writes its data into "
      "the other ranks' GPU memory and reduces what it received, one exchange with no reads across GPUs "

@@ -51,6 +51,8 @@ struct dfccld_config {
 	int64_t bulk_idle_us;       /* cuda engine: idle time before a bulk block leaves */
 	int64_t launch_gate;        /* cuda engine: 1: a stopped kernel's launch waits for the next stream's arm */
 	int64_t launch_gate_mps;    /* the same under MPS */
+	int64_t launch_gate_idle_us; /* cuda engine with a gate: idle time before the kernel quits after
+	                              * stream-ordered collectives only */
 	int64_t push_bytes;     /* cuda engine: largest pushed all-reduce (0: none) */
 	int64_t ll_bytes;       /* cuda engine: largest pushed all-reduce sent as flagged lines (0: none) */
 	int64_t chan_bytes;     /* cuda engine: a channel per this many bytes of a collective */

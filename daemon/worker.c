@@ -810,6 +810,7 @@ int worker_main(unsigned device, const struct worker_ident *id, const struct dfc
 	    .resident_blocks = (uint32_t)cfg->resident_blocks,
 	    .bulk_idle_ns = (uint64_t)cfg->bulk_idle_us * 1000u,
 	    .gate = (uint32_t)cfg->launch_gate,
+	    .gate_idle_ns = (uint64_t)cfg->launch_gate_idle_us * 1000u,
 	    .push_bytes = (uint32_t)cfg->push_bytes,
 	    .ll_bytes = (uint32_t)cfg->ll_bytes,
 	    .visit_bytes = (uint64_t)cfg->visit_bytes,

@@ -615,7 +615,7 @@ static int worker_spawn(struct worker *wk)
 	static const char *const passed[] = {"log-level", "log-target", "spin-head",
 	                                     "spin-other", "stick-mult", "spin-max",
 	                                     "algo",      "channels",   "spread-blocks", "kernel-idle-us", "resident-blocks",
-	                                     "bulk-idle-us", "launch-gate", "push-bytes",
+	                                     "bulk-idle-us", "launch-gate", "launch-gate-idle-us", "push-bytes",
 	                                     "ll-bytes",  "visit-bytes", "chan-bytes", "oneshot-bytes",
 	                                     "max-inflight-per-session", "max-inflight-per-uid"};
 	enum { NPASSED = sizeof(passed) / sizeof(passed[0]) };

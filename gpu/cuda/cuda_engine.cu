@@ -344,6 +344,7 @@ static void ce_start(struct cuda_engine *e, int gated, uint32_t qi, uint64_t seq
 			fprintf(stderr, "GPU %u: no launch gate (%s): launching from the worker\n", e->cfg.device,
 			        cudrv_last_error());
 			e->cfg.gate = 0;
+			e->params.stream_idle_ns = e->params.idle_ns;
 			gated = 0;
 		}
 	}
@@ -1516,6 +1517,8 @@ extern "C" int cuda_engine_ops_new(const struct engine_config *cfg, const struct
 	}
 	e->params.device = cfg->device;
 	e->params.idle_ns = cfg->kernel_idle_ns;
+	e->params.stream_idle_ns =
+	    cfg->gate && cfg->gate_idle_ns < cfg->kernel_idle_ns ? cfg->gate_idle_ns : cfg->kernel_idle_ns;
 	e->params.visit_bytes = cfg->visit_bytes ? cfg->visit_bytes : CE_VISIT_BYTES;
 	e->params.chan_bytes = cfg->chan_bytes ? cfg->chan_bytes : CE_CHAN_BYTES;
 	e->params.oneshot_bytes = cfg->oneshot_bytes;

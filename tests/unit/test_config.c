@@ -76,7 +76,8 @@ static void test_defaults(void **state)
 	assert_int_equal(c.resident_blocks_mps, 1);
 	assert_int_equal(c.bulk_idle_us, 1000);
 	assert_int_equal(c.launch_gate, 0);
-	assert_int_equal(c.launch_gate_mps, 0);
+	assert_int_equal(c.launch_gate_mps, 1);
+	assert_int_equal(c.launch_gate_idle_us, 5);
 	assert_int_equal(c.push_bytes, 65536);
 	assert_int_equal(c.ll_bytes, 16384);
 	assert_int_equal(c.visit_bytes, 4 << 20);
@@ -107,7 +108,7 @@ static void test_defaults(void **state)
 		n++;
 	}
 	fclose(dump);
-	assert_int_equal(n, 52);
+	assert_int_equal(n, 53);
 	assert_memory_equal(&c, &d, sizeof(c));
 }
 
