@@ -414,19 +414,36 @@ static uint64_t ce_arm_word(const struct sq_queue *q, uint64_t s)
 	return __atomic_load_n(&q->sq[DFCCL_QP_SLOT(s, q->n)].arm, __ATOMIC_ACQUIRE);
 }
 
+/* An entry to gate on (ce_queues). */
+struct ce_pick {
+	int found;
+	uint32_t qi;
+	uint64_t seq;
+};
+
 /* CE_QUEUES_ARMED if some queue pair has an armed entry the kernel has not
  * taken; else CE_QUEUES_UNARMED if some entry is posted but not armed yet
- * (a stream will arm it, and cannot ring the doorbell); else EMPTY. */
-static int ce_queues(struct cuda_engine *e)
+ * (a stream will arm it, and cannot ring the doorbell); else EMPTY. With
+ * `pick`, in the same look, the entry to gate on where none is armed: the
+ * first posted and not armed of a queue pair, one whose gate the worker
+ * has not opened already (its marker would pass a new wait at once). */
+static int ce_queues(struct cuda_engine *e, struct ce_pick *pick)
 {
 	int found = CE_QUEUES_EMPTY;
 	for (uint32_t i = 0; i < e->nqps; i++) {
 		uint64_t from, to;
 		const struct sq_queue *q = ce_posted(e, i, &from, &to);
+		int pair_looked = 0; /* this pair's first entry not armed was looked at */
 		for (uint64_t s = from; q && s < to; s++) {
-			if (ce_arm_word(q, s) == s)
+			uint64_t a = ce_arm_word(q, s);
+			if (a == s)
 				return CE_QUEUES_ARMED;
 			found = CE_QUEUES_UNARMED;
+			if (!pick || pick->found || pair_looked)
+				continue;
+			pair_looked = 1;
+			if (a != DFCCL_ARM_GATE_MARK(s))
+				*pick = (struct ce_pick){1, i, s};
 		}
 	}
 	return found;
@@ -434,7 +451,7 @@ static int ce_queues(struct cuda_engine *e)
 
 static int ce_armed(struct cuda_engine *e)
 {
-	return ce_queues(e) == CE_QUEUES_ARMED;
+	return ce_queues(e, NULL) == CE_QUEUES_ARMED;
 }
 
 /*
@@ -465,27 +482,6 @@ static void ce_gate_open(struct cuda_engine *e)
 	dfccl_arm_gate_open(&q->sq[DFCCL_QP_SLOT(e->gate.seq, q->n)].arm, e->gate.seq);
 }
 
-/* The entry to gate on: the first posted and not armed of a queue pair
- * (a stream will arm it), one whose gate was not opened already by the
- * worker (its marker would pass a new wait at once). 0 where none is. */
-static int ce_gate_pick(struct cuda_engine *e, uint32_t *qi, uint64_t *seq)
-{
-	for (uint32_t i = 0; i < e->nqps; i++) {
-		uint64_t from, to;
-		const struct sq_queue *q = ce_posted(e, i, &from, &to);
-		for (uint64_t s = from; q && s < to; s++) {
-			uint64_t a = ce_arm_word(q, s);
-			if (a == s)
-				continue;
-			if (a == DFCCL_ARM_GATE_MARK(s))
-				break;
-			*qi = i;
-			*seq = s;
-			return 1;
-		}
-	}
-	return 0;
-}
 
 /* Wakes clients sleeping on a completion count the kernel moved, and copies
  * the kernel's counters to the statistics page. */
@@ -1285,18 +1281,20 @@ static unsigned ce_poll(void *impl)
 	struct cuda_engine *e = (struct cuda_engine *)impl;
 	ce_check_kernel(e);
 	unsigned work = ce_completions(e) + ce_bulk_asked(e);
-	if (!e->running && (e->resume || ce_armed(e))) {
+	if (e->running && !e->gate.queued)
+		return work;
+	/* Stopped, or behind a gate: one look at the queues decides. */
+	struct ce_pick pick = {0};
+	int queues = ce_queues(e, !e->running && e->cfg.gate ? &pick : NULL);
+	if (!e->running && (e->resume || queues == CE_QUEUES_ARMED)) {
 		ce_launch(e);
 		work++;
-	} else if (e->gate.queued && ce_armed(e)) {
+	} else if (e->gate.queued && queues == CE_QUEUES_ARMED) {
 		/* Armed elsewhere (or the gate's own entry, which opened it). */
 		ce_gate_open(e);
 		work++;
-	} else if (!e->running && e->cfg.gate) {
-		uint32_t qi;
-		uint64_t seq;
-		if (ce_gate_pick(e, &qi, &seq))
-			ce_start(e, 1, qi, seq);
+	} else if (!e->running && pick.found) {
+		ce_start(e, 1, pick.qi, pick.seq);
 	}
 	return work;
 }
@@ -1312,7 +1310,7 @@ static int ce_busy(void *impl, uint64_t *pause_ns)
 	/* Entries that a stream will arm: watch them from here, as the
 	 * kernel is gone and nobody rings once the stream arms one. */
 	*pause_ns = CE_UNARMED_PAUSE_NS;
-	return ce_queues(e) != CE_QUEUES_EMPTY;
+	return ce_queues(e, NULL) != CE_QUEUES_EMPTY;
 }
 
 static int ce_sleep(void *impl)
