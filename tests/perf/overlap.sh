@@ -281,8 +281,9 @@ print("# dfccl: 2 ranks on GPU(s) %s; NCCL: %s rank(s) on GPU(s) %s%s" % (dfccl_
       "" if nccl else " (not measured)"))
 print("# per iteration (us): comp = the kernel alone, total = kernel and all-reduce; added = total - comp;")
 print("# step-diff = dfccl-total - nccl-total, what a step costs more with dfccl. dfccl-comp is timed while")
-print("# the daemon kernel, idle, holds its SMs until it quits (kernel-idle-mps-us), so dfccl-added leaves")
-print("# out part of what the resident kernel costs the compute kernel; step-diff does not")
+print("# the daemon kernel, idle, may hold its SMs until it quits (for kernel-idle-mps-us after the sums")
+print("# dfccl-perf's CPU makes between its phases), so dfccl-added leaves out part of what a resident kernel")
+print("# costs the compute kernel; step-diff does not")
 print("%12s %11s %11s %11s %11s %11s %11s %11s" % ("size(B)", "dfccl-comp", "dfccl-total", "dfccl-added",
                                                   "nccl-comp", "nccl-total", "nccl-added", "step-diff"))
 for size in sorted(set(dfccl) | set(nccl)):
