@@ -135,10 +135,10 @@ static const struct setting settings[] = {
      "cuda engine under MPS (where a kernel that stays resident between collectives holds SMs the trainers' "
      "kernels lack): launch-gate"},
     {"launch-gate-idle-us", T_INT, F(launch_gate_idle_us), 0, 60000000, "5", NULL,
-     "cuda engine with the launch gate on: microseconds the daemon kernel stays with nothing to do when every "
-     "collective it took in that time was armed by a stream (the gate launches it again for the next one); after "
-     "one the CPU armed, kernel-idle-us (kernel-idle-mps-us) applies. Shorter lets a trainer's next kernel "
-     "have every SM sooner, longer keeps back-to-back collectives from relaunching it"},
+     "cuda engine with the launch gate on: microseconds the daemon kernel stays with nothing to do when the last "
+     "collective it took was armed by a stream (the gate launches it again for the next one); after one the CPU "
+     "armed, kernel-idle-us (kernel-idle-mps-us) applies. Shorter lets a trainer's next kernel have every SM "
+     "sooner, longer keeps back-to-back collectives from relaunching it"},
     {"push-bytes", T_INT, F(push_bytes), 0, 65536, "65536", NULL,
      "cuda engine: all-reduces up to this many bytes on one channel are pushed: each rank writes its data into "
      "the other ranks' GPU memory and reduces what it received, one exchange with no reads across GPUs "

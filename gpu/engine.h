@@ -71,8 +71,8 @@ struct engine_config {
 	uint64_t bulk_idle_ns;            /* cuda: idle time before a bulk block leaves */
 	uint32_t gate;                    /* cuda: 1: a stopped kernel's launch waits on the GPU for the next
 	                                   * stream-ordered entry's arm (cuda_engine.cu, ce_gate_open) */
-	uint64_t gate_idle_ns;            /* cuda, with gate: idle time before the kernel quits when every entry
-	                                   * it took in that time was stream-armed (at most kernel_idle_ns) */
+	uint64_t gate_idle_ns;            /* cuda, with gate: idle time before the kernel quits when the last
+	                                   * entry it took was stream-armed (at most kernel_idle_ns) */
 	uint32_t push_bytes;              /* cuda: largest pushed all-reduce (0: none) */
 	uint32_t ll_bytes;                /* cuda: largest pushed all-reduce sent as flagged lines (0: none) */
 	uint64_t visit_bytes;             /* bytes a channel moves per visit before it yields (0: the engine's default) */

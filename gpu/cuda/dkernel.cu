@@ -808,7 +808,7 @@ struct dk_ctx {
 	uint32_t slot;      /* its counters and trace ring: b, or DK_READER for the queue reader */
 	uint32_t passes;    /* the queue reader: its passes over the queue pairs so far */
 	uint32_t nqps;      /* the queue reader: dk_ctl.nqps, which changes only while the kernel is parked */
-	bool cpu_taken;     /* the queue reader: its pass took an entry the CPU armed (reader_main) */
+	bool cpu_last;      /* the queue reader: the last entry it took was armed by the CPU (reader_main) */
 	/* The queue reader's own (reader_main loads them at its start): */
 	uint64_t arrivals;  /* dk_state.arrivals, stored back by inbox_publish */
 	uint32_t rtail[DK_MAX_BLOCKS]; /* each inbox's next place (its tail once published) */
@@ -2133,7 +2133,7 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 					taken[slot] = s;
 					h += h == s;
 					got++;
-					c.cpu_taken = c.cpu_taken || !(e->flags & DFCCL_SQE_F_STREAM_ARMED);
+					c.cpu_last = !(e->flags & DFCCL_SQE_F_STREAM_ARMED);
 					if (ti == DK_NO_TASK) {
 						if (fails_comm)
 							comm_fail(&st->comms[pr.ci], status);
@@ -3542,27 +3542,23 @@ __device__ void reader_main(dk_ctx &c)
 	c.free_base = c.free_mask = 0;
 	c.nqps = vload(&st->ctl.nqps);
 	qcache.known = qcache.live = 0;
-	/* It quits after idle_ns with nothing to do, or after stream_idle_ns
-	 * where it took no entry the CPU armed in idle_ns: the launch gate
-	 * brings it back for the next stream-armed one, and a trainer's next
-	 * kernel, which a stream orders after the completion, finds every SM
-	 * free sooner (tests/perf/RESULTS.md, twenty-fourth run). */
-	uint64_t last_active = now_ns(), last_cpu = 0;
+	/* It quits after idle_ns with nothing to do where the last entry it
+	 * took was armed by the CPU, after stream_idle_ns where a stream armed
+	 * it: the launch gate brings it back for the next stream-armed one,
+	 * and a trainer's next kernel, which a stream orders after the
+	 * completion, finds every SM free sooner (tests/perf/RESULTS.md,
+	 * twenty-fourth run). */
+	uint64_t last_active = now_ns();
 	c.passes = 0;
-	c.cpu_taken = false;
+	c.cpu_last = false;
 	while (!vload(&st->ctl.stop) && !vload(&st->ctl.park)) {
 		uint32_t got = read_queues(c);
 		c.passes++;
 		trace(c, DK_EV_QUEUES, got);
 		uint64_t now = now_ns();
-		if (c.cpu_taken) {
-			last_cpu = now;
-			c.cpu_taken = false;
-		}
 		if (got || vload(&st->live_tasks))
 			last_active = now;
-		else if (now - last_active >= c.p.stream_idle_ns &&
-		         (now - last_active >= c.p.idle_ns || now - last_cpu >= c.p.idle_ns)) {
+		else if (now - last_active >= (c.cpu_last ? c.p.idle_ns : c.p.stream_idle_ns)) {
 			/* Going: say so, then look once more, so an entry armed
 			 * before a client saw SLEEPING is not missed. */
 			set_engine_state(st, DFCCL_ENGINE_SLEEPING);

@@ -438,8 +438,8 @@ struct dk_params {
 	uint32_t blocks;         /* every block: the channels, and the resident blocks where bulk0 > 0 */
 	uint32_t device;
 	uint64_t idle_ns;        /* quit after this long with nothing to do */
-	uint64_t stream_idle_ns; /* or this long (at most idle_ns), where every entry taken in idle_ns was
-	                          * armed by a stream: the launch gate brings the kernel back for the next */
+	uint64_t stream_idle_ns; /* or this long (at most idle_ns) where the last entry taken was armed by a
+	                          * stream: the launch gate brings the kernel back for the next */
 	uint64_t visit_bytes;    /* bytes a channel moves per visit before it yields */
 	uint64_t chan_bytes;     /* a collective gets one channel per this many bytes, up to `blocks` */
 	uint64_t oneshot_bytes;  /* largest one-shot all-reduce on more than two ranks (oneshot_fits); 0: none at all */
