@@ -3476,10 +3476,11 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 
 /* Counters carry on from the last launch (thread 0 of each block, and the
  * reader): from their copy in device memory (dk_state.counters), which
- * stats_flush keeps with the host's. Loaded from the host's, over PCIe,
- * they took 8.3 us from a launch's first instruction to block 0's queue
- * rebuilt, on every launch, loaded into registers before any was stored
- * or not (tests/perf/RESULTS.md, twenty-fourth run). */
+ * stats_flush keeps with the host's, all loaded before any is stored so
+ * that the loads overlap. Loaded from the host's over PCIe, they took 8.3
+ * us from a launch's first instruction to block 0's queue rebuilt, on
+ * every launch, whether or not the loads were staged so
+ * (tests/perf/RESULTS.md, twenty-fourth run). */
 __device__ void ctx_start(dk_ctx &c)
 {
 	const volatile uint64_t *v = (const volatile uint64_t *)&c.st->counters[c.slot];
