@@ -53,13 +53,12 @@ how fast a block moves data.
 With --launches it prints instead where each launch of the resident grid
 (block 0's "start begun": the block's first instruction) spends its start,
 from that event: block 0's counters loaded and its queue rebuilt ("start
-loaded", "start ready"), the queue
-reader's beginning (a few ns before block 0's, if that is where it falls) and
-its wait for every block, its first pass over the
-queue pairs, its first pass that took an entry, the first task on a block,
-the first completion, and the launch's last event; and the time from one
-launch's last event to the next launch's beginning (the kernel absent: it
-quit for being idle, or was parked). A relaunched kernel's start, in a
+loaded", "start ready"), the queue reader's beginning (a little before
+block 0's, where that is when it came) and its wait for every block, its
+first pass over the queue pairs, its first pass that took an entry, the
+first task on a block, the first completion, and the launch's last event;
+and the time from one launch's last event to the next launch's beginning
+(the kernel absent: it quit for being idle, or was parked). A relaunched kernel's start, in a
 loop that waits on each completion, is the part after its beginning that
 a kernel which stays resident would not pay.
 
@@ -231,6 +230,7 @@ READER_NEAR_NS = 50000
 def launches(path):
     reader = reader_of(path)
     evs = sorted(records(path), key=lambda r: r[1])
+    times = [r[1] for r in evs]
     begins = [t for b, t, e, a in evs if b == 0 and e == "start" and a == STARTS.index("begun")]
     if not begins:
         print("launches: none traced (no block 0 \"start begun\" event)")
@@ -251,7 +251,7 @@ def launches(path):
     for i, t0 in enumerate(begins):
         end = begins[i + 1] if i + 1 < len(begins) else None
         seen, last = {}, t0
-        for b, t, e, a in evs[bisect.bisect_left([r[1] for r in evs], t0):]:
+        for b, t, e, a in evs[bisect.bisect_left(times, t0):]:
             if end is not None and t >= end:
                 break
             if b == reader and e == "start" and a == STARTS.index("begun"):
