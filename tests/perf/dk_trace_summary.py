@@ -251,7 +251,8 @@ def launches(path):
     for i, t0 in enumerate(begins):
         end = begins[i + 1] if i + 1 < len(begins) else None
         seen, last = {}, t0
-        for b, t, e, a in evs[bisect.bisect_left(times, t0):]:
+        for k in range(bisect.bisect_left(times, t0), len(evs)):
+            b, t, e, a = evs[k]
             if end is not None and t >= end:
                 break
             if b == reader and e == "start" and a == STARTS.index("begun"):
