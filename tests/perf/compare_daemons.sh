@@ -17,13 +17,18 @@
 # another of its collectives, e.g. allgather) of float on device buffers,
 # callback and stream-ordered forms, -b CMP_MIN -e CMP_MAX -f 8 (default
 # 8 B to 1 MiB), on 2 ranks: GPUs 0,1 where there are two,
-# else both on GPU 0. CMP_ITERS changes -n (default 200), CMP_TIMEOUT the
+# else both on GPU 0 (CMP_NRANKS=1: one rank, on GPU 0, no peer to wait
+# for: the daemon's own path). CMP_MPS=1 runs every variant under a
+# private MPS daemon (root and nvidia-cuda-mps-control, else SKIPPED), as
+# the stream form is deployed. CMP_ITERS changes -n (default 200), CMP_TIMEOUT the
 # seconds a run may take (default 120), CMP_MODES the forms to run
 # (default "callback stream", space- or comma-separated; one of them
 # halves the run), CMP_ARGS adds
 # dfccl-perf options
 # (e.g. "--batch 150 --group 1" for batches of 150 in one group; a batch's
-# figure is per collective). Every result is checked. The table
+# figure is per collective; "--overlap 500" for the overlap loop, whose
+# figure is the loop's step, the compute kernel's and the collective's).
+# Every result is checked. The table
 # gives the out-of-place time per collective in us; a run that failed, or
 # a variant whose daemon failed to start or stop, shows as "failed", its
 # logs (the daemon's too) stay in OUTDIR, the other variants still run, and
@@ -70,7 +75,21 @@ for m in "${modes[@]}"; do
 	*) echo "CMP_MODES: unknown form '$m' (callback, stream)" >&2; exit 2 ;;
 	esac
 done
-if [ "$ngpu" -ge 2 ]; then devices=0,1; else devices=0,0; fi
+nranks=${CMP_NRANKS:-2}
+case $nranks in
+1) devices=0 ;;
+2) if [ "$ngpu" -ge 2 ]; then devices=0,1; else devices=0,0; fi ;;
+*) echo "CMP_NRANKS: '$nranks' is not 1 or 2" >&2; exit 2 ;;
+esac
+mps=
+if [ "${CMP_MPS:-0}" != 0 ]; then
+	if ! mps_usable; then
+		echo "SKIPPED: CMP_MPS asks for MPS, which needs root and nvidia-cuda-mps-control"
+		exit 77
+	fi
+	mps_start
+	mps=", under MPS"
+fi
 
 failed=0
 order=()
@@ -95,7 +114,7 @@ run_variant() {
 	[ -z "${CMP_ARGS:-}" ] || more=($CMP_ARGS)
 	for mode in "${modes[@]}"; do
 		rc=0
-		timeout -k 10 "$limit" "$bin/dfccl-perf" "$coll" --socket "$sock" --nranks 2 --devices "$devices" \
+		timeout -k 10 "$limit" "$bin/dfccl-perf" "$coll" --socket "$sock" --nranks "$nranks" --devices "$devices" \
 			--mem device --mode "$mode" -b "$min" -e "$max" -f 8 -n "$iters" -w 20 --json "${more[@]}" \
 			>"$outdir/${label}_$mode.json" 2>"$outdir/${label}_$mode.log" || rc=$?
 		if [ "$rc" != 0 ]; then
@@ -120,9 +139,10 @@ done
 # The first again, as a check on drift.
 first=${variants[0]}
 variant "${first%%=*}_again" "${first#*=}"
+[ -z "$mps" ] || mps_stop
 
 {
-	echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(uname -n), GPUs $devices of $ngpu:" \
+	echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(uname -n), GPUs $devices of $ngpu$mps:" \
 		"$(nvidia-smi --query-gpu=name --format=csv,noheader | sort -u | paste -sd/), -n $iters -w 20," \
 		"$coll of float, out of place, us per collective${CMP_ARGS:+, dfccl-perf $CMP_ARGS}"
 	PYTHONPATH=$perf_lib_dir python3 - "$outdir" "${modes[*]}" "${order[@]}" <<'EOF'

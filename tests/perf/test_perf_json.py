@@ -25,6 +25,13 @@ def main():
         assert t == {8: 12.5, 4096: None}, t
         # A file that breaks off keeps what came before the break.
         assert perf_json.times(out, "cut") == {8: 3.0}
+        # An overlap run (--overlap) has no time_us: its step, total_us.
+        with open(os.path.join(out, "ov.json"), "w") as f:
+            f.write('{"size": 8, "overlap_us": 500, "out_of_place": {"compute_us": 500.2, "total_us": 565.5, '
+                    '"added_us": 65.3, "wrong": 0}}\n')
+            f.write('{"size": 64, "overlap_us": 500, "out_of_place": {"compute_us": 500.1, "total_us": 566.0, '
+                    '"added_us": 65.9, "wrong": 1}}\n')
+        assert perf_json.times(out, "ov") == {8: 565.5, 64: None}, perf_json.times(out, "ov")
     print("OK: perf_json")
 
 
