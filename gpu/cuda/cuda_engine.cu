@@ -466,9 +466,9 @@ static int ce_armed(struct cuda_engine *e)
  * opens the gate itself: it stores DFCCL_ARM_GATE_MARK(seq) into the arm
  * word where the wait does not pass yet (dfccl_arm_gate_open), which
  * passes it but is not the sequence, so neither the kernel nor ce_queues
- * takes the entry for armed; the client's own arm overwrites it. A wait that never passes
- * would leave the device busy for good, and calls that wait for it idle
- * (the reason for parking) would never return.
+ * takes the entry for armed; the client's own arm overwrites it. A wait
+ * that never passes would leave the device busy for good, and calls that
+ * wait for it idle (the reason for parking) would never return.
  */
 /* Opens the queued gate, if any. */
 static void ce_gate_open(struct cuda_engine *e)
@@ -481,7 +481,6 @@ static void ce_gate_open(struct cuda_engine *e)
 	 * unseen (the kernel took the entry and ran on). */
 	dfccl_arm_gate_open(&q->sq[DFCCL_QP_SLOT(e->gate.seq, q->n)].arm, e->gate.seq);
 }
-
 
 /* Wakes clients sleeping on a completion count the kernel moved, and copies
  * the kernel's counters to the statistics page. */
