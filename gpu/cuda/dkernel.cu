@@ -754,14 +754,20 @@ __device__ bool reg_find(dk_state *st, uint32_t reg_id, dk_reg *out)
 	return false;
 }
 
-/* reg_find of an entry's N registrations (its buffers, its device
- * completion word), with every first probe loaded together: one L2 round
- * trip where none collides. An id of 0 is not looked up. */
-template <int N> __device__ void reg_findn(dk_state *st, const uint32_t id[N], dk_reg out[N], bool found[N])
+/* The first probe of each of N registrations (an id of 0 is not looked
+ * up), loaded together and not yet used: reg_finish ends the searches,
+ * so that other loads may go in the same L2 round trip between the two. */
+template <int N> __device__ __forceinline__ void reg_probe(dk_state *st, const uint32_t id[N], dk_reg out[N])
 {
 	for (int k = 0; k < N; k++)
 		if (id[k] != 0)
 			reg_load(st, id[k], 0, &out[k]);
+}
+
+/* After reg_probe: each search ended (found[k]) from its first probe, or
+ * continued where that collided. */
+template <int N> __device__ void reg_finish(dk_state *st, const uint32_t id[N], dk_reg out[N], bool found[N])
+{
 	for (int k = 0; k < N; k++)
 		if (id[k] == 0)
 			found[k] = false;
@@ -835,6 +841,7 @@ struct dk_qcache {
 	dfccl_sqe *sq[DK_QCACHE];
 	volatile uint64_t *taken[DK_QCACHE];
 	uint64_t head[DK_QCACHE];
+	uint32_t took;                        /* bit qi: the pair's last pass took an entry (read_queues) */
 	uint8_t look_gap[DK_QCACHE];  /* passes between two looks past the pair's unarmed head (look_past) */
 	uint8_t look_wait[DK_QCACHE]; /* passes to go before the next */
 };
@@ -1229,6 +1236,29 @@ struct dk_prep {
 	uint8_t nch, block0, algo, push;
 };
 
+/* The words of communicator slot i that entry_prepare uses, rank rk's
+ * (any rank within the arrays: used only for one below nranks), loaded
+ * together. */
+struct dk_comm_words {
+	uint64_t id, member_sess;
+	struct dfccl_comm_header *sync;
+	uint32_t live, n, member_dev, aborted, gen, conn_all;
+};
+
+__device__ __forceinline__ void comm_words(dk_state *st, uint32_t i, uint32_t rk, dk_comm_words *w)
+{
+	dk_comm *cm = &st->comms[i];
+	w->live = vload(&cm->live);
+	w->id = vload(&cm->comm_id);
+	w->n = vload(&cm->nranks);
+	w->member_sess = vload(&cm->session[rk]);
+	w->member_dev = vload(&cm->device[rk]);
+	w->aborted = vload(&cm->abort_status);
+	w->gen = vload(&cm->gen);
+	w->conn_all = vload(&cm->conn_all);
+	w->sync = vload(&cm->sync);
+}
+
 /* The checks of entry e of queue pair q (taken under e->arm), the
  * `ahead`-th of its chunk, for accepting it or completing it at once: into
  * *o. Loads only. */
@@ -1247,39 +1277,55 @@ __device__ void entry_prepare(const dk_params &p, dk_qp *q, const dfccl_sqe *e, 
 	/* The device completion word is resolved whatever the entry's fate:
 	 * a refused entry's stream waits there too. */
 	const uint32_t done_reg = (e->flags & DFCCL_SQE_F_DEVICE_DONE) && e->done_off % 8u == 0 ? e->done_reg : 0;
+	const bool nop = e->opcode == DFCCL_OP_NOP;
+	/* The loads in two L2 round trips where they went in five, one after
+	 * another: first every load that needs no other -- the
+	 * registrations' first probes, the pair's words, and the words of the
+	 * communicator the pair's last entry named (comm_hint) -- then, only
+	 * where those miss, the searches. The tables change only between
+	 * launches, so words loaded before the slot is known to be the
+	 * entry's are as good as after. A pass's checks of one entry: 3.0 us
+	 * before, 2.5 after (tests/perf/RESULTS.md, twenty-fifth run). */
+	const uint32_t reg_ids[3] = {nop ? 0u : e->send_reg, nop ? 0u : e->recv_reg, done_reg};
+	dk_reg regs[3];
+	bool found[3];
+	reg_probe<3>(st, reg_ids, regs);
+	const uint32_t rk = e->rank < DFCCL_COMM_MAX_RANKS ? e->rank : 0;
+	const uint32_t hint = vload(&q->comm_hint) - 1u;
+	dk_comm_words w;
+	comm_words(st, hint < DK_MAX_COMMS ? hint : 0, rk, &w);
+	const uint64_t sess = vload(&q->session_id);
+	const uint32_t qp_gen = vload(&q->gen), uid_slot = vload(&q->uid_slot);
+	const uint32_t live_tasks = vload(&st->live_tasks);
+	const uint32_t nc = vload(&st->ctl.ncomms);
+	reg_finish<3>(st, reg_ids, regs, found);
 	uint32_t ds;
-	if (e->opcode == DFCCL_OP_NOP && o->check == DFCCL_CQ_OK) {
+	if (nop && o->check == DFCCL_CQ_OK) {
 		if (done_reg)
-			o->own_done = resolve(st, done_reg, vload(&q->session_id), e->done_off, 8, &ds);
+			o->own_done = resolve_found(done_reg, found[2], regs[2], sess, e->done_off, 8, &ds);
 		return;
 	}
-	uint32_t ci;
-	dk_comm *cm = comm_find(st, q, e->comm_id, &ci);
+	uint32_t ci = hint;
+	dk_comm *cm = NULL;
+	if (hint < nc && hint < DK_MAX_COMMS && w.live && w.id == e->comm_id)
+		cm = &st->comms[hint];
+	else if ((cm = comm_find(st, q, e->comm_id, &ci)) != NULL)
+		comm_words(st, ci, rk, &w);
 	if (!cm) {
 		if (o->status == DFCCL_CQ_OK)
 			o->status = DFCCL_CQ_BAD_COMM;
 		if (done_reg)
-			o->own_done = resolve(st, done_reg, vload(&q->session_id), e->done_off, 8, &ds);
+			o->own_done = resolve_found(done_reg, found[2], regs[2], sess, e->done_off, 8, &ds);
 		return;
 	}
-	/* Every word of the pair and the communicator that the checks and the
-	 * task need, loaded before any is used. The rank's words are loaded
-	 * for any rank within the arrays, and used only for one below nranks. */
-	uint32_t rk = e->rank < DFCCL_COMM_MAX_RANKS ? e->rank : 0;
-	uint32_t n = vload(&cm->nranks);
-	uint64_t sess = vload(&q->session_id);
-	uint64_t member_sess = vload(&cm->session[rk]);
-	uint32_t member_dev = vload(&cm->device[rk]);
-	uint32_t aborted = vload(&cm->abort_status);
-	o->qp_gen = vload(&q->gen);
-	o->comm_gen = vload(&cm->gen);
-	o->conn_all = vload(&cm->conn_all);
-	o->uid_slot = vload(&q->uid_slot);
-	o->region = vload(&cm->sync);
-	const uint32_t reg_ids[3] = {e->send_reg, e->recv_reg, done_reg};
-	dk_reg regs[3];
-	bool found[3];
-	reg_findn<3>(st, reg_ids, regs, found);
+	const uint32_t n = w.n;
+	const uint64_t member_sess = w.member_sess;
+	const uint32_t member_dev = w.member_dev, aborted = w.aborted;
+	o->qp_gen = qp_gen;
+	o->comm_gen = w.gen;
+	o->conn_all = w.conn_all;
+	o->uid_slot = uid_slot;
+	o->region = w.sync;
 	o->ci = ci;
 	o->n = n;
 	o->member = e->rank < n && member_sess == sess;
@@ -1332,7 +1378,7 @@ __device__ void entry_prepare(const dk_params &p, dk_qp *q, const dfccl_sqe *e, 
 	 * chunk's entries before it count: at a batch's start the whole chunk
 	 * is placed before any of it is live, and would all go to the same
 	 * blocks. */
-	bool spill = dk_spills(p.bulk0, p.spill_at, nch, vload(&p.st->live_tasks), ahead);
+	bool spill = dk_spills(p.bulk0, p.spill_at, nch, live_tasks, ahead);
 	o->block0 = (uint8_t)block_of(p, e, e->comm_seq, nch, spill);
 }
 
@@ -1904,6 +1950,10 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 			}
 		}
 		uint64_t h = head;
+		const uint32_t got0 = got;
+		const bool took_last = qi >= DK_QCACHE || (qcache.took >> qi & 1u);
+		if (qi < DK_QCACHE)
+			qcache.took &= ~(1u << qi);
 		/* Three words in one PCIe round trip: the state, the tail and
 		 * the arm word of the head's entry. Only the arm word orders
 		 * what follows (its acquire: the entry was written before it);
@@ -1938,9 +1988,20 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 		 * the pass takes the armed run from it, through the window and on
 		 * into the chunk right after it, and ends at the run's first gap. */
 		bool in_order = !looking && arm_head == head;
+		/* A head armed after a pass that took nothing from the pair is
+		 * taken alone: a client that waits for each entry's completion
+		 * before it arms the next (a stream's calls one after another,
+		 * the CPU's submit and wait) has nothing armed past it, and the
+		 * arm words of the entries it posted ahead cost a PCIe round trip
+		 * before the head's copy and checks start (3.0 of a pass's 16.7
+		 * us, tests/perf/RESULTS.md, twenty-fourth run, run 9). Entries
+		 * armed together (a group, a batch) are taken from the next pass
+		 * on, which looks past the head as before. */
+		const bool alone = in_order && !took_last;
 		/* Looking beyond the room keeps its own bounds (scheduler.h);
 		 * else the window, then the sweep's DK_SCAN entries past it. */
-		uint64_t end = !looking && tail - start >= DK_SCAN_WINDOW ? start + DK_SCAN_WINDOW - 1 : tail;
+		uint64_t end = alone ? head
+		               : !looking && tail - start >= DK_SCAN_WINDOW ? start + DK_SCAN_WINDOW - 1 : tail;
 		uint64_t sweep = end + 1;
 		if (end < tail && !in_order) {
 			uint64_t at = vload(&q->sweep);
@@ -1948,7 +2009,7 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 				sweep = at;
 		}
 		bool stop = false;
-		for (uint32_t part = 0; part < 2 && !stop; part++) {
+		for (uint32_t part = 0; part < 2 && !stop; part++, stop = stop || alone) {
 			if (part == 1 && end >= tail)
 				break;
 			uint64_t lo = part == 0 ? start : sweep;
@@ -2166,6 +2227,8 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 			*(volatile uint64_t *)&q->look = stopped; /* 0: past the tail, the head next time */
 		if (past)
 			look_found(qi, seen);
+		if (qi < DK_QCACHE && got > got0)
+			qcache.took |= 1u << qi;
 		while (h <= tail && taken[DFCCL_QP_SLOT(h, n)] == h)
 			h++;
 		if (h != head) {
@@ -3542,7 +3605,7 @@ __device__ void reader_main(dk_ctx &c)
 	c.arrivals = vload(&st->arrivals);
 	c.free_base = c.free_mask = 0;
 	c.nqps = vload(&st->ctl.nqps);
-	qcache.known = qcache.live = 0;
+	qcache.known = qcache.live = qcache.took = 0;
 	/* It quits after idle_ns with nothing to do where the last entry it
 	 * took was armed by the CPU, after stream_idle_ns where a stream armed
 	 * it: the launch gate brings it back for the next stream-armed one,
