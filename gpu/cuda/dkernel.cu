@@ -3584,7 +3584,7 @@ __device__ void ctx_start(dk_ctx &c)
 __device__ void reader_main(dk_ctx &c)
 {
 	dk_state *st = c.st;
-	const uint64_t begun = c.p.trace ? now_ns() : 0;
+	const uint64_t begun = now_ns();
 	ctx_start(c);
 	trace_at(c, DK_EV_START, DK_START_BEGUN, begun);
 	trace(c, DK_EV_START, DK_START_LOADED);
@@ -3607,11 +3607,16 @@ __device__ void reader_main(dk_ctx &c)
 	c.nqps = vload(&st->ctl.nqps);
 	qcache.known = qcache.live = qcache.took = 0;
 	/* It quits after idle_ns with nothing to do where the last entry it
-	 * took was armed by the CPU, after stream_idle_ns where a stream armed
+	 * took was armed by the CPU, after stream_idle where a stream armed
 	 * it: the launch gate brings it back for the next stream-armed one,
 	 * and a trainer's next kernel, which a stream orders after the
 	 * completion, finds every SM free sooner (tests/perf/RESULTS.md,
-	 * twenty-fourth run). */
+	 * twenty-fourth run). stream_idle follows the client's pace
+	 * (dk_stream_idle): longer while launches follow quits closely. */
+	const uint64_t stream_idle =
+	    dk_stream_idle(c.p.stream_idle_ns, c.p.idle_ns, vload(&st->stream_idle_ns), vload(&st->stream_quit_ns), begun);
+	*(volatile uint64_t *)&st->stream_idle_ns = stream_idle;
+	*(volatile uint64_t *)&st->stream_quit_ns = 0;
 	uint64_t last_active = now_ns();
 	c.passes = 0;
 	c.cpu_last = false;
@@ -3622,7 +3627,7 @@ __device__ void reader_main(dk_ctx &c)
 		uint64_t now = now_ns();
 		if (got || vload(&st->live_tasks))
 			last_active = now;
-		else if (now - last_active >= (c.cpu_last ? c.p.idle_ns : c.p.stream_idle_ns)) {
+		else if (now - last_active >= (c.cpu_last ? c.p.idle_ns : stream_idle)) {
 			/* Going: say so, then look once more, so an entry armed
 			 * before a client saw SLEEPING is not missed. */
 			set_engine_state(st, DFCCL_ENGINE_SLEEPING);
@@ -3633,6 +3638,8 @@ __device__ void reader_main(dk_ctx &c)
 				last_active = now_ns();
 			} else {
 				*(volatile uint32_t *)&st->ctl.quit = 1;
+				if (!c.cpu_last)
+					*(volatile uint64_t *)&st->stream_quit_ns = now;
 				*(volatile uint32_t *)&c.p.host->quit_voluntary = 1;
 				__threadfence_system();
 				break;

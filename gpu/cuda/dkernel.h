@@ -406,6 +406,9 @@ struct dk_state {
 	uint32_t admit_reserve, admit_shared; /* tasks admitted from each part (atomic; scheduler.h) */
 	uint32_t task_cursor; /* the queue reader: where the search for a free task starts */
 	uint64_t arrivals;    /* the queue reader */
+	uint64_t stream_quit_ns; /* the queue reader: when its launch last quit idle after a stream-armed entry
+	                          * (%globaltimer), 0 where the last launch did not (dk_stream_idle) */
+	uint64_t stream_idle_ns; /* the queue reader: the idle after a stream-armed entry it came to (dk_stream_idle) */
 	uint32_t uid_inflight[DK_MAX_QPS]; /* tasks per uid slot (atomic; a uid per queue pair at most) */
 	struct dk_qp qps[DK_MAX_QPS];
 	struct dk_comm comms[DK_MAX_COMMS];
@@ -439,7 +442,8 @@ struct dk_params {
 	uint32_t device;
 	uint64_t idle_ns;        /* quit after this long with nothing to do */
 	uint64_t stream_idle_ns; /* or this long (at most idle_ns) where the last entry taken was armed by a
-	                          * stream: the launch gate brings the kernel back for the next */
+	                          * stream: the launch gate brings the kernel back for the next; the
+	                          * base of what the reader keeps (dk_stream_idle) */
 	uint64_t visit_bytes;    /* bytes a channel moves per visit before it yields */
 	uint64_t chan_bytes;     /* a collective gets one channel per this many bytes, up to `blocks` */
 	uint64_t oneshot_bytes;  /* largest one-shot all-reduce on more than two ranks (oneshot_fits); 0: none at all */
@@ -531,6 +535,37 @@ static inline DFCCL_HD uint32_t dk_chan_of(uint32_t bulk0, uint32_t blocks, uint
 static inline DFCCL_HD int dk_spills(uint32_t bulk0, uint32_t spill_at, uint32_t nch, uint32_t live, uint32_t ahead)
 {
 	return bulk0 && live + ahead >= (nch > 1 ? DK_SPILL_AT_MULTI : spill_at);
+}
+
+/*
+ * How long a launch stays with nothing to do after a stream-armed entry:
+ * from dk_params.stream_idle_ns (base, the launch-gate-idle-us setting)
+ * up to DK_STREAM_IDLE_MAX_NS (and at most idle, kernel-idle-us), by
+ * the client's pace. The last launch quit idle after such an entry at
+ * quit_ns (0: it did not) and this one began at begun_ns: within
+ * DK_STREAM_BACK_NS the client came back before a relaunch paid off
+ * (back-to-back stream-ordered calls: the next arm comes a stream round
+ * trip after the completion, about the base, and a relaunch costs 20-60
+ * us of the call), so the idle the last launch kept (cur) doubles; later
+ * (a trainer's compute between two calls) it halves, down to the base,
+ * whose short stay gives the trainer's next kernel every SM sooner. A
+ * base of 0 stays 0 (a launch per stream-ordered call).
+ */
+#define DK_STREAM_IDLE_MAX_NS 40000ull
+#define DK_STREAM_BACK_NS 100000ull
+static inline DFCCL_HD uint64_t dk_stream_idle(uint64_t base, uint64_t idle, uint64_t cur, uint64_t quit_ns,
+                                               uint64_t begun_ns)
+{
+	uint64_t cap = idle < DK_STREAM_IDLE_MAX_NS ? idle : DK_STREAM_IDLE_MAX_NS;
+	if (cap < base)
+		cap = base;
+	if (cur < base || cur > cap)
+		cur = base;
+	if (quit_ns == 0 || begun_ns < quit_ns)
+		return cur;
+	if (begun_ns - quit_ns < DK_STREAM_BACK_NS)
+		return 2 * cur > cap ? cap : 2 * cur;
+	return cur / 2 < base ? base : cur / 2;
 }
 
 /* Where a task of nch channels starts: the range [*lo, *lo + *span) it
