@@ -841,7 +841,6 @@ struct dk_qcache {
 	dfccl_sqe *sq[DK_QCACHE];
 	volatile uint64_t *taken[DK_QCACHE];
 	uint64_t head[DK_QCACHE];
-	uint32_t took;                        /* bit qi: the pair's last pass took an entry (read_queues) */
 	uint8_t look_gap[DK_QCACHE];  /* passes between two looks past the pair's unarmed head (look_past) */
 	uint8_t look_wait[DK_QCACHE]; /* passes to go before the next */
 };
@@ -1950,10 +1949,6 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 			}
 		}
 		uint64_t h = head;
-		const uint32_t got0 = got;
-		const bool took_last = qi >= DK_QCACHE || (qcache.took >> qi & 1u);
-		if (qi < DK_QCACHE)
-			qcache.took &= ~(1u << qi);
 		/* Three words in one PCIe round trip: the state, the tail and
 		 * the arm word of the head's entry. Only the arm word orders
 		 * what follows (its acquire: the entry was written before it);
@@ -1988,20 +1983,9 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 		 * the pass takes the armed run from it, through the window and on
 		 * into the chunk right after it, and ends at the run's first gap. */
 		bool in_order = !looking && arm_head == head;
-		/* A head armed after a pass that took nothing from the pair is
-		 * taken alone: a client that waits for each entry's completion
-		 * before it arms the next (a stream's calls one after another,
-		 * the CPU's submit and wait) has nothing armed past it, and the
-		 * arm words of the entries it posted ahead cost a PCIe round trip
-		 * before the head's copy and checks start (3.0 of a pass's 16.7
-		 * us, tests/perf/RESULTS.md, twenty-fourth run, run 9). Entries
-		 * armed together (a group, a batch) are taken from the next pass
-		 * on, which looks past the head as before. */
-		const bool alone = in_order && !took_last;
 		/* Looking beyond the room keeps its own bounds (scheduler.h);
 		 * else the window, then the sweep's DK_SCAN entries past it. */
-		uint64_t end = alone ? head
-		               : !looking && tail - start >= DK_SCAN_WINDOW ? start + DK_SCAN_WINDOW - 1 : tail;
+		uint64_t end = !looking && tail - start >= DK_SCAN_WINDOW ? start + DK_SCAN_WINDOW - 1 : tail;
 		uint64_t sweep = end + 1;
 		if (end < tail && !in_order) {
 			uint64_t at = vload(&q->sweep);
@@ -2009,7 +1993,7 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 				sweep = at;
 		}
 		bool stop = false;
-		for (uint32_t part = 0; part < 2 && !stop; part++, stop = stop || alone) {
+		for (uint32_t part = 0; part < 2 && !stop; part++) {
 			if (part == 1 && end >= tail)
 				break;
 			uint64_t lo = part == 0 ? start : sweep;
@@ -2227,8 +2211,6 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 			*(volatile uint64_t *)&q->look = stopped; /* 0: past the tail, the head next time */
 		if (past)
 			look_found(qi, seen);
-		if (qi < DK_QCACHE && got > got0)
-			qcache.took |= 1u << qi;
 		while (h <= tail && taken[DFCCL_QP_SLOT(h, n)] == h)
 			h++;
 		if (h != head) {
@@ -3605,7 +3587,7 @@ __device__ void reader_main(dk_ctx &c)
 	c.arrivals = vload(&st->arrivals);
 	c.free_base = c.free_mask = 0;
 	c.nqps = vload(&st->ctl.nqps);
-	qcache.known = qcache.live = qcache.took = 0;
+	qcache.known = qcache.live = 0;
 	/* It quits after idle_ns with nothing to do where the last entry it
 	 * took was armed by the CPU, after stream_idle where a stream armed
 	 * it: the launch gate brings it back for the next stream-armed one,
