@@ -1283,7 +1283,7 @@ static unsigned ce_poll(void *impl)
 	if (e->running && !e->gate.queued)
 		return work;
 	/* Stopped, or behind a gate: one look at the queues decides. */
-	struct ce_pick pick = {0};
+	struct ce_pick pick = {0, 0, 0};
 	int queues = ce_queues(e, !e->running && e->cfg.gate ? &pick : NULL);
 	if (!e->running && (e->resume || queues == CE_QUEUES_ARMED)) {
 		ce_launch(e);
