@@ -1012,31 +1012,17 @@ __device__ uint32_t comm_aborted(dk_comm *cm, bool host)
 
 /* ------------------------------------------------------------------ taking entries (the queue reader) */
 
-/* Whether communicator slot i is comm_id's: both words loaded at once. */
-__device__ __forceinline__ bool comm_is(dk_state *st, uint32_t i, uint64_t comm_id)
-{
-	uint32_t live = vload(&st->comms[i].live);
-	uint64_t id = vload(&st->comms[i].comm_id);
-	return live && id == comm_id;
-}
-
 /*
- * The communicator comm_id of an entry of queue pair q: the slot its last
- * entry named first (a pair mostly submits to few communicators), else
- * every slot, eight at a time with independent loads so that a scan costs
- * one L2 round trip per eight slots rather than two per slot.
+ * The communicator comm_id of an entry of queue pair q, among the first nc
+ * slots, where the slot its last entry named (comm_hint, which
+ * entry_prepare looks at first) is not it: every slot, eight at a time
+ * with independent loads so that a scan costs one L2 round trip per eight
+ * slots rather than two per slot. The slot found becomes the pair's hint.
  */
-__device__ dk_comm *comm_find(dk_state *st, dk_qp *q, uint64_t comm_id, uint32_t *index)
+__device__ dk_comm *comm_find(dk_state *st, dk_qp *q, uint64_t comm_id, uint32_t nc, uint32_t *index)
 {
-	uint32_t nc = vload(&st->ctl.ncomms);
 	if (nc > DK_MAX_COMMS)
 		nc = DK_MAX_COMMS;
-	/* The hint's words are loaded while the count's load is on its way. */
-	uint32_t hint = q->comm_hint - 1u;
-	if (hint < DK_MAX_COMMS && comm_is(st, hint, comm_id) && hint < nc) {
-		*index = hint;
-		return &st->comms[hint];
-	}
 	const uint32_t W = 8;
 	for (uint32_t i = 0; i < nc; i += W) {
 		uint32_t live[W];
@@ -1308,7 +1294,7 @@ __device__ void entry_prepare(const dk_params &p, dk_qp *q, const dfccl_sqe *e, 
 	dk_comm *cm = NULL;
 	if (hint < nc && hint < DK_MAX_COMMS && w.live && w.id == e->comm_id)
 		cm = &st->comms[hint];
-	else if ((cm = comm_find(st, q, e->comm_id, &ci)) != NULL)
+	else if ((cm = comm_find(st, q, e->comm_id, nc, &ci)) != NULL)
 		comm_words(st, ci, rk, &w);
 	if (!cm) {
 		if (o->status == DFCCL_CQ_OK)
