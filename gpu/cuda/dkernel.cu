@@ -427,42 +427,41 @@ template <typename T, typename A, typename E, int OP> __device__ __noinline__ vo
 	}
 }
 
-/* A reduction's instance for the op's type and operation: R::run<T, A, E,
- * OP>, R one of the reductions (reduce_run's, ll_reduce's). */
-template <typename R, typename T, typename A, typename E> __device__ void by_op(const dk_op &o)
+/* The reductions' instances, one per type and operation: a table of them
+ * and one indirect call, where a switch over every instance made a call
+ * site of each, and ptxas gave dk_main, into which the switches were
+ * inlined, about 55 bytes of stack per call site (5.5 KB: the driver
+ * reserves the stack of the largest frame for every thread the GPU can
+ * hold, dk_main). Row: dfcclDataType_t (int8, uint8, int32, uint32,
+ * int64, uint64, float16, float32, float64, bfloat16; any other value
+ * the last); column: the operation (OP_*, any other value OP_AVG). */
+typedef void (*dk_red_fn)(const dk_op &);
+typedef elem<int8_t, uint8_t> elem_i8;
+typedef elem<uint8_t, uint8_t> elem_u8;
+typedef elem<int32_t, uint32_t> elem_i32;
+typedef elem<uint32_t, uint32_t> elem_u32;
+typedef elem<int64_t, uint64_t> elem_i64;
+typedef elem<uint64_t, uint64_t> elem_u64;
+typedef elem<float, float> elem_f32;
+typedef elem<double, double> elem_f64;
+#define DK_RED_TYPES 10u
+#define DK_RED_OPS 5u
+#define DK_RED_ROW(F, T, A, E) F<T, A, E, OP_SUM>, F<T, A, E, OP_PROD>, F<T, A, E, OP_MAX>, F<T, A, E, OP_MIN>, F<T, A, E, OP_AVG>
+#define DK_RED_TABLE(F)                                                                                    \
+	{DK_RED_ROW(F, int8_t, uint8_t, elem_i8),     DK_RED_ROW(F, uint8_t, uint8_t, elem_u8),              \
+	 DK_RED_ROW(F, int32_t, uint32_t, elem_i32),  DK_RED_ROW(F, uint32_t, uint32_t, elem_u32),           \
+	 DK_RED_ROW(F, int64_t, uint64_t, elem_i64),  DK_RED_ROW(F, uint64_t, uint64_t, elem_u64),           \
+	 DK_RED_ROW(F, uint16_t, float, elem_f16),    DK_RED_ROW(F, float, float, elem_f32),                 \
+	 DK_RED_ROW(F, double, double, elem_f64),     DK_RED_ROW(F, uint16_t, float, elem_bf16)}
+
+__device__ __forceinline__ void red_call(const dk_red_fn *fns, const dk_op &o)
 {
-	switch (o.redop) {
-	case OP_SUM: R::template run<T, A, E, OP_SUM>(o); break;
-	case OP_PROD: R::template run<T, A, E, OP_PROD>(o); break;
-	case OP_MAX: R::template run<T, A, E, OP_MAX>(o); break;
-	case OP_MIN: R::template run<T, A, E, OP_MIN>(o); break;
-	default: R::template run<T, A, E, OP_AVG>(o); break;
-	}
+	uint32_t t = o.dtype < DK_RED_TYPES ? o.dtype : DK_RED_TYPES - 1u;
+	uint32_t r = o.redop < DK_RED_OPS ? o.redop : OP_AVG;
+	fns[t * DK_RED_OPS + r](o);
 }
 
-/* dfcclDataType_t: int8, uint8, int32, uint32, int64, uint64, float16, float32, float64, bfloat16 */
-template <typename R> __device__ void by_type(const dk_op &o)
-{
-	switch (o.dtype) {
-	case 0: by_op<R, int8_t, uint8_t, elem<int8_t, uint8_t>>(o); break;
-	case 1: by_op<R, uint8_t, uint8_t, elem<uint8_t, uint8_t>>(o); break;
-	case 2: by_op<R, int32_t, uint32_t, elem<int32_t, uint32_t>>(o); break;
-	case 3: by_op<R, uint32_t, uint32_t, elem<uint32_t, uint32_t>>(o); break;
-	case 4: by_op<R, int64_t, uint64_t, elem<int64_t, uint64_t>>(o); break;
-	case 5: by_op<R, uint64_t, uint64_t, elem<uint64_t, uint64_t>>(o); break;
-	case 6: by_op<R, uint16_t, float, elem_f16>(o); break;
-	case 7: by_op<R, float, float, elem<float, float>>(o); break;
-	case 8: by_op<R, double, double, elem<double, double>>(o); break;
-	default: by_op<R, uint16_t, float, elem_bf16>(o); break;
-	}
-}
-
-struct reduce_plain {
-	template <typename T, typename A, typename E, int OP> static __device__ void run(const dk_op &o)
-	{
-		reduce_run<T, A, E, OP>(o);
-	}
-};
+__device__ const dk_red_fn dk_reduce_fns[DK_RED_TYPES * DK_RED_OPS] = DK_RED_TABLE(reduce_run);
 
 __device__ void copy_run(const dk_op &o)
 {
@@ -658,12 +657,7 @@ template <typename T, typename A, typename E, int OP> __device__ __noinline__ vo
 	}
 }
 
-struct reduce_lines {
-	template <typename T, typename A, typename E, int OP> static __device__ void run(const dk_op &o)
-	{
-		ll_reduce<T, A, E, OP>(o);
-	}
-};
+__device__ const dk_red_fn dk_line_fns[DK_RED_TYPES * DK_RED_OPS] = DK_RED_TABLE(ll_reduce);
 
 __device__ void ll_take(const dk_op &o)
 {
@@ -700,7 +694,7 @@ __device__ void ll_take(const dk_op &o)
 	}
 	/* Every line is there, and stays until this rank's `done` lets the
 	 * peers reuse the slot. */
-	by_type<reduce_lines>(o);
+	red_call(dk_line_fns, o);
 	if (tid == 0)
 		ll_result = DK_LL_READY;
 }
@@ -717,7 +711,7 @@ __device__ void op_run(const dk_op &o)
 	if (!o.reduce)
 		copy_run(o);
 	else
-		by_type<reduce_plain>(o);
+		red_call(dk_reduce_fns, o);
 }
 
 /* ------------------------------------------------------------------ tables */
@@ -2241,6 +2235,12 @@ struct dk_shared {
 	uint4 tfix[DK_TASK_FIXED_BYTES / 16];
 	dk_chan_ctx x;
 	sched_state s;
+	/* chan_control's scratch (thread 0's, one visit at a time): here and
+	 * not on the stack, where a kilobyte of one thread's costs the
+	 * driver's reservation of that stack for every thread the GPU can
+	 * hold (dk_main). */
+	dk_bufs bufs;
+	algo_step as;
 };
 DFCCL_STATIC_ASSERT(sizeof(dk_chan_ctx) == 32 && sizeof(sched_state) == 16, "copied in 8-byte words");
 
@@ -3167,7 +3167,7 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 		case DK_WORK2:
 		case DK_PUSH:
 		case DK_AWORK: {
-			algo_step as;
+			algo_step &as = sh.as;
 			uint64_t total;
 			if (x->step == DK_AWORK) {
 				algo_step_get(&tg->alg[ch], x->astep, &as);
@@ -3198,7 +3198,7 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 					continue;
 				}
 #endif
-				dk_bufs b;
+				dk_bufs &b = sh.bufs;
 				status = t->push ? bufs_own(c, t, cm, &b.send[t->rank], &b.recv[t->rank]) : bufs_load(c, tg, cm, &b);
 				if (status != DFCCL_CQ_OK) {
 					comm_fail(cm, status);
@@ -3371,7 +3371,7 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 		default:
 			break;
 		}
-		algo_step as;
+		algo_step &as = sh.as;
 		if (x->step == DK_AWAIT) {
 			/* Checked before its wait and its data: a wrong plan or a bug
 			 * fails the collective instead of touching another buffer. */
@@ -3422,7 +3422,7 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 			break;
 		case DK_POSTS:
 		case DK_BOX_KEY: {
-			dk_bufs b;
+			dk_bufs &b = sh.bufs;
 			status = posts_take(tg, cm);
 			if (status == DFCCL_CQ_OK)
 				status = bufs_load(c, tg, cm, &b);

@@ -28,6 +28,8 @@
 #   - dfccl-perf on cudaMalloc buffers, a small all-reduce and all-gather
 #     sweep with every size checked (time, algorithm and bus bandwidth per
 #     size);
+#   - first, after one all-reduce, each worker's GPU memory (nvidia-smi):
+#     at most 1 GiB (worker_memory);
 #   - test_cuda_hostile: raw hostile submission entries, each rejected with
 #     its status, canaries around a registered device buffer intact, and
 #     registrations past the end of a cudaMalloc or VMM allocation refused;
@@ -256,6 +258,28 @@ variant_suite() {
 		--min-bytes 64 --max-bytes "$max" --seed "$seed"
 }
 
+# worker_memory: each worker's GPU memory once its kernel has run and no
+# communicator is left: its CUDA context, the kernel's state, and the
+# stack the driver reserves at the kernel's deepest frame for every thread
+# the GPU can hold (dk_main's 8.9 KB frame made the whole 2562 MiB on one
+# H200, 1.5 KB 670 MiB: tests/perf/RESULTS.md, twenty-sixth run). At most
+# 1 GiB each; not checked where nvidia-smi lists none of the workers'
+# processes (a PID namespace of its own).
+worker_memory() {
+	local m used pids
+	pids=$(ctl --json status | json "' '.join(str(x.get('worker_pid', 0)) for x in d['devices'])")
+	used=$(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits |
+		awk -F', ' -v pids=" $pids " 'index(pids, " " $1 " ") {print $2}')
+	if [ -z "$used" ]; then
+		echo "   the workers' GPU memory: not checked (nvidia-smi lists none of the workers, $pids)"
+		return
+	fi
+	echo "   the workers' GPU memory (MiB): $used"
+	for m in $used; do
+		[ "$m" -le 1024 ] || fail "a worker holds $m MiB of GPU memory with no communicator left (at most 1024)"
+	done
+}
+
 # small_batch NAME: 150 single-channel all-reduces (4 KiB) before each
 # wait, callback form, not grouped, 2 ranks on GPUs $pair (NAME in the
 # step's title).
@@ -272,6 +296,9 @@ if part_on main; then
 	start_daemon "${daemon_args[@]}"
 	ctl status
 	[ "$(json "d['engine']" <"$tmp/status.json")" = "cuda" ] || fail "dfccld --engine cuda reports another engine"
+	step "one all-reduce, 2 ranks on GPU 0" 60 "$bin/dfccl-perf" allreduce --socket "$sock" --mem device \
+		--devices 0 --nranks 2 -b 8 -e 8 -n 2 -w 1 -c 1
+	worker_memory
 	run_suite "" 200
 	stop_daemon
 fi
