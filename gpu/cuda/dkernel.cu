@@ -3623,29 +3623,39 @@ __device__ void reader_main(dk_ctx &c)
 __global__ void __launch_bounds__(DK_THREADS, DK_MIN_BLOCKS_PER_SM) dk_main(dk_params p)
 {
 	__shared__ dk_shared sh;
-	dk_ctx c;
-	c.p = p;
-	c.st = p.st;
-	c.b = p.first + blockIdx.x;
-	const uint32_t tid = threadIdx.x;
+	/* The contexts of thread 0, which runs the block's control, and of
+	 * the queue reader (block 0): in shared memory, not on the stack
+	 * (dk_shared's scratch says why). No other thread uses them. */
+	__shared__ dk_ctx ctxs[2];
+	const uint32_t tid = threadIdx.x, b = p.first + blockIdx.x;
 	if (tid >= DK_WORKERS) {
 		uint32_t lane = tid - DK_WORKERS;
-		if (c.b == 0 && lane == 0) {
+		if (b == 0 && lane == 0) {
+			dk_ctx &c = ctxs[1];
+			c.p = p;
+			c.st = p.st;
+			c.b = b;
 			c.slot = DK_READER;
 			c.bs = &p.host->block[DK_READER];
 			reader_main(c);
 			copy_entries(DK_COPY_QUIT);
-		} else if (c.b == 0 && (DK_COPIERS >> lane & 1u)) {
+		} else if (b == 0 && (DK_COPIERS >> lane & 1u)) {
 			copier_main(lane, p);
 		}
 		return;
 	}
-	c.slot = c.b;
-	c.bs = &p.host->block[c.b];
+	dk_ctx &c = ctxs[0];
+	if (tid == 0) {
+		c.p = p;
+		c.st = p.st;
+		c.b = b;
+		c.slot = b;
+		c.bs = &p.host->block[b];
+	}
 	dk_state *st = p.st;
 	/* A bulk block leaves after bulk_idle_ns with nothing to do (thread
 	 * 0: since when, 0: busy), or on a quit, through bulk_leave (left). */
-	const bool bulk = p.bulk0 && c.b >= p.bulk0;
+	const bool bulk = p.bulk0 && b >= p.bulk0;
 	uint64_t idle_since = 0;
 	bool left = false;
 	if (tid == 0) {
@@ -3655,7 +3665,7 @@ __global__ void __launch_bounds__(DK_THREADS, DK_MIN_BLOCKS_PER_SM) dk_main(dk_p
 		trace(c, DK_EV_START, DK_START_LOADED);
 		vis.epoch = 0; /* no communicator's words read yet */
 		sh.q.n = 0;
-		dk_inbox *ib = &st->inbox[c.b];
+		dk_inbox *ib = &st->inbox[b];
 		if (bulk)
 			*(volatile uint32_t *)&ib->active = 1;
 		if (p.rebuild) {
@@ -3667,9 +3677,9 @@ __global__ void __launch_bounds__(DK_THREADS, DK_MIN_BLOCKS_PER_SM) dk_main(dk_p
 			uint32_t live = vload(&st->live_tasks);
 			for (uint32_t ti = 0; live && ti < DK_MAX_TASKS; ti++) {
 				dk_task *t = &st->tasks[ti];
-				if (vload(&t->state) == DK_TASK_LIVE && chan_of(p, t, c.b) < t->nch &&
-				    t->ch[c.b].step != DK_LEFT)
-					sched_insert(&p.sched, &sh.q, st->states[c.b], ti);
+				if (vload(&t->state) == DK_TASK_LIVE && chan_of(p, t, b) < t->nch &&
+				    t->ch[b].step != DK_LEFT)
+					sched_insert(&p.sched, &sh.q, st->states[b], ti);
 			}
 			__threadfence();
 			atomicAdd(&st->ctl.started, 1u);
@@ -3682,7 +3692,7 @@ __global__ void __launch_bounds__(DK_THREADS, DK_MIN_BLOCKS_PER_SM) dk_main(dk_p
 	for (;;) {
 		if (tid == 0) {
 			trace(c, DK_EV_LOOP, sh.q.n);
-			dk_inbox *ib = &st->inbox[c.b];
+			dk_inbox *ib = &st->inbox[b];
 			/* The control words in one load, on its way before the
 			 * tail's acquire (which holds back the loads after it): a
 			 * stop, park or quit seen a turn late costs a turn. */
@@ -3693,7 +3703,7 @@ __global__ void __launch_bounds__(DK_THREADS, DK_MIN_BLOCKS_PER_SM) dk_main(dk_p
 			while (ib->head != tail && sh.q.n < SCHED_MAX_TASKS) {
 				uint32_t ti = vload(&ib->idx[ib->head % DK_MAX_TASKS]);
 				trace(c, DK_EV_TASK, ti);
-				sched_insert(&p.sched, &sh.q, st->states[c.b], ti);
+				sched_insert(&p.sched, &sh.q, st->states[b], ti);
 				ib->head++;
 			}
 			sh.quit = 0;
@@ -3733,10 +3743,10 @@ __global__ void __launch_bounds__(DK_THREADS, DK_MIN_BLOCKS_PER_SM) dk_main(dk_p
 				sh.tfix[tid] = __ldcg((const uint4 *)t + tid);
 			else if (tid < F + 4)
 				((unsigned long long *)&sh.x)[tid - F] =
-				    __ldcg((const unsigned long long *)&t->ch[c.b] + (tid - F));
+				    __ldcg((const unsigned long long *)&t->ch[b] + (tid - F));
 			else if (tid < F + 6)
 				((unsigned long long *)&sh.s)[tid - F - 4] =
-				    __ldcg((const unsigned long long *)&st->states[c.b][ti] + (tid - F - 4));
+				    __ldcg((const unsigned long long *)&st->states[b][ti] + (tid - F - 4));
 			work_sync();
 			uint64_t arrival = ((const dk_task *)sh.tfix)->arrival;
 			if (tid == 0 && arrival != last_task) {
@@ -3761,8 +3771,8 @@ __global__ void __launch_bounds__(DK_THREADS, DK_MIN_BLOCKS_PER_SM) dk_main(dk_p
 			if (tid == 0 && ret != R_CHDONE && ret != R_FREE) {
 				/* Still ours (a channel that left may have seen its task
 				 * freed, chan_leave): the copies go back. */
-				volatile unsigned long long *gx = (volatile unsigned long long *)&t->ch[c.b];
-				volatile unsigned long long *gs = (volatile unsigned long long *)&st->states[c.b][ti];
+				volatile unsigned long long *gx = (volatile unsigned long long *)&t->ch[b];
+				volatile unsigned long long *gs = (volatile unsigned long long *)&st->states[b][ti];
 				for (uint32_t k = 0; k < 4; k++)
 					gx[k] = ((const unsigned long long *)&sh.x)[k];
 				for (uint32_t k = 0; k < 2; k++)
@@ -3787,11 +3797,11 @@ __global__ void __launch_bounds__(DK_THREADS, DK_MIN_BLOCKS_PER_SM) dk_main(dk_p
 	}
 	if (tid == 0) {
 		if (bulk && !left) /* stop, park: the host launches it again */
-			*(volatile uint32_t *)&st->inbox[c.b].active = 0;
+			*(volatile uint32_t *)&st->inbox[b].active = 0;
 		stats_flush(c);
 		if (bulk) { /* the worker's sign that this launch is over (cuda_engine.cu) */
 			__threadfence_system();
-			volatile uint32_t *x = &p.host->bulk_exits[c.b];
+			volatile uint32_t *x = &p.host->bulk_exits[b];
 			*x = *x + 1;
 		}
 	}
