@@ -2252,9 +2252,9 @@ __device__ __forceinline__ uint64_t split_at(uint64_t len, uint32_t parts, uint3
 	/* floor(len * i / parts) in the narrowest arithmetic that holds it:
 	 * the GPU divides in software, 128 bits costing far more than 32. */
 	uint64_t lo;
-	if (len < (1ull << 32) / parts)
-		lo = (uint32_t)len * i / parts;
-	else if (len <= UINT64_MAX / parts)
+	if ((len >> 32) == 0 && (uint64_t)len * parts < (1ull << 32))
+		lo = (uint32_t)len * i / parts; /* i <= parts: len * i fits too */
+	else if (sqe_mul_fits(len, parts))
 		lo = len * i / parts;
 	else
 		lo = (uint64_t)(((unsigned __int128)len * i) / parts);
@@ -2334,14 +2334,26 @@ __device__ uint32_t bufs_get(dk_ctx &c, const dk_task *t, dk_comm *cm, dk_bufs *
 			b->recv[0] = resolve(st, t->recv_reg, vload(&cm->session[t->rank]), t->recv_off, bytes, &s);
 		return s;
 	}
+	/* Per rank, its session and the first probes of both registrations
+	 * in one L2 round trip (reg_probe), where the receive buffer's look-up
+	 * waited for the send buffer's (two ranks at once cost dk_main's
+	 * control path more spills than they saved: tests/perf/RESULTS.md,
+	 * twenty-sixth run). */
 	for (uint32_t r = 0; r < n; r++) {
-		uint64_t sb, rb;
-		if (sqe_buf_bytes(t->opcode, t->count, t->dsize, n, r == t->peer, &sb, &rb) < 0)
+		uint64_t bytes[2];
+		if (sqe_buf_bytes(t->opcode, t->count, t->dsize, n, r == t->peer, &bytes[0], &bytes[1]) < 0)
 			return DFCCL_CQ_OUT_OF_RANGE;
-		uint64_t session = vload(&cm->session[r]);
-		b->send[r] = resolve(st, t->post[r].send_reg, session, t->post[r].send_off, sb, &s);
+		/* No look-up for a buffer of no bytes, as resolve. */
+		const uint32_t ids[2] = {bytes[0] ? t->post[r].send_reg : 0u, bytes[1] ? t->post[r].recv_reg : 0u};
+		dk_reg regs[2];
+		bool found[2];
+		reg_probe<2>(st, ids, regs);
+		const uint64_t session = vload(&cm->session[r]);
+		reg_finish<2>(st, ids, regs, found);
+		b->send[r] = resolve_found(t->post[r].send_reg, found[0], regs[0], session, t->post[r].send_off, bytes[0], &s);
 		if (s == DFCCL_CQ_OK)
-			b->recv[r] = resolve(st, t->post[r].recv_reg, session, t->post[r].recv_off, rb, &s);
+			b->recv[r] = resolve_found(t->post[r].recv_reg, found[1], regs[1], session, t->post[r].recv_off, bytes[1],
+			                           &s);
 		if (s != DFCCL_CQ_OK)
 			return s;
 	}
@@ -3206,7 +3218,10 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 					x->step = DK_CHDONE;
 					continue;
 				}
-				uint64_t max = *budget / t->dsize ? *budget / t->dsize : 1;
+				/* dsize is a power of two (sqe_dtype_size): a shift, not the
+				 * GPU's 64-bit division in software. */
+				uint64_t max = *budget >> (__ffs(t->dsize) - 1);
+				max = max ? max : 1;
 				if (max > total - x->pos)
 					max = total - x->pos;
 				if (x->step == DK_AWORK) {
