@@ -126,7 +126,9 @@ static const struct setting settings[] = {
      "resident-blocks"},
     {"bulk-idle-us", T_INT, F(bulk_idle_us), 0, 60000000, "1000", NULL,
      "cuda engine with resident-blocks: microseconds a bulk block stays with nothing to do before "
-     "it leaves"},
+     "it leaves. A block that stays holds its SM: a job whose collectives of several channels come closer "
+     "together than this keeps its bulk blocks, and another process's kernels on the GPU lack those SMs; 0 "
+     "gives them back at once, at the price of a launch for each such collective"},
     {"launch-gate", T_INT, F(launch_gate), 0, 1, "0", NULL,
      "cuda engine: 1: while the daemon kernel is stopped and an entry is posted for a stream to arm, its "
      "launch waits on the GPU behind a wait on that entry's arm word, so that the stream arming it starts "
