@@ -261,10 +261,10 @@ variant_suite() {
 # worker_memory: each worker's GPU memory once its kernel has run and no
 # communicator is left: its CUDA context, the kernel's state, and the
 # stack the driver reserves at the kernel's deepest frame for every thread
-# the GPU can hold (dk_main's 8.9 KB frame made the whole 2562 MiB on one
-# H200, 1.5 KB 670 MiB: tests/perf/RESULTS.md, twenty-sixth run). At most
-# 1 GiB each; not checked where nvidia-smi lists none of the workers'
-# processes (a PID namespace of its own).
+# the GPU can hold (with dk_main's 8.9 KB stack the whole was 2562 MiB on
+# one H200, with 872 bytes 538 MiB: tests/perf/RESULTS.md, twenty-sixth
+# run). At most 1 GiB each; not checked where nvidia-smi lists none of the
+# workers' processes (a PID namespace of its own).
 worker_memory() {
 	local m used pids
 	pids=$(ctl --json status | json "' '.join(str(x.get('worker_pid', 0)) for x in d['devices'])")
