@@ -2244,25 +2244,6 @@ struct dk_shared {
 };
 DFCCL_STATIC_ASSERT(sizeof(dk_chan_ctx) == 32 && sizeof(sched_state) == 16, "copied in 8-byte words");
 
-/* Element split of len into parts, boundaries on 16 bytes where possible. */
-__device__ __forceinline__ uint64_t split_at(uint64_t len, uint32_t parts, uint32_t i, uint32_t dsize)
-{
-	if (i >= parts)
-		return len;
-	/* floor(len * i / parts) in the narrowest arithmetic that holds it:
-	 * the GPU divides in software, 128 bits costing far more than 32. */
-	uint64_t lo;
-	if ((len >> 32) == 0 && (uint64_t)len * parts < (1ull << 32))
-		lo = (uint32_t)len * i / parts; /* i <= parts: len * i fits too */
-	else if (sqe_mul_fits(len, parts))
-		lo = len * i / parts;
-	else
-		lo = (uint64_t)(((unsigned __int128)len * i) / parts);
-	uint64_t a = 16 / dsize; /* a power of two */
-	lo = (lo + a - 1) & ~(a - 1);
-	return lo < len ? lo : len;
-}
-
 __device__ uint32_t shape_of(const dk_task *t)
 {
 	/* The algorithm byte carries the channel count too, so ranks that
@@ -2431,8 +2412,8 @@ __device__ bool oneshot_fits(const dk_params &p, const dk_task *t, const dk_task
 /* The channel's share of the elements: [lo, hi) of count. */
 __device__ void chan_range(const dk_task *t, uint32_t ch, uint64_t *lo, uint64_t *hi)
 {
-	*lo = split_at(t->count, t->nch, ch, t->dsize);
-	*hi = split_at(t->count, t->nch, ch + 1, t->dsize);
+	*lo = dk_split_at(t->count, t->nch, ch, t->dsize);
+	*hi = dk_split_at(t->count, t->nch, ch + 1, t->dsize);
 }
 
 /* Elements of the current data step of a channel. */
@@ -2445,7 +2426,7 @@ __device__ uint64_t work_total(const dk_task *t, uint32_t ch, uint32_t step, uin
 	case DFCCL_OP_ALLREDUCE: {
 		if (oneshot)
 			return len;
-		uint64_t own = split_at(len, n, t->rank + 1, t->dsize) - split_at(len, n, t->rank, t->dsize);
+		uint64_t own = dk_split_at(len, n, t->rank + 1, t->dsize) - dk_split_at(len, n, t->rank, t->dsize);
 #if DK_PHASE2_STORES
 		/* Phase 2: this rank's chunk, to each of the n - 1 others. */
 		return step == DK_WORK1 ? own : own * (n - 1);
@@ -2489,7 +2470,7 @@ __device__ uint64_t work_piece(const dk_task *t, uint32_t ch, uint32_t step, uin
 	case DFCCL_OP_ALLREDUCE:
 		if (step == DK_WORK1) {
 			/* One shot: the channel's whole share; two: chunk r of it. */
-			uint64_t i = lo + (oneshot ? 0 : split_at(len, n, r, ds)) + pos;
+			uint64_t i = lo + (oneshot ? 0 : dk_split_at(len, n, r, ds)) + pos;
 			op.dst = b.recv[r] + i * ds;
 			for (uint32_t k = 0; k < n; k++)
 				op.src[k] = b.send[k] + i * ds;
@@ -2501,7 +2482,7 @@ __device__ uint64_t work_piece(const dk_task *t, uint32_t ch, uint32_t step, uin
 			 * comment before sync_fence_sc says why that is safe), rank
 			 * r + 1 first, so that the ranks' first stores go to
 			 * different peers. */
-			uint64_t c0 = split_at(len, n, r, ds), own = split_at(len, n, r + 1, ds) - c0;
+			uint64_t c0 = dk_split_at(len, n, r, ds), own = dk_split_at(len, n, r + 1, ds) - c0;
 			uint64_t d = pos / own, i = pos % own;
 			uint32_t o = (uint32_t)((r + 1 + d) % n);
 			if (m > own - i)
@@ -2516,9 +2497,9 @@ __device__ uint64_t work_piece(const dk_task *t, uint32_t ch, uint32_t step, uin
 			 * a buffer whose rank already failed and whose client may
 			 * be reusing it, unless failures drain (DK_PHASE2_STORES). */
 			uint32_t o = 0;
-			while (o + 1 < n && split_at(len, n, o + 1, ds) <= pos)
+			while (o + 1 < n && dk_split_at(len, n, o + 1, ds) <= pos)
 				o++;
-			uint64_t end = split_at(len, n, o + 1, ds);
+			uint64_t end = dk_split_at(len, n, o + 1, ds);
 			if (m > end - pos)
 				m = end - pos;
 			if (o == r) {

@@ -34,6 +34,7 @@
 #include "dfccl_comm.h"
 #include "dfccl_queue.h"
 #include "scheduler.h"
+#include "sqe_check.h"
 
 #define DK_MAX_QPS 256u
 #define DK_MAX_COMMS 256u
@@ -225,6 +226,28 @@ static inline DFCCL_HD int dk_oneshot_size_fits(uint64_t bytes, uint32_t n, uint
 static inline DFCCL_HD uint32_t dk_gather_source(uint64_t pos, uint64_t len, uint32_t ch, uint32_t n)
 {
 	return (uint32_t)((pos / len + ch) % n);
+}
+
+/* First element of part i of len elements split into parts (len for i >=
+ * parts): floor(len * i / parts), rounded up to 16 bytes of elements of
+ * dsize (1, 2, 4 or 8 bytes) where that stays within len. In the
+ * narrowest arithmetic that holds it: the GPU divides in software, 128
+ * bits costing far more than 32 (tests/unit/test_dk_split.c holds the
+ * fast paths to the 128-bit one). */
+static inline DFCCL_HD uint64_t dk_split_at(uint64_t len, uint32_t parts, uint32_t i, uint32_t dsize)
+{
+	if (i >= parts)
+		return len;
+	uint64_t lo;
+	if ((len >> 32) == 0 && len * parts < (1ull << 32))
+		lo = (uint32_t)len * i / parts; /* i <= parts: len * i fits too */
+	else if (sqe_mul_fits(len, parts))
+		lo = len * i / parts;
+	else
+		lo = (uint64_t)(((unsigned __int128)len * i) / parts);
+	uint64_t a = 16 / dsize; /* a power of two */
+	lo = (lo + a - 1) & ~(a - 1);
+	return lo < len ? lo : len;
 }
 
 /* Whether `bytes` of data and the region's last line fit one region. */
