@@ -674,6 +674,10 @@ static int ce_qp_add(void *impl, struct sq_queue *q, char *err, size_t errlen)
 	d.cw = (uint64_t *)((char *)dev + DFCCL_QP_CW_OFFSET(q->n));
 	d.taken = taken;
 	d.head = q->head; /* sq_queue_open's view: entries below were handled before */
+	/* The kernel's count goes on from the header's, which it stores
+	 * into (complete_count): a worker that went away may have completed
+	 * entries of the pair, and the supervisor counts those it failed. */
+	d.completed = __atomic_load_n(&q->hdr->completed, __ATOMIC_ACQUIRE);
 	d.uid_slot = us;
 	if (ce_put(e, OFF(qps[i]), &d, sizeof(d)) < 0 || ce_put32(e, OFF(qps[i].live), 1) < 0) {
 		snprintf(err, errlen, "%s", e->fatal);

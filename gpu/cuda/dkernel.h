@@ -87,7 +87,8 @@ struct dk_qp {
 	uint64_t *cw;                 /* host */
 	uint64_t *taken;              /* host: device array [n]; kernel: sequence last taken per slot */
 	uint64_t head;                /* kernel (host sets it on add): lowest sequence not yet taken */
-	uint64_t completed;           /* kernel: completions written, under `lock` */
+	uint64_t completed;           /* kernel (host sets it on add: the header's): completions written, under
+	                               * `lock` */
 	int32_t lock;                 /* kernel: orders completions of several blocks */
 	uint32_t inflight;            /* kernel (host zeroes it on add): its tasks in the kernel (atomic) */
 	uint32_t comm_hint;           /* kernel: 1 + the communicator slot of its last entry (checked before use) */

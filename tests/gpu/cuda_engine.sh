@@ -29,7 +29,9 @@
 #     sweep with every size checked (time, algorithm and bus bandwidth per
 #     size);
 #   - first, after one all-reduce, each worker's GPU memory (nvidia-smi):
-#     at most 1 GiB (worker_memory);
+#     at most 1 GiB (worker_memory); then the completion count in a queue
+#     pair's header, sampled while NOPs complete one by one
+#     (completion_count);
 #   - test_cuda_hostile: raw hostile submission entries, each rejected with
 #     its status, canaries around a registered device buffer intact, and
 #     registrations past the end of a cudaMalloc or VMM allocation refused;
@@ -280,6 +282,45 @@ worker_memory() {
 	done
 }
 
+# completion_count: the queue pair's count of completions in its header
+# (`completed`, the futex its sleeping clients wait on, which the daemon
+# kernel moves after each completion word: dkernel.cu, complete_count).
+# NOPs go to GPU 0 one at a time (dfccl-perf --queue-only) while dfcclctl
+# samples the pair: between two samples the count moves, and it trails the
+# submitted count by at most 3 (the client waits for each NOP before the
+# next; the two words are read apart) and leads it by at most 2 (read
+# apart the other way).
+queue_words() {
+	ctl --json queues | json "' '.join('%d %d' % (x['sq_tail'], x['completed']) for x in d['queues'] if x['device'] == 0)"
+}
+completion_count() {
+	local perf_pid line prev=-1 submitted counted
+	"$bin/dfccl-perf" --queue-only -n 2000000 -w 0 --devices 0 --socket "$sock" >"$tmp/count.log" 2>&1 &
+	perf_pid=$!
+	# Until its queue pair is there (its CUDA set-up first), 10 s at most.
+	for _ in $(seq 1 50); do
+		[ -n "$(queue_words)" ] && break
+		sleep 0.2
+	done
+	for _ in 1 2 3 4 5; do
+		line=$(queue_words)
+		read -r submitted counted <<<"$line"
+		if [ -z "$counted" ] || [ -n "$(echo "$line" | cut -d' ' -f3)" ]; then
+			kill "$perf_pid" 2>/dev/null
+			fail "dfcclctl queues: expected the one queue pair of dfccl-perf on GPU 0, got '$line'"
+		fi
+		echo "   submitted $submitted, completed $counted"
+		if [ $((submitted - counted)) -gt 3 ] || [ $((counted - submitted)) -gt 2 ] || [ "$counted" -le "$prev" ]; then
+			kill "$perf_pid" 2>/dev/null
+			fail "the queue pair's completion count: $counted with $submitted submitted (previous sample $prev)"
+		fi
+		prev=$counted
+		sleep 0.3
+	done
+	kill "$perf_pid" 2>/dev/null
+	wait "$perf_pid" 2>/dev/null || true
+}
+
 # small_batch NAME: 150 single-channel all-reduces (4 KiB) before each
 # wait, callback form, not grouped, 2 ranks on GPUs $pair (NAME in the
 # step's title).
@@ -299,6 +340,8 @@ if part_on main; then
 	step "one all-reduce, 2 ranks on GPU 0" 60 "$bin/dfccl-perf" allreduce --socket "$sock" --mem device \
 		--devices 0 --nranks 2 -b 8 -e 8 -n 2 -w 1 -c 1
 	worker_memory
+	echo "-- the completion count of a queue pair"
+	completion_count
 	run_suite "" 200
 	stop_daemon
 fi
