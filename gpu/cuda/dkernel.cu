@@ -1039,30 +1039,46 @@ __device__ dk_comm *comm_find(dk_state *st, dk_qp *q, uint64_t comm_id, uint32_t
 }
 
 /*
- * A free task, or DK_NO_TASK. The queue reader alone makes tasks live, so a
- * task seen free stays free until it takes it: the states of 32 tasks are
- * loaded at once and those found free are kept (c.free_mask), one L2 round
- * trip per 32 tasks rather than one per task. The search goes round from
- * where the last one ended (the oldest frees first).
+ * Free tasks. The queue reader alone makes tasks live, so a task seen free
+ * stays free until it takes it: the states of 32 tasks are loaded at once
+ * and those found free are kept (c.free_mask), one L2 round trip per 32
+ * tasks rather than one per task. The search goes round from where the
+ * last one ended (the oldest frees first): task_probe looks at the next
+ * group.
  */
 #define DK_TASK_PROBE 32u
 DFCCL_STATIC_ASSERT(DK_MAX_TASKS % DK_TASK_PROBE == 0, "task probes of whole groups");
-__device__ uint32_t task_alloc(dk_ctx &c)
+__device__ void task_probe(dk_ctx &c)
 {
 	dk_state *st = c.st;
-	for (uint32_t r = 0; !c.free_mask && r < DK_MAX_TASKS / DK_TASK_PROBE; r++) {
-		uint32_t base = st->task_cursor / DK_TASK_PROBE * DK_TASK_PROBE % DK_MAX_TASKS;
-		uint32_t state[DK_TASK_PROBE], m = 0;
+	uint32_t base = st->task_cursor / DK_TASK_PROBE * DK_TASK_PROBE % DK_MAX_TASKS;
+	uint32_t state[DK_TASK_PROBE], m = 0;
 #pragma unroll
-		for (uint32_t k = 0; k < DK_TASK_PROBE; k++)
-			state[k] = vload(&st->tasks[base + k].state);
+	for (uint32_t k = 0; k < DK_TASK_PROBE; k++)
+		state[k] = vload(&st->tasks[base + k].state);
 #pragma unroll
-		for (uint32_t k = 0; k < DK_TASK_PROBE; k++)
-			m |= (uint32_t)(state[k] == DK_TASK_FREE) << k;
-		c.free_base = base;
-		c.free_mask = m;
-		st->task_cursor = (base + DK_TASK_PROBE) % DK_MAX_TASKS;
-	}
+	for (uint32_t k = 0; k < DK_TASK_PROBE; k++)
+		m |= (uint32_t)(state[k] == DK_TASK_FREE) << k;
+	c.free_base = base;
+	c.free_mask = m;
+	st->task_cursor = (base + DK_TASK_PROBE) % DK_MAX_TASKS;
+}
+
+/* At least `want` tasks known free (c.free_mask), where a probe of each
+ * group finds them: the groups known free before are dropped (they are
+ * found again when the search comes round). Returns how many are known. */
+__device__ uint32_t task_supply(dk_ctx &c, uint32_t want)
+{
+	for (uint32_t r = 0; (uint32_t)__popc(c.free_mask) < want && r < DK_MAX_TASKS / DK_TASK_PROBE; r++)
+		task_probe(c);
+	return __popc(c.free_mask);
+}
+
+/* A free task, or DK_NO_TASK. */
+__device__ uint32_t task_alloc(dk_ctx &c)
+{
+	for (uint32_t r = 0; !c.free_mask && r < DK_MAX_TASKS / DK_TASK_PROBE; r++)
+		task_probe(c);
 	if (!c.free_mask)
 		return DK_NO_TASK;
 	uint32_t k = __ffs(c.free_mask) - 1;
@@ -1585,6 +1601,7 @@ __device__ __forceinline__ struct sched_admission qp_admission(const dk_ctx &c, 
 #define DK_COPY_ROUNDS ((DK_SCAN + DK_COPY_PER_ROUND - 1) / DK_COPY_PER_ROUND)
 #define DK_COPY_QUIT 0xFFFFFFFFu              /* rcopy.n: the copiers leave */
 #define DK_COPY_FILL 0x80000000u              /* rcopy.n: the copiers fill the tasks of rcopy.fill */
+#define DK_COPY_TAKE 0x80000001u              /* rcopy.n: the copiers take entries 0..take_n - 1 (take_one) */
 DFCCL_STATIC_ASSERT(sizeof(dfccl_sqe) == 8 * 16, "an entry is eight 16-byte pieces, one per copier lane");
 DFCCL_STATIC_ASSERT(DK_SCAN <= 24, "a copier lane for each entry's checks");
 
@@ -1596,6 +1613,14 @@ struct dk_rcopy {
 	uint32_t first;            /* the first of them to copy (the ones before are copied already) */
 	uint32_t n;                /* how many, DK_COPY_FILL or DK_COPY_QUIT */
 	uint32_t fill;             /* DK_COPY_FILL: bit i, entry i accepted as task[i] */
+	uint32_t simple;           /* bit i: entry i's checks passed, a collective of one channel (take_one) */
+	uint32_t take_n;           /* DK_COPY_TAKE: the entries, 0..take_n - 1; */
+	uint32_t take_free;        /* the free tasks they take, free_base + each bit, in order; */
+	uint32_t take_base;
+	uint64_t take_arrival;     /* the arrival count before entry 0's; */
+	volatile uint64_t *taken;  /* the pair's taken words, and its entries */
+	uint32_t qn;
+	dk_ctx *rc;                /* the queue reader's context (its inboxes' tails, its counters) */
 	uint4 buf[DK_SCAN][8];     /* their copies (arm: the sequence) */
 	dk_prep prep[DK_SCAN];     /* their checks */
 	uint32_t task[DK_SCAN], part[DK_SCAN]; /* accepted: the task, its admission's part */
@@ -1642,6 +1667,47 @@ __device__ __forceinline__ void entry_in_registers(uint32_t i, dfccl_sqe *e, dk_
 		*pr = rcopy.prep[i];
 }
 
+/*
+ * Copier lane `lane`'s part of a chunk's take (DK_COPY_TAKE): entry i of
+ * the run, accepted as the reader's entry_take and task_fill would have
+ * it, every entry of the run at once. Its task is the i-th of take_free;
+ * its place in its block's inbox follows those of the run's entries before
+ * it that go to the same block (the lanes of one block agree on where the
+ * group starts, and its first lane moves the reader's tail); the reader
+ * publishes the inboxes after the barrier, as after entry_take.
+ */
+__device__ __noinline__ void take_one(const dk_params &p, uint32_t lane, uint32_t i)
+{
+	dk_state *st = p.st;
+	dk_ctx *rc = rcopy.rc;
+	dfccl_sqe e;
+	dk_prep pr;
+	entry_in_registers(i, &e, &pr);
+	const uint32_t ti = rcopy.take_base + __fns(rcopy.take_free, 0, (int)i + 1);
+	*(volatile uint32_t *)&st->tasks[ti].state = DK_TASK_LIVE;
+	const uint32_t b = block_at(p, pr.block0, 0);
+	const uint32_t lanes = ((1u << rcopy.take_n) - 1u) << 8;
+	const uint32_t same = __match_any_sync(lanes, b);
+	const uint32_t lead = __ffs(same) - 1u;
+	uint32_t at = 0;
+	if (lane == lead) {
+		if (!(rc->rknown >> b & 1u)) {
+			rc->rtail[b] = vload(&st->inbox[b].tail);
+			atomicOr((unsigned long long *)&rc->rknown, 1ull << b);
+		}
+		at = rc->rtail[b];
+		rc->rtail[b] = at + __popc(same);
+		atomicOr((unsigned long long *)&rc->rpend, 1ull << b);
+	}
+	at = __shfl_sync(same, at, (int)lead) + __popc(same & ((1u << lane) - 1u));
+	st->inbox[b].idx[at % DK_MAX_TASKS] = ti;
+	atomicAdd((unsigned long long *)&rc->acc.started[pr.algo - 1], 1ull);
+	rcopy.taken[DFCCL_QP_SLOT(e.arm, rcopy.qn)] = e.arm;
+	task_fill(p, rcopy.qi, &e, pr, ti, rcopy.take_arrival + i + 1u, rcopy.part[i]);
+	/* Its stores before the reader's publication, at GPU scope. */
+	__threadfence();
+}
+
 /* A copier lane's loop, until the reader says quit. */
 __device__ __noinline__ void copier_main(uint32_t lane, dk_params p)
 {
@@ -1664,6 +1730,12 @@ __device__ __noinline__ void copier_main(uint32_t lane, dk_params p)
 			__syncwarp(DK_COPY_LANES); /* done */
 			continue;
 		}
+		if (n == DK_COPY_TAKE) {
+			if (mine < rcopy.take_n)
+				take_one(p, lane, mine);
+			__syncwarp(DK_COPY_LANES); /* done */
+			continue;
+		}
 		const uint32_t first = *(volatile uint32_t *)&rcopy.first, end = first + n;
 		uint4 v[DK_COPY_ROUNDS];
 #pragma unroll
@@ -1679,6 +1751,7 @@ __device__ __noinline__ void copier_main(uint32_t lane, dk_params p)
 				rcopy.buf[i][piece] = v[r];
 		}
 		__syncwarp(DK_COPIERS); /* every copy whole */
+		bool simple = false;
 		if (mine >= first && mine < end) {
 			const bool timed = p.trace && mine == first;
 			if (timed)
@@ -1694,8 +1767,16 @@ __device__ __noinline__ void copier_main(uint32_t lane, dk_params p)
 			dk_prep pr;
 			entry_prepare(p, *(dk_qp *const volatile *)&rcopy.q, &e, mine, &pr);
 			rcopy.prep[mine] = pr;
+			simple = pr.check == DFCCL_CQ_OK && e.opcode != DFCCL_OP_NOP && pr.status == DFCCL_CQ_OK && pr.nch == 1;
 			if (timed)
 				rcopy.t_prepared = now_ns();
+		}
+		/* Which of these entries a chunk's take may take at once
+		 * (read_queues, take_one); the others' bits as they were. */
+		const uint32_t got = __ballot_sync(DK_COPIERS, simple) >> 8;
+		if (mine == 0) {
+			const uint32_t range = (end >= 32u ? ~0u : (1u << end) - 1u) & ~((1u << first) - 1u);
+			rcopy.simple = (rcopy.simple & ~range) | (got & range);
 		}
 		__syncwarp(DK_COPY_LANES); /* done */
 	}
@@ -1775,6 +1856,12 @@ __device__ void admit_count(dk_ctx &c, dk_qp *q, uint32_t m)
  * (armed_before).
  */
 #define DK_SCAN_WINDOW 32u
+
+/* The fewest entries a chunk's take takes at once (read_queues): fewer
+ * go entry by entry, which costs a lone entry about 0.7 us less than the
+ * lanes' take (its lanes' agreement on the inboxes, their atomics; one
+ * H200, tests/perf/RESULTS.md, twenty-seventh run). */
+#define DK_TAKE_AT_ONCE 4u
 
 /*
  * A pass whose head is not armed costs a PCIe round trip for the header
@@ -1875,6 +1962,36 @@ __device__ __noinline__ uint64_t armed_before(const dfccl_sqe *sq, const volatil
 				return s0 + k;
 	}
 	return 0;
+}
+
+/*
+ * The reader's part of a chunk's take at once (read_queues): entries
+ * 0..nrun - 1 of the copies, of queue pair q (taken: its taken words, n
+ * its entries), counted and taken by the copier lanes (take_one), then the
+ * tasks known free, the arrival count and cpu_last moved past them. Out of
+ * line, so that the entry-by-entry steps keep their registers.
+ */
+__device__ __noinline__ void take_run(dk_ctx &c, dk_qp *q, volatile uint64_t *taken, uint32_t n, uint32_t nrun,
+                                      bool tracing)
+{
+	take_at(c, tracing, DK_TAKE_ARMED);
+	admit_count(c, q, (1u << nrun) - 1u);
+	rcopy.take_n = nrun;
+	rcopy.take_free = c.free_mask;
+	rcopy.take_base = c.free_base;
+	rcopy.take_arrival = c.arrivals;
+	rcopy.taken = taken;
+	rcopy.qn = n;
+	rcopy.rc = &c;
+	copy_entries(DK_COPY_TAKE);
+	take_at(c, tracing, DK_TAKE_TASK);
+	uint32_t fm = c.free_mask;
+	for (uint32_t k = 0; k < nrun; k++)
+		fm &= fm - 1u;
+	c.free_mask = fm;
+	c.arrivals += nrun;
+	c.cpu_last = !(((const dfccl_sqe *)rcopy.buf[nrun - 1u])->flags & DFCCL_SQE_F_STREAM_ARMED);
+	take_at(c, tracing, DK_TAKE_DONE);
 }
 
 /* Out of line: the queue reader is one thread of its own (reader_main),
@@ -2062,6 +2179,34 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 						trace_at(c, DK_EV_TAKE, DK_TAKE_PREPARED, rcopy.t_prepared);
 					}
 					take_at(c, tracing, DK_TAKE_COPIED);
+				}
+				/* The common case at once (take_one): in order, the
+				 * chunk's armed entries a run from the first not taken,
+				 * at least DK_TAKE_AT_ONCE of them, each acceptable as
+				 * it stands (its checks passed, one channel), with room
+				 * and free tasks for all. Entry by entry the reader took
+				 * 2.2 us each, most of it in the steps below, one after
+				 * another (one H200, batches of 150; tests/perf/
+				 * RESULTS.md, twenty-seventh run). */
+				uint32_t nrun = __popc(armed);
+				const bool at_once = in_order && s0 == h && !was_taken && nrun >= DK_TAKE_AT_ONCE &&
+				                     !(armed & (armed + 1u)) &&
+				                     a.refuse == DFCCL_CQ_OK && (rcopy.simple & armed) == armed && room >= nrun &&
+				                     (nrun = min(nrun, task_supply(c, nrun))) > 0;
+				if (at_once) {
+					/* The run's first nrun (as many as there are free
+					 * tasks): the entry-by-entry steps take the rest,
+					 * as taken by an earlier pass. */
+					take_run(c, q, taken, n, nrun, tracing);
+					was_taken = (1u << nrun) - 1u;
+					room -= nrun;
+					got += nrun;
+					h = s0 + nrun;
+					/* In order, an entry not armed ends the pass; so
+					 * does a whole chunk taken at once (the bit past it
+					 * reads as not armed), where the entry-by-entry
+					 * steps go on into the next chunk. */
+					stop = s0 + nrun <= hi && !(armed >> nrun & 1u);
 				}
 				for (uint32_t k = 0; k < DK_SCAN && !stop; k++) {
 					uint64_t s = s0 + k;
