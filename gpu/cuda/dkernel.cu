@@ -1467,6 +1467,23 @@ __device__ void task_fill(const dk_params &p, uint32_t qi, const dfccl_sqe *e, c
 	}
 }
 
+/* The first of the next k places of block b's inbox, for the reader's
+ * context c: its copy of the inbox's tail (loaded at its first use in a
+ * launch), moved past them, and the inbox marked to publish. The masks'
+ * bits are set atomically: a take at once's copier lanes reserve places
+ * of different inboxes side by side (take_one). */
+__device__ __forceinline__ uint32_t inbox_reserve(dk_ctx *c, uint32_t b, uint32_t k)
+{
+	if (!(c->rknown >> b & 1u)) {
+		c->rtail[b] = vload(&c->st->inbox[b].tail);
+		atomicOr((unsigned long long *)&c->rknown, 1ull << b);
+	}
+	const uint32_t at = c->rtail[b];
+	c->rtail[b] = at + k;
+	atomicOr((unsigned long long *)&c->rpend, 1ull << b);
+	return at;
+}
+
 /*
  * The reader's part of accepting a prepared entry: a free task, marked live
  * at once (task_alloc's next probes must not see it free), and its place in
@@ -1487,12 +1504,7 @@ __device__ uint32_t entry_take(dk_ctx &c, const dk_prep &pr)
 	*(volatile uint32_t *)&st->tasks[ti].state = DK_TASK_LIVE;
 	for (uint32_t ch = 0; ch < pr.nch; ch++) {
 		uint32_t b = block_at(c.p, pr.block0, ch);
-		if (!(c.rknown >> b & 1u)) {
-			c.rtail[b] = vload(&st->inbox[b].tail);
-			c.rknown |= 1ull << b;
-		}
-		st->inbox[b].idx[c.rtail[b]++ % DK_MAX_TASKS] = ti;
-		c.rpend |= 1ull << b;
+		st->inbox[b].idx[inbox_reserve(&c, b, 1) % DK_MAX_TASKS] = ti;
 	}
 	c.acc.started[pr.algo - 1]++;
 	return ti;
@@ -1615,12 +1627,11 @@ struct dk_rcopy {
 	uint32_t fill;             /* DK_COPY_FILL: bit i, entry i accepted as task[i] */
 	uint32_t simple;           /* bit i: entry i's checks passed, a collective of one channel (take_one) */
 	uint32_t take_n;           /* DK_COPY_TAKE: the entries, 0..take_n - 1; */
-	uint32_t take_free;        /* the free tasks they take, free_base + each bit, in order; */
-	uint32_t take_base;
-	uint64_t take_arrival;     /* the arrival count before entry 0's; */
 	volatile uint64_t *taken;  /* the pair's taken words, and its entries */
 	uint32_t qn;
-	dk_ctx *rc;                /* the queue reader's context (its inboxes' tails, its counters) */
+	dk_ctx *rc;                /* the queue reader's context: its free tasks (free_base + each bit
+	                            * of free_mask, in order, one an entry), the arrival count before
+	                            * entry 0's, its inboxes' tails and counters */
 	uint4 buf[DK_SCAN][8];     /* their copies (arm: the sequence) */
 	dk_prep prep[DK_SCAN];     /* their checks */
 	uint32_t task[DK_SCAN], part[DK_SCAN]; /* accepted: the task, its admission's part */
@@ -1683,27 +1694,20 @@ __device__ __noinline__ void take_one(const dk_params &p, uint32_t lane, uint32_
 	dfccl_sqe e;
 	dk_prep pr;
 	entry_in_registers(i, &e, &pr);
-	const uint32_t ti = rcopy.take_base + __fns(rcopy.take_free, 0, (int)i + 1);
+	const uint32_t ti = rc->free_base + __fns(rc->free_mask, 0, (int)i + 1);
 	*(volatile uint32_t *)&st->tasks[ti].state = DK_TASK_LIVE;
 	const uint32_t b = block_at(p, pr.block0, 0);
 	const uint32_t lanes = ((1u << rcopy.take_n) - 1u) << 8;
 	const uint32_t same = __match_any_sync(lanes, b);
 	const uint32_t lead = __ffs(same) - 1u;
 	uint32_t at = 0;
-	if (lane == lead) {
-		if (!(rc->rknown >> b & 1u)) {
-			rc->rtail[b] = vload(&st->inbox[b].tail);
-			atomicOr((unsigned long long *)&rc->rknown, 1ull << b);
-		}
-		at = rc->rtail[b];
-		rc->rtail[b] = at + __popc(same);
-		atomicOr((unsigned long long *)&rc->rpend, 1ull << b);
-	}
+	if (lane == lead)
+		at = inbox_reserve(rc, b, __popc(same));
 	at = __shfl_sync(same, at, (int)lead) + __popc(same & ((1u << lane) - 1u));
 	st->inbox[b].idx[at % DK_MAX_TASKS] = ti;
 	atomicAdd((unsigned long long *)&rc->acc.started[pr.algo - 1], 1ull);
 	rcopy.taken[DFCCL_QP_SLOT(e.arm, rcopy.qn)] = e.arm;
-	task_fill(p, rcopy.qi, &e, pr, ti, rcopy.take_arrival + i + 1u, rcopy.part[i]);
+	task_fill(p, rcopy.qi, &e, pr, ti, rc->arrivals + i + 1u, rcopy.part[i]);
 	/* Its stores before the reader's publication, at GPU scope. */
 	__threadfence();
 }
@@ -1977,9 +1981,6 @@ __device__ __noinline__ void take_run(dk_ctx &c, dk_qp *q, volatile uint64_t *ta
 	take_at(c, tracing, DK_TAKE_ARMED);
 	admit_count(c, q, (1u << nrun) - 1u);
 	rcopy.take_n = nrun;
-	rcopy.take_free = c.free_mask;
-	rcopy.take_base = c.free_base;
-	rcopy.take_arrival = c.arrivals;
 	rcopy.taken = taken;
 	rcopy.qn = n;
 	rcopy.rc = &c;
@@ -2202,11 +2203,10 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 					room -= nrun;
 					got += nrun;
 					h = s0 + nrun;
-					/* In order, an entry not armed ends the pass; so
-					 * does a whole chunk taken at once (the bit past it
-					 * reads as not armed), where the entry-by-entry
-					 * steps go on into the next chunk. */
-					stop = s0 + nrun <= hi && !(armed >> nrun & 1u);
+					/* In order, an entry not armed ends the pass; a
+					 * whole chunk taken goes on to the next, as the
+					 * entry-by-entry steps do. */
+					stop = nrun < DK_SCAN && s0 + nrun <= hi && !(armed >> nrun & 1u);
 				}
 				for (uint32_t k = 0; k < DK_SCAN && !stop; k++) {
 					uint64_t s = s0 + k;
