@@ -1469,9 +1469,9 @@ __device__ void task_fill(const dk_params &p, uint32_t qi, const dfccl_sqe *e, c
 
 /* The first of the next k places of block b's inbox, for the reader's
  * context c: its copy of the inbox's tail (loaded at its first use in a
- * launch), moved past them, and the inbox marked to publish. The masks'
- * bits are set atomically: a take at once's copier lanes reserve places
- * of different inboxes side by side (take_one). */
+ * launch), moved past them. The mask's bit is set atomically: a take at
+ * once's copier lanes reserve places of different inboxes side by side
+ * (take_one). */
 __device__ __forceinline__ uint32_t inbox_reserve(dk_ctx *c, uint32_t b, uint32_t k)
 {
 	if (!(c->rknown >> b & 1u)) {
@@ -1480,7 +1480,6 @@ __device__ __forceinline__ uint32_t inbox_reserve(dk_ctx *c, uint32_t b, uint32_
 	}
 	const uint32_t at = c->rtail[b];
 	c->rtail[b] = at + k;
-	atomicOr((unsigned long long *)&c->rpend, 1ull << b);
 	return at;
 }
 
@@ -1505,6 +1504,7 @@ __device__ uint32_t entry_take(dk_ctx &c, const dk_prep &pr)
 	for (uint32_t ch = 0; ch < pr.nch; ch++) {
 		uint32_t b = block_at(c.p, pr.block0, ch);
 		st->inbox[b].idx[inbox_reserve(&c, b, 1) % DK_MAX_TASKS] = ti;
+		c.rpend |= 1ull << b;
 	}
 	c.acc.started[pr.algo - 1]++;
 	return ti;
@@ -1681,11 +1681,11 @@ __device__ __forceinline__ void entry_in_registers(uint32_t i, dfccl_sqe *e, dk_
 /*
  * Copier lane `lane`'s part of a chunk's take (DK_COPY_TAKE): entry i of
  * the run, accepted as the reader's entry_take and task_fill would have
- * it, every entry of the run at once. Its task is the i-th of take_free;
- * its place in its block's inbox follows those of the run's entries before
- * it that go to the same block (the lanes of one block agree on where the
- * group starts, and its first lane moves the reader's tail); the reader
- * publishes the inboxes after the barrier, as after entry_take.
+ * it, every entry of the run at once. Its task is the i-th free one of
+ * the reader's; its place in its block's inbox follows those of the run's
+ * entries before it that go to the same block (the lanes of one block
+ * agree on where the group starts, and its first lane moves the reader's
+ * tail and publishes the group's places).
  */
 __device__ __noinline__ void take_one(const dk_params &p, uint32_t lane, uint32_t i)
 {
@@ -1708,8 +1708,19 @@ __device__ __noinline__ void take_one(const dk_params &p, uint32_t lane, uint32_
 	atomicAdd((unsigned long long *)&rc->acc.started[pr.algo - 1], 1ull);
 	rcopy.taken[DFCCL_QP_SLOT(e.arm, rcopy.qn)] = e.arm;
 	task_fill(p, rcopy.qi, &e, pr, ti, rc->arrivals + i + 1u, rcopy.part[i]);
-	/* Its stores before the reader's publication, at GPU scope. */
-	__threadfence();
+	/* The group's first lane publishes the block's tasks of the run, once
+	 * every lane of the group has filled its own: one fence, then the
+	 * tail (the reader's own places before them were published at the end
+	 * of their chunk), and a bulk block asked for. The reader's steps for
+	 * this, one inbox after another, took 3.9 us a chunk (tests/perf/
+	 * RESULTS.md, twenty-eighth run). */
+	__syncwarp(same);
+	if (lane == lead) {
+		__threadfence();
+		*(volatile uint32_t *)&st->inbox[b].tail = rc->rtail[b];
+		if (p.bulk0 && b >= p.bulk0)
+			bulk_ask(*rc, 1ull << b);
+	}
 }
 
 /* A copier lane's loop, until the reader says quit. */
@@ -1862,9 +1873,10 @@ __device__ void admit_count(dk_ctx &c, dk_qp *q, uint32_t m)
 #define DK_SCAN_WINDOW 32u
 
 /* The fewest entries a chunk's take takes at once (read_queues): fewer
- * go entry by entry, which costs a lone entry about 0.7 us less than the
+ * go entry by entry, which cost a lone entry about 0.7 us less than the
  * lanes' take (its lanes' agreement on the inboxes, their atomics; one
- * H200, tests/perf/RESULTS.md, twenty-seventh run). */
+ * H200, tests/perf/RESULTS.md, twenty-seventh run). Since the lanes
+ * publish their own tasks, 1 measured the same as 4 (twenty-eighth run). */
 #define DK_TAKE_AT_ONCE 4u
 
 /*
@@ -1971,15 +1983,19 @@ __device__ __noinline__ uint64_t armed_before(const dfccl_sqe *sq, const volatil
 /*
  * The reader's part of a chunk's take at once (read_queues): entries
  * 0..nrun - 1 of the copies, of queue pair q (taken: its taken words, n
- * its entries), counted and taken by the copier lanes (take_one), then the
- * tasks known free, the arrival count and cpu_last moved past them. Out of
- * line, so that the entry-by-entry steps keep their registers.
+ * its entries), counted and taken by the copier lanes, which publish them
+ * (take_one), then the tasks known free, the arrival count and cpu_last
+ * moved past them. Out of line, so that the entry-by-entry steps keep
+ * their registers.
  */
 __device__ __noinline__ void take_run(dk_ctx &c, dk_qp *q, volatile uint64_t *taken, uint32_t n, uint32_t nrun,
                                       bool tracing)
 {
 	take_at(c, tracing, DK_TAKE_ARMED);
 	admit_count(c, q, (1u << nrun) - 1u);
+	/* The admission's counts before the tasks are published (as before
+	 * inbox_publish's). */
+	__threadfence();
 	rcopy.take_n = nrun;
 	rcopy.taken = taken;
 	rcopy.qn = n;
@@ -1991,6 +2007,7 @@ __device__ __noinline__ void take_run(dk_ctx &c, dk_qp *q, volatile uint64_t *ta
 		fm &= fm - 1u;
 	c.free_mask = fm;
 	c.arrivals += nrun;
+	c.st->arrivals = c.arrivals;
 	c.cpu_last = !(((const dfccl_sqe *)rcopy.buf[nrun - 1u])->flags & DFCCL_SQE_F_STREAM_ARMED);
 	take_at(c, tracing, DK_TAKE_DONE);
 }
@@ -2208,7 +2225,10 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 					 * entry-by-entry steps do. */
 					stop = nrun < DK_SCAN && s0 + nrun <= hi && !(armed >> nrun & 1u);
 				}
-				for (uint32_t k = 0; k < DK_SCAN && !stop; k++) {
+				/* Past the entries taken at once: a step over each cost
+				 * 0.14 us (2.2 a chunk; tests/perf/RESULTS.md,
+				 * twenty-eighth run). */
+				for (uint32_t k = at_once ? nrun : 0; k < DK_SCAN && !stop; k++) {
 					uint64_t s = s0 + k;
 					if (s > hi)
 						break;

@@ -41,6 +41,10 @@ enum {
 	OP_ST_REL_HOST,  /* st.release.sys to host memory */
 	OP_ST_REL_GPU,   /* st.release.gpu to device memory */
 	OP_ST_PEER_FENCE, /* a store to a peer's memory, then fence.acq_rel.sys */
+	OP_FENCE_SC_GPU, /* fence.sc.gpu (__threadfence) */
+	OP_FENCE_SC_SYS, /* fence.sc.sys (__threadfence_system), nothing outstanding */
+	OP_ST_GPU_FENCE, /* a store to device memory, then fence.acq_rel.gpu */
+	OP_ST_GPU_FENCE_SC, /* a store to device memory, then fence.sc.gpu */
 	OP_ATOMIC_ADD,   /* atomicAdd on device memory, its result used */
 	OP_ATOMIC_CAS,   /* atomicCAS on device memory, its result used */
 	OP_NANOSLEEP,    /* __nanosleep(64) */
@@ -57,6 +61,8 @@ static const char *const names[OP_COUNT] = {
     "fence.acq_rel.gpu",                   "fence.acq_rel.sys, nothing outstanding",
     "store to host memory + fence.sys",    "st.release.sys to host memory",
     "st.release.gpu to device memory",     "store to peer GPU memory + fence.sys",
+    "fence.sc.gpu (__threadfence)",        "fence.sc.sys, nothing outstanding",
+    "store to device mem + fence.acq_rel.gpu", "store to device mem + fence.sc.gpu",
     "atomicAdd (result used)",             "atomicCAS (result used)",
     "__nanosleep(64)",                     "bar.sync, 512 threads"};
 
@@ -164,6 +170,16 @@ __global__ void __launch_bounds__(512) prims(uint32_t *dev, uint32_t *host, uint
 		case OP_ST_PEER_FENCE:
 			*(volatile uint32_t *)(peer + (k & 63u)) = k;
 			asm volatile("fence.acq_rel.sys;" ::: "memory");
+			break;
+		case OP_FENCE_SC_GPU: asm volatile("fence.sc.gpu;" ::: "memory"); break;
+		case OP_FENCE_SC_SYS: asm volatile("fence.sc.sys;" ::: "memory"); break;
+		case OP_ST_GPU_FENCE:
+			*(volatile uint32_t *)(dev + (k & 63u)) = k;
+			asm volatile("fence.acq_rel.gpu;" ::: "memory");
+			break;
+		case OP_ST_GPU_FENCE_SC:
+			*(volatile uint32_t *)(dev + (k & 63u)) = k;
+			asm volatile("fence.sc.gpu;" ::: "memory");
 			break;
 		case OP_ATOMIC_ADD: acc += atomicAdd(dev + (acc & 1u), 1u); break;
 		case OP_ATOMIC_CAS: acc += atomicCAS(dev + (acc & 1u), acc, acc + 1u); break;
