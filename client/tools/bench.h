@@ -117,8 +117,9 @@ struct bench_result {
 	double us;      /* per collective; with overlap, the time the collective added */
 	uint64_t wrong; /* wrong elements over all ranks (0 without check) */
 	double compute_us, total_us; /* overlap: per iteration, the kernel alone and with the batch */
-	double issue_us; /* stream mode: the host's time per collective to make the calls (with overlap, the
-	                  * compute kernel's launch too); where it comes close to `us`, the host paces the stream */
+	double issue_us; /* the host's time per collective to make the calls, before the wait (with overlap,
+	                  * the compute kernel's launch too); where it comes close to `us`, the host paces the
+	                  * daemon */
 };
 
 /* A rank's part of a sweep. */

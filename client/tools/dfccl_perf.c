@@ -228,8 +228,7 @@ static void json_measure(const struct bench_spec *s, const char *name, size_t by
 	else
 		printf(", \"%s\": {\"time_us\": %.3f, \"algbw_gbs\": %.4f, \"busbw_gbs\": %.4f", name, m->us, algbw,
 		       algbw * tool_bus_factor(s->coll, s->nranks));
-	if (s->mode == BENCH_STREAM)
-		printf(", \"issue_us\": %.3f", m->issue_us);
+	printf(", \"issue_us\": %.3f", m->issue_us);
 	if (s->check)
 		printf(", \"wrong\": %" PRIu64 "}", m->wrong);
 	else
