@@ -232,8 +232,10 @@ static void async_set_locked(struct client_async *a, dfcclResult_t error, const 
 {
 	if (a->error != dfcclSuccess)
 		return;
-	a->error = error;
 	snprintf(a->message, sizeof(a->message), "%s", message);
+	/* Stored once, after its message: client_async_get looks at it
+	 * without the lock. */
+	__atomic_store_n(&a->error, error, __ATOMIC_RELEASE);
 }
 
 void client_async_set(struct client *c, struct client_async *a, dfcclResult_t error, const char *message)
@@ -252,6 +254,14 @@ static dfcclResult_t async_read_locked(const struct client_async *a, char *msg, 
 
 dfcclResult_t client_async_get(struct client *c, const struct client_async *a, char *msg, size_t msglen)
 {
+	/* No error, the case of every call that submits (comm_check): no lock
+	 * and no copy of the message (6 % of a callback call's issue on the
+	 * host, perf). */
+	if (__atomic_load_n(&a->error, __ATOMIC_ACQUIRE) == dfcclSuccess) {
+		if (msglen)
+			msg[0] = '\0';
+		return dfcclSuccess;
+	}
 	pthread_mutex_lock(&c->lock);
 	dfcclResult_t r = async_read_locked(a, msg, msglen);
 	pthread_mutex_unlock(&c->lock);
