@@ -368,6 +368,10 @@ dfcclResult_t req_tracker_sync(struct req_tracker *t, bool wait)
 	}
 }
 
+/* Submissions between two looks for completed entries at a tracker's head
+ * (req_submit): entries nobody waits for stay at most this many more. */
+#define REQ_RETIRE_EVERY 32u
+
 dfcclResult_t req_submit(struct req_tracker *t, struct qp *q, const struct dfccl_sqe *e, struct req *r,
                          struct qp_stream_arm *arm)
 {
@@ -387,12 +391,16 @@ dfcclResult_t req_submit(struct req_tracker *t, struct qp *q, const struct dfccl
 		return res;
 	}
 	/* Retire what already completed at the head, so that a communicator
-	 * nobody synchronizes does not collect entries without bound. */
+	 * nobody synchronizes does not collect entries without bound: every
+	 * REQ_RETIRE_EVERY-th submission, since a look at a head not complete
+	 * yet reads its completion word and the queue pair's state, lines the
+	 * daemon writes, on the path of every call. */
 	pthread_mutex_lock(&t->lock);
 	t->qp = q;
 	tracker_link_locked(t, r);
-	while (t->head != r && !req_watched(t, t->head) && req_test(t->head))
-		tracker_retire_locked(t, t->head);
+	if (r->index % REQ_RETIRE_EVERY == 0)
+		while (t->head != r && !req_watched(t, t->head) && req_test(t->head))
+			tracker_retire_locked(t, t->head);
 	pthread_mutex_unlock(&t->lock);
 	return dfcclSuccess;
 }
