@@ -250,8 +250,15 @@ static dfcclResult_t coll_prepare(const struct coll_args *a, struct coll_op *op,
 	e->algo = coll_algo();
 	if (use_send && (r = coll_buffer(a, "sendbuff", a->send, scale_send, &e->send_reg, &e->send_off)) != dfcclSuccess)
 		return r;
-	if (use_recv && (r = coll_buffer(a, "recvbuff", a->recv, scale_recv, &e->recv_reg, &e->recv_off)) != dfcclSuccess)
+	if (use_send && use_recv && a->send == a->recv && scale_send == scale_recv) {
+		/* In place over the same elements: the same buffer, looked up
+		 * once (a GPU buffer's look-up asks the CUDA driver about it). */
+		e->recv_reg = e->send_reg;
+		e->recv_off = e->send_off;
+	} else if (use_recv &&
+	           (r = coll_buffer(a, "recvbuff", a->recv, scale_recv, &e->recv_reg, &e->recv_off)) != dfcclSuccess) {
 		return r;
+	}
 	if (use_send && use_recv && a->send == a->recv)
 		e->flags |= DFCCL_SQE_F_INPLACE;
 	return dfcclSuccess;
