@@ -115,6 +115,10 @@ static dfcclResult_t batch_wait(struct stream_batch *b)
 
 bool stream_batch_crowded(const struct stream_batch *b, const struct qp *q)
 {
+	/* Fewer items not armed than that in all: no count (a group's every
+	 * call asks, so counting each time made a group quadratic). */
+	if (b->n - b->armed < q->entries / 2)
+		return false;
 	size_t on_q = 0;
 	for (size_t i = b->armed; i < b->n; i++)
 		on_q += b->items[i].qp == q;
