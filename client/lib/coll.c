@@ -248,9 +248,10 @@ static dfcclResult_t coll_prepare(const struct coll_args *a, struct coll_op *op,
 	e->dtype = (uint8_t)a->dtype;
 	e->redop = reduces ? (uint8_t)a->redop : 0;
 	e->algo = coll_algo();
+	bool in_place = use_send && use_recv && a->send == a->recv;
 	if (use_send && (r = coll_buffer(a, "sendbuff", a->send, scale_send, &e->send_reg, &e->send_off)) != dfcclSuccess)
 		return r;
-	if (use_send && use_recv && a->send == a->recv && scale_send == scale_recv) {
+	if (in_place && scale_send == scale_recv) {
 		/* In place over the same elements: the same buffer, looked up
 		 * once (a GPU buffer's look-up asks the CUDA driver about it). */
 		e->recv_reg = e->send_reg;
@@ -259,7 +260,7 @@ static dfcclResult_t coll_prepare(const struct coll_args *a, struct coll_op *op,
 	           (r = coll_buffer(a, "recvbuff", a->recv, scale_recv, &e->recv_reg, &e->recv_off)) != dfcclSuccess) {
 		return r;
 	}
-	if (use_send && use_recv && a->send == a->recv)
+	if (in_place)
 		e->flags |= DFCCL_SQE_F_INPLACE;
 	return dfcclSuccess;
 }
