@@ -75,6 +75,7 @@ static void drv_load(void)
 	    {"cuMemHostGetDevicePointer_v2", offsetof(struct cudrv_ops, mem_host_get_device_pointer), true},
 	    {"cuStreamBatchMemOp_v2", offsetof(struct cudrv_ops, stream_batch_mem_op), true},
 	    {"cuMemcpyAsync", offsetof(struct cudrv_ops, memcpy_async), true},
+	    {"cuMemcpy2DAsync_v2", offsetof(struct cudrv_ops, memcpy_2d_async), true},
 	    {"cuStreamIsCapturing", offsetof(struct cudrv_ops, stream_is_capturing), true},
 	    {"cuStreamCreate", offsetof(struct cudrv_ops, stream_create), true},
 	    {"cuStreamSynchronize", offsetof(struct cudrv_ops, stream_synchronize), true},
@@ -197,6 +198,21 @@ int cudrv_pointer_info(const void *p, struct cudrv_ptr_info *out)
 		return -EIO;
 	}
 	return 1;
+}
+
+bool cudrv_pointer_ids(const void *p, uint64_t *buffer_id, uint64_t *block_id)
+{
+	const struct cudrv_ops *ops = drv();
+	if (!ops)
+		return false;
+	CUpointer_attribute attrs[2] = {CU_POINTER_ATTRIBUTE_BUFFER_ID, CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID};
+	unsigned long long v[2] = {0, 0};
+	void *data[2] = {&v[0], &v[1]};
+	if (ops->pointer_get_attributes(2, attrs, data, (CUdeviceptr)(uintptr_t)p) != CUDA_SUCCESS)
+		return false;
+	*buffer_id = v[0];
+	*block_id = v[1];
+	return true;
 }
 
 /* A driver call that needs a context, made in the device's primary context
@@ -653,6 +669,38 @@ int cudrv_stream_ops(void *stream, const struct cudrv_stream_op *ops_in, unsigne
 	}
 	struct drv_memop_arg arg = {(CUstream)stream, n, params};
 	return drv_run(ops, device, "cuStreamBatchMemOp", drv_memop_call, &arg);
+}
+
+struct drv_copy_words_arg {
+	CUstream stream;
+	CUDA_MEMCPY2D copy;
+};
+
+static CUresult drv_copy_words_call(const struct cudrv_ops *ops, void *arg)
+{
+	struct drv_copy_words_arg *a = arg;
+	return ops->memcpy_2d_async(&a->copy, a->stream);
+}
+
+int cudrv_stream_copy_words(void *stream, uintptr_t dst, uintptr_t src, size_t pitch, unsigned rows, int device)
+{
+	const struct cudrv_ops *ops = drv_streams();
+	if (!ops)
+		return -ENODEV;
+	if (!ops->memcpy_2d_async) {
+		snprintf(drv_err, sizeof(drv_err), "the CUDA driver lacks cuMemcpy2DAsync_v2");
+		return -ENOTSUP;
+	}
+	struct drv_copy_words_arg arg = {(CUstream)stream, {0}};
+	arg.copy.srcMemoryType = CU_MEMORYTYPE_DEVICE;
+	arg.copy.srcDevice = (CUdeviceptr)src;
+	arg.copy.srcPitch = pitch;
+	arg.copy.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+	arg.copy.dstDevice = (CUdeviceptr)dst;
+	arg.copy.dstPitch = pitch;
+	arg.copy.WidthInBytes = sizeof(uint64_t);
+	arg.copy.Height = rows;
+	return drv_run(ops, device, "cuMemcpy2DAsync", drv_copy_words_call, &arg);
 }
 
 struct drv_capture_arg {

@@ -121,6 +121,27 @@ typedef union CUstreamBatchMemOpParams_union {
 	} waitValue;
 	unsigned long long pad[6];
 } CUstreamBatchMemOpParams;
+/* cuda.h's CUDA_MEMCPY2D (cuMemcpy2DAsync_v2's); the array fields stay
+ * NULL here. */
+typedef int CUmemorytype;
+typedef struct CUDA_MEMCPY2D_st {
+	size_t srcXInBytes;
+	size_t srcY;
+	CUmemorytype srcMemoryType;
+	const void *srcHost;
+	CUdeviceptr srcDevice;
+	void *srcArray;
+	size_t srcPitch;
+	size_t dstXInBytes;
+	size_t dstY;
+	CUmemorytype dstMemoryType;
+	void *dstHost;
+	CUdeviceptr dstDevice;
+	void *dstArray;
+	size_t dstPitch;
+	size_t WidthInBytes;
+	size_t Height;
+} CUDA_MEMCPY2D;
 #endif /* CUDA_VERSION */
 
 /* Bytes of a legacy CUDA IPC handle (CU_IPC_HANDLE_SIZE). */
@@ -153,6 +174,15 @@ struct cudrv_ptr_info {
  * attributes it asks for exist since CUDA 11.7's driver (R515).
  */
 int cudrv_pointer_info(const void *p, struct cudrv_ptr_info *out);
+
+/*
+ * The driver's ids of the allocation p points into (cudrv_ptr_info's
+ * buffer_id and block_id), asked alone: a cached translation of p is still
+ * right while both are those it was made with, and two attributes cost the
+ * driver less than cudrv_pointer_info's twelve. false when the driver
+ * cannot answer (no driver, or p is no pointer it knows of).
+ */
+bool cudrv_pointer_ids(const void *p, uint64_t *buffer_id, uint64_t *block_id);
 
 /*
  * The legacy IPC handle of allocation a (from cudrv_pointer_info), which
@@ -245,6 +275,7 @@ struct cudrv_ops {
 	CUresult (*mem_host_get_device_pointer)(CUdeviceptr *dev, void *p, unsigned flags);
 	CUresult (*stream_batch_mem_op)(CUstream stream, unsigned count, CUstreamBatchMemOpParams *ops, unsigned flags);
 	CUresult (*memcpy_async)(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream);
+	CUresult (*memcpy_2d_async)(const CUDA_MEMCPY2D *copy, CUstream stream); /* optional among these too */
 	CUresult (*stream_is_capturing)(CUstream stream, CUstreamCaptureStatus *status);
 	CUresult (*stream_create)(CUstream *stream, unsigned flags);
 	CUresult (*stream_synchronize)(CUstream stream);
@@ -314,6 +345,19 @@ struct cudrv_stream_op {
  * Returns 0 or a negative errno; after a failure none was queued.
  */
 int cudrv_stream_ops(void *stream, const struct cudrv_stream_op *ops, unsigned n, int device);
+
+/*
+ * Queues on `stream` (of device `device`) one copy of `rows` 8-byte words,
+ * the i-th from src + i * pitch to dst + i * pitch (addresses from
+ * cudrv_host_register): many words of host memory written in the stream's
+ * order by one operation, where a stream memory operation writes one (the
+ * GPU took 0.76 us for each such write to host memory on an H200, 3.5-5 us
+ * for a copy of 150 words; tests/perf/RESULTS.md). Each word is written
+ * whole, in no particular order. Returns 0, -ENOTSUP where the driver lacks
+ * cuMemcpy2DAsync (cudrv_stream_ops can write the words instead), or
+ * another negative errno; after a failure nothing was queued.
+ */
+int cudrv_stream_copy_words(void *stream, uintptr_t dst, uintptr_t src, size_t pitch, unsigned rows, int device);
 
 /* Whether `stream` (of device `device`) is being captured into a CUDA
  * graph: 1 yes, 0 no (or a driver that cannot say), a negative errno when

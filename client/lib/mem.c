@@ -469,12 +469,27 @@ static dfcclResult_t gpu_translate(struct client *c, const void *ptr, size_t byt
 
 dfcclResult_t mem_translate(struct client *c, const void *ptr, size_t bytes, struct mem_ref *out)
 {
+	uintptr_t p = (uintptr_t)ptr;
 	pthread_mutex_lock(&mem_lock);
-	const struct mem_alloc *a = mem_table_find(&mem_allocs, (uintptr_t)ptr);
+	const struct mem_alloc *a = mem_table_find(&mem_allocs, p);
 	bool gpu = a ? a->kind == MEM_ALLOC_GPU : mem_gpu_served(c);
 	dfcclResult_t r = gpu ? dfcclSuccess : mem_table_translate(&mem_allocs, c, ptr, bytes, out);
+	/* A GPU entry of c's that holds the range: its translation, which
+	 * stands while the driver gives the address the entry's ids. */
+	uint64_t buffer_id = 0, block_id = 0;
+	if (gpu && a && a->client == c && !a->pending && a->buffer_id != 0 && bytes <= a->size - (p - a->base)) {
+		alloc_ref(a, p, out);
+		buffer_id = a->buffer_id;
+		block_id = a->block_id;
+	}
 	pthread_mutex_unlock(&mem_lock);
-	return gpu ? gpu_translate(c, ptr, bytes, out) : r;
+	if (!gpu)
+		return r;
+	uint64_t now_buffer, now_block;
+	if (buffer_id != 0 && cudrv_pointer_ids(ptr, &now_buffer, &now_block) && now_buffer == buffer_id &&
+	    now_block == block_id)
+		return dfcclSuccess;
+	return gpu_translate(c, ptr, bytes, out);
 }
 
 /* ---------------------------------------------------------------- host allocations */

@@ -29,7 +29,10 @@
  * library: the application frees the memory (cudaFree, or cuMemUnmap and
  * cuMemRelease) behind its back, and may map a new allocation at the same
  * address. So every translation through a GPU entry asks the driver again
- * (one call) which allocation the address belongs to now; an entry whose
+ * (one call) which allocation the address belongs to now: the two ids alone
+ * where the entry is the session's and holds the range (ids are never
+ * reused, so the same ids are the same allocation and the entry's
+ * translation stands), every attribute otherwise; an entry whose
  * allocation was freed, or whose session with the daemon is gone, is
  * deregistered and dropped, and the allocation found there now is
  * registered in its place. While one thread registers an allocation, the

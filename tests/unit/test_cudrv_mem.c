@@ -122,6 +122,7 @@ static struct {
 	uint64_t next_buffer_id, next_block_id;
 	uintptr_t next_va;     /* of cuMemAddressReserve */
 	unsigned attr_calls;   /* cuPointerGetAttributes */
+	unsigned attr_asked;   /* the attributes its last call asked for */
 	unsigned ipc_calls;    /* cuIpcGetMemHandle */
 	unsigned retain_calls; /* cuMemRetainAllocationHandle */
 	unsigned inits;        /* cuInit */
@@ -239,6 +240,14 @@ static unsigned fake_attr_calls(void)
 	return n;
 }
 
+static unsigned fake_attr_asked(void)
+{
+	pthread_mutex_lock(&fk.lock);
+	unsigned n = fk.attr_asked;
+	pthread_mutex_unlock(&fk.lock);
+	return n;
+}
+
 /* Nothing the fake driver handed out is still held. */
 static void fake_all_released(void)
 {
@@ -291,6 +300,7 @@ static CUresult fake_get_attributes(unsigned n, CUpointer_attribute *attrs, void
 {
 	pthread_mutex_lock(&fk.lock);
 	fk.attr_calls++;
+	fk.attr_asked = n;
 	CUresult r = fk.attr_fails;
 	const struct fake_gpu_alloc *a = fake_find((uintptr_t)p);
 	const struct fake_block *b = a ? fake_block_of(a->block_id) : NULL;
@@ -1217,16 +1227,23 @@ static void test_register_once(void **state)
 	assert_int_equal(ref.reg_id, r.reg_id);
 
 	/* Later translations anywhere in it hit the cache, one driver call
-	 * each. */
+	 * each, for the allocation's two ids alone. */
 	unsigned calls = fake_attr_calls();
 	assert_int_equal(mem_translate(fx->c, (void *)(x + MiB), MiB, &ref2), dfcclSuccess);
+	assert_int_equal(fake_attr_asked(), 2);
 	assert_int_equal(ref2.reg_id, ref.reg_id);
 	assert_int_equal(ref2.alloc_id, ref.alloc_id);
 	assert_int_equal(ref2.offset, MiB);
 	assert_int_equal(mem_translate(fx->c, (void *)x, 8 * MiB, &ref2), dfcclSuccess);
+	assert_int_equal(fake_attr_asked(), 2);
 	assert_int_equal(ref2.offset, 0);
 	assert_int_equal(fake_attr_calls(), calls + 2);
 	assert_int_equal(fd_nregs(fx->d), 1);
+	/* One byte past the end: not the cache's, and refused. */
+	expect_error(mem_translate(fx->c, (void *)(x + MiB), 7 * MiB + 1, &ref2), dfcclInvalidArgument,
+	             "runs past the end of its GPU allocation");
+	assert_int_equal(fake_attr_calls(), calls + 3);
+	assert_int_equal(fake_attr_asked(), 12);
 
 	/* dfcclCommRegister takes it too. */
 	struct dfcclComm *comm = calloc(1, sizeof(*comm));
@@ -1978,6 +1995,7 @@ static void test_matches_cuda_h(void **state)
 	    "cuMemHostGetDevicePointer_v2",
 	    "cuStreamBatchMemOp_v2",
 	    "cuMemcpyAsync",
+	    "cuMemcpy2DAsync_v2",
 	    "cuStreamIsCapturing",
 	    "cuDeviceGetCount",
 	    "cuDeviceGetPCIBusId",
