@@ -3,7 +3,9 @@
  */
 #include "stream.h"
 
+#include <errno.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,15 +38,38 @@ bool stream_waits_on_device(void)
 
 enum { BATCH_ARMS = 1, BATCH_WAITS = 2 };
 
+/* How many items from i on (i's stream's, in order) arm entries that
+ * follow one another in one queue pair: their arm words lie one entry
+ * apart, and a copy of their sequence numbers arms them all. */
+static unsigned arm_run(const struct stream_batch *b, size_t i)
+{
+	const struct stream_item *last = &b->items[i];
+	unsigned run = 1;
+	for (size_t j = i + 1; j < b->n; j++) {
+		const struct stream_item *it = &b->items[j];
+		if (it->stream != last->stream)
+			continue;
+		if (it->qp != last->qp || it->arm.seq != last->arm.seq + 1 ||
+		    it->arm.arm_addr != last->arm.arm_addr + sizeof(struct dfccl_sqe))
+			break;
+		last = it;
+		run++;
+	}
+	return run;
+}
+
 /* Queues on `stream`, in order, the arms of the items of [from, n) on it
  * (with BATCH_ARMS), then their waits (BATCH_WAITS), in one driver call
- * where they fit. Returns 0, or -1 with the driver's reason in
- * cudrv_last_error. */
+ * where they fit; the arms of STREAM_ARM_COPY_MIN or more entries in a row
+ * as one copy of their sequence numbers (each entry's `seq`, the value its
+ * arm takes, lies beside its `arm`). Returns 0, or -1 with the driver's
+ * reason in cudrv_last_error. */
 static int batch_queue(const struct stream_batch *b, size_t from, dfcclStream_t stream, int what)
 {
 	struct cudrv_stream_op ops[CUDRV_STREAM_OPS_MAX];
-	unsigned k = 0;
+	unsigned k = 0, skip = 0;
 	int device = 0;
+	bool copies = true;
 	for (int pass = BATCH_ARMS; pass <= BATCH_WAITS; pass++) {
 		if (!(what & pass))
 			continue;
@@ -53,6 +78,27 @@ static int batch_queue(const struct stream_batch *b, size_t from, dfcclStream_t 
 			if (it->stream != stream)
 				continue;
 			device = it->qp->ordinal;
+			if (skip > 0) {
+				skip--;
+				continue;
+			}
+			unsigned run = pass == BATCH_ARMS && copies ? arm_run(b, i) : 1;
+			if (run >= STREAM_ARM_COPY_MIN) {
+				/* What is queued before it goes first, in order. */
+				if (k > 0 && cudrv_stream_ops(stream, ops, k, device) < 0)
+					return -1;
+				k = 0;
+				uintptr_t arm = it->arm.arm_addr;
+				int rc = cudrv_stream_copy_words(stream, arm, arm + offsetof(struct dfccl_sqe, seq),
+				                                 sizeof(struct dfccl_sqe), run, device);
+				if (rc == 0) {
+					skip = run - 1;
+					continue;
+				}
+				if (rc != -ENOTSUP)
+					return -1;
+				copies = false; /* a driver without the copy: a write each */
+			}
 			ops[k++] = pass == BATCH_WAITS
 			               ? (struct cudrv_stream_op){true, it->arm.cw_addr, DFCCL_CW_MAKE(it->arm.seq, 0)}
 			               : (struct cudrv_stream_op){false, it->arm.arm_addr, it->arm.seq};

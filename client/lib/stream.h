@@ -8,7 +8,9 @@
  * call, or of one group: each stream arms all of its entries, then waits
  * for all of them (one driver call where they fit, with one stream; with
  * several, every stream's arms go before any stream's waits), so the
- * daemon sees a group's entries together. A batch larger than half a queue arms what it
+ * daemon sees a group's entries together. Entries in a row of one queue
+ * pair are armed by one copy of their sequence numbers into their arm
+ * words (STREAM_ARM_COPY_MIN). A batch larger than half a queue arms what it
  * has before it posts more (stream_batch_crowded), since a later entry's
  * slot may be held by an earlier one that only its arm can complete.
  *
@@ -75,5 +77,11 @@ bool stream_waits_on_device(void);
 /* The CUDA_DEVICE_MAX_CONNECTIONS this library asks for when the
  * environment names none. */
 #define STREAM_CUDA_CONNECTIONS "16"
+
+/* Entries in a row (one stream, one queue pair) from which a group arms
+ * them with one copy instead of a stream write each: on an H200 the GPU
+ * took 0.76 us for each write to host memory, 3-5 us for a copy of 1 to
+ * 150 words (tests/perf/RESULTS.md, twenty-ninth run). */
+#define STREAM_ARM_COPY_MIN 8u
 
 #endif /* DFCCL_CLIENT_STREAM_H */

@@ -56,7 +56,7 @@
 
 /* ------------------------------------------------------------ the fake stream */
 
-enum fs_kind { FS_WRITE, FS_WAIT, FS_COPY, FS_CALL };
+enum fs_kind { FS_WRITE, FS_WAIT, FS_COPY, FS_COPY_WORD, FS_CALL };
 
 struct fs_op {
 	enum fs_kind kind;
@@ -82,7 +82,8 @@ struct fake_stream {
 	bool capturing; /* cuStreamIsCapturing says so */
 	pthread_t thread;
 	/* Each batch the driver got, an operation a letter: W a write, A a
-	 * wait ("await"). */
+	 * wait ("await"); and each copy of words (cuMemcpy2DAsync), a C a
+	 * word. */
 	unsigned nbatches;
 	char batch[FS_MAX_BATCHES][CUDRV_STREAM_OPS_MAX + 1];
 	/* When (by a counter of every batch of the process) this stream last
@@ -99,6 +100,10 @@ static void fs_run(struct fs_op *o)
 			usleep(20);
 		break;
 	case FS_COPY: memmove(o->dst, o->src, o->bytes); break;
+	case FS_COPY_WORD:
+		__atomic_store_n((uint64_t *)o->dst, __atomic_load_n((const uint64_t *)o->src, __ATOMIC_ACQUIRE),
+		                 __ATOMIC_SEQ_CST);
+		break;
 	case FS_CALL: o->fn(o->arg); break;
 	}
 }
@@ -245,6 +250,30 @@ static CUresult fd_copy_async(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CU
 	return CUDA_SUCCESS;
 }
 
+/* A copy of 8-byte words at a pitch, as the library asks for one: each word
+ * stored whole. */
+static CUresult fd_copy_2d(const CUDA_MEMCPY2D *c, CUstream stream)
+{
+	struct fake_stream *s = (struct fake_stream *)stream;
+	if (!s || c->WidthInBytes != sizeof(uint64_t) || c->Height == 0 || c->Height > CUDRV_STREAM_OPS_MAX ||
+	    c->srcMemoryType != CU_MEMORYTYPE_DEVICE || c->dstMemoryType != CU_MEMORYTYPE_DEVICE ||
+	    c->srcPitch < sizeof(uint64_t) || c->dstPitch < sizeof(uint64_t) || c->srcXInBytes || c->srcY ||
+	    c->dstXInBytes || c->dstY)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&s->lock);
+	if (s->nbatches < FS_MAX_BATCHES) {
+		memset(s->batch[s->nbatches], 'C', c->Height);
+		s->batch[s->nbatches++][c->Height] = 0;
+	}
+	pthread_mutex_unlock(&s->lock);
+	for (size_t i = 0; i < c->Height; i++) {
+		struct fs_op o = {.kind = FS_COPY_WORD, .dst = (void *)(uintptr_t)(c->dstDevice + i * c->dstPitch),
+		                  .src = (const void *)(uintptr_t)(c->srcDevice + i * c->srcPitch)};
+		fs_push(s, &o);
+	}
+	return CUDA_SUCCESS;
+}
+
 static CUresult fd_is_capturing(CUstream stream, CUstreamCaptureStatus *status)
 {
 	*status = ((struct fake_stream *)stream)->capturing;
@@ -262,6 +291,7 @@ static void fake_driver_install(bool memops)
 	fake_driver.mem_host_get_device_pointer = fd_host_dev_ptr;
 	fake_driver.stream_batch_mem_op = memops ? fd_batch : NULL;
 	fake_driver.memcpy_async = fd_copy_async;
+	fake_driver.memcpy_2d_async = memops ? fd_copy_2d : NULL;
 	fake_driver.stream_is_capturing = memops ? fd_is_capturing : NULL;
 	fd_no_memops = !memops;
 	cudrv_set_ops_for_test(&fake_driver);
@@ -558,6 +588,51 @@ static int rank_group(void *arg, int rank)
 	CHECK(sa->nbatches == 4 && !strcmp(sa->batch[3], "WA"),
 	      "a call outside a group: expected one batch \"WA\", got %u batches, the last \"%s\"", sa->nbatches,
 	      sa->batch[sa->nbatches - 1]);
+	/* Larger groups on one stream: entries in a row are armed by copies
+	 * of their sequence numbers (C), STREAM_ARM_COPY_MIN or more at a
+	 * time (two copies, or a copy and writes, where a group's slots wrap
+	 * around the queue's end), then waited for. Three groups, so that one
+	 * is likely to wrap. */
+	enum { G = 40 };
+	float *gout[G];
+	for (int i = 0; i < G; i++)
+		DF(dfcclMemAllocHost((void **)&gout[i], COUNT * sizeof(float)));
+	size_t copied = 0;
+	for (int round = 0; round < 3; round++) {
+		unsigned first = sa->nbatches;
+		for (int i = 0; i < G; i++)
+			for (size_t e = 0; e < COUNT; e++)
+				gout[i][e] = -12345.0f;
+		DF(dfcclGroupStart());
+		for (int i = 0; i < G; i++)
+			DF(dfcclAllReduce(in[i % N], gout[i], COUNT, dfcclFloat32, dfcclSum, comm, (dfcclStream_t)sa));
+		DF(dfcclGroupEnd());
+		CHECK(fs_sync(sa, 30000) == 0, "the stream did not finish a group of %d", G);
+		for (int i = 0; i < G; i++)
+			for (size_t e = 0; e < COUNT; e++) {
+				float want = 0;
+				for (int q = 0; q < j->nranks; q++)
+					want += in_value(i % N + 50, q, e);
+				CHECK(gout[i][e] == want, "group of %d, all-reduce %d element %zu: %g, expected %g", G, i, e,
+				      (double)gout[i][e], (double)want);
+			}
+		char all[8 * (CUDRV_STREAM_OPS_MAX + 1)] = "";
+		for (unsigned k = first; k < sa->nbatches; k++) {
+			size_t len = strlen(sa->batch[k]);
+			CHECK(sa->batch[k][0] != 'C' || len >= STREAM_ARM_COPY_MIN,
+			      "a copy armed %zu entries, fewer than STREAM_ARM_COPY_MIN", len);
+			copied += sa->batch[k][0] == 'C' ? len : 0;
+			strncat(all, sa->batch[k], sizeof(all) - strlen(all) - 1);
+		}
+		size_t arms = strspn(all, "CW");
+		CHECK(arms == G && strspn(all + arms, "A") == G && all[2 * G] == 0,
+		      "a group of %d on one stream: expected its %d arms, then its %d waits; got \"%s\"", G, G, G, all);
+	}
+	/* The test's queue pairs are small (a group arms half a queue at a
+	 * time, and a half may wrap around), but not all halves wrap. */
+	CHECK(copied >= STREAM_ARM_COPY_MIN, "no group's arms were copied (%zu entries)", copied);
+	for (int i = 0; i < G; i++)
+		DF(dfcclMemFree(gout[i]));
 	DF(dfcclCommDestroy(comm));
 	return 0;
 }

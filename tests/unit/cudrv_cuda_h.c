@@ -40,6 +40,7 @@ SAME_TYPE(cuMemHostUnregister, mem_host_unregister);
 SAME_TYPE(cuMemHostGetDevicePointer, mem_host_get_device_pointer);
 SAME_TYPE(cuStreamBatchMemOp, stream_batch_mem_op);
 SAME_TYPE(cuMemcpyAsync, memcpy_async);
+SAME_TYPE(cuMemcpy2DAsync, memcpy_2d_async);
 SAME_TYPE(cuStreamIsCapturing, stream_is_capturing);
 SAME_TYPE(cuDeviceGetCount, device_get_count);
 SAME_TYPE(cuDeviceGetPCIBusId, device_get_pci_bus_id);
@@ -79,6 +80,7 @@ const char *const cuda_h_symbols[] = {
     NAME(cuMemHostGetDevicePointer),
     NAME(cuStreamBatchMemOp),
     NAME(cuMemcpyAsync),
+    NAME(cuMemcpy2DAsync),
     NAME(cuStreamIsCapturing),
     NAME(cuDeviceGetCount),
     NAME(cuDeviceGetPCIBusId),

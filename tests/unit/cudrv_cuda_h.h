@@ -27,7 +27,11 @@
 	    CU_MEMHOSTREGISTER_DEVICEMAP, CU_STREAM_MEM_OP_WAIT_VALUE_64, CU_STREAM_MEM_OP_WRITE_VALUE_64,           \
 	    CU_STREAM_WAIT_VALUE_GEQ, sizeof(CUstreamBatchMemOpParams),                                              \
 	    offsetof(CUstreamBatchMemOpParams, waitValue.address), offsetof(CUstreamBatchMemOpParams, waitValue.value64), \
-	    offsetof(CUstreamBatchMemOpParams, waitValue.flags), CU_STREAM_CAPTURE_STATUS_NONE
+	    offsetof(CUstreamBatchMemOpParams, waitValue.flags), CU_STREAM_CAPTURE_STATUS_NONE,                     \
+	    sizeof(CUDA_MEMCPY2D), offsetof(CUDA_MEMCPY2D, srcMemoryType), offsetof(CUDA_MEMCPY2D, srcDevice),     \
+	    offsetof(CUDA_MEMCPY2D, srcPitch), offsetof(CUDA_MEMCPY2D, dstMemoryType),                              \
+	    offsetof(CUDA_MEMCPY2D, dstDevice), offsetof(CUDA_MEMCPY2D, dstPitch),                                   \
+	    offsetof(CUDA_MEMCPY2D, WidthInBytes), offsetof(CUDA_MEMCPY2D, Height)
 
 /* CUDRV_CHECKED_VALUES as cuda.h defines them. */
 extern const long cuda_h_values[];
