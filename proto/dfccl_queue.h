@@ -27,7 +27,8 @@
  *      (or s <= n): the next occupant's completion overwrites the word, so a
  *      client must not reuse a slot whose status nobody has read yet. That
  *      bookkeeping is the client's own; the engine needs none of it.
- *   2. Write every field of the entry except `arm`, with `seq` = s.
+ *   2. Write every field of the entry except `arm`, with `seq` = s, and
+ *      last `seq_check` = s's low 32 bits.
  *   3. Arm it: store `arm` = s with release ordering. A stream-ordered call
  *      instead lets its GPU stream write `arm` = s after the work before it.
  *   4. If `engine_state` is not DFCCL_ENGINE_POLLING, ring the doorbell
@@ -37,7 +38,10 @@
  *      sides always sees the other.
  * Engine side: scan slots of sequence numbers (sq_head, sq_tail]; an entry is
  * ready when arm == seq == its expected sequence. The engine copies the entry
- * before it checks it, and takes ready entries in any order, so an unarmed
+ * before it checks it: after it saw the arm word, or in the same read, in
+ * which case it takes the copy only where seq_check agrees as well (each
+ * 64-byte line of the entry is read whole; the client stores the line
+ * holding seq_check before it arms). It takes ready entries in any order, so an unarmed
  * entry never blocks an armed one behind it. sq_head is the lowest sequence
  * number not yet taken. The engine may also store s + 2^62 into the `arm` of
  * a posted entry s that is not armed yet (with a compare-and-swap that only
@@ -263,7 +267,10 @@ struct dfccl_sqe {
 	 * completion word, in device memory (GPU engine) */
 	uint64_t done_off; /* client: byte offset inside done_reg, a multiple of 8 */
 	uint32_t done_reg; /* client: registration id of that device memory */
-	uint32_t reserved32; /* client: zero */
+	uint32_t seq_check; /* client: seq's low 32 bits, written with the rest of the entry: an engine
+	                     * that copies an entry in the round trip that finds it armed (arm == seq)
+	                     * trusts the copy only where this word, on the entry's other 64-byte
+	                     * line, agrees too; 0 from an older client (never trusted so) */
 	uint64_t reserved[2]; /* client: zero */
 };
 
@@ -310,6 +317,7 @@ DFCCL_STATIC_ASSERT(offsetof(struct dfccl_sqe, algo) == 89, "algo offset");
 DFCCL_STATIC_ASSERT(offsetof(struct dfccl_sqe, rank) == 92, "rank offset");
 DFCCL_STATIC_ASSERT(offsetof(struct dfccl_sqe, done_off) == 96, "done_off offset");
 DFCCL_STATIC_ASSERT(offsetof(struct dfccl_sqe, done_reg) == 104, "done_reg offset");
+DFCCL_STATIC_ASSERT(offsetof(struct dfccl_sqe, seq_check) == 108, "seq_check on line 1");
 DFCCL_STATIC_ASSERT(offsetof(struct dfccl_sqe, reserved) == 112, "reserved offset");
 
 /* Geometry of a region with n entries; the SQ starts on its own page-aligned

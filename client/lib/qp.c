@@ -19,6 +19,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -406,7 +407,15 @@ static dfcclResult_t qp_post(struct qp *q, const struct dfccl_sqe *e, struct qp_
 	if (tmp.flags & DFCCL_SQE_F_DEVICE_DONE)
 		tmp.done_off += (uint64_t)slot * sizeof(uint64_t); /* the slot's word */
 	struct dfccl_sqe *d = &q->sq[slot];
-	memcpy((char *)d + sizeof(d->arm), (const char *)&tmp + sizeof(tmp.arm), sizeof(tmp) - sizeof(tmp.arm));
+	/* Every field but `arm` and `seq_check`, then `seq_check` by a store
+	 * of its own: stores become visible in program order, so an engine
+	 * that reads seq_check's line with this entry's value reads the rest
+	 * of the entry's stores too (proto/dfccl_queue.h), whatever order the
+	 * copy stored its bytes in. */
+	const size_t check = offsetof(struct dfccl_sqe, seq_check), after = check + sizeof(tmp.seq_check);
+	memcpy((char *)d + sizeof(d->arm), (const char *)&tmp + sizeof(tmp.arm), check - sizeof(tmp.arm));
+	memcpy((char *)d + after, (const char *)&tmp + after, sizeof(tmp) - after);
+	__atomic_store_n(&d->seq_check, (uint32_t)s, __ATOMIC_RELEASE);
 	return dfcclSuccess;
 }
 

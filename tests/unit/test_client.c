@@ -342,6 +342,7 @@ struct qp_fixture {
 	int stop;
 	int status;     /* atomic */
 	int engine_on;  /* atomic: the engine thread completes entries */
+	int bad_seq;    /* atomic: armed entries whose seq or seq_check was not their sequence */
 	pthread_t engine;
 	struct req_poller *reqs; /* a session's completion thread, for the req tests */
 	struct req_tracker t;    /* a communicator's tracker on it */
@@ -366,6 +367,8 @@ static void *fake_engine(void *arg)
 			usleep(20);
 			continue;
 		}
+		if (sq[slot].seq != head || sq[slot].seq_check != (uint32_t)head)
+			__atomic_add_fetch(&f->bad_seq, 1, __ATOMIC_RELAXED);
 		uint32_t st = sq[slot].opcode == DFCCL_OP_NOP ? DFCCL_CQ_OK
 		              : sq[slot].user_tag   ? (uint32_t)(sq[slot].user_tag - 1)
 		                                    : (uint32_t)__atomic_load_n(&f->status, __ATOMIC_ACQUIRE);
@@ -500,12 +503,16 @@ static void test_qp_more_than_a_lap(void **state)
 	struct qp_ticket t[N];
 	for (int i = 0; i < N; i++) {
 		struct dfccl_sqe e = sqe_of(i % 2 ? DFCCL_OP_NOP : DFCCL_OP_SEND);
+		e.seq_check = 0xdeadbeefu; /* the library's own, whatever the caller's copy held */
 		assert_int_equal(qp_submit(f->q, &e, &t[i]), dfcclSuccess);
 	}
 	for (int i = 0; i < N; i++) {
 		assert_int_equal(qp_wait(f->q, &t[i]), dfcclSuccess);
 		assert_int_equal(t[i].status, i % 2 ? DFCCL_CQ_OK : DFCCL_CQ_NOT_SUPPORTED);
 	}
+	/* Each lap's entries carried their own sequence in seq and seq_check
+	 * (proto/dfccl_queue.h: an engine may trust a copy by them). */
+	assert_int_equal(__atomic_load_n(&f->bad_seq, __ATOMIC_RELAXED), 0);
 }
 
 struct nop_thread {
