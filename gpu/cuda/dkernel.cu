@@ -1626,6 +1626,8 @@ struct dk_rcopy {
 	uint32_t n;                /* how many, DK_COPY_FILL or DK_COPY_QUIT */
 	uint32_t fill;             /* DK_COPY_FILL: bit i, entry i accepted as task[i] */
 	uint32_t simple;           /* bit i: entry i's checks passed, a collective of one channel (take_one) */
+	uint32_t valid;            /* bit i: copy i read armed under its sequence, seq_check agreeing */
+	uint32_t raw;              /* bit i: copy i read armed under its sequence, seq_check or not */
 	uint32_t take_n;           /* DK_COPY_TAKE: the entries, 0..take_n - 1; */
 	volatile uint64_t *taken;  /* the pair's taken words, and its entries */
 	uint32_t qn;
@@ -1766,7 +1768,7 @@ __device__ __noinline__ void copier_main(uint32_t lane, dk_params p)
 				rcopy.buf[i][piece] = v[r];
 		}
 		__syncwarp(DK_COPIERS); /* every copy whole */
-		bool simple = false;
+		bool simple = false, ok = false, raw = false;
 		if (mine >= first && mine < end) {
 			const bool timed = p.trace && mine == first;
 			if (timed)
@@ -1775,6 +1777,9 @@ __device__ __noinline__ void copier_main(uint32_t lane, dk_params p)
 			 * memory (the reader and the fill read it there) and into
 			 * the registers' copy, not read back through another type. */
 			const uint64_t seq = *(volatile uint64_t *)&rcopy.seq[mine];
+			const dfccl_sqe *got_e = (const dfccl_sqe *)rcopy.buf[mine];
+			raw = got_e->arm == seq && got_e->seq == seq;
+			ok = raw && got_e->seq_check == (uint32_t)seq;
 			((dfccl_sqe *)rcopy.buf[mine])->arm = seq;
 			dfccl_sqe e;
 			entry_in_registers(mine, &e, NULL);
@@ -1789,9 +1794,13 @@ __device__ __noinline__ void copier_main(uint32_t lane, dk_params p)
 		/* Which of these entries a chunk's take may take at once
 		 * (read_queues, take_one); the others' bits as they were. */
 		const uint32_t got = __ballot_sync(DK_COPIERS, simple) >> 8;
+		const uint32_t oks = __ballot_sync(DK_COPIERS, ok) >> 8;
+		const uint32_t raws = __ballot_sync(DK_COPIERS, raw) >> 8;
 		if (mine == 0) {
 			const uint32_t range = (end >= 32u ? ~0u : (1u << end) - 1u) & ~((1u << first) - 1u);
 			rcopy.simple = (rcopy.simple & ~range) | (got & range);
+			rcopy.valid = (rcopy.valid & ~range) | (oks & range);
+			rcopy.raw = (rcopy.raw & ~range) | (raws & range);
 		}
 		__syncwarp(DK_COPY_LANES); /* done */
 	}
@@ -2125,35 +2134,17 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 				 * before. */
 				uint32_t was_taken = 0, armed = 0; /* bit k: entry s0 + k */
 				uint32_t adm = 0, fill = 0; /* bit i: copy i accepted, its admission not counted / its task to fill */
-				/* In order, the head is armed (its arm word an acquire)
-				 * and not taken (the head is the first entry not taken):
-				 * its copy and checks are asked for before the chunk's
-				 * words are loaded, not after. The copier lanes share the
-				 * reader's warp, so the two overlap only in part: a pass
-				 * that takes one entry went from 15.0 to 13.4 us (2 H200,
-				 * tests/perf/RESULTS.md, fifteenth run). */
-				const bool early = in_order && s0 == head;
-				if (early) {
-					rcopy.src[0] = (const uint4 *)&sq[DFCCL_QP_SLOT(head, n)];
-					rcopy.seq[0] = head;
-					rcopy.q = q;
-					rcopy.qi = qi;
-					copy_begin(0, 1);
-				}
-				{
-					/* The arm words (PCIe) first, reduced to a mask before
-					 * the taken words (L2) are loaded: half the registers
-					 * live at once. */
-					uint64_t arm[DK_SCAN];
-#pragma unroll
-					for (uint32_t k = 0; k < DK_SCAN; k++)
-						arm[k] = s0 + k <= hi && s0 + k != head ? vload(&sq[DFCCL_QP_SLOT(s0 + k, n)].arm)
-						                                       : arm_head;
-#pragma unroll
-					for (uint32_t k = 0; k < DK_SCAN; k++)
-						armed |= (uint32_t)(arm[k] == s0 + k) << k;
-				}
-				{
+				/* In order, a chunk none of whose entries a pass took
+				 * already: its entries copied at once, their arm words
+				 * with them (proto/dfccl_queue.h: a copy is trusted where
+				 * it read armed and seq_check agrees), and the run of
+				 * such from the first taken (the head read armed
+				 * already, an acquire). The chunk's arm words cost a
+				 * round trip of their own before, 3.6 us a chunk (one
+				 * H200, tests/perf/RESULTS.md, twenty-ninth run). */
+				bool spec = false;
+				uint32_t spec_v = 0; /* the copies that read armed and checked */
+				if (in_order) {
 					uint64_t tk[DK_SCAN];
 #pragma unroll
 					for (uint32_t k = 0; k < DK_SCAN; k++)
@@ -2161,42 +2152,119 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 #pragma unroll
 					for (uint32_t k = 0; k < DK_SCAN; k++)
 						was_taken |= (uint32_t)(tk[k] == s0 + k) << k;
+					spec = !was_taken;
 				}
-				armed &= ~was_taken;
-				seen = seen || armed;
-				/* One acquire for every armed entry of the chunk but the
-				 * head (its arm word was an acquire load): the fence after
-				 * the relaxed loads orders the copies after them, where a
-				 * second load of each arm word with an acquire cost a PCIe
-				 * round trip per entry. */
-				if (armed & ~(s0 == head ? 1u : 0u))
-					__threadfence_system();
-				take_at(c, tracing, DK_TAKE_SCANNED);
-				/* Every armed entry of the chunk copied at once (but an
-				 * early head: copied already, and kept unless it read
-				 * taken), after the acquire; those the pass then leaves
-				 * cost nothing more. */
-				const bool kept = early && (armed & 1u);
-				if (early)
-					copy_wait();
-				if (armed & ~(kept ? 1u : 0u)) {
-					uint32_t nc = kept ? 1u : 0u, first = nc;
-					for (uint32_t k = nc; k < DK_SCAN; k++)
-						if (armed >> k & 1u) {
-							rcopy.src[nc] = (const uint4 *)&sq[DFCCL_QP_SLOT(s0 + k, n)];
-							rcopy.seq[nc++] = s0 + k;
-						}
+				if (spec) {
+					const uint32_t cnt = hi - s0 + 1 < DK_SCAN ? (uint32_t)(hi - s0 + 1) : DK_SCAN;
+					for (uint32_t k = 0; k < cnt; k++) {
+						rcopy.src[k] = (const uint4 *)&sq[DFCCL_QP_SLOT(s0 + k, n)];
+						rcopy.seq[k] = s0 + k;
+					}
 					rcopy.q = q;
 					rcopy.qi = qi;
-					copy_begin(first, nc - first);
+					copy_begin(0, cnt);
 					copy_wait();
+					const uint32_t all = (cnt >= 32u ? ~0u : (1u << cnt) - 1u) & ~(s0 == head ? 1u : 0u);
+					spec_v = rcopy.valid & all;
+					/* A copy that read armed without its seq_check (a client
+					 * that does not write it, or a line read before the
+					 * client's stores reached it): the chunk the usual way,
+					 * its arm words first. */
+					spec = !(rcopy.raw & ~spec_v & all);
 				}
-				if (armed) {
-					if (tracing) {
-						trace_at(c, DK_EV_TAKE, DK_TAKE_LOADED, rcopy.t_loaded);
-						trace_at(c, DK_EV_TAKE, DK_TAKE_PREPARED, rcopy.t_prepared);
+				if (spec) {
+					uint32_t v = spec_v;
+					if (s0 == head)
+						v |= 1u; /* its arm word read armed, an acquire: copied after */
+					armed = v & ~(v + 1u);
+					seen = seen || armed;
+					/* The fence after the loads that read the arm words makes
+					 * them acquires for what the tasks read later. */
+					if (armed & ~(s0 == head ? 1u : 0u))
+						__threadfence_system();
+					take_at(c, tracing, DK_TAKE_SCANNED);
+					if (armed) {
+						if (tracing) {
+							trace_at(c, DK_EV_TAKE, DK_TAKE_LOADED, rcopy.t_loaded);
+							trace_at(c, DK_EV_TAKE, DK_TAKE_PREPARED, rcopy.t_prepared);
+						}
+						take_at(c, tracing, DK_TAKE_COPIED);
 					}
-					take_at(c, tracing, DK_TAKE_COPIED);
+				}
+				/* Else, in order, the head is armed (its arm word an
+				 * acquire) and not taken (the head is the first entry not
+				 * taken): its copy and checks are asked for before the
+				 * chunk's words are loaded, not after. The copier lanes
+				 * share the reader's warp, so the two overlap only in
+				 * part: a pass that takes one entry went from 15.0 to 13.4
+				 * us (2 H200, tests/perf/RESULTS.md, fifteenth run). */
+				const bool early = !spec && in_order && s0 == head;
+				if (early) {
+					rcopy.src[0] = (const uint4 *)&sq[DFCCL_QP_SLOT(head, n)];
+					rcopy.seq[0] = head;
+					rcopy.q = q;
+					rcopy.qi = qi;
+					copy_begin(0, 1);
+				}
+				if (!spec) {
+					{
+						/* The arm words (PCIe) first, reduced to a mask before
+						 * the taken words (L2) are loaded: half the registers
+						 * live at once. */
+						uint64_t arm[DK_SCAN];
+#pragma unroll
+						for (uint32_t k = 0; k < DK_SCAN; k++)
+							arm[k] = s0 + k <= hi && s0 + k != head ? vload(&sq[DFCCL_QP_SLOT(s0 + k, n)].arm)
+							                                       : arm_head;
+#pragma unroll
+						for (uint32_t k = 0; k < DK_SCAN; k++)
+							armed |= (uint32_t)(arm[k] == s0 + k) << k;
+					}
+					{
+						uint64_t tk[DK_SCAN];
+#pragma unroll
+						for (uint32_t k = 0; k < DK_SCAN; k++)
+							tk[k] = s0 + k <= hi ? taken[DFCCL_QP_SLOT(s0 + k, n)] : 0;
+#pragma unroll
+						for (uint32_t k = 0; k < DK_SCAN; k++)
+							was_taken |= (uint32_t)(tk[k] == s0 + k) << k;
+					}
+					armed &= ~was_taken;
+					seen = seen || armed;
+					/* One acquire for every armed entry of the chunk but the
+					 * head (its arm word was an acquire load): the fence after
+					 * the relaxed loads orders the copies after them, where a
+					 * second load of each arm word with an acquire cost a PCIe
+					 * round trip per entry. */
+					if (armed & ~(s0 == head ? 1u : 0u))
+						__threadfence_system();
+					take_at(c, tracing, DK_TAKE_SCANNED);
+					/* Every armed entry of the chunk copied at once (but an
+					 * early head: copied already, and kept unless it read
+					 * taken), after the acquire; those the pass then leaves
+					 * cost nothing more. */
+					const bool kept = early && (armed & 1u);
+					if (early)
+						copy_wait();
+					if (armed & ~(kept ? 1u : 0u)) {
+						uint32_t nc = kept ? 1u : 0u, first = nc;
+						for (uint32_t k = nc; k < DK_SCAN; k++)
+							if (armed >> k & 1u) {
+								rcopy.src[nc] = (const uint4 *)&sq[DFCCL_QP_SLOT(s0 + k, n)];
+								rcopy.seq[nc++] = s0 + k;
+							}
+						rcopy.q = q;
+						rcopy.qi = qi;
+						copy_begin(first, nc - first);
+						copy_wait();
+					}
+					if (armed) {
+						if (tracing) {
+							trace_at(c, DK_EV_TAKE, DK_TAKE_LOADED, rcopy.t_loaded);
+							trace_at(c, DK_EV_TAKE, DK_TAKE_PREPARED, rcopy.t_prepared);
+						}
+						take_at(c, tracing, DK_TAKE_COPIED);
+					}
 				}
 				/* The common case at once (take_one): in order, the
 				 * chunk's armed entries a run from the first not taken,
