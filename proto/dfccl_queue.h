@@ -267,10 +267,12 @@ struct dfccl_sqe {
 	 * completion word, in device memory (GPU engine) */
 	uint64_t done_off; /* client: byte offset inside done_reg, a multiple of 8 */
 	uint32_t done_reg; /* client: registration id of that device memory */
+	/* --- every entry */
 	uint32_t seq_check; /* client: seq's low 32 bits, written with the rest of the entry: an engine
 	                     * that copies an entry in the round trip that finds it armed (arm == seq)
 	                     * trusts the copy only where this word, on the entry's other 64-byte
-	                     * line, agrees too; 0 from an older client (never trusted so) */
+	                     * line, agrees too (an older client leaves it 0: its entries then fail
+	                     * the check, all but one in 2^32, and are read after their arm words) */
 	uint64_t reserved[2]; /* client: zero */
 };
 
