@@ -1131,7 +1131,8 @@ __device__ uint32_t channels_for(const dk_params &p, uint8_t opcode, uint64_t by
  * backlog (`spill`), else they start on the first, so that a job of
  * middle sizes keeps only the blocks its channels need, and the others
  * leave (dk_main). Every rank
- * computes the same from the entry (but `spill`, which is the GPU's own:
+ * computes the same from the entry, shifted by its rank where it spreads
+ * (but `spill`, which is the GPU's own:
  * a spilled task may run on different blocks on two ranks, which costs
  * them turns, not progress), so the ranks' blocks that run a channel see
  * the same tasks in the same order and run them together. A channel's
@@ -1155,8 +1156,13 @@ __device__ uint32_t block_of(const dk_params &p, const dfccl_sqe *e, uint64_t ke
 	s ^= s >> 29;
 	/* In 32 bits: a 64-bit remainder costs the reader a long chain of
 	 * instructions per entry. Consecutive keys still go to consecutive
-	 * blocks, or groups of nch (but once in 2^32). */
-	return dk_spread_block(lo, span, nch, (uint32_t)key + (uint32_t)(s ^ s >> 32));
+	 * blocks, or groups of nch (but once in 2^32). Each rank's tasks are
+	 * shifted by its rank: ranks that share a GPU then run an instance
+	 * side by side, where on one block the first to come waited for the
+	 * other's turn (a 2-rank 8-byte all-reduce on one H200 66 us), and
+	 * ranks on different GPUs still see the same tasks in the same order
+	 * on their blocks. */
+	return dk_spread_block(lo, span, nch, (uint32_t)key + (uint32_t)(s ^ s >> 32) + e->rank);
 }
 
 /* The channel of task t that block b runs (>= t->nch: none); and the

@@ -18,7 +18,8 @@
 # callback and stream-ordered forms, -b CMP_MIN -e CMP_MAX -f 8 (default
 # 8 B to 1 MiB), on 2 ranks: GPUs 0,1 where there are two,
 # else both on GPU 0 (CMP_NRANKS=1: one rank, on GPU 0, no peer to wait
-# for: the daemon's own path). CMP_MPS=1 runs every variant under a
+# for: the daemon's own path; CMP_NRANKS=N: rank r on GPU r mod the GPUs
+# there are). CMP_MPS=1 runs every variant under a
 # private MPS daemon (root and nvidia-cuda-mps-control, else SKIPPED), as
 # the stream form is deployed. CMP_ITERS changes -n (default 200), CMP_TIMEOUT the
 # seconds a run may take (default 120), CMP_MODES the forms to run
@@ -77,10 +78,11 @@ for m in "${modes[@]}"; do
 done
 nranks=${CMP_NRANKS:-2}
 case $nranks in
-1) devices=0 ;;
-2) if [ "$ngpu" -ge 2 ]; then devices=0,1; else devices=0,0; fi ;;
-*) echo "CMP_NRANKS: '$nranks' is not 1 or 2" >&2; exit 2 ;;
+'' | *[!0-9]* | 0 | 0*) echo "CMP_NRANKS: '$nranks' is not a count of ranks (1 or more)" >&2; exit 2 ;;
 esac
+# Rank r on GPU r mod the GPUs there are.
+devices=0
+for r in $(seq 1 $((nranks - 1))); do devices=$devices,$((r % ngpu)); done
 mps=
 if [ "${CMP_MPS:-0}" != 0 ]; then
 	if ! mps_usable; then
