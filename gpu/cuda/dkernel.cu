@@ -2053,6 +2053,24 @@ __device__ __forceinline__ void look_found(uint32_t qi, bool found)
 	qcache.look_wait[qi] = (uint8_t)(gap - 1u);
 }
 
+/* Bit k: entry s0 + k (to hi, at most DK_SCAN of them) read taken, the
+ * chunk's taken words in one L2 round trip. The words stay in registers
+ * (constant indices only) and are reduced to a mask: a value stored to
+ * memory right after its load would make every load wait for the one
+ * before. */
+__device__ __forceinline__ uint32_t taken_mask(const volatile uint64_t *taken, uint32_t n, uint64_t s0, uint64_t hi)
+{
+	uint64_t tk[DK_SCAN];
+	uint32_t m = 0;
+#pragma unroll
+	for (uint32_t k = 0; k < DK_SCAN; k++)
+		tk[k] = s0 + k <= hi ? taken[DFCCL_QP_SLOT(s0 + k, n)] : 0;
+#pragma unroll
+	for (uint32_t k = 0; k < DK_SCAN; k++)
+		m |= (uint32_t)(tk[k] == s0 + k) << k;
+	return m;
+}
+
 /*
  * The first entry of [from, s) not taken yet that reads armed, loaded after
  * the acquire of s's arm word (0: none; scheduler.h, "Taking in order"): a
@@ -2218,15 +2236,13 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 			uint64_t lo = part == 0 ? start : sweep;
 			uint64_t hi = part == 0 ? end : (sweep + DK_SCAN - 1 < tail ? sweep + DK_SCAN - 1 : tail);
 			for (uint64_t s0 = lo; s0 <= hi && !stop; s0 += DK_SCAN) {
-				/* The taken and arm words of DK_SCAN entries at once (the
-				 * arm words relaxed): a stream arms its entries long after
-				 * they are posted, so a queue may hold many posted entries
-				 * of which few are armed, and a round trip per entry would
-				 * make every pass as slow as the queue is long.
-				 * The words stay in registers (constant indices only) and
-				 * are reduced to two masks: a value stored to memory right
-				 * after its load would make every load wait for the one
-				 * before. */
+				/* The taken words of DK_SCAN entries at once (none past
+				 * taken_hi), then, unless the chunk is copied with them,
+				 * their arm words at once (relaxed): a stream arms its
+				 * entries long after they are posted, so a queue may hold
+				 * many posted entries of which few are armed, and a round
+				 * trip per entry would make every pass as slow as the
+				 * queue is long. Each is reduced to a mask in registers. */
 				uint32_t was_taken = 0, armed = 0; /* bit k: entry s0 + k */
 				uint32_t adm = 0, fill = 0; /* bit i: copy i accepted, its admission not counted / its task to fill */
 				/* In order, a chunk none of whose entries a pass took
@@ -2240,15 +2256,8 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 				bool spec = false;
 				uint32_t spec_v = 0; /* the copies that read armed and checked */
 				uint32_t ct = 0;     /* entries the copy's take took, from s0 */
-				if (in_order && s0 < untaken) {
-					uint64_t tk[DK_SCAN];
-#pragma unroll
-					for (uint32_t k = 0; k < DK_SCAN; k++)
-						tk[k] = s0 + k <= hi ? taken[DFCCL_QP_SLOT(s0 + k, n)] : 0;
-#pragma unroll
-					for (uint32_t k = 0; k < DK_SCAN; k++)
-						was_taken |= (uint32_t)(tk[k] == s0 + k) << k;
-				}
+				if (s0 < untaken)
+					was_taken = taken_mask(taken, n, s0, hi);
 				spec = in_order && !was_taken;
 				if (spec) {
 					const uint32_t cnt = hi - s0 + 1 < DK_SCAN ? (uint32_t)(hi - s0 + 1) : DK_SCAN;
@@ -2343,9 +2352,8 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 				}
 				if (!spec) {
 					{
-						/* The arm words (PCIe) first, reduced to a mask before
-						 * the taken words (L2) are loaded: half the registers
-						 * live at once. */
+						/* The arm words (PCIe), reduced to a mask (the taken
+						 * words were before them). */
 						uint64_t arm[DK_SCAN];
 #pragma unroll
 						for (uint32_t k = 0; k < DK_SCAN; k++)
@@ -2354,15 +2362,6 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 #pragma unroll
 						for (uint32_t k = 0; k < DK_SCAN; k++)
 							armed |= (uint32_t)(arm[k] == s0 + k) << k;
-					}
-					{
-						uint64_t tk[DK_SCAN];
-#pragma unroll
-						for (uint32_t k = 0; k < DK_SCAN; k++)
-							tk[k] = s0 + k <= hi ? taken[DFCCL_QP_SLOT(s0 + k, n)] : 0;
-#pragma unroll
-						for (uint32_t k = 0; k < DK_SCAN; k++)
-							was_taken |= (uint32_t)(tk[k] == s0 + k) << k;
 					}
 					armed &= ~was_taken;
 					seen = seen || armed;
