@@ -2,7 +2,7 @@
 """Where the daemon kernel's time goes, from its event trace.
 
 Usage: dk_trace_summary.py TRACE [--block B|reader] [--top N] [--turnaround] [--blocks] [--data]
-                           [--launches] [--stalls US]
+                           [--launches] [--stalls US] [--bursts US]
 
 TRACE is the file a CUDA worker writes when dfccld runs with
 DFCCL_DK_TRACE=TRACE (gpu/cuda/dkernel.h): one line per event of thread 0 of
@@ -61,6 +61,21 @@ and the time from one launch's last event to the next launch's beginning
 (the kernel absent: it quit for being idle, or was parked). A relaunched kernel's start, in a
 loop that waits on each completion, is the part after its beginning that
 a kernel which stays resident would not pay.
+
+With --bursts US it prints instead what paces a batch: the queue reader's
+passes that took entries are cut into bursts wherever more than US
+microseconds pass from the end of one to the start of the next (a pass
+starts where the one before it ended); each completion belongs to the
+last burst begun before it. For each figure of a burst it prints its
+median, least and most over the bursts with a completion: the entries
+taken and the completions; the span from the start of the burst's first
+pass to its last completion or take; its passes, their time and its
+share of the span; those that took 1-3 entries and their time (a batch's
+start, while the client is still issuing); the tail from the end of the
+last pass to the last completion (0 where a take came last); and the
+launches of the resident grid (block 0's "start begun") within the span.
+A span that the reader's passes fill is paced by the reader; a long tail
+by the tasks themselves; neither, by the client or the kernel's starts.
 
 With --stalls US it prints instead every interval longer than US
 microseconds in which no block and not the reader recorded anything: the
@@ -301,6 +316,57 @@ def stalls(path, min_us):
         print("  at %s us: %s us" % (us(start - times[0]), us(g)))
 
 
+BURST_SMALL = 3  # entries: a pass that took at most this many is a "small" one
+
+
+def bursts(path, gap_us):
+    reader = reader_of(path)
+    evs = sorted(records(path), key=lambda r: r[1])
+    gap = gap_us * 1000
+    ends = [(t, a) for b, t, e, a in evs if b == reader and e == "queues"]
+    # The passes that took: (start, end, entries), a pass from the end of
+    # the one before.
+    takes = [(t0, t1, got) for (t0, _), (t1, got) in zip(ends, ends[1:]) if got > 0]
+    groups = []
+    for tk in takes:
+        if not groups or tk[0] - groups[-1]["takes"][-1][1] > gap:
+            groups.append({"takes": [], "dones": []})
+        groups[-1]["takes"].append(tk)
+    # A completion belongs to the last burst begun before it.
+    firsts = [g["takes"][0][0] for g in groups]
+    for b, t, e, a in evs:
+        if b != reader and e == "complete":
+            i = bisect.bisect_right(firsts, t)
+            if i > 0:
+                groups[i - 1]["dones"].append(t)
+    begins = [t for b, t, e, a in evs if b == 0 and e == "start" and a == STARTS.index("begun")]
+    # Each figure: its name and how it prints (a count, microseconds, a share).
+    count, micro, share = (lambda v: "%g" % v), us, (lambda v: "%.1f" % v)
+    names = [("entries taken", count), ("completions", count), ("span us", micro), ("passes that took", count),
+             ("  their time us", micro), ("  their share of the span %", share),
+             ("passes of 1-%d entries" % BURST_SMALL, count), ("  their time us", micro),
+             ("tail us (last take -> last completion)", micro), ("launches", count)]
+    rows = []
+    for g in groups:
+        takes, dones = g["takes"], g["dones"]
+        if not dones:
+            continue
+        start, end = takes[0][0], max(dones[-1], takes[-1][1])
+        small = [tk for tk in takes if tk[2] <= BURST_SMALL]
+        taking, span = sum(t1 - t0 for t0, t1, _ in takes), end - start
+        rows.append([sum(tk[2] for tk in takes), len(dones), span, len(takes), taking,
+                     100.0 * taking / span if span else 0.0, len(small), sum(t1 - t0 for t0, t1, _ in small),
+                     end - takes[-1][1], sum(1 for t in begins if start <= t <= end)])
+    print("bursts: %d with a completion (cut where the reader took nothing for over %s us; %d without)" %
+          (len(rows), gap_us, len(groups) - len(rows)))
+    if not rows:
+        return
+    print("%-40s %10s %10s %10s" % ("per burst", "median", "least", "most"))
+    for i, (name, f) in enumerate(names):
+        d = [r[i] for r in rows]
+        print("%-40s %10s %10s %10s" % (name, f(statistics.median(d)), f(min(d)), f(max(d))))
+
+
 def us(ns):
     return "%.2f" % (ns / 1000.0)
 
@@ -351,11 +417,15 @@ def main():
                     help="where each launch of the resident grid spends its start instead")
     ap.add_argument("--stalls", type=float, metavar="US",
                     help="the intervals longer than US microseconds with no event of any block instead")
+    ap.add_argument("--bursts", type=float, metavar="US",
+                    help="what paces each burst of the reader's takes (cut at gaps over US microseconds) instead")
     args = ap.parse_args()
     # The modes over the whole trace, each instead of a block's tables.
     whole = None
     if args.stalls is not None:
         whole = lambda: stalls(args.trace, args.stalls)
+    elif args.bursts is not None:
+        whole = lambda: bursts(args.trace, args.bursts)
     elif args.blocks:
         whole = lambda: blocks(args.trace)
     elif args.data:

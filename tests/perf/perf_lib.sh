@@ -101,7 +101,8 @@ traced_print() {
 # others; with the script's daemon_args, where it has them); each GPU's
 # trace is summarised by dk_trace_summary.py (block 0, then --turnaround,
 # then the queue reader's passes, then every block's pace (--blocks), then
-# the kernel's starts (--launches), then --stalls 50) into
+# the kernel's starts (--launches), then what paces its bursts of takes
+# (--bursts 15: a batch's), then --stalls 50) into
 # trace_NAME_gpuN_summary.txt in $outdir (an earlier run's of that NAME
 # removed first). Returns perf's status; traced_apart (below) runs it
 # apart, where a daemon that fails must not end the script.
@@ -124,6 +125,7 @@ traced() {
 			python3 "$perf_lib_dir/dk_trace_summary.py" "$f" --block reader --top 12 &&
 			python3 "$perf_lib_dir/dk_trace_summary.py" "$f" --blocks &&
 			python3 "$perf_lib_dir/dk_trace_summary.py" "$f" --launches &&
+			python3 "$perf_lib_dir/dk_trace_summary.py" "$f" --bursts 15 &&
 			python3 "$perf_lib_dir/dk_trace_summary.py" "$f" --stalls 50; } >"$sum" 2>&1 ||
 			echo "== the trace of $name on GPU $g could not be summarised: $(tail -n 1 "$sum")"
 	done

@@ -209,6 +209,40 @@ def main():
         # at its loop (45 us); 55 us absent between them.
         expect(out, row % ("last event", 2, "47.50", "45.00", "50.00"))
         expect(out, row % ("absent (last event -> next launch)", 1, "55.00", "55.00", "55.00"))
+        # --bursts: two bursts 100 us apart, each an empty pass, then passes
+        # that take 2, 1 and 5 entries ending 5, 8 and 20 us in (5, 3 and 12
+        # us each), an empty one, and completions at 15 and 30 us (block 0)
+        # and 35 us (block 1); a launch in the first only; and a third, one
+        # pass at 300 us, with no completion.
+        with open(path, "w") as f:
+            f.write("# block ns event arg (GPU 0; block 16: the queue reader)\n")
+            for k, base in enumerate((0, 100000)):
+                for block, at, e, a in ((16, 0, "queues", 0), (16, 5, "queues", 2), (16, 8, "queues", 1),
+                                        (0, 15, "complete", 0), (16, 20, "queues", 5), (16, 23, "queues", 0),
+                                        (0, 30, "complete", 0), (1, 35, "complete", 0)):
+                    f.write("%d %d %s %d\n" % (block, base + at * 1000, e, a))
+                if k == 0:
+                    f.write("0 1000 start 0\n")
+            f.write("16 290000 queues 0\n16 292000 queues 1\n")
+        out = run(path, "--bursts", "20")
+        expect(out, "bursts: 2 with a completion (cut where the reader took nothing for over 20.0 us; 1 without)")
+        row = "%-40s %10s %10s %10s"
+        for name, med, lo, hi in (("entries taken", "8", "8", "8"), ("completions", "3", "3", "3"),
+                                  ("span us", "35.00", "35.00", "35.00"), ("passes that took", "3", "3", "3"),
+                                  ("  their time us", "20.00", "20.00", "20.00"),
+                                  ("  their share of the span %", "57.1", "57.1", "57.1"),
+                                  ("passes of 1-3 entries", "2", "2", "2"), ("  their time us", "8.00", "8.00", "8.00"),
+                                  ("tail us (last take -> last completion)", "15.00", "15.00", "15.00"),
+                                  ("launches", "0.5", "0", "1")):
+            expect(out, row % (name, med, lo, hi))
+        # The empty pass between the bursts' takes is 80 us long: at gaps
+        # over 90 us the first two bursts are one (from 0 to 135 us, the
+        # 80 us not the reader's), the third apart.
+        out = run(path, "--bursts", "90")
+        expect(out, "bursts: 1 with a completion (cut where the reader took nothing for over 90.0 us; 1 without)")
+        for name, med in (("entries taken", "16"), ("span us", "135.00"), ("  their time us", "40.00"),
+                          ("tail us (last take -> last completion)", "15.00")):
+            expect(out, row % (name, med, med, med))
     print("OK: dk_trace_summary.py's tables match the constructed trace")
 
 
