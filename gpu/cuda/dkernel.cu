@@ -836,8 +836,9 @@ struct dk_qcache {
 	volatile uint64_t *taken[DK_QCACHE];
 	uint64_t head[DK_QCACHE];
 	/* The last sequence an entry may have been taken under past the
-	 * head (taken out of order, or before this launch: up to the tail
-	 * the pair's first pass read): past it no entry reads taken, and an
+	 * head (taken out of order; before this launch, anywhere in the lap
+	 * from the head: the client's tail, which it may lower or set to
+	 * anything, bounds nothing): past it no entry reads taken, and an
 	 * in-order pass loads no taken words there. */
 	uint64_t taken_hi[DK_QCACHE];
 	uint8_t look_gap[DK_QCACHE];  /* passes between two looks past the pair's unarmed head (look_past) */
@@ -1841,24 +1842,25 @@ __device__ __noinline__ void copier_main(uint32_t lane, dk_params p)
 		 * seq_check agreeing, unless one read armed without it; of that,
 		 * the acceptable ones from the first, as many as take_max), taken
 		 * in this same round rather than after the reader's look at the
-		 * copies. */
+		 * copies. Only a copy from the chunk's first entry: take_one's
+		 * i-th entry is copy i, on lane 8 + i. */
 		const uint32_t tmax = *(volatile uint32_t *)&rcopy.take_max;
 		if (tmax) {
 			const uint32_t trusted = *(volatile uint32_t *)&rcopy.trusted & range;
 			uint32_t t = 0;
-			if (!(raws & ~oks & range & ~trusted)) {
-				uint32_t v = ((oks & range) | trusted) >> first;
+			if (first == 0 && !(raws & ~oks & range & ~trusted)) {
+				uint32_t v = (oks & range) | trusted;
 				v &= ~(v + 1u);
-				t = v & (got >> first);
+				t = v & got;
 				t &= ~(t + 1u);
 				if ((uint32_t)__popc(t) > tmax)
 					t = (1u << tmax) - 1u;
 			}
 			const uint32_t tn = __popc(t);
-			if (mine >= first && mine - first < tn)
-				take_one(p, lane, mine, tn, (t << first) & ~trusted);
+			if (mine < tn)
+				take_one(p, lane, mine, tn, t & ~trusted);
 			if (mine == 0)
-				rcopy.took = t << first;
+				rcopy.took = t;
 		}
 		__syncwarp(DK_COPY_LANES); /* done */
 	}
@@ -2054,7 +2056,8 @@ __device__ __forceinline__ void look_found(uint32_t qi, bool found)
 }
 
 /* Bit k: entry s0 + k (to hi, at most DK_SCAN of them) read taken, the
- * chunk's taken words in one L2 round trip. The words stay in registers
+ * chunk's taken words in one L2 round trip (read_queues: a chunk that
+ * starts past taken_hi loads none). The words stay in registers
  * (constant indices only) and are reduced to a mask: a value stored to
  * memory right after its load would make every load wait for the one
  * before. */
@@ -2097,6 +2100,19 @@ __device__ __noinline__ uint64_t armed_before(const dfccl_sqe *sq, const volatil
 	return 0;
 }
 
+/* After the copier lanes took copies 0..nrun - 1 (take_one): the tasks
+ * known free, the arrival count and cpu_last moved past them. */
+__device__ __forceinline__ void run_taken(dk_ctx &c, uint32_t nrun)
+{
+	uint32_t fm = c.free_mask;
+	for (uint32_t k = 0; k < nrun; k++)
+		fm &= fm - 1u;
+	c.free_mask = fm;
+	c.arrivals += nrun;
+	c.st->arrivals = c.arrivals;
+	c.cpu_last = !(((const dfccl_sqe *)rcopy.buf[nrun - 1u])->flags & DFCCL_SQE_F_STREAM_ARMED);
+}
+
 /*
  * The reader's part of a chunk's take at once (read_queues): entries
  * 0..nrun - 1 of the copies, of queue pair q (taken: its taken words, n
@@ -2119,13 +2135,7 @@ __device__ __noinline__ void take_run(dk_ctx &c, dk_qp *q, volatile uint64_t *ta
 	rcopy.rc = &c;
 	copy_entries(DK_COPY_TAKE);
 	take_at(c, tracing, DK_TAKE_TASK);
-	uint32_t fm = c.free_mask;
-	for (uint32_t k = 0; k < nrun; k++)
-		fm &= fm - 1u;
-	c.free_mask = fm;
-	c.arrivals += nrun;
-	c.st->arrivals = c.arrivals;
-	c.cpu_last = !(((const dfccl_sqe *)rcopy.buf[nrun - 1u])->flags & DFCCL_SQE_F_STREAM_ARMED);
+	run_taken(c, nrun);
 	take_at(c, tracing, DK_TAKE_DONE);
 }
 
@@ -2191,7 +2201,7 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 		uint64_t tail = vload(&hdr->sq_tail);
 		uint64_t arm_head = ld_acq_sys(&sq[DFCCL_QP_SLOT(head, n)].arm);
 		if (!cached && qi < DK_QCACHE)
-			qcache.taken_hi[qi] = tail;
+			qcache.taken_hi[qi] = head + n - 1u;
 		/* No entry from here on reads taken (taken_hi). */
 		const uint64_t untaken = qi < DK_QCACHE ? qcache.taken_hi[qi] + 1u : ~0ull;
 		if (tail < head || qstate != DFCCL_QP_ACTIVE)
@@ -2279,6 +2289,9 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 						tmax = min(want, task_supply(c, want));
 					}
 					if (tmax) {
+						/* Without the fence take_run makes after its
+						 * counts: the barrier that starts the copy orders
+						 * them before the lanes' fence and publication. */
 						admit_ahead(c, q, uid, inflight, tmax);
 						inflight += tmax;
 						rcopy.taken = taken;
@@ -2296,16 +2309,8 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 							inflight -= tmax - ct;
 						}
 						rcopy.take_max = 0; /* the other copies take nothing */
-						if (ct) {
-							uint32_t fm = c.free_mask;
-							for (uint32_t k = 0; k < ct; k++)
-								fm &= fm - 1u;
-							c.free_mask = fm;
-							c.arrivals += ct;
-							st->arrivals = c.arrivals;
-							c.cpu_last =
-							    !(((const dfccl_sqe *)rcopy.buf[ct - 1u])->flags & DFCCL_SQE_F_STREAM_ARMED);
-						}
+						if (ct)
+							run_taken(c, ct);
 					}
 					const uint32_t all = (cnt >= 32u ? ~0u : (1u << cnt) - 1u) & ~(s0 == head ? 1u : 0u);
 					spec_v = rcopy.valid & all;
