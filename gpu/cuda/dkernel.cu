@@ -1608,7 +1608,6 @@ __device__ __forceinline__ struct sched_admission qp_admission(const dk_ctx &c, 
 	return sched_admit(&lim, &load);
 }
 
-
 /* Takes the armed entries of every queue pair. Returns how many. */
 /* Entries whose words read_queues loads together. */
 #define DK_SCAN 16u
@@ -2263,12 +2262,11 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 				 * already, an acquire). The chunk's arm words cost a
 				 * round trip of their own before, 3.6 us a chunk (one
 				 * H200, tests/perf/RESULTS.md, twenty-ninth run). */
-				bool spec = false;
 				uint32_t spec_v = 0; /* the copies that read armed and checked */
 				uint32_t ct = 0;     /* entries the copy's take took, from s0 */
 				if (s0 < untaken)
 					was_taken = taken_mask(taken, n, s0, hi);
-				spec = in_order && !was_taken;
+				bool spec = in_order && !was_taken;
 				if (spec) {
 					const uint32_t cnt = hi - s0 + 1 < DK_SCAN ? (uint32_t)(hi - s0 + 1) : DK_SCAN;
 					for (uint32_t k = 0; k < cnt; k++) {
