@@ -50,8 +50,11 @@ int sq_queue_open(struct sq_queue *q, void *map, size_t size, uint32_t qp_id, ui
 		return -EINVAL;
 	}
 	q->taken = calloc(q->n, sizeof(*q->taken));
-	if (!q->taken)
+	q->groups = calloc(q->n, sizeof(*q->groups));
+	if (!q->taken || !q->groups) {
+		sq_queue_close(q);
 		return -ENOMEM;
+	}
 	q->head = head ? head : 1;
 	/* Entries below head were handled by an earlier worker (or failed by
 	 * the supervisor when it died): mark their slots as taken. */
@@ -64,7 +67,9 @@ int sq_queue_open(struct sq_queue *q, void *map, size_t size, uint32_t qp_id, ui
 void sq_queue_close(struct sq_queue *q)
 {
 	free(q->taken);
+	free(q->groups);
 	q->taken = NULL;
+	q->groups = NULL;
 }
 
 static uint64_t sq_tail_clamped(const struct sq_queue *q)
@@ -185,9 +190,42 @@ uint32_t sq_check(const struct sq_queue *q, const struct dfccl_sqe *e, sq_reg_lo
 
 void sq_complete(struct sq_queue *q, uint64_t seq, uint32_t status)
 {
-	uint32_t slot = DFCCL_QP_SLOT(seq, q->n);
-	atomic_store_explicit(A64(&q->cw[slot]), DFCCL_CW_MAKE(seq, status), memory_order_release);
-	atomic_fetch_add_explicit(A64(&q->hdr->completed), 1, memory_order_release);
+	sq_complete_group(q, seq, status, 0, 0);
+}
+
+void sq_complete_group(struct sq_queue *q, uint64_t seq, uint32_t status, uint64_t group_last, uint32_t group_n)
+{
+	uint64_t words = 0;
+	bool last_done = false;
+	uint32_t last_status = status;
+	if (group_n) {
+		struct sq_group *g = &q->groups[DFCCL_QP_SLOT(group_last, q->n)];
+		/* The last's status before its count: whoever completes the
+		 * group reads it after the count that includes it. */
+		if (seq == group_last)
+			atomic_store_explicit(A32(&g->last_status), status, memory_order_relaxed);
+		uint64_t w = atomic_load_explicit(A64(&g->count), memory_order_relaxed), next;
+		do
+			next = sqe_group_count(w, group_last);
+		while (!atomic_compare_exchange_weak_explicit(A64(&g->count), &w, next, memory_order_acq_rel,
+		                                              memory_order_relaxed));
+		last_done = DFCCL_CW_STATUS(next) == group_n;
+		if (last_done && seq != group_last)
+			last_status = atomic_load_explicit(A32(&g->last_status), memory_order_relaxed);
+	}
+	if (!group_n || seq != group_last) {
+		atomic_store_explicit(A64(&q->cw[DFCCL_QP_SLOT(seq, q->n)]), DFCCL_CW_MAKE(seq, status),
+		                      memory_order_release);
+		words++;
+	}
+	if (last_done) {
+		atomic_store_explicit(A64(&q->cw[DFCCL_QP_SLOT(group_last, q->n)]),
+		                      DFCCL_CW_MAKE(group_last, last_status), memory_order_release);
+		words++;
+	}
+	if (!words)
+		return;
+	atomic_fetch_add_explicit(A64(&q->hdr->completed), words, memory_order_release);
 	queue_wake_waiters(q->hdr);
 }
 

@@ -40,6 +40,13 @@ struct sq_queue {
 	uint64_t *taken;      /* per slot: the sequence number last taken from it */
 	uint64_t head;        /* lowest sequence number not yet taken */
 	uint64_t look;        /* sq_take_if: where its next look starts (sched_look_start) */
+	/* Per slot of a group's last entry (DFCCL_SQE_F_GROUP): the group's
+	 * count word (sqe_group_count) and the last entry's status once it
+	 * completed; sq_complete_group's. */
+	struct sq_group {
+		uint64_t count;
+		uint32_t last_status;
+	} *groups;
 };
 
 /*
@@ -80,6 +87,15 @@ uint32_t sq_check(const struct sq_queue *q, const struct dfccl_sqe *e, sq_reg_lo
 
 /* Writes the completion word of entry `seq` (one 64-bit store). */
 void sq_complete(struct sq_queue *q, uint64_t seq, uint32_t status);
+
+/*
+ * As sq_complete, for an entry of a group of group_n entries whose last is
+ * group_last (sqe_group; group_n 0: none, which is sq_complete): its own
+ * word, but the last entry's only once every entry of the group has
+ * completed, by whichever completes the group, with the last's status.
+ * Safe from several threads at once.
+ */
+void sq_complete_group(struct sq_queue *q, uint64_t seq, uint32_t status, uint64_t group_last, uint32_t group_n);
 
 void sq_set_engine_state(struct sq_queue *q, uint32_t state);
 uint32_t sq_qp_state(const struct sq_queue *q);

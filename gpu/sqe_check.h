@@ -30,7 +30,7 @@
 enum sqe_redop { SQE_REDOP_SUM = 0, SQE_REDOP_PROD = 1, SQE_REDOP_MAX = 2, SQE_REDOP_MIN = 3, SQE_REDOP_AVG = 4 };
 #define SQE_KNOWN_FLAGS \
 	(DFCCL_SQE_F_INPLACE | DFCCL_SQE_F_REGISTERED | DFCCL_SQE_F_PRIORITY | DFCCL_SQE_F_STREAM_ARMED | \
-	 DFCCL_SQE_F_DEVICE_DONE)
+	 DFCCL_SQE_F_DEVICE_DONE | DFCCL_SQE_F_GROUP)
 
 /* Bytes of one element of a dfcclDataType_t value (client/include/dfccl.h); 0 if unknown. */
 static inline DFCCL_HD unsigned sqe_dtype_size(uint32_t dtype)
@@ -118,6 +118,38 @@ static inline DFCCL_HD int sqe_requires_recv(uint8_t opcode)
 	return opcode != DFCCL_OP_SEND && opcode != DFCCL_OP_BROADCAST && opcode != DFCCL_OP_REDUCE;
 }
 
+/*
+ * The group of the entry taken under sequence number seq
+ * (DFCCL_SQE_F_GROUP): how many entries it has, *last the sequence number
+ * of its last one; 0 where the entry has no group or its fields do not
+ * hold (sqe_check_entry refuses it then, and it counts for no group).
+ */
+static inline DFCCL_HD uint32_t sqe_group(const struct dfccl_sqe *e, uint64_t seq, uint64_t *last)
+{
+	*last = 0;
+	/* The last one's number fits a completion word's 48 bits. */
+	if (!(e->flags & DFCCL_SQE_F_GROUP) || e->group_n == 0 || e->group_n > DFCCL_SQ_MAX_ENTRIES / 2u ||
+	    e->group_last < seq || e->group_last - seq >= e->group_n || e->group_last > DFCCL_CW_SEQ(UINT64_MAX))
+		return 0;
+	*last = e->group_last;
+	return e->group_n;
+}
+
+/*
+ * A group's count word, one per slot of a group's last entry, kept by the
+ * engine: DFCCL_CW_MAKE(last, entries of that group completed), after one
+ * more entry of group `last` completed. A word of any other group (an
+ * earlier lap's, or one a client's forged fields left) starts over, so the
+ * words need no reset. The group is complete when the count reaches its
+ * size (sqe_group).
+ */
+static inline DFCCL_HD uint64_t sqe_group_count(uint64_t w, uint64_t last)
+{
+	if (DFCCL_CW_SEQ(w) != last)
+		return DFCCL_CW_MAKE(last, 1);
+	return DFCCL_CW_STATUS(w) < 0xffffu ? w + 1 : w;
+}
+
 /* The entry on its own. *bytes gets count * element size. */
 static inline DFCCL_HD uint32_t sqe_check_entry(const struct dfccl_sqe *e, uint64_t *bytes)
 {
@@ -130,6 +162,9 @@ static inline DFCCL_HD uint32_t sqe_check_entry(const struct dfccl_sqe *e, uint6
 		return DFCCL_CQ_BAD_ENTRY;
 	/* A device completion word: named, and whole in one aligned word. */
 	if ((e->flags & DFCCL_SQE_F_DEVICE_DONE) && (e->done_reg == 0 || e->done_off % 8u))
+		return DFCCL_CQ_BAD_ENTRY;
+	uint64_t last;
+	if ((e->flags & DFCCL_SQE_F_GROUP) && sqe_group(e, e->arm, &last) == 0)
 		return DFCCL_CQ_BAD_ENTRY;
 	if (e->opcode == DFCCL_OP_NOP)
 		return DFCCL_CQ_OK;

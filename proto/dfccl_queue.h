@@ -82,8 +82,9 @@
 
 #define DFCCL_QP_MAGIC 0x3130505143434644ull /* "DFCCQP01" little-endian */
 /* 2: DFCCL_SQE_F_DEVICE_DONE, which a version-1 engine refuses while its
- * stream would wait for a word nobody stores. */
-#define DFCCL_QUEUE_ABI_VERSION 2u
+ * stream would wait for a word nobody stores. 3: DFCCL_SQE_F_GROUP, whose
+ * stream waits for its group's last word alone. */
+#define DFCCL_QUEUE_ABI_VERSION 3u
 
 #define DFCCL_CACHE_LINE 64u
 #define DFCCL_QP_HEADER_SIZE 512u
@@ -166,6 +167,19 @@ static inline int dfccl_algo_parse(const char *name)
  * the client's words grow as the queue's do, so the same ">=" wait
  * works. */
 #define DFCCL_SQE_F_DEVICE_DONE 0x10u
+/* One of a group of group_n entries in a row of this queue pair, the
+ * sequence numbers (group_last - group_n, group_last], each carrying the
+ * same group_last and group_n (1 <= group_n <= DFCCL_SQ_MAX_ENTRIES / 2):
+ * the engine writes every entry's completion word as usual but the last
+ * one's, which it writes (with the last entry's own status) only once
+ * every entry of the group has completed, so that a GPU stream waits for
+ * a whole group of stream-ordered calls with one wait. An entry whose
+ * group fields do not hold is refused (DFCCL_CQ_BAD_ENTRY) and counts for
+ * no group; a group some of whose entries never come (a client that
+ * never arms one) never completes its last word. The group's count lives
+ * with the engine (a word per slot of a last entry), so the client sets
+ * the fields before it arms the entries and never again. */
+#define DFCCL_SQE_F_GROUP 0x20u
 
 /* Completion status in the low 16 bits of a completion word. */
 enum dfccl_cq_status {
@@ -273,7 +287,10 @@ struct dfccl_sqe {
 	                     * trusts the copy only where this word, on the entry's other 64-byte
 	                     * line, agrees too (an older client leaves it 0: its entries then fail
 	                     * the check, all but one in 2^32, and are read after their arm words) */
-	uint64_t reserved[2]; /* client: zero */
+	/* --- DFCCL_SQE_F_GROUP: the group this entry belongs to */
+	uint64_t group_last; /* client: the sequence number of the group's last entry */
+	uint32_t group_n;    /* client: entries in the group */
+	uint32_t reserved;   /* client: zero */
 };
 
 DFCCL_STATIC_ASSERT(sizeof(struct dfccl_qp_header) == DFCCL_QP_HEADER_SIZE, "qp header size");
@@ -320,7 +337,8 @@ DFCCL_STATIC_ASSERT(offsetof(struct dfccl_sqe, rank) == 92, "rank offset");
 DFCCL_STATIC_ASSERT(offsetof(struct dfccl_sqe, done_off) == 96, "done_off offset");
 DFCCL_STATIC_ASSERT(offsetof(struct dfccl_sqe, done_reg) == 104, "done_reg offset");
 DFCCL_STATIC_ASSERT(offsetof(struct dfccl_sqe, seq_check) == 108, "seq_check on line 1");
-DFCCL_STATIC_ASSERT(offsetof(struct dfccl_sqe, reserved) == 112, "reserved offset");
+DFCCL_STATIC_ASSERT(offsetof(struct dfccl_sqe, group_last) == 112, "group_last offset");
+DFCCL_STATIC_ASSERT(offsetof(struct dfccl_sqe, group_n) == 120, "group_n offset");
 
 /* Geometry of a region with n entries; the SQ starts on its own page-aligned
  * boundary after the header so a GPU can map header and entries separately. */

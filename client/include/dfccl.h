@@ -348,7 +348,10 @@ dfcclResult_t dfcclCommDeregister(const dfcclComm_t comm, void *handle);
  * of a GPU share one pool of queues: with more than four processes on one
  * GPU set it lower (8 served eight processes on an H100).
  * Inside dfcclGroupStart/End, every stream arms all of its collectives of
- * the group, then waits for all of them. A collective that fails completes
+ * the group, then waits for all of them, once: the group's collectives in
+ * a row on one stream are one group of the daemon's queue, whose last
+ * completion the daemon reports only once all of them completed
+ * (DFCCL_GROUP_WAIT=each: a wait for each instead). A collective that fails completes
  * all the same (the stream goes on, the output is undefined): the failure is
  * reported by dfcclCommGetAsyncError and dfcclCommSynchronize, with its
  * sentence in dfcclGetLastError. Needs the CUDA driver (with the daemon's

@@ -383,7 +383,11 @@ dfcclResult_t qp_wait_free(struct qp *q, uint64_t wait_ms)
  * field of the entry but `arm` under ticket t. The engine ignores the slot
  * until arm == seq, and arm still holds the previous lap's number.
  */
-static dfcclResult_t qp_post(struct qp *q, const struct dfccl_sqe *e, struct qp_ticket *t)
+/* Posts entry e (unarmed) into the next slot. With `checked` its
+ * seq_check is stored too; without, the entry is not finished yet
+ * (qp_submit_unarmed) and seq_check gets a value that cannot agree until
+ * qp_stream_ready stores it. */
+static dfcclResult_t qp_post(struct qp *q, const struct dfccl_sqe *e, struct qp_ticket *t, bool checked)
 {
 	dfcclResult_t r = qp_health(q);
 	if (r != dfcclSuccess)
@@ -411,11 +415,17 @@ static dfcclResult_t qp_post(struct qp *q, const struct dfccl_sqe *e, struct qp_
 	 * of its own: stores become visible in program order, so an engine
 	 * that reads seq_check's line with this entry's value reads the rest
 	 * of the entry's stores too (proto/dfccl_queue.h), whatever order the
-	 * copy stored its bytes in. */
+	 * copy stored its bytes in. Not yet where the entry may still change:
+	 * a value that disagrees first (the earlier lap's would agree with
+	 * nothing either, but a line read whole must not pair it with fields
+	 * of this lap that are not final). */
 	const size_t check = offsetof(struct dfccl_sqe, seq_check), after = check + sizeof(tmp.seq_check);
+	if (!checked)
+		__atomic_store_n(&d->seq_check, ~(uint32_t)s, __ATOMIC_RELAXED);
 	memcpy((char *)d + sizeof(d->arm), (const char *)&tmp + sizeof(tmp.arm), check - sizeof(tmp.arm));
 	memcpy((char *)d + after, (const char *)&tmp + after, sizeof(tmp) - after);
-	__atomic_store_n(&d->seq_check, (uint32_t)s, __ATOMIC_RELEASE);
+	if (checked)
+		__atomic_store_n(&d->seq_check, (uint32_t)s, __ATOMIC_RELEASE);
 	return dfcclSuccess;
 }
 
@@ -443,7 +453,7 @@ void qp_arm(struct qp *q, uint64_t seq)
 
 dfcclResult_t qp_submit(struct qp *q, const struct dfccl_sqe *e, struct qp_ticket *t)
 {
-	dfcclResult_t r = qp_post(q, e, t);
+	dfcclResult_t r = qp_post(q, e, t, true);
 	if (r != dfcclSuccess)
 		return r;
 	qp_arm(q, t->seq);
@@ -488,7 +498,7 @@ dfcclResult_t qp_submit_unarmed(struct qp *q, const struct dfccl_sqe *e, struct 
 		tmp.done_reg = q->words_reg;
 		tmp.done_off = 0; /* qp_post adds the slot's */
 	}
-	r = qp_post(q, &tmp, t);
+	r = qp_post(q, &tmp, t, false);
 	if (r != dfcclSuccess)
 		return r;
 	uint32_t slot = DFCCL_QP_SLOT(t->seq, q->entries);
@@ -503,6 +513,19 @@ dfcclResult_t qp_submit_unarmed(struct qp *q, const struct dfccl_sqe *e, struct 
 	qp_ring_if_idle(q);
 	qp_heartbeat(q);
 	return dfcclSuccess;
+}
+
+void qp_stream_ready(struct qp *q, uint64_t seq, uint64_t group_last, uint32_t group_n)
+{
+	struct dfccl_sqe *e = &q->sq[DFCCL_QP_SLOT(seq, q->entries)];
+	if (group_n) {
+		e->group_last = group_last;
+		e->group_n = group_n;
+		e->flags |= DFCCL_SQE_F_GROUP;
+	}
+	/* Last, as qp_post would have; before the arm, which the stream
+	 * stores after this returns. */
+	__atomic_store_n(&e->seq_check, (uint32_t)seq, __ATOMIC_RELEASE);
 }
 
 /* ---------------------------------------------------------------- device completion words */

@@ -103,12 +103,14 @@ void qp_free(struct qp *q);
 dfcclResult_t qp_submit(struct qp *q, const struct dfccl_sqe *e, struct qp_ticket *t);
 
 /* Arms entry seq of q from the CPU (and rings the doorbell if the engine
- * sleeps): the entry was posted with qp_submit_unarmed. */
+ * sleeps): the entry was posted with qp_submit_unarmed (and finished,
+ * qp_stream_ready). */
 void qp_arm(struct qp *q, uint64_t seq);
 
 /*
  * Stream-ordered submission. qp_submit_unarmed posts a copy of e with
- * DFCCL_SQE_F_STREAM_ARMED and leaves it unarmed: the caller makes a GPU
+ * DFCCL_SQE_F_STREAM_ARMED and leaves it unarmed and unfinished: the
+ * caller finishes it (qp_stream_ready), then makes a GPU
  * stream write arm->seq to arm->arm_addr after the work queued before, and
  * wait until the word at arm->cw_addr is at least
  * DFCCL_CW_MAKE(arm->seq, 0) before the work queued after (cudrv.h). The
@@ -125,6 +127,16 @@ struct qp_stream_arm {
 
 dfcclResult_t qp_submit_unarmed(struct qp *q, const struct dfccl_sqe *e, struct qp_ticket *t,
                                 struct qp_stream_arm *arm);
+
+/*
+ * Finishes the entry of `seq`, posted by qp_submit_unarmed, before its arm
+ * is queued (or stored by the CPU): with group_n, one of the group of
+ * group_n entries whose last is group_last (DFCCL_SQE_F_GROUP: the daemon
+ * writes the last's completion word only once all of them completed);
+ * then its seq_check, so that an engine that copies the entry with its arm
+ * copies these fields too.
+ */
+void qp_stream_ready(struct qp *q, uint64_t seq, uint64_t group_last, uint32_t group_n);
 
 /*
  * Gives q device completion words: `words`, q->entries 8-byte words of

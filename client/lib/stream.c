@@ -21,22 +21,44 @@ __attribute__((constructor)) static void stream_connections(void)
 	setenv("CUDA_DEVICE_MAX_CONNECTIONS", STREAM_CUDA_CONNECTIONS, 0);
 }
 
-static bool wait_on_device;
-static pthread_once_t wait_once = PTHREAD_ONCE_INIT;
+/* The settings of the environment, read once. */
+static bool wait_on_device, groups_off;
+static pthread_once_t env_once = PTHREAD_ONCE_INIT;
 
-static void wait_read(void)
+static bool env_is(const char *name, const char *value)
 {
-	const char *v = getenv("DFCCL_STREAM_WAIT");
-	wait_on_device = v && strcmp(v, "device") == 0;
+	const char *v = getenv(name);
+	return v && strcmp(v, value) == 0;
+}
+
+static void env_read(void)
+{
+	wait_on_device = env_is("DFCCL_STREAM_WAIT", "device");
+	groups_off = env_is("DFCCL_GROUP_WAIT", "each");
 }
 
 bool stream_waits_on_device(void)
 {
-	pthread_once(&wait_once, wait_read);
+	pthread_once(&env_once, env_read);
 	return wait_on_device;
 }
 
+bool stream_groups(void)
+{
+	pthread_once(&env_once, env_read);
+	return !groups_off;
+}
+
 enum { BATCH_ARMS = 1, BATCH_WAITS = 2 };
+
+/* The next item after i on i's stream, or b->n. */
+static size_t stream_next(const struct stream_batch *b, size_t i)
+{
+	size_t j = i + 1;
+	while (j < b->n && b->items[j].stream != b->items[i].stream)
+		j++;
+	return j;
+}
 
 /* How many items from i on (i's stream's, in order) arm entries that
  * follow one another in one queue pair: their arm words lie one entry
@@ -45,10 +67,8 @@ static unsigned arm_run(const struct stream_batch *b, size_t i)
 {
 	const struct stream_item *last = &b->items[i];
 	unsigned run = 1;
-	for (size_t j = i + 1; j < b->n; j++) {
+	for (size_t j = stream_next(b, i); j < b->n; j = stream_next(b, j)) {
 		const struct stream_item *it = &b->items[j];
-		if (it->stream != last->stream)
-			continue;
 		if (it->qp != last->qp || it->arm.seq != last->arm.seq + 1 ||
 		    it->arm.arm_addr != last->arm.arm_addr + sizeof(struct dfccl_sqe))
 			break;
@@ -56,6 +76,27 @@ static unsigned arm_run(const struct stream_batch *b, size_t i)
 		run++;
 	}
 	return run;
+}
+
+/* Finishes the entries of the items of [from, n) (qp_stream_ready) before
+ * their arms are queued: each run of two or more (arm_run) as a group of
+ * its queue pair, whose last entry's wait covers the others'. */
+static void batch_ready(struct stream_batch *b, size_t from)
+{
+	const bool groups = stream_groups();
+	for (size_t i = from; i < b->n; i++) {
+		if (b->items[i].ready)
+			continue;
+		const unsigned run = groups ? arm_run(b, i) : 1;
+		const uint64_t last = b->items[i].arm.seq + run - 1;
+		size_t j = i;
+		for (unsigned k = 0; k < run; k++, j = stream_next(b, j)) {
+			struct stream_item *it = &b->items[j];
+			qp_stream_ready(it->qp, it->arm.seq, run > 1 ? last : 0, run > 1 ? run : 0);
+			it->ready = true;
+			it->covered = k + 1 < run;
+		}
+	}
 }
 
 /* Queues on `stream`, in order, the arms of the items of [from, n) on it
@@ -75,7 +116,7 @@ static int batch_queue(const struct stream_batch *b, size_t from, dfcclStream_t 
 			continue;
 		for (size_t i = from; i < b->n; i++) {
 			const struct stream_item *it = &b->items[i];
-			if (it->stream != stream)
+			if (it->stream != stream || (pass == BATCH_WAITS && it->covered))
 				continue;
 			device = it->qp->ordinal;
 			if (skip > 0) {
@@ -127,6 +168,7 @@ static dfcclResult_t batch_arm(struct stream_batch *b, bool wait)
 {
 	dfcclResult_t r = dfcclSuccess;
 	size_t from = b->armed;
+	batch_ready(b, from);
 	for (size_t i = from; i < b->n; i++) {
 		if (!batch_first(b, from, i))
 			continue;

@@ -10,7 +10,10 @@
  * several, every stream's arms go before any stream's waits), so the
  * daemon sees a group's entries together. Entries in a row of one queue
  * pair are armed by one copy of their sequence numbers into their arm
- * words (STREAM_ARM_COPY_MIN). A batch larger than half a queue arms what it
+ * words (STREAM_ARM_COPY_MIN), and waited for once: they are posted as a
+ * group of the queue (DFCCL_SQE_F_GROUP), whose last completion word the
+ * daemon writes only once all of them completed, and the stream waits for
+ * that word alone (a wait costs the GPU about 1 us; stream_groups). A batch larger than half a queue arms what it
  * has before it posts more (stream_batch_crowded), since a later entry's
  * slot may be held by an earlier one that only its arm can complete.
  *
@@ -40,6 +43,8 @@ struct stream_batch {
 		dfcclStream_t stream;
 		struct qp *qp;
 		struct qp_stream_arm arm; /* filled by qp_submit_unarmed */
+		bool ready;   /* its entry is finished (qp_stream_ready) */
+		bool covered; /* its wait is its group's last entry's */
 	} *items;     /* room for every entry the batch may get */
 	size_t n;     /* entries posted */
 	size_t armed; /* items[0..armed) have their arms queued (or were armed by the CPU) */
@@ -73,6 +78,12 @@ dfcclResult_t stream_batch_finish(struct stream_batch *b);
  * supervisor alone.
  */
 bool stream_waits_on_device(void);
+
+/* Whether a batch's entries in a row are posted as a group of the queue
+ * and waited for once (the default), rather than each waited for:
+ * DFCCL_GROUP_WAIT=each, read once, asks for the latter (the daemon's
+ * groups side by side with a wait per entry). */
+bool stream_groups(void);
 
 /* The CUDA_DEVICE_MAX_CONNECTIONS this library asks for when the
  * environment names none. */

@@ -652,9 +652,13 @@ static int ce_qp_add(void *impl, struct sq_queue *q, char *err, size_t errlen)
 		snprintf(err, errlen, "cannot register the queue region with the GPU: %s", cudaGetErrorString(rc));
 		return -ENOMEM;
 	}
-	rc = cudaMalloc((void **)&taken, (size_t)q->n * sizeof(uint64_t));
+	/* The taken words, then the groups' (zero: no group has a count). */
+	const size_t taken_bytes = (size_t)q->n * sizeof(uint64_t);
+	rc = cudaMalloc((void **)&taken, taken_bytes + (size_t)q->n * sizeof(struct dk_group));
 	if (rc == cudaSuccess)
-		rc = cudaMemcpyAsync(taken, q->taken, (size_t)q->n * sizeof(uint64_t), cudaMemcpyHostToDevice,
+		rc = cudaMemcpyAsync(taken, q->taken, taken_bytes, cudaMemcpyHostToDevice, e->ctl_stream);
+	if (rc == cudaSuccess)
+		rc = cudaMemsetAsync((char *)taken + taken_bytes, 0, (size_t)q->n * sizeof(struct dk_group),
 		                     e->ctl_stream);
 	if (rc == cudaSuccess)
 		rc = cudaStreamSynchronize(e->ctl_stream);
@@ -673,6 +677,7 @@ static int ce_qp_add(void *impl, struct sq_queue *q, char *err, size_t errlen)
 	d.sq = (struct dfccl_sqe *)((char *)dev + DFCCL_QP_SQ_OFFSET);
 	d.cw = (uint64_t *)((char *)dev + DFCCL_QP_CW_OFFSET(q->n));
 	d.taken = taken;
+	d.groups = (struct dk_group *)((char *)taken + taken_bytes);
 	d.head = q->head; /* sq_queue_open's view: entries below were handled before */
 	/* The kernel's count goes on from the header's, which it stores
 	 * into (complete_count): a worker that went away may have completed

@@ -910,36 +910,90 @@ __device__ void stats_tick(dk_ctx &c, bool idle)
 
 /* The single-word completion of entry seq (DFCCL's optimized CQ; what its
  * client waits on), with a release store at system scope: the results
- * before the word. With a device completion word (done: its address, the
- * entry's DFCCL_SQE_F_DEVICE_DONE), that one first, with the release,
- * for the stream that waits there; the queue's word after it, ordered
- * after the results by the same fence. */
-__device__ void complete_word(dk_ctx &c, dk_qp *q, uint64_t seq, uint32_t status, char *done)
+ * before the word (`fenced`: a system fence of the caller's did that, and
+ * the stores are relaxed). With a device completion word (done: its
+ * address, the entry's DFCCL_SQE_F_DEVICE_DONE), that one first, with the
+ * release, for the stream that waits there; the queue's word after it,
+ * ordered after the results by the same fence. */
+__device__ void complete_word(dk_qp *q, uint64_t seq, uint32_t status, char *done, bool fenced)
 {
 	uint32_t slot = DFCCL_QP_SLOT(seq, vload(&q->n));
-	trace(c, DK_EV_COMPLETE, status);
 	const uint64_t w = DFCCL_CW_MAKE(seq, status);
-	if (done) {
-		st_rel_sys((uint64_t *)done, w);
+	uint64_t *first = done ? (uint64_t *)done : &vload(&q->cw)[slot];
+	if (fenced)
+		st_rlx_sys(first, w);
+	else
+		st_rel_sys(first, w);
+	if (done)
 		st_rlx_sys(&vload(&q->cw)[slot], w);
-	} else {
-		st_rel_sys(&vload(&q->cw)[slot], w);
-	}
 }
 
-/* After complete_word: the queue pair's `completed` (the futex its sleeping
- * clients wait on, proto/dfccl_queue.h; the host side wakes them), which
- * several blocks may advance: under the queue pair's lock, so the count
- * only grows. Then the block's counters. */
-__device__ void complete_count(dk_ctx &c, dk_qp *q, uint32_t status)
+/*
+ * The completion words of entry seq, whose group (DFCCL_SQE_F_GROUP,
+ * sqe_group) has gn entries and ends at `last` (gn 0: none): its own word,
+ * but for a group's last entry, whose word (with its own status and
+ * device word, left in the group's slot, dk_group) is written once the
+ * group's count reaches gn, by whichever entry's completion brings it
+ * there. Every entry's results come before its count by the system fence
+ * before the count, and the count before the last's word by the one after
+ * it, so a stream that sees the last's word sees every result of the
+ * group. Returns the words written (0 to 2), for complete_count.
+ */
+__device__ uint32_t complete_words(dk_ctx &c, dk_qp *q, uint64_t seq, uint32_t status, char *done, uint64_t last,
+                                   uint32_t gn)
 {
-	while (atomicCAS(&q->lock, 0, 1) != 0)
-		;
-	uint64_t n = vload(&q->completed) + 1;
-	*(volatile uint64_t *)&q->completed = n;
-	st_rel_sys(&vload(&q->hdr)->completed, n);
-	__threadfence();
-	atomicExch(&q->lock, 0);
+	trace(c, DK_EV_COMPLETE, status);
+	if (gn == 0) {
+		complete_word(q, seq, status, done, false);
+		return 1;
+	}
+	dk_group *g = &vload(&q->groups)[DFCCL_QP_SLOT(last, vload(&q->n))];
+	if (seq == last) {
+		*(volatile uint32_t *)&g->last_status = status;
+		*(char *volatile *)&g->last_done = done;
+	}
+	__threadfence_system();
+	uint32_t words = 0;
+	if (seq != last) {
+		complete_word(q, seq, status, done, true);
+		words++;
+	}
+	unsigned long long w = vload(&g->count), was;
+	uint64_t next;
+	for (;;) {
+		next = sqe_group_count(w, last);
+		was = atomicCAS((unsigned long long *)&g->count, w, (unsigned long long)next);
+		if (was == w)
+			break;
+		w = was;
+	}
+	if (DFCCL_CW_STATUS(next) != gn)
+		return words;
+	__threadfence_system();
+	if (seq != last) {
+		status = vload(&g->last_status);
+		done = *(char *volatile *)&g->last_done;
+	}
+	complete_word(q, last, status, done, true);
+	return words + 1;
+}
+
+/* After complete_words: the queue pair's `completed` (the futex its
+ * sleeping clients wait on, proto/dfccl_queue.h; the host side wakes
+ * them) advanced by the words written, which several blocks may do: under
+ * the queue pair's lock, so the count only grows. Then the block's
+ * counters, an entry's. */
+__device__ void complete_count(dk_ctx &c, dk_qp *q, uint32_t status, uint32_t words)
+{
+	if (words) {
+		while (atomicCAS(&q->lock, 0, 1) != 0)
+			;
+		uint64_t n = vload(&q->completed) + words;
+		*(volatile uint64_t *)&q->completed = n;
+		st_rel_sys(&vload(&q->hdr)->completed, n);
+		__threadfence();
+		atomicExch(&q->lock, 0);
+	}
 	if (status == DFCCL_CQ_OK)
 		c.acc.completed++;
 	else
@@ -963,10 +1017,16 @@ __device__ char *done_of(dk_ctx &c, const dk_task *t)
 	return resolve(c.st, t->done_reg, vload(&q->session_id), t->done_off, 8, &s);
 }
 
-__device__ void complete(dk_ctx &c, dk_qp *q, uint64_t seq, uint32_t status, char *done)
+/* Entry seq's completion: its words, then the count. */
+__device__ void complete(dk_ctx &c, dk_qp *q, uint64_t seq, uint32_t status, char *done, uint64_t last, uint32_t gn)
 {
-	complete_word(c, q, seq, status, done);
-	complete_count(c, q, status);
+	complete_count(c, q, status, complete_words(c, q, seq, status, done, last, gn));
+}
+
+/* Task t's completion with status. */
+__device__ void complete_task(dk_ctx &c, dk_qp *q, const dk_task *t, uint32_t status)
+{
+	complete(c, q, t->seq, status, done_of(c, t), t->group_last, t->group_n);
 }
 
 /* Fails every rank of a communicator: this GPU's tasks of it through its
@@ -1425,6 +1485,7 @@ __device__ void task_fill(const dk_params &p, uint32_t qi, const dfccl_sqe *e, c
 	t->send_reg = e->send_reg;
 	t->recv_reg = e->recv_reg;
 	t->seq = e->arm;
+	t->group_n = sqe_group(e, e->arm, &t->group_last);
 	t->key = e->comm_seq;
 	t->count = e->count;
 	t->send_off = e->send_off;
@@ -2544,7 +2605,9 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 					if (ti == DK_NO_TASK) {
 						if (fails_comm)
 							comm_fail(&st->comms[pr.ci], status);
-						complete(c, q, s, status, pr.own_done);
+						uint64_t last;
+						const uint32_t gn = sqe_group(e, s, &last);
+						complete(c, q, s, status, pr.own_done, last, gn);
 					}
 					take_at(c, tracing, DK_TAKE_DONE);
 				}
@@ -3712,10 +3775,11 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 				 * `done`'s into the peers' copies and the host's; the
 				 * count's release publishes it. A peer reuses the slot
 				 * only instances later (DFCCL_COMM_SLOTS). */
-				complete_word(c, q, t->seq, tg->status, done_of(c, t));
+				const uint32_t words = complete_words(c, q, t->seq, tg->status, done_of(c, t), t->group_last,
+				                                      t->group_n);
 				if (tg->status == DFCCL_CQ_OK)
 					sync_put(&t->posts[t->rank].done, t->key);
-				complete_count(c, q, tg->status);
+				complete_count(c, q, tg->status, words);
 				sh.ret = R_FREE;
 				return A_RETURN;
 			}
@@ -3743,7 +3807,7 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 					continue;
 				}
 #endif
-				complete(c, q, t->seq, tg->status, done_of(c, t));
+				complete_task(c, q, t, tg->status);
 				sh.ret = R_FREE;
 				return A_RETURN;
 			}
@@ -3800,7 +3864,7 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 		if (rc < 0) {
 			tg->status = (uint32_t)-rc;
 			if (x->step == DK_FINISH) {
-				complete(c, q, t->seq, tg->status, done_of(c, t));
+				complete_task(c, q, t, tg->status);
 				sh.ret = R_FREE;
 				return A_RETURN;
 			}
@@ -3892,12 +3956,12 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 			x->wait_rank = 0; /* a look past the bound may have left it */
 			if (++x->pos < t->nch)
 				break; /* the next channel */
-			complete(c, q, t->seq, tg->status, done_of(c, t));
+			complete_task(c, q, t, tg->status);
 			sh.ret = R_FREE;
 			return A_RETURN;
 #endif
 		default: /* DK_FINISH */
-			complete(c, q, t->seq, DFCCL_CQ_OK, done_of(c, t));
+			complete_task(c, q, t, DFCCL_CQ_OK);
 			sh.ret = R_FREE;
 			return A_RETURN;
 		}

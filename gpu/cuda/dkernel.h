@@ -76,6 +76,19 @@
 #define DK_NO_TASK 0xffffffffu
 
 /* A queue pair. Host side: every field but those marked kernel. */
+/*
+ * A group of entries (DFCCL_SQE_F_GROUP) as its completions go, kept at
+ * the slot of its last entry: the count word (sqe_group_count), and what
+ * the last entry's completion leaves for whichever entry completes the
+ * group after it: its status and its device completion word.
+ */
+struct dk_group {
+	uint64_t count;
+	char *last_done;
+	uint32_t last_status;
+	uint32_t reserved;
+};
+
 struct dk_qp {
 	uint32_t live;                /* host: 1 while served; written last on add, first on removal */
 	uint32_t gen;                 /* host: changes with every use of the slot */
@@ -86,6 +99,8 @@ struct dk_qp {
 	struct dfccl_sqe *sq;         /* host */
 	uint64_t *cw;                 /* host */
 	uint64_t *taken;              /* host: device array [n]; kernel: sequence last taken per slot */
+	struct dk_group *groups;      /* host: device array [n] (zeroed), after taken's; kernel: per slot of a
+	                               * group's last entry, the group's count (complete_group, dkernel.cu) */
 	uint64_t head;                /* kernel (host sets it on add): lowest sequence not yet taken */
 	uint64_t completed;           /* kernel (host sets it on add: the header's): completions written, under
 	                               * `lock` */
@@ -356,7 +371,9 @@ struct dk_task {
 	uint32_t accept_epoch;
 	uint8_t block0;     /* the block that runs channel 0; channel c runs on block (block0 + c) % blocks
 	                     * (block_of, dkernel.cu) */
-	uint8_t reserved2[15];
+	uint8_t reserved2[3];
+	uint32_t group_n;     /* its entry's group (DFCCL_SQE_F_GROUP, sqe_group): entries, 0: none; */
+	uint64_t group_last;  /* and the last one's sequence */
 	/* What changes. */
 	uint32_t state;     /* enum dk_task_state */
 	uint32_t chdone;    /* channels finished (atomic) */

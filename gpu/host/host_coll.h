@@ -86,6 +86,8 @@ struct host_task {
 	struct sq_queue *q;
 	struct host_comm *comm;
 	uint64_t seq;      /* the entry: where its completion goes */
+	uint64_t group_last; /* its group (DFCCL_SQE_F_GROUP, sqe_group): the last entry's sequence, */
+	uint32_t group_n;    /* and how many entries it has (0: none) */
 	uint64_t key;      /* the instance: comm_seq */
 	uint64_t count;
 	uint64_t send_off, recv_off;

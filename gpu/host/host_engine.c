@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "host_coll.h"
+#include "sqe_check.h"
 
 #define A64(p) ((_Atomic uint64_t *)(p))
 
@@ -204,10 +205,23 @@ static int task_grow(struct host_engine *e)
 	return 0;
 }
 
-static void engine_complete(struct host_engine *e, struct sq_queue *q, uint64_t seq, uint32_t status)
+/* The completion of entry seq of group (group_last, group_n) (sqe_group;
+ * group_n 0: none). */
+static void engine_complete(struct host_engine *e, struct sq_queue *q, uint64_t seq, uint64_t group_last,
+                            uint32_t group_n, uint32_t status)
 {
-	sq_complete(q, seq, status);
+	sq_complete_group(q, seq, status, group_last, group_n);
 	stat_add(status == DFCCL_CQ_OK ? &e->env.stats->completed : &e->env.stats->errors, 1);
+}
+
+/* The completion of a taken entry that gets no task. The arm word is the
+ * sequence number the entry was taken under; the seq field is the
+ * client's claim and may be what was wrong with it. */
+static void entry_complete(struct host_engine *e, struct sq_queue *q, const struct dfccl_sqe *sqe, uint32_t status)
+{
+	uint64_t last;
+	uint32_t n = sqe_group(sqe, sqe->arm, &last);
+	engine_complete(e, q, sqe->arm, last, n, status);
 }
 
 static void backlog_push(struct host_engine *e, uint32_t idx)
@@ -294,9 +308,7 @@ void host_engine_refuse(struct host_engine *e, struct sq_queue *q, const struct 
 	struct host_comm *c = comm_find(e, sqe->comm_id, NULL);
 	if (c && sqe->rank < c->nranks && c->members[sqe->rank].session_id == q->session_id)
 		host_comm_fail(c, status);
-	/* The arm word is the sequence number the entry was taken under; the
-	 * seq field is the client's claim and may be what was wrong with it. */
-	engine_complete(e, q, sqe->arm, status);
+	entry_complete(e, q, sqe, status);
 }
 
 void host_engine_submit(struct host_engine *e, struct sq_queue *q, const struct dfccl_sqe *sqe)
@@ -361,7 +373,7 @@ unsigned host_engine_run(struct host_engine *e)
 		enum host_step r = host_coll_step(&e->env, t, pos, s);
 		t->idle = r == HOST_STEP_BLOCKED ? t->idle + 1 : 0;
 		if (r == HOST_STEP_DONE) {
-			engine_complete(e, t->q, t->seq, t->status);
+			engine_complete(e, t->q, t->seq, t->group_last, t->group_n, t->status);
 			sched_remove_at(&e->queue, pos);
 			task_release(e, idx);
 			progressed++;
@@ -399,7 +411,7 @@ static void task_drop(struct host_engine *e, uint32_t idx, uint32_t status)
 {
 	struct host_task *t = &e->tasks[idx];
 	if (status)
-		engine_complete(e, t->q, t->seq, status);
+		engine_complete(e, t->q, t->seq, t->group_last, t->group_n, status);
 	else
 		host_comm_fail(t->comm, DFCCL_CQ_PEER_LOST);
 	task_release(e, idx);
@@ -593,7 +605,7 @@ static void serve_entry(struct host_engine *e, struct sq_queue *q, const struct 
 {
 	uint32_t st = sq_check(q, sqe, e->env.reg_lookup, e->env.reg_ctx);
 	if (sqe->opcode == DFCCL_OP_NOP && st == DFCCL_CQ_OK)
-		engine_complete(e, q, sqe->arm, st);
+		entry_complete(e, q, sqe, st);
 	else if (st == DFCCL_CQ_OK && limit == DFCCL_CQ_OK)
 		host_engine_submit(e, q, sqe);
 	else

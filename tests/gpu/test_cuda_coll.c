@@ -35,7 +35,11 @@
  * the copy taken on the stream must equal the final output: an entry the
  * daemon took before its stream armed it reads the wrong send data, and a
  * stream that did not wait for the collective copies the output too early.
- * Cases on dfcclMemAllocHost buffers stay in the NULL-stream form.
+ * Every other case goes in a group (dfcclGroupStart/End) after a lead
+ * all-reduce of 4 MiB, which usually completes after the case: the stream
+ * waits for the group once, and the copy of the lead's output queued
+ * after the group must hold the lead's sum. Cases on dfcclMemAllocHost
+ * buffers stay in the NULL-stream form.
  *
  * --deadlock A|B runs the DFCCL deadlock programs: every iteration each rank
  * issues one float all-reduce on each of K communicators (A) or K registered
@@ -125,7 +129,9 @@ static const char usage[] =
     "      --stream          stream-ordered calls: the sweep and program A put each\n"
     "                        collective on a CUDA stream between a kernel, the copy of\n"
     "                        its send data and a copy of its output, and check both\n"
-    "                        (program A: one stream per communicator)\n"
+    "                        (program A: one stream per communicator); every other\n"
+    "                        case of the sweep goes in a group after an all-reduce of\n"
+    "                        4 MiB whose output is copied and checked too\n"
     "      --deadlock A|B    the deadlock program instead of the sweep: A, all-reduces on\n"
     "                        K communicators (NULL stream, then dfcclCommSynchronize on\n"
     "                        each); B, K registered collectives of one communicator\n"
@@ -709,6 +715,11 @@ struct rank_ctx {
 	int rank, gpu, ncomms;
 	dfcclComm_t comms[MAX_COMMS];
 	cudaStream_t streams[MAX_COMMS]; /* --stream: one per communicator */
+	/* --stream: every other case of the sweep is issued in a group after
+	 * a lead all-reduce of LEAD_COUNT ones (out of place), whose output
+	 * the stream copies into lead_pin after the group too. */
+	float *lead_in, *lead_out, *lead_pin;
+	uint64_t streamed;              /* the sweep's stream-ordered cases so far */
 	struct arena arenas[ARENA_COUNT];
 	uint64_t checks, failures;
 };
@@ -936,6 +947,37 @@ static dfcclResult_t case_issue(const struct ccase *c, const struct placement *p
  * stream busy. */
 #define STREAM_DELAY_US 100u
 
+/* The lead all-reduce's elements: 4 MiB, longer than most cases', so that
+ * the case, last in the group, usually completes first, and a stream that
+ * went on at the last's completion alone would copy the lead's poison. */
+#define LEAD_COUNT ((size_t)1 << 20)
+
+static int lead_open(struct rank_ctx *x)
+{
+	const size_t bytes = LEAD_COUNT * sizeof(float);
+	float *ones = malloc(bytes);
+	if (!ones)
+		return -1;
+	for (size_t i = 0; i < LEAD_COUNT; i++)
+		ones[i] = 1.0f;
+	bool ok = CUDA_OK(cudaMalloc((void **)&x->lead_in, bytes)) && CUDA_OK(cudaMalloc((void **)&x->lead_out, bytes)) &&
+	          CUDA_OK(cudaMallocHost((void **)&x->lead_pin, bytes)) &&
+	          CUDA_OK(cudaMemcpy(x->lead_in, ones, bytes, cudaMemcpyHostToDevice));
+	free(ones);
+	return ok ? 0 : -1;
+}
+
+static void lead_close(struct rank_ctx *x)
+{
+	if (x->lead_in)
+		cudaFree(x->lead_in);
+	if (x->lead_out)
+		cudaFree(x->lead_out);
+	if (x->lead_pin)
+		cudaFreeHost(x->lead_pin);
+	x->lead_in = x->lead_out = x->lead_pin = NULL;
+}
+
 /*
  * The stream-ordered form of a case whose buffers case_upload wrote: the
  * send data is overwritten with other bytes now, and written again on the
@@ -945,7 +987,7 @@ static dfcclResult_t case_issue(const struct ccase *c, const struct placement *p
  * that failed, which says so).
  */
 static dfcclResult_t stream_issue(const struct rank_ctx *x, const struct ccase *c, const struct placement *p,
-                                  struct staging *s, cudaStream_t st, dfcclComm_t comm)
+                                  struct staging *s, cudaStream_t st, dfcclComm_t comm, bool lead)
 {
 	struct case_sizes z = sizes_of(c, x->cfg->nranks);
 	size_t win = p->front + z.out_bytes + p->back;
@@ -961,9 +1003,25 @@ static dfcclResult_t stream_issue(const struct rank_ctx *x, const struct ccase *
 	if (!CUDA_OK(delay_kernel_launch(STREAM_DELAY_US, st)) ||
 	    (sends && !CUDA_OK(cudaMemcpyAsync(p->send, s->pin_send, z.send_bytes, cudaMemcpyDefault, st))))
 		return dfcclSystemError;
-	dfcclResult_t r = tool_issue_on(c->coll, p->send, p->recv, c->count, c->dtype, c->op, c->root, comm,
-	                                (dfcclStream_t)st);
+	/* With a lead: the lead's output poisoned on the stream first, the
+	 * lead and the case in one group (waited for once, through the
+	 * case's completion word, proto/dfccl_queue.h DFCCL_SQE_F_GROUP). */
+	const size_t lead_bytes = LEAD_COUNT * sizeof(float);
+	if (lead && !CUDA_OK(cudaMemsetAsync(x->lead_out, 0xff, lead_bytes, st)))
+		return dfcclSystemError;
+	dfcclResult_t r = lead ? dfcclGroupStart() : dfcclSuccess;
+	if (lead && r == dfcclSuccess)
+		r = dfcclAllReduce(x->lead_in, x->lead_out, LEAD_COUNT, dfcclFloat32, dfcclSum, comm, (dfcclStream_t)st);
+	if (r == dfcclSuccess)
+		r = tool_issue_on(c->coll, p->send, p->recv, c->count, c->dtype, c->op, c->root, comm, (dfcclStream_t)st);
+	if (lead) {
+		dfcclResult_t re = dfcclGroupEnd();
+		r = r != dfcclSuccess ? r : re;
+	}
 	if (r == dfcclSuccess && !CUDA_OK(cudaMemcpyAsync(s->pin_out, p->out - p->front, win, cudaMemcpyDefault, st)))
+		return dfcclSystemError;
+	if (r == dfcclSuccess && lead &&
+	    !CUDA_OK(cudaMemcpyAsync(x->lead_pin, x->lead_out, lead_bytes, cudaMemcpyDeviceToHost, st)))
 		return dfcclSystemError;
 	return r;
 }
@@ -971,8 +1029,23 @@ static dfcclResult_t stream_issue(const struct rank_ctx *x, const struct ccase *
 /* After case_verify of a stream-ordered case: the copy the stream took
  * right after the call must be the final output. */
 static void stream_verify(struct rank_ctx *x, const struct ccase *c, const struct placement *p,
-                          const struct staging *s)
+                          const struct staging *s, bool lead)
 {
+	if (lead) {
+		/* The lead's copy, taken after the group: every element the
+		 * ranks' sum. */
+		const float want = (float)x->cfg->nranks;
+		size_t i = 0;
+		while (i < LEAD_COUNT && x->lead_pin[i] == want)
+			i++;
+		x->checks++;
+		if (i < LEAD_COUNT) {
+			case_fail(x, c, "the copy of the lead all-reduce's output queued after its group has %g at element "
+			          "%zu, expected %g: the stream did not wait for the whole group", (double)x->lead_pin[i],
+			          i, (double)want);
+			x->failures++;
+		}
+	}
 	struct case_sizes z = sizes_of(c, x->cfg->nranks);
 	size_t win = p->front + z.out_bytes + p->back;
 	size_t d = first_difference(s->pin_out, s->after, win);
@@ -1001,9 +1074,11 @@ static int sweep_run_case(struct rank_ctx *x, const struct ccase *planned, struc
 	case_describe(x, c, what, sizeof(what));
 	watchdog_arm(x->cfg->timeout_s, what);
 	bool streamed = x->cfg->stream && c->arena != ARENA_HOST;
+	/* Every other stream-ordered case in a group after the lead. */
+	bool lead = streamed && x->lead_in && x->streamed++ % 2 == 1;
 	dfcclResult_t r;
 	if (streamed) {
-		r = stream_issue(x, c, &p, s, x->streams[0], x->comms[0]);
+		r = stream_issue(x, c, &p, s, x->streams[0], x->comms[0], lead);
 		if (r == dfcclSuccess && !CUDA_OK(cudaStreamSynchronize(x->streams[0])))
 			r = dfcclSystemError;
 		if (r == dfcclSuccess)
@@ -1022,7 +1097,7 @@ static int sweep_run_case(struct rank_ctx *x, const struct ccase *planned, struc
 	}
 	rc = case_verify(x, c, &p, s);
 	if (rc == 0 && streamed)
-		stream_verify(x, c, &p, s);
+		stream_verify(x, c, &p, s, lead);
 out:
 	placement_release(&p);
 	return rc;
@@ -1172,7 +1247,7 @@ static dfcclResult_t deadlock_issue(struct rank_ctx *x, const struct ccase *c, c
                                     dfcclRequest_t *req, struct staging *s)
 {
 	if (x->cfg->deadlock == 'A' && x->cfg->stream)
-		return stream_issue(x, c, p, s, x->streams[k], x->comms[k]);
+		return stream_issue(x, c, p, s, x->streams[k], x->comms[k], false);
 	if (x->cfg->deadlock == 'A')
 		return case_issue(c, p, x->comms[k]);
 	dfcclCollDesc_t d = {dfcclCollAllReduce, c->count, dfcclFloat32, dfcclSum, 0, 0};
@@ -1245,7 +1320,7 @@ static int deadlock_iteration(struct rank_ctx *x, int it, int *orders, struct st
 		if (case_verify(x, &c[k], &p[k], &st[k]) < 0)
 			return -1;
 		if (cfg->stream)
-			stream_verify(x, &c[k], &p[k], &st[k]);
+			stream_verify(x, &c[k], &p[k], &st[k], false);
 	}
 	return 0;
 }
@@ -1297,7 +1372,13 @@ static int rank_main(int rank, void *arg)
 		if (!DFCCL_OK(dfcclCommInitRank(&x.comms[k], cfg->nranks, cfg->ids[k], rank)) ||
 		    (cfg->stream && !CUDA_OK(cudaStreamCreateWithFlags(&x.streams[k], cudaStreamNonBlocking))))
 			goto out;
+	if (cfg->stream && !cfg->deadlock && lead_open(&x) < 0) {
+		gputest_say("FAIL rank %d: no memory for the lead all-reduce of the grouped cases", rank);
+		x.failures++;
+		lead_close(&x);
+	}
 	rc = cfg->deadlock ? deadlock_rank(&x) : sweep_rank(&x);
+	lead_close(&x);
 out:
 	/* A rank that stopped early aborts, so that its peers' collectives fail
 	 * instead of waiting for it; wrong data alone does not stop a rank. */

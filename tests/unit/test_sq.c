@@ -689,8 +689,43 @@ static void test_check_bad_fields(void **state)
 	e.flags = 0x8000;
 	EXPECT(DFCCL_CQ_BAD_ENTRY);
 	e = entry_of(DFCCL_OP_NOP);
-	e.flags = 0x20; /* unknown flags are refused even on a NOP */
+	e.flags = 0x40; /* unknown flags are refused even on a NOP */
 	EXPECT(DFCCL_CQ_BAD_ENTRY);
+
+	/* A group's fields must hold: the entry (seq 1) within the group of
+	 * group_n ending at group_last, a size of 1 to half the largest
+	 * queue, a last that fits a completion word. */
+	e = entry_of(DFCCL_OP_ALLREDUCE);
+	e.flags = DFCCL_SQE_F_GROUP;
+	e.group_last = 3;
+	e.group_n = 3;
+	EXPECT(DFCCL_CQ_OK);
+	e.group_n = 2; /* 1 is not among 2 and 3 */
+	EXPECT(DFCCL_CQ_BAD_ENTRY);
+	e.group_last = 1;
+	e.group_n = 1;
+	EXPECT(DFCCL_CQ_OK);
+	e.group_n = 0;
+	EXPECT(DFCCL_CQ_BAD_ENTRY);
+	e.group_last = 0; /* before the entry */
+	e.group_n = 4;
+	EXPECT(DFCCL_CQ_BAD_ENTRY);
+	e.group_last = DFCCL_SQ_MAX_ENTRIES / 2;
+	e.group_n = DFCCL_SQ_MAX_ENTRIES / 2;
+	EXPECT(DFCCL_CQ_OK);
+	e.group_last = e.group_n = DFCCL_SQ_MAX_ENTRIES / 2 + 1;
+	EXPECT(DFCCL_CQ_BAD_ENTRY);
+	e.group_last = UINT64_MAX; /* far past any group of it */
+	e.group_n = 2;
+	EXPECT(DFCCL_CQ_BAD_ENTRY);
+	/* Group fields without the flag are not looked at. */
+	e.flags = 0;
+	EXPECT(DFCCL_CQ_OK);
+	e = entry_of(DFCCL_OP_NOP);
+	e.flags = DFCCL_SQE_F_GROUP;
+	EXPECT(DFCCL_CQ_BAD_ENTRY);
+	e.group_last = e.group_n = 1;
+	EXPECT(DFCCL_CQ_OK);
 
 	/* A device completion word must be named and one aligned word; the
 	 * host engine, with no device memory to store into, refuses even a
@@ -742,6 +777,45 @@ static void test_complete(void **state)
 	assert_int_equal(f->c.h->engine_state, DFCCL_ENGINE_SLEEPING);
 	f->c.h->qp_state = DFCCL_QP_CLOSED;
 	assert_int_equal(sq_qp_state(&f->q), DFCCL_QP_CLOSED);
+}
+
+/* A group's completions: every entry's word at once but the last's, which
+ * comes (with its own status) with the group's last completion, whatever
+ * the order; `completed` counts words written. */
+static void test_complete_group(void **state)
+{
+	struct fixture *f = *state;
+	volatile uint64_t *cw = f->c.cw;
+	/* Entries 3..6, the last (6) first, with an error of its own. */
+	sq_complete_group(&f->q, 6, DFCCL_CQ_MISMATCH, 6, 4);
+	assert_int_equal(cw[5], 0);
+	assert_int_equal(f->c.h->completed, 0);
+	sq_complete_group(&f->q, 4, DFCCL_CQ_OK, 6, 4);
+	sq_complete_group(&f->q, 3, DFCCL_CQ_ABORTED, 6, 4);
+	assert_int_equal(cw[3], 4ull << 16);
+	assert_int_equal(cw[2], (3ull << 16) | DFCCL_CQ_ABORTED);
+	assert_int_equal(cw[5], 0);
+	assert_int_equal(f->c.h->completed, 2);
+	sq_complete_group(&f->q, 5, DFCCL_CQ_OK, 6, 4);
+	assert_int_equal(cw[4], 5ull << 16);
+	assert_int_equal(cw[5], (6ull << 16) | DFCCL_CQ_MISMATCH);
+	assert_int_equal(f->c.h->completed, 4);
+
+	/* The next lap's group at the same last slot starts its count over:
+	 * 20..22, the last one completing last. */
+	sq_complete_group(&f->q, 20, DFCCL_CQ_OK, 22, 3);
+	sq_complete_group(&f->q, 21, DFCCL_CQ_OK, 22, 3);
+	assert_int_equal(cw[5], (6ull << 16) | DFCCL_CQ_MISMATCH);
+	sq_complete_group(&f->q, 22, DFCCL_CQ_OK, 22, 3);
+	assert_int_equal(cw[5], 22ull << 16);
+	assert_int_equal(f->c.h->completed, 7);
+
+	/* A group of one is a plain completion; so is no group. */
+	sq_complete_group(&f->q, 23, DFCCL_CQ_TIMEOUT, 23, 1);
+	assert_int_equal(cw[6], (23ull << 16) | DFCCL_CQ_TIMEOUT);
+	sq_complete_group(&f->q, 24, DFCCL_CQ_OK, 0, 0);
+	assert_int_equal(cw[7], 24ull << 16);
+	assert_int_equal(f->c.h->completed, 9);
 }
 
 /* ------------------------------------------------------------ two threads */
@@ -871,6 +945,7 @@ int main(void)
 	    T(test_check_dtype_sizes),
 	    T(test_check_bad_fields),
 	    T(test_complete),
+	    T(test_complete_group),
 	    T(test_two_threads),
 	    T(test_two_threads_armed_in_order),
 	};
