@@ -196,29 +196,35 @@ void sq_complete(struct sq_queue *q, uint64_t seq, uint32_t status)
 void sq_complete_group(struct sq_queue *q, uint64_t seq, uint32_t status, uint64_t group_last, uint32_t group_n)
 {
 	uint64_t words = 0;
-	bool last_done = false;
+	bool own = true, last_word = false;
 	uint32_t last_status = status;
-	if (group_n) {
+	if (group_n > 1) {
 		struct sq_group *g = &q->groups[DFCCL_QP_SLOT(group_last, q->n)];
-		/* The last's status before its count: whoever completes the
+		const bool is_last = seq == group_last;
+		/* The last's completion before its count: whoever completes the
 		 * group reads it after the count that includes it. */
-		if (seq == group_last)
+		if (is_last) {
 			atomic_store_explicit(A32(&g->last_status), status, memory_order_relaxed);
+			atomic_store_explicit(A64(&g->last_seq), seq, memory_order_relaxed);
+		}
 		uint64_t w = atomic_load_explicit(A64(&g->count), memory_order_relaxed), next;
 		do
 			next = sqe_group_count(w, group_last);
 		while (!atomic_compare_exchange_weak_explicit(A64(&g->count), &w, next, memory_order_acq_rel,
 		                                              memory_order_relaxed));
-		last_done = DFCCL_CW_STATUS(next) == group_n;
-		if (last_done && seq != group_last)
+		const uint32_t count = DFCCL_CW_STATUS(next);
+		own = !is_last || count >= group_n;
+		last_word = !is_last && count == group_n &&
+		            atomic_load_explicit(A64(&g->last_seq), memory_order_relaxed) == group_last;
+		if (last_word)
 			last_status = atomic_load_explicit(A32(&g->last_status), memory_order_relaxed);
 	}
-	if (!group_n || seq != group_last) {
+	if (own) {
 		atomic_store_explicit(A64(&q->cw[DFCCL_QP_SLOT(seq, q->n)]), DFCCL_CW_MAKE(seq, status),
 		                      memory_order_release);
 		words++;
 	}
-	if (last_done) {
+	if (last_word) {
 		atomic_store_explicit(A64(&q->cw[DFCCL_QP_SLOT(group_last, q->n)]),
 		                      DFCCL_CW_MAKE(group_last, last_status), memory_order_release);
 		words++;

@@ -41,10 +41,11 @@ struct sq_queue {
 	uint64_t head;        /* lowest sequence number not yet taken */
 	uint64_t look;        /* sq_take_if: where its next look starts (sched_look_start) */
 	/* Per slot of a group's last entry (DFCCL_SQE_F_GROUP): the group's
-	 * count word (sqe_group_count) and the last entry's status once it
-	 * completed; sq_complete_group's. */
+	 * count word (sqe_group_count), and the last entry's completion once
+	 * it came: its sequence number and status; sq_complete_group's. */
 	struct sq_group {
 		uint64_t count;
+		uint64_t last_seq;
 		uint32_t last_status;
 	} *groups;
 };

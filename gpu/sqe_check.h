@@ -119,17 +119,20 @@ static inline DFCCL_HD int sqe_requires_recv(uint8_t opcode)
 }
 
 /*
- * The group of the entry taken under sequence number seq
- * (DFCCL_SQE_F_GROUP): how many entries it has, *last the sequence number
- * of its last one; 0 where the entry has no group or its fields do not
- * hold (sqe_check_entry refuses it then, and it counts for no group).
+ * The group of the entry taken under sequence number seq from a queue of
+ * qn entries (DFCCL_SQE_F_GROUP): how many entries it has, *last the
+ * sequence number of its last one; 0 where the entry has no group or its
+ * fields do not hold: a group within half the queue, the entry among its
+ * sequence numbers, a last that fits a completion word's 48 bits. An
+ * entry whose fields do not hold for the largest queue is refused
+ * (sqe_check_entry); one whose fields fit a larger queue than its own
+ * counts for no group, and its word is written at its completion.
  */
-static inline DFCCL_HD uint32_t sqe_group(const struct dfccl_sqe *e, uint64_t seq, uint64_t *last)
+static inline DFCCL_HD uint32_t sqe_group(const struct dfccl_sqe *e, uint64_t seq, uint32_t qn, uint64_t *last)
 {
 	*last = 0;
-	/* The last one's number fits a completion word's 48 bits. */
-	if (!(e->flags & DFCCL_SQE_F_GROUP) || e->group_n == 0 || e->group_n > DFCCL_SQ_MAX_ENTRIES / 2u ||
-	    e->group_last < seq || e->group_last - seq >= e->group_n || e->group_last > DFCCL_CW_SEQ(UINT64_MAX))
+	if (!(e->flags & DFCCL_SQE_F_GROUP) || e->group_n == 0 || e->group_n > qn / 2u || e->group_last < seq ||
+	    e->group_last - seq >= e->group_n || e->group_last > DFCCL_CW_SEQ(UINT64_MAX))
 		return 0;
 	*last = e->group_last;
 	return e->group_n;
@@ -140,8 +143,13 @@ static inline DFCCL_HD uint32_t sqe_group(const struct dfccl_sqe *e, uint64_t se
  * engine: DFCCL_CW_MAKE(last, entries of that group completed), after one
  * more entry of group `last` completed. A word of any other group (an
  * earlier lap's, or one a client's forged fields left) starts over, so the
- * words need no reset. The group is complete when the count reaches its
- * size (sqe_group).
+ * words need no reset. The engine keeps beside it the last entry's own
+ * completion (its sequence number, its status and where its device word
+ * is), stored before its count. The last entry's word is written by the
+ * last entry itself where its count reaches the group's size (sqe_group)
+ * or passes it, else by the entry whose count reaches the size, provided
+ * the last entry's completion is there (a forged group whose count came
+ * without it gets the last's word when the last completes).
  */
 static inline DFCCL_HD uint64_t sqe_group_count(uint64_t w, uint64_t last)
 {
@@ -164,7 +172,7 @@ static inline DFCCL_HD uint32_t sqe_check_entry(const struct dfccl_sqe *e, uint6
 	if ((e->flags & DFCCL_SQE_F_DEVICE_DONE) && (e->done_reg == 0 || e->done_off % 8u))
 		return DFCCL_CQ_BAD_ENTRY;
 	uint64_t last;
-	if ((e->flags & DFCCL_SQE_F_GROUP) && sqe_group(e, e->arm, &last) == 0)
+	if ((e->flags & DFCCL_SQE_F_GROUP) && sqe_group(e, e->arm, DFCCL_SQ_MAX_ENTRIES, &last) == 0)
 		return DFCCL_CQ_BAD_ENTRY;
 	if (e->opcode == DFCCL_OP_NOP)
 		return DFCCL_CQ_OK;

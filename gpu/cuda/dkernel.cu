@@ -929,53 +929,74 @@ __device__ void complete_word(dk_qp *q, uint64_t seq, uint32_t status, char *don
 }
 
 /*
- * The completion words of entry seq, whose group (DFCCL_SQE_F_GROUP,
- * sqe_group) has gn entries and ends at `last` (gn 0: none): its own word,
- * but for a group's last entry, whose word (with its own status and
- * device word, left in the group's slot, dk_group) is written once the
- * group's count reaches gn, by whichever entry's completion brings it
- * there. Every entry's results come before its count by the system fence
- * before the count, and the count before the last's word by the one after
- * it, so a stream that sees the last's word sees every result of the
- * group. Returns the words written (0 to 2), for complete_count.
+ * Where entry seq's completion goes: its device completion word (done,
+ * resolved in this launch; by registration, done_reg 0: none) and its
+ * group (DFCCL_SQE_F_GROUP, sqe_group: gn entries, the last `last`; gn 0:
+ * none).
  */
-__device__ uint32_t complete_words(dk_ctx &c, dk_qp *q, uint64_t seq, uint32_t status, char *done, uint64_t last,
-                                   uint32_t gn)
+struct dk_cq_to {
+	uint64_t seq;
+	char *done;
+	uint64_t done_off;
+	uint32_t done_reg;
+	uint32_t gn;
+	uint64_t last;
+};
+
+/*
+ * The completion words of an entry (to): its own word, but for a group's
+ * last entry, which leaves its completion in the group's slot (dk_group)
+ * and writes its word only where its count completes the group (or passes
+ * it); else the entry whose count completes the group writes the last's,
+ * with the last's status and device word (sqe_group_count). Every entry's
+ * results come before its count by the system fence before the count,
+ * and the count before the last's word by the one after it, so a stream
+ * that sees the last's word sees every result of the group. Returns the
+ * words written (0 to 2), for complete_count.
+ */
+__device__ uint32_t complete_words(dk_ctx &c, dk_qp *q, const dk_cq_to &to, uint32_t status)
 {
 	trace(c, DK_EV_COMPLETE, status);
-	if (gn == 0) {
-		complete_word(q, seq, status, done, false);
+	if (to.gn <= 1) {
+		complete_word(q, to.seq, status, to.done, false);
 		return 1;
 	}
-	dk_group *g = &vload(&q->groups)[DFCCL_QP_SLOT(last, vload(&q->n))];
-	if (seq == last) {
+	dk_group *g = &vload(&q->groups)[DFCCL_QP_SLOT(to.last, vload(&q->n))];
+	const bool is_last = to.seq == to.last;
+	if (is_last) {
+		*(volatile uint64_t *)&g->done_off = to.done_off;
+		*(volatile uint32_t *)&g->done_reg = to.done_reg;
 		*(volatile uint32_t *)&g->last_status = status;
-		*(char *volatile *)&g->last_done = done;
+		*(volatile uint64_t *)&g->last_seq = to.seq;
 	}
 	__threadfence_system();
-	uint32_t words = 0;
-	if (seq != last) {
-		complete_word(q, seq, status, done, true);
-		words++;
-	}
 	unsigned long long w = vload(&g->count), was;
 	uint64_t next;
 	for (;;) {
-		next = sqe_group_count(w, last);
+		next = sqe_group_count(w, to.last);
 		was = atomicCAS((unsigned long long *)&g->count, w, (unsigned long long)next);
 		if (was == w)
 			break;
 		w = was;
 	}
-	if (DFCCL_CW_STATUS(next) != gn)
-		return words;
-	__threadfence_system();
-	if (seq != last) {
-		status = vload(&g->last_status);
-		done = *(char *volatile *)&g->last_done;
+	const uint32_t count = DFCCL_CW_STATUS(next);
+	if (is_last) {
+		if (count < to.gn)
+			return 0;
+		complete_word(q, to.seq, status, to.done, true);
+		return 1;
 	}
-	complete_word(q, last, status, done, true);
-	return words + 1;
+	complete_word(q, to.seq, status, to.done, true);
+	if (count != to.gn)
+		return 1;
+	__threadfence_system();
+	if (vload(&g->last_seq) != to.last)
+		return 1; /* counted without the last (forged): it writes its own */
+	const uint32_t reg = vload(&g->done_reg);
+	uint32_t rs;
+	char *done = reg ? resolve(c.st, reg, vload(&q->session_id), vload(&g->done_off), 8, &rs) : NULL;
+	complete_word(q, to.last, vload(&g->last_status), done, true);
+	return 2;
 }
 
 /* After complete_words: the queue pair's `completed` (the futex its
@@ -1017,16 +1038,22 @@ __device__ char *done_of(dk_ctx &c, const dk_task *t)
 	return resolve(c.st, t->done_reg, vload(&q->session_id), t->done_off, 8, &s);
 }
 
-/* Entry seq's completion: its words, then the count. */
-__device__ void complete(dk_ctx &c, dk_qp *q, uint64_t seq, uint32_t status, char *done, uint64_t last, uint32_t gn)
+/* An entry's completion: its words, then the count. */
+__device__ void complete(dk_ctx &c, dk_qp *q, const dk_cq_to &to, uint32_t status)
 {
-	complete_count(c, q, status, complete_words(c, q, seq, status, done, last, gn));
+	complete_count(c, q, status, complete_words(c, q, to, status));
+}
+
+/* Where task t's completion goes. */
+__device__ dk_cq_to cq_to_of(dk_ctx &c, const dk_task *t)
+{
+	return dk_cq_to{t->seq, done_of(c, t), t->done_off, t->done_reg, t->group_n, t->group_last};
 }
 
 /* Task t's completion with status. */
 __device__ void complete_task(dk_ctx &c, dk_qp *q, const dk_task *t, uint32_t status)
 {
-	complete(c, q, t->seq, status, done_of(c, t), t->group_last, t->group_n);
+	complete(c, q, cq_to_of(c, t), status);
 }
 
 /* Fails every rank of a communicator: this GPU's tasks of it through its
@@ -1287,6 +1314,7 @@ __device__ uint8_t push_fits(const dk_params &p, uint8_t opcode, uint8_t algo, u
 struct dk_prep {
 	char *own_send, *own_recv; /* the entry's buffers, resolved */
 	char *own_done;            /* its device completion word (DFCCL_SQE_F_DEVICE_DONE), resolved; NULL: none */
+	uint32_t done_reg;         /* that word's registration (0: none) */
 	void *region;              /* its communicator's protocol words (sync) */
 	uint32_t check;            /* sqe_check_entry: the entry on its own */
 	uint32_t status;           /* with check OK and not a NOP: what accepting it would complete with
@@ -1346,6 +1374,7 @@ __device__ void entry_prepare(const dk_params &p, dk_qp *q, const dfccl_sqe *e, 
 	/* The device completion word is resolved whatever the entry's fate:
 	 * a refused entry's stream waits there too. */
 	const uint32_t done_reg = (e->flags & DFCCL_SQE_F_DEVICE_DONE) && e->done_off % 8u == 0 ? e->done_reg : 0;
+	o->done_reg = done_reg;
 	const bool nop = e->opcode == DFCCL_OP_NOP;
 	/* The loads in two L2 round trips where they went in five, one after
 	 * another: first every load that needs no other -- the
@@ -1470,8 +1499,8 @@ __device__ __forceinline__ void take_at(dk_ctx &c, bool tracing, uint32_t phase)
  * their admission (part) and placed them in their blocks' inboxes, and
  * publishes them once every fill is done.
  */
-__device__ void task_fill(const dk_params &p, uint32_t qi, const dfccl_sqe *e, const dk_prep &pr, uint32_t ti,
-                          uint64_t arrival, uint32_t part)
+__device__ void task_fill(const dk_params &p, uint32_t qi, uint32_t qn, const dfccl_sqe *e, const dk_prep &pr,
+                          uint32_t ti, uint64_t arrival, uint32_t part)
 {
 	dk_state *st = p.st;
 	dk_task *t = &st->tasks[ti];
@@ -1485,7 +1514,7 @@ __device__ void task_fill(const dk_params &p, uint32_t qi, const dfccl_sqe *e, c
 	t->send_reg = e->send_reg;
 	t->recv_reg = e->recv_reg;
 	t->seq = e->arm;
-	t->group_n = sqe_group(e, e->arm, &t->group_last);
+	t->group_n = sqe_group(e, e->arm, qn, &t->group_last);
 	t->key = e->comm_seq;
 	t->count = e->count;
 	t->send_off = e->send_off;
@@ -1797,7 +1826,7 @@ __device__ __noinline__ void take_one(const dk_params &p, uint32_t lane, uint32_
 	st->inbox[b].idx[at % DK_MAX_TASKS] = ti;
 	atomicAdd((unsigned long long *)&rc->acc.started[pr.algo - 1], 1ull);
 	rcopy.taken[DFCCL_QP_SLOT(e.arm, rcopy.qn)] = e.arm;
-	task_fill(p, rcopy.qi, &e, pr, ti, rc->arrivals + i + 1u, rcopy.part[i]);
+	task_fill(p, rcopy.qi, rcopy.qn, &e, pr, ti, rc->arrivals + i + 1u, rcopy.part[i]);
 	/* The group's first lane publishes the block's tasks of the run, once
 	 * every lane of the group has filled its own: one fence, then the
 	 * tail (the reader's own places before them were published at the end
@@ -1832,7 +1861,8 @@ __device__ __noinline__ void copier_main(uint32_t lane, dk_params p)
 				dfccl_sqe e;
 				dk_prep pr;
 				entry_in_registers(mine, &e, &pr);
-				task_fill(p, rcopy.qi, &e, pr, rcopy.task[mine], rcopy.arrival[mine], rcopy.part[mine]);
+				task_fill(p, rcopy.qi, rcopy.qn, &e, pr, rcopy.task[mine], rcopy.arrival[mine],
+				          rcopy.part[mine]);
 				/* Its stores before the reader's publication, at GPU
 				 * scope, whatever the barrier orders. */
 				__threadfence();
@@ -2605,9 +2635,9 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 					if (ti == DK_NO_TASK) {
 						if (fails_comm)
 							comm_fail(&st->comms[pr.ci], status);
-						uint64_t last;
-						const uint32_t gn = sqe_group(e, s, &last);
-						complete(c, q, s, status, pr.own_done, last, gn);
+						dk_cq_to to{s, pr.own_done, e->done_off, pr.done_reg, 0, 0};
+						to.gn = sqe_group(e, s, n, &to.last);
+						complete(c, q, to, status);
 					}
 					take_at(c, tracing, DK_TAKE_DONE);
 				}
@@ -2620,6 +2650,7 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 				}
 				if (fill) {
 					rcopy.fill = fill;
+					rcopy.qn = n; /* task_fill's groups */
 					copy_entries(DK_COPY_FILL);
 					take_at(c, tracing, DK_TAKE_FILLED);
 				}
@@ -3775,10 +3806,14 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 				 * `done`'s into the peers' copies and the host's; the
 				 * count's release publishes it. A peer reuses the slot
 				 * only instances later (DFCCL_COMM_SLOTS). */
-				const uint32_t words = complete_words(c, q, t->seq, tg->status, done_of(c, t), t->group_last,
-				                                      t->group_n);
-				if (tg->status == DFCCL_CQ_OK)
+				const uint32_t words = complete_words(c, q, cq_to_of(c, t), tg->status);
+				if (tg->status == DFCCL_CQ_OK) {
 					sync_put(&t->posts[t->rank].done, t->key);
+					/* No word, no count: its release is not there
+					 * to publish `done`. */
+					if (words == 0)
+						sync_fence();
+				}
 				complete_count(c, q, tg->status, words);
 				sh.ret = R_FREE;
 				return A_RETURN;

@@ -78,15 +78,18 @@
 /* A queue pair. Host side: every field but those marked kernel. */
 /*
  * A group of entries (DFCCL_SQE_F_GROUP) as its completions go, kept at
- * the slot of its last entry: the count word (sqe_group_count), and what
- * the last entry's completion leaves for whichever entry completes the
- * group after it: its status and its device completion word.
+ * the slot of its last entry: the count word (sqe_group_count), and the
+ * last entry's completion for whichever entry completes the group after
+ * it: its sequence number (stored last), status and device completion
+ * word by registration (resolved again where used: a pointer would not
+ * outlive the launch that resolved it).
  */
 struct dk_group {
 	uint64_t count;
-	char *last_done;
+	uint64_t last_seq;
+	uint64_t done_off;
+	uint32_t done_reg;
 	uint32_t last_status;
-	uint32_t reserved;
 };
 
 struct dk_qp {

@@ -125,7 +125,7 @@ void host_coll_init(struct host_task *t, struct host_comm *c, struct sq_queue *q
 	t->q = q;
 	t->comm = c;
 	t->seq = e->seq;
-	t->group_n = sqe_group(e, e->seq, &t->group_last);
+	t->group_n = sqe_group(e, e->seq, q->n, &t->group_last);
 	t->key = e->comm_seq;
 	t->count = e->count;
 	t->send_off = e->send_off;

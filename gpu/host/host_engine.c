@@ -220,7 +220,7 @@ static void engine_complete(struct host_engine *e, struct sq_queue *q, uint64_t 
 static void entry_complete(struct host_engine *e, struct sq_queue *q, const struct dfccl_sqe *sqe, uint32_t status)
 {
 	uint64_t last;
-	uint32_t n = sqe_group(sqe, sqe->arm, &last);
+	uint32_t n = sqe_group(sqe, sqe->arm, q->n, &last);
 	engine_complete(e, q, sqe->arm, last, n, status);
 }
 

@@ -98,7 +98,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		uint64_t *cw = (uint64_t *)((char *)map + DFCCL_QP_CW_OFFSET(N));
 		/* An entry of a group: its own word unless it is the last, and
 		 * at most the last's too; else exactly its own. */
-		uint32_t gn = sqe_group(&out[i], out[i].seq, &last);
+		uint32_t gn = sqe_group(&out[i], out[i].seq, N, &last);
 		sq_complete_group(&q, out[i].seq, st, last, gn);
 		if (gn) {
 			if ((out[i].seq != last && cw[DFCCL_QP_SLOT(out[i].seq, N)] != DFCCL_CW_MAKE(out[i].seq, st)) ||

@@ -810,12 +810,24 @@ static void test_complete_group(void **state)
 	assert_int_equal(cw[5], 22ull << 16);
 	assert_int_equal(f->c.h->completed, 7);
 
+	/* A forged group whose count reaches its size without its last
+	 * (30 claims a group of 2 ending at 32, 31 one of 3): nobody writes
+	 * the last's word from another's completion (what the slot holds is
+	 * an earlier lap's), the last writes its own when it comes. */
+	sq_complete_group(&f->q, 30, DFCCL_CQ_OK, 32, 2);
+	sq_complete_group(&f->q, 31, DFCCL_CQ_OK, 32, 2);
+	assert_int_equal(cw[15], 0);
+	assert_int_equal(f->c.h->completed, 9);
+	sq_complete_group(&f->q, 32, DFCCL_CQ_BAD_ENTRY, 32, 2);
+	assert_int_equal(cw[15], (32ull << 16) | DFCCL_CQ_BAD_ENTRY);
+	assert_int_equal(f->c.h->completed, 10);
+
 	/* A group of one is a plain completion; so is no group. */
 	sq_complete_group(&f->q, 23, DFCCL_CQ_TIMEOUT, 23, 1);
 	assert_int_equal(cw[6], (23ull << 16) | DFCCL_CQ_TIMEOUT);
 	sq_complete_group(&f->q, 24, DFCCL_CQ_OK, 0, 0);
 	assert_int_equal(cw[7], 24ull << 16);
-	assert_int_equal(f->c.h->completed, 9);
+	assert_int_equal(f->c.h->completed, 12);
 }
 
 /* ------------------------------------------------------------ two threads */
