@@ -1466,8 +1466,8 @@ __device__ void entry_prepare(const dk_params &p, dk_qp *q, const dfccl_sqe *e, 
 	 * kernel's rings and trees backs yet (`dfcclctl tune` makes one). */
 	uint8_t algo = e->algo || p.algo ? algo_choose(&cm->topo, e->opcode, e->count, o->dsize, e->algo, (uint8_t)p.algo)
 	                                 : (uint8_t)DFCCL_ALGO_DIRECT;
-	if (algo_uses_conn(e->opcode, algo) && !o->conn_all)
-		algo = DFCCL_ALGO_DIRECT;
+	if ((algo_uses_conn(e->opcode, algo) && !o->conn_all) || n == 1)
+		algo = DFCCL_ALGO_DIRECT; /* one rank: a copy (DK_SELF) */
 	o->nch = (uint8_t)nch;
 	o->algo = algo;
 	o->push = push_fits(p, e->opcode, algo, nch, n, bytes, o->conn_all);
@@ -1556,11 +1556,15 @@ __device__ void task_fill(const dk_params &p, uint32_t qi, uint32_t qn, const df
 	t->block0 = pr.block0;
 	t->reserved_part = (uint8_t)part;
 	t->uid_slot = (uint8_t)pr.uid_slot;
-	uint32_t first = sqe_is_p2p(e->opcode) ? (e->opcode == DFCCL_OP_SEND ? DK_BOX_FREE : DK_BOX_WANT) : DK_SLOT;
+	/* A communicator of one rank copies and completes (DK_SELF): no
+	 * slot, post or peer to wait for. */
+	uint32_t first = sqe_is_p2p(e->opcode) ? (e->opcode == DFCCL_OP_SEND ? DK_BOX_FREE : DK_BOX_WANT)
+	                 : n == 1                ? DK_SELF
+	                                         : DK_SLOT;
 	uint8_t priority = (e->flags & DFCCL_SQE_F_PRIORITY) ? e->priority : 0;
 	for (uint32_t ch = 0; ch < pr.nch; ch++) {
 		uint32_t b = block_at(p, pr.block0, ch);
-		t->ch[b].step = ch == 0 ? first : DK_POSTS;
+		t->ch[b].step = ch == 0 || first == DK_SELF ? first : DK_POSTS;
 		t->ch[b].wait_rank = 0;
 		t->ch[b].pos = 0;
 		t->ch[b].waits = 0;
@@ -2313,7 +2317,7 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 		uint32_t inflight, uid;
 		struct sched_admission a = qp_admission(c, q, &inflight, &uid);
 		uint32_t room = a.room, beyond = a.beyond, looks = 0;
-		bool readmitted = false;
+		bool readmit = true; /* the admission may be made again where the room ran out */
 		bool looking = a.refuse == DFCCL_CQ_OK && room == 0;
 		uint64_t start = looking ? sched_look_start(vload(&q->look), head, tail) : head, stopped = 0;
 		/* In order (scheduler.h, "Taking in order"): with the head armed
@@ -2565,21 +2569,26 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 					}
 					/* The room ran out in a pass that takes: the pair's tasks
 					 * may have gone past its guarantee from the reserve, and
-					 * sched_admit gives the shared part's room only then. So
-					 * the admission is made again, once a pass, rather than
-					 * copying the entry to look beyond the room and leaving
-					 * it for the next pass: with few tasks of the pair
-					 * live, its passes would take a guarantee's worth each. */
-					if (room == 0 && !looking && !readmitted && a.refuse == DFCCL_CQ_OK) {
+					 * sched_admit gives the shared part's room only then;
+					 * or they completed meanwhile, and the guarantee is
+					 * there again. So the admission is made again, as long
+					 * as it gives room, rather than copying the entry to
+					 * look beyond the room and leaving it for the next
+					 * pass: with few tasks of the pair live, its passes
+					 * would take a guarantee's worth each (made once a
+					 * pass, tasks that complete within a pass, as one
+					 * rank's do, gave passes of 4 entries, 19 us each;
+					 * tests/perf/RESULTS.md, thirty-first run). */
+					if (room == 0 && !looking && readmit && a.refuse == DFCCL_CQ_OK) {
 						/* Only more room counts: a limit the pass's own
 						 * entries reached, or no room, leaves the rest for
 						 * the next pass, as before. */
-						readmitted = true;
 						admit_count(c, q, adm);
 						adm = 0;
 						struct sched_admission again = qp_admission(c, q, &inflight, &uid);
 						if (again.refuse == DFCCL_CQ_OK)
 							room = again.room;
+						readmit = room > 0;
 					}
 					/* The copy and its checks (made with the chunk's):
 					 * everything after is decided on them alone. */
@@ -3763,6 +3772,58 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 				x->step = DK_CHDONE;
 			}
 			continue;
+		}
+		case DK_SELF: {
+			/* One rank: every collective is its send buffer copied into
+			 * its receive buffer (nothing in place; the reader checked
+			 * both for count elements), this channel's range of it
+			 * piece by piece, then the last channel to leave completes
+			 * (as DK_CHDONE, without the posts' `done`: no peer). */
+			char *send = NULL, *recv = NULL;
+			if (tg->status == DFCCL_CQ_OK)
+				status = bufs_own(c, t, cm, &send, &recv);
+			if (status != DFCCL_CQ_OK) {
+				comm_fail(cm, status);
+				tg->status = status;
+			}
+			uint64_t lo, hi;
+			chan_range(t, ch, &lo, &hi);
+			if (tg->status == DFCCL_CQ_OK && send != recv && x->pos < hi - lo) {
+				if (*budget == 0) {
+					if (!visit_alone(c, sh)) {
+						sh.ret = R_PROGRESS;
+						return A_RETURN;
+					}
+					*budget = c.p.visit_bytes;
+				}
+				uint64_t max = *budget >> (__ffs(t->dsize) - 1);
+				max = max ? max : 1;
+				if (max > hi - lo - x->pos)
+					max = hi - lo - x->pos;
+				dk_op &op = sh.op;
+				op_of(t, 1, op);
+				op.reduce = 0;
+				op.nsrc = 1;
+				op.src[0] = send + (lo + x->pos) * t->dsize;
+				op.dst = recv + (lo + x->pos) * t->dsize;
+				op.elems = max;
+				sh.npos = max;
+				uint64_t bytes = max * t->dsize;
+				*budget = bytes < *budget ? *budget - bytes : 0;
+				trace(c, DK_EV_DATA, bytes < 0xffffffffu ? (uint32_t)bytes : 0xffffffffu);
+				return A_DATA;
+			}
+			*progressed = true;
+			if (t->nch > 1) {
+				sync_fence();
+				if (chan_leave(tg, c.b) + 1 < t->nch) {
+					sh.ret = R_CHDONE;
+					return A_RETURN;
+				}
+			}
+			complete_task(c, q, t, tg->status);
+			sh.ret = R_FREE;
+			return A_RETURN;
 		}
 		case DK_LLPULL: {
 			/* x->pos: 0 before the take, 1 once it ran (ll_result). */

@@ -309,6 +309,7 @@ enum dk_step {
 	DK_LEFT,   /* this channel's part is over: not in its block's queue any more */
 	DK_DRAIN,  /* DK_PHASE2_STORES: a failed rank waits until no peer stores into its buffers */
 	DK_LLPULL, /* a pushed all-reduce's lines: the block checks every flag, then reduces from them */
+	DK_SELF,   /* a communicator of one rank: its channel's range of the copy, then the completion */
 };
 
 /* The dynamic context of one channel of a task: its step and position. */

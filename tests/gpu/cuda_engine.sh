@@ -4,8 +4,9 @@
 #   - test_cuda_coll: every collective x data type x reduction x in place or
 #     not x count on cudaMalloc buffers, checked element by element with
 #     canaries: on 2 GPUs one rank each and with 2 ranks sharing GPU 0, and
-#     quick (fewer counts) with 4 ranks sharing GPU 0 and on every GPU when
-#     there are more than 2; quick again over rings, trees and multi-trees
+#     quick (fewer counts) with 4 ranks sharing GPU 0, with one rank alone
+#     (a communicator of one: a copy), and on every GPU when there are
+#     more than 2; quick again over rings, trees and multi-trees
 #     (DFCCL_ALGO), each of which must have run; quick again on the other
 #     kinds of device buffer (--buffers): VMM allocations exported as file
 #     descriptors, and dfcclMemAlloc's device memory, which the daemon owns;
@@ -120,6 +121,8 @@ run_suite() {
 	fi
 	step "collectives: 2 ranks sharing GPU 0" 300 "${coll[@]}" ${quick:+"$quick"} --nranks 2 --gpus 0,0
 	step "collectives: 4 ranks sharing GPU 0" 300 "${coll[@]}" --quick --nranks 4 --gpus 0,0,0,0
+	# A communicator of one rank: every collective a copy (DK_SELF).
+	step "collectives: 1 rank on GPU 0" 300 "${coll[@]}" --quick --nranks 1 --gpus 0
 
 	# Stream-ordered calls between the ranks' own kernels and copies; one
 	# stream per communicator in program A, issued in conflicting orders.
@@ -127,6 +130,7 @@ run_suite() {
 		--gpus "$pair"
 	step "stream-ordered collectives: 3 ranks sharing GPU 0" 300 "${coll[@]}" --stream --quick --nranks 3 \
 		--gpus 0,0,0
+	step "stream-ordered collectives: 1 rank on GPU 0" 300 "${coll[@]}" --stream --quick --nranks 1 --gpus 0
 	step "stream-ordered deadlock program A: 8 communicators on 8 streams, 2 ranks on GPUs $pair" 300 \
 		"${coll[@]}" --stream --deadlock A --comms 8 --iters 50 --nranks 2 --gpus "$pair"
 	if [ "$ngpu" -gt 2 ]; then

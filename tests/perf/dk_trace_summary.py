@@ -92,7 +92,7 @@ import sys
 
 # enum dk_step, in order (gpu/cuda/dkernel.h).
 STEPS = ["SLOT", "POSTS", "WORK1", "SYNC1", "WORK2", "CHDONE", "FINISH", "BOX_FREE", "BOX_ACK", "BOX_KEY",
-         "AWAIT", "AWORK", "BOX_WANT", "PUSH", "LEFT", "DRAIN", "LLPULL"]
+         "AWAIT", "AWORK", "BOX_WANT", "PUSH", "LEFT", "DRAIN", "LLPULL", "SELF"]
 # enum dk_take_phase, in order (gpu/cuda/dkernel.h): the queue reader's pass and take of an entry.
 TAKES = ["header", "scanned", "copied", "armed", "checked", "task", "done", "admitted", "filled", "handed", "loaded",
          "prepared"]
