@@ -30,7 +30,7 @@
 #include "recorder.h"
 #include "server.h"
 #include "session.h"
-#include "sqe_check.h"
+#include "sq.h"
 #include "workers.h"
 
 #define EC(x) DFCCL__V1__ERROR_CODE__ERROR_##x
@@ -350,26 +350,11 @@ static void watch_entry_extra(struct watch_comm *wc, const struct dfccl_sqe *e)
 		inst_note(x, e->rank, e);
 }
 
-/* Whether pending entry seq (e, of a queue of n entries) is the last of a
- * group (DFCCL_SQE_F_GROUP) an earlier entry of which is pending too: the
- * engine writes its word only once the whole group completed, so its own
- * rank may well be past it, and what its ranks wait for is the earlier
- * entry, which is watched itself. */
-static bool group_waits(const struct dfccl_sqe *e, uint64_t seq, uint32_t n, const uint64_t *cws)
-{
-	uint64_t last;
-	uint32_t gn = sqe_group(e, seq, n, &last);
-	if (gn < 2 || last != seq)
-		return false;
-	for (uint64_t x = seq - gn + 1; x < seq; x++)
-		if (DFCCL_CW_SEQ(ld64(&cws[DFCCL_QP_SLOT(x, n)])) < x)
-			return true;
-	return false;
-}
-
 /* One submission entry of session s: into its communicator's recorder and,
  * when pending (and not a group's last that waits for the group:
- * group_waits), into what its rank has pending. */
+ * sq_group_waits; its own rank may well be past it, and what its ranks
+ * wait for is the earlier entry, watched itself), into what its rank has
+ * pending. */
 static void watch_entry(struct watch *w, const struct session *s, uint32_t qp_id, uint64_t seq,
                         const struct dfccl_sqe *e, uint64_t cw, uint64_t now, bool waits)
 {
@@ -433,7 +418,7 @@ static void watch_qp_scan(struct watch *w, const struct session *s, uint32_t dev
 				low = seq;
 			continue;
 		}
-		watch_entry(w, s, qp_id, seq, &e, cw, now, DFCCL_CW_SEQ(cw) < seq && group_waits(&e, seq, n, cws));
+		watch_entry(w, s, qp_id, seq, &e, cw, now, DFCCL_CW_SEQ(cw) < seq && sq_group_waits(&e, seq, n, cws));
 		if (DFCCL_CW_SEQ(cw) < seq && !low)
 			low = seq;
 	}

@@ -235,6 +235,18 @@ void sq_complete_group(struct sq_queue *q, uint64_t seq, uint32_t status, uint64
 	queue_wake_waiters(q->hdr);
 }
 
+bool sq_group_waits(const struct dfccl_sqe *e, uint64_t seq, uint32_t n, const uint64_t *cws)
+{
+	uint64_t last;
+	uint32_t gn = sqe_group(e, seq, n, &last);
+	if (gn < 2 || last != seq)
+		return false;
+	for (uint64_t x = seq - gn + 1; x < seq; x++)
+		if (DFCCL_CW_SEQ(atomic_load_explicit(A64(&cws[DFCCL_QP_SLOT(x, n)]), memory_order_acquire)) < x)
+			return true;
+	return false;
+}
+
 void sq_set_engine_state(struct sq_queue *q, uint32_t state)
 {
 	atomic_store_explicit(A32(&q->hdr->engine_state), state, memory_order_seq_cst);

@@ -12,6 +12,7 @@
 #ifndef DFCCL_SQ_H
 #define DFCCL_SQ_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -97,6 +98,14 @@ void sq_complete(struct sq_queue *q, uint64_t seq, uint32_t status);
  * Safe from several threads at once.
  */
 void sq_complete_group(struct sq_queue *q, uint64_t seq, uint32_t status, uint64_t group_last, uint32_t group_n);
+
+/*
+ * Whether entry seq (e, a copy of it, in a queue of n entries whose
+ * completion words are cws) is the last of a group (DFCCL_SQE_F_GROUP)
+ * an earlier entry of which has no completion word yet: its own word
+ * waits for the group, whatever its own collective did.
+ */
+bool sq_group_waits(const struct dfccl_sqe *e, uint64_t seq, uint32_t n, const uint64_t *cws);
 
 void sq_set_engine_state(struct sq_queue *q, uint32_t state);
 uint32_t sq_qp_state(const struct sq_queue *q);

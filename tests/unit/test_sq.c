@@ -830,6 +830,33 @@ static void test_complete_group(void **state)
 	assert_int_equal(f->c.h->completed, 12);
 }
 
+/* A group's last entry waits for its group while an earlier entry of it
+ * has no word; not a group's other entries, nor one alone. */
+static void test_group_waits(void **state)
+{
+	struct fixture *f = *state;
+	struct dfccl_sqe e = entry_of(DFCCL_OP_ALLREDUCE);
+	e.flags = DFCCL_SQE_F_GROUP;
+	e.group_last = 6;
+	e.group_n = 3; /* 4, 5, 6 */
+	assert_true(sq_group_waits(&e, 6, N, f->c.cw));
+	assert_false(sq_group_waits(&e, 5, N, f->c.cw)); /* not the last */
+	sq_complete_group(&f->q, 4, DFCCL_CQ_OK, 6, 3);
+	assert_true(sq_group_waits(&e, 6, N, f->c.cw));
+	sq_complete_group(&f->q, 5, DFCCL_CQ_ABORTED, 6, 3);
+	assert_false(sq_group_waits(&e, 6, N, f->c.cw)); /* the last's own work is what is left */
+	/* The next lap's group in the same slots: the words there are the
+	 * earlier lap's, no words of its entries. */
+	e.group_last = 6 + N;
+	assert_true(sq_group_waits(&e, 6 + N, N, f->c.cw));
+	e.group_last = 6;
+	e.flags = 0;
+	assert_false(sq_group_waits(&e, 6, N, f->c.cw));
+	e.flags = DFCCL_SQE_F_GROUP;
+	e.group_n = N; /* more than half the queue: no group */
+	assert_false(sq_group_waits(&e, 6, N, f->c.cw));
+}
+
 /* ------------------------------------------------------------ two threads */
 
 #define STRESS_ENTRIES 20000u
@@ -958,6 +985,7 @@ int main(void)
 	    T(test_check_bad_fields),
 	    T(test_complete),
 	    T(test_complete_group),
+	    T(test_group_waits),
 	    T(test_two_threads),
 	    T(test_two_threads_armed_in_order),
 	};
