@@ -1556,15 +1556,15 @@ __device__ void task_fill(const dk_params &p, uint32_t qi, uint32_t qn, const df
 	t->block0 = pr.block0;
 	t->reserved_part = (uint8_t)part;
 	t->uid_slot = (uint8_t)pr.uid_slot;
-	/* A communicator of one rank copies and completes (DK_SELF): no
-	 * slot, post or peer to wait for. */
-	uint32_t first = sqe_is_p2p(e->opcode) ? (e->opcode == DFCCL_OP_SEND ? DK_BOX_FREE : DK_BOX_WANT)
-	                 : n == 1                ? DK_SELF
-	                                         : DK_SLOT;
+	uint32_t first = sqe_is_p2p(e->opcode) ? (e->opcode == DFCCL_OP_SEND ? DK_BOX_FREE : DK_BOX_WANT) : DK_SLOT;
+	/* A communicator of one rank copies and completes (DK_SELF): no post
+	 * or peer to wait for; channel 0 waits for the instance's slot (the
+	 * `done` its completion stores grows), the others copy at once. */
+	const uint32_t rest = n == 1 ? DK_SELF : DK_POSTS;
 	uint8_t priority = (e->flags & DFCCL_SQE_F_PRIORITY) ? e->priority : 0;
 	for (uint32_t ch = 0; ch < pr.nch; ch++) {
 		uint32_t b = block_at(p, pr.block0, ch);
-		t->ch[b].step = ch == 0 || first == DK_SELF ? first : DK_POSTS;
+		t->ch[b].step = ch == 0 ? first : rest;
 		t->ch[b].wait_rank = 0;
 		t->ch[b].pos = 0;
 		t->ch[b].waits = 0;
@@ -3777,9 +3777,16 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 			/* One rank: every collective is its send buffer copied into
 			 * its receive buffer (nothing in place; the reader checked
 			 * both for count elements), this channel's range of it
-			 * piece by piece, then the last channel to leave completes
-			 * (as DK_CHDONE, without the posts' `done`: no peer). */
+			 * piece by piece, then the last channel to leave completes,
+			 * its `done` stored where it did (the slot's next instance
+			 * waits for it, the supervisor's watch follows it). A
+			 * communicator failed before the copy fails it. */
 			char *send = NULL, *recv = NULL;
+			if (x->pos == 0 && tg->status == DFCCL_CQ_OK) {
+				uint32_t ab = comm_aborted(cm, false);
+				if (ab)
+					tg->status = ab;
+			}
 			if (tg->status == DFCCL_CQ_OK)
 				status = bufs_own(c, t, cm, &send, &recv);
 			if (status != DFCCL_CQ_OK) {
@@ -3817,10 +3824,14 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 			if (t->nch > 1) {
 				sync_fence();
 				if (chan_leave(tg, c.b) + 1 < t->nch) {
+					trace(c, DK_EV_STEP, ti << 16 | DK_CHDONE); /* its channel left */
 					sh.ret = R_CHDONE;
 					return A_RETURN;
 				}
 			}
+			/* Published by the completion word's release. */
+			if (tg->status == DFCCL_CQ_OK)
+				sync_put(&t->posts[t->rank].done, t->key);
 			complete_task(c, q, t, tg->status);
 			sh.ret = R_FREE;
 			return A_RETURN;
@@ -3975,6 +3986,11 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 		*progressed = true;
 		switch (x->step) {
 		case DK_SLOT:
+			/* One rank: its copy, with nothing to post (DK_SELF). */
+			if (n == 1) {
+				x->step = DK_SELF;
+				break;
+			}
 			/* Lines post as they go (DK_PUSH). */
 			if (t->push != DK_PUSH_LL)
 				post(t, 0);
