@@ -418,7 +418,8 @@ static void watch_qp_scan(struct watch *w, const struct session *s, uint32_t dev
 				low = seq;
 			continue;
 		}
-		watch_entry(w, s, qp_id, seq, &e, cw, now, DFCCL_CW_SEQ(cw) < seq && sq_group_waits(&e, seq, n, cws));
+		bool waits = DFCCL_CW_SEQ(cw) < seq && sq_group_waits(&e, seq, n, sq, cws);
+		watch_entry(w, s, qp_id, seq, &e, cw, now, waits);
 		if (DFCCL_CW_SEQ(cw) < seq && !low)
 			low = seq;
 	}

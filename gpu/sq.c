@@ -235,15 +235,23 @@ void sq_complete_group(struct sq_queue *q, uint64_t seq, uint32_t status, uint64
 	queue_wake_waiters(q->hdr);
 }
 
-bool sq_group_waits(const struct dfccl_sqe *e, uint64_t seq, uint32_t n, const uint64_t *cws)
+bool sq_group_waits(const struct dfccl_sqe *e, uint64_t seq, uint32_t n, const struct dfccl_sqe *sq,
+                    const uint64_t *cws)
 {
 	uint64_t last;
 	uint32_t gn = sqe_group(e, seq, n, &last);
 	if (gn < 2 || last != seq)
 		return false;
-	for (uint64_t x = seq - gn + 1; x < seq; x++)
-		if (DFCCL_CW_SEQ(atomic_load_explicit(A64(&cws[DFCCL_QP_SLOT(x, n)]), memory_order_acquire)) < x)
+	for (uint64_t x = seq > n / 2u ? seq - n / 2u + 1 : 1; x < seq; x++) {
+		const struct dfccl_sqe *m = &sq[DFCCL_QP_SLOT(x, n)];
+		if (DFCCL_CW_SEQ(atomic_load_explicit(A64(&cws[DFCCL_QP_SLOT(x, n)]), memory_order_acquire)) >= x)
+			continue; /* complete, or not this lap's */
+		/* A member of this group, as the entry reads now. */
+		uint16_t flags = atomic_load_explicit((_Atomic uint16_t *)&m->flags, memory_order_relaxed);
+		if (atomic_load_explicit(A64(&m->seq), memory_order_relaxed) == x && (flags & DFCCL_SQE_F_GROUP) &&
+		    atomic_load_explicit(A64(&m->group_last), memory_order_relaxed) == seq)
 			return true;
+	}
 	return false;
 }
 

@@ -100,12 +100,15 @@ void sq_complete(struct sq_queue *q, uint64_t seq, uint32_t status);
 void sq_complete_group(struct sq_queue *q, uint64_t seq, uint32_t status, uint64_t group_last, uint32_t group_n);
 
 /*
- * Whether entry seq (e, a copy of it, in a queue of n entries whose
+ * Whether entry seq (e, a copy of it, in a queue of n entries sq whose
  * completion words are cws) is the last of a group (DFCCL_SQE_F_GROUP)
- * an earlier entry of which has no completion word yet: its own word
- * waits for the group, whatever its own collective did.
+ * an earlier entry of which (one before it by less than half the queue
+ * that names the same group) has no completion word yet: its own word
+ * waits for the group, whatever its own collective did. Reads the
+ * client's entries as they stand: for a view (the supervisor's watch).
  */
-bool sq_group_waits(const struct dfccl_sqe *e, uint64_t seq, uint32_t n, const uint64_t *cws);
+bool sq_group_waits(const struct dfccl_sqe *e, uint64_t seq, uint32_t n, const struct dfccl_sqe *sq,
+                    const uint64_t *cws);
 
 void sq_set_engine_state(struct sq_queue *q, uint32_t state);
 uint32_t sq_qp_state(const struct sq_queue *q);

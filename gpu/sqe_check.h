@@ -122,8 +122,9 @@ static inline DFCCL_HD int sqe_requires_recv(uint8_t opcode)
  * The group of the entry taken under sequence number seq from a queue of
  * qn entries (DFCCL_SQE_F_GROUP): how many entries it has, *last the
  * sequence number of its last one; 0 where the entry has no group or its
- * fields do not hold: a group within half the queue, the entry among its
- * sequence numbers, a last that fits a completion word's 48 bits. An
+ * fields do not hold: at most half the queue's entries, the entry at or
+ * before the last by less than half the queue (the group's entries need
+ * not be in a row), a last that fits a completion word's 48 bits. An
  * entry whose fields do not hold for the largest queue is refused
  * (sqe_check_entry); one whose fields fit a larger queue than its own
  * counts for no group, and its word is written at its completion.
@@ -132,7 +133,7 @@ static inline DFCCL_HD uint32_t sqe_group(const struct dfccl_sqe *e, uint64_t se
 {
 	*last = 0;
 	if (!(e->flags & DFCCL_SQE_F_GROUP) || e->group_n == 0 || e->group_n > qn / 2u || e->group_last < seq ||
-	    e->group_last - seq >= e->group_n || e->group_last > DFCCL_CW_SEQ(UINT64_MAX))
+	    e->group_last - seq >= qn / 2u || e->group_last > DFCCL_CW_SEQ(UINT64_MAX))
 		return 0;
 	*last = e->group_last;
 	return e->group_n;

@@ -167,10 +167,11 @@ static inline int dfccl_algo_parse(const char *name)
  * the client's words grow as the queue's do, so the same ">=" wait
  * works. */
 #define DFCCL_SQE_F_DEVICE_DONE 0x10u
-/* One of a group of group_n entries in a row of this queue pair, the
- * sequence numbers (group_last - group_n, group_last], each carrying the
- * same group_last and group_n (1 <= group_n <= DFCCL_SQ_MAX_ENTRIES / 2):
- * the engine writes every entry's completion word as usual but the last
+/* One of a group of group_n entries of this queue pair, the last of which
+ * is group_last and the others before it by less than half the queue
+ * (not necessarily in a row: a stream's entries among another stream's),
+ * each carrying the same group_last and group_n (1 <= group_n <= half the
+ * queue's entries): the engine writes every entry's completion word as usual but the last
  * one's, which it writes (with the last entry's own status) only once
  * every entry of the group has completed, so that a GPU stream waits for
  * a whole group of stream-ordered calls with one wait. An entry whose

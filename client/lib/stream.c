@@ -78,23 +78,41 @@ static unsigned arm_run(const struct stream_batch *b, size_t i)
 	return run;
 }
 
+/* Whether item j may join the group of the stream's items that starts at
+ * item i: the same queue pair, not finished, and less than half the queue
+ * after i's entry (sqe_group's bound; other threads' entries may lie
+ * between). */
+static bool group_joins(const struct stream_batch *b, size_t i, size_t j)
+{
+	const struct stream_item *a = &b->items[i], *it = &b->items[j];
+	return !it->ready && it->qp == a->qp && it->arm.seq - a->arm.seq < a->qp->entries / 2;
+}
+
 /* Finishes the entries of the items of [from, n) (qp_stream_ready) before
- * their arms are queued: each run of two or more (arm_run) as a group of
- * its queue pair, whose last entry's wait covers the others'. */
+ * their arms are queued: each stream's items of one queue pair as a group
+ * of the queue, whose last entry's wait covers the others' (in a row or
+ * not: a group's calls on several streams interleave in the queue). */
 static void batch_ready(struct stream_batch *b, size_t from)
 {
 	const bool groups = stream_groups();
 	for (size_t i = from; i < b->n; i++) {
 		if (b->items[i].ready)
 			continue;
-		const unsigned run = groups ? arm_run(b, i) : 1;
-		const uint64_t last = b->items[i].arm.seq + run - 1;
-		size_t j = i;
-		for (unsigned k = 0; k < run; k++, j = stream_next(b, j)) {
+		unsigned members = 1;
+		size_t last = i;
+		if (groups)
+			for (size_t j = stream_next(b, i); j < b->n && group_joins(b, i, j); j = stream_next(b, j)) {
+				members++;
+				last = j;
+			}
+		const uint64_t last_seq = b->items[last].arm.seq;
+		for (size_t j = i;; j = stream_next(b, j)) {
 			struct stream_item *it = &b->items[j];
-			qp_stream_ready(it->qp, it->arm.seq, run > 1 ? last : 0, run > 1 ? run : 0);
+			qp_stream_ready(it->qp, it->arm.seq, members > 1 ? last_seq : 0, members > 1 ? members : 0);
 			it->ready = true;
-			it->covered = k + 1 < run;
+			it->covered = j != last;
+			if (j == last)
+				break;
 		}
 	}
 }

@@ -8,14 +8,16 @@
  * call, or of one group: each stream arms all of its entries, then waits
  * for all of them (one driver call where they fit, with one stream; with
  * several, every stream's arms go before any stream's waits), so the
- * daemon sees a group's entries together. Entries in a row of one queue
- * pair are armed by one copy of their sequence numbers into their arm
- * words (STREAM_ARM_COPY_MIN), and waited for once: they are posted as a
- * group of the queue (DFCCL_SQE_F_GROUP), whose last completion word the
- * daemon writes only once all of them completed, and the stream waits for
- * that word alone (a wait costs the GPU about 1 us; stream_groups). A batch larger than half a queue arms what it
- * has before it posts more (stream_batch_crowded), since a later entry's
- * slot may be held by an earlier one that only its arm can complete.
+ * daemon sees a group's entries together. A stream's entries in a row of
+ * one queue pair are armed by one copy of their sequence numbers into
+ * their arm words (STREAM_ARM_COPY_MIN); a stream's entries of one queue
+ * pair, in a row or not, are waited for once: they are posted as a group
+ * of the queue (DFCCL_SQE_F_GROUP), whose last completion word the daemon
+ * writes only once all of them completed, and the stream waits for that
+ * word alone (a wait costs the GPU about 1 us; stream_groups). A batch
+ * larger than half a queue arms what it has before it posts more
+ * (stream_batch_crowded), since a later entry's slot may be held by an
+ * earlier one that only its arm can complete.
  *
  * Streams and the GPU's hardware queues. The driver maps streams onto a
  * number of hardware work queues (CUDA_DEVICE_MAX_CONNECTIONS, 8 unless set)

@@ -633,6 +633,32 @@ static int rank_group(void *arg, int rank)
 	free(ssmall.copy);
 	DF(dfcclMemFree(big_in));
 	DF(dfcclMemFree(big_out));
+	/* A group whose calls alternate between the two streams: each
+	 * stream's entries, not in a row in the queue, are still one group of
+	 * it, waited for once. */
+	unsigned fa = sa->nbatches, fb = sb->nbatches;
+	for (int i = 0; i < 4; i++)
+		for (size_t e = 0; e < COUNT; e++)
+			out[i][e] = -12345.0f;
+	DF(dfcclGroupStart());
+	for (int i = 0; i < 4; i++)
+		DF(dfcclAllReduce(in[i], out[i], COUNT, dfcclFloat32, dfcclSum, comm, (dfcclStream_t)(i % 2 ? sb : sa)));
+	DF(dfcclGroupEnd());
+	CHECK(fs_sync(sa, 30000) == 0 && fs_sync(sb, 30000) == 0, "the streams did not finish");
+	for (int i = 0; i < 4; i++)
+		for (size_t e = 0; e < COUNT; e++) {
+			float want = 0;
+			for (int rk = 0; rk < j->nranks; rk++)
+				want += in_value(i + 50, rk, e);
+			CHECK(out[i][e] == want, "alternating group, all-reduce %d element %zu: %g, expected %g", i, e,
+			      (double)out[i][e], (double)want);
+		}
+	CHECK(sa->nbatches == fa + 2 && !strcmp(sa->batch[fa], "WW") && !strcmp(sa->batch[fa + 1], "A"),
+	      "alternating group, stream A: expected its 2 arms, then one wait; got %u batches, \"%s\" first",
+	      sa->nbatches - fa, sa->batch[fa]);
+	CHECK(sb->nbatches == fb + 2 && !strcmp(sb->batch[fb], "WW") && !strcmp(sb->batch[fb + 1], "A"),
+	      "alternating group, stream B: expected its 2 arms, then one wait; got %u batches, \"%s\" first",
+	      sb->nbatches - fb, sb->batch[fb]);
 	/* Larger groups on one stream: entries in a row are armed by copies
 	 * of their sequence numbers (C), STREAM_ARM_COPY_MIN or more at a
 	 * time (two copies, or a copy and writes, where a group's slots wrap

@@ -700,8 +700,12 @@ static void test_check_bad_fields(void **state)
 	e.group_last = 3;
 	e.group_n = 3;
 	EXPECT(DFCCL_CQ_OK);
-	e.group_n = 2; /* 1 is not among 2 and 3 */
+	e.group_n = 2; /* not in a row: 1 and 3 (a stream's among another's) */
+	EXPECT(DFCCL_CQ_OK);
+	e.group_last = 1 + DFCCL_SQ_MAX_ENTRIES / 2; /* half the largest queue after it */
 	EXPECT(DFCCL_CQ_BAD_ENTRY);
+	e.group_last = DFCCL_SQ_MAX_ENTRIES / 2;
+	EXPECT(DFCCL_CQ_OK);
 	e.group_last = 1;
 	e.group_n = 1;
 	EXPECT(DFCCL_CQ_OK);
@@ -831,30 +835,46 @@ static void test_complete_group(void **state)
 }
 
 /* A group's last entry waits for its group while an earlier entry of it
- * has no word; not a group's other entries, nor one alone. */
+ * has no word, in a row or not; not a group's other entries, nor one
+ * alone, nor for entries of other groups. */
 static void test_group_waits(void **state)
 {
 	struct fixture *f = *state;
-	struct dfccl_sqe e = entry_of(DFCCL_OP_ALLREDUCE);
-	e.flags = DFCCL_SQE_F_GROUP;
-	e.group_last = 6;
-	e.group_n = 3; /* 4, 5, 6 */
-	assert_true(sq_group_waits(&e, 6, N, f->c.cw));
-	assert_false(sq_group_waits(&e, 5, N, f->c.cw)); /* not the last */
-	sq_complete_group(&f->q, 4, DFCCL_CQ_OK, 6, 3);
-	assert_true(sq_group_waits(&e, 6, N, f->c.cw));
-	sq_complete_group(&f->q, 5, DFCCL_CQ_ABORTED, 6, 3);
-	assert_false(sq_group_waits(&e, 6, N, f->c.cw)); /* the last's own work is what is left */
+	struct dfccl_sqe *sq = f->c.sq;
+	/* Entries 4, 6 and 7 a group ending at 7 (a stream's), 5 another's. */
+	for (uint64_t s = 4; s <= 7; s++) {
+		sq[s - 1] = entry_of(DFCCL_OP_ALLREDUCE);
+		sq[s - 1].seq = sq[s - 1].arm = s;
+		if (s != 5) {
+			sq[s - 1].flags = DFCCL_SQE_F_GROUP;
+			sq[s - 1].group_last = 7;
+			sq[s - 1].group_n = 3;
+		}
+	}
+	const struct dfccl_sqe *e = &sq[6];
+	assert_true(sq_group_waits(e, 7, N, sq, f->c.cw));
+	assert_false(sq_group_waits(&sq[5], 6, N, sq, f->c.cw)); /* not the last */
+	sq_complete_group(&f->q, 4, DFCCL_CQ_OK, 7, 3);
+	assert_true(sq_group_waits(e, 7, N, sq, f->c.cw));
+	sq_complete_group(&f->q, 6, DFCCL_CQ_ABORTED, 7, 3);
+	/* 5 is pending, but of no group of 7's: the last's own work is left */
+	assert_false(sq_group_waits(e, 7, N, sq, f->c.cw));
 	/* The next lap's group in the same slots: the words there are the
-	 * earlier lap's, no words of its entries. */
-	e.group_last = 6 + N;
-	assert_true(sq_group_waits(&e, 6 + N, N, f->c.cw));
-	e.group_last = 6;
-	e.flags = 0;
-	assert_false(sq_group_waits(&e, 6, N, f->c.cw));
-	e.flags = DFCCL_SQE_F_GROUP;
-	e.group_n = N; /* more than half the queue: no group */
-	assert_false(sq_group_waits(&e, 6, N, f->c.cw));
+	 * earlier lap's, and its entries say so too. */
+	for (uint64_t s = 4; s <= 7; s++) {
+		sq[s - 1].seq = sq[s - 1].arm = s + N;
+		sq[s - 1].group_last = 7 + N;
+	}
+	assert_true(sq_group_waits(e, 7 + N, N, sq, f->c.cw));
+	sq[3].seq = 4; /* its slot still holds the earlier lap's entry: no member */
+	sq[5].seq = 6;
+	assert_false(sq_group_waits(e, 7 + N, N, sq, f->c.cw));
+	struct dfccl_sqe alone = *e;
+	alone.flags = 0;
+	assert_false(sq_group_waits(&alone, 7 + N, N, sq, f->c.cw));
+	alone.flags = DFCCL_SQE_F_GROUP;
+	alone.group_n = N; /* more than half the queue: no group */
+	assert_false(sq_group_waits(&alone, 7 + N, N, sq, f->c.cw));
 }
 
 /* ------------------------------------------------------------ two threads */
