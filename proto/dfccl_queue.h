@@ -171,15 +171,16 @@ static inline int dfccl_algo_parse(const char *name)
  * is group_last and the others before it by less than half the queue
  * (not necessarily in a row: a stream's entries among another stream's),
  * each carrying the same group_last and group_n (1 <= group_n <= half the
- * queue's entries): the engine writes every entry's completion word as usual but the last
- * one's, which it writes (with the last entry's own status) only once
- * every entry of the group has completed, so that a GPU stream waits for
- * a whole group of stream-ordered calls with one wait. An entry whose
- * group fields do not hold is refused (DFCCL_CQ_BAD_ENTRY) and counts for
- * no group; a group some of whose entries never come (a client that
- * never arms one) never completes its last word. The group's count lives
- * with the engine (a word per slot of a last entry), so the client sets
- * the fields before it arms the entries and never again. */
+ * queue's entries): the engine writes every entry's completion word as
+ * usual but the last one's, which it writes (with the last entry's own
+ * status) only once every entry of the group has completed, so that a
+ * GPU stream waits for a whole group of stream-ordered calls with one
+ * wait. An entry whose group fields do not hold is refused
+ * (DFCCL_CQ_BAD_ENTRY) and counts for no group; a group some of whose
+ * entries never come (a client that never arms one) never completes its
+ * last word. The group's count lives with the engine (a word per slot of
+ * a last entry), so the client sets the fields before it arms the
+ * entries and never again. */
 #define DFCCL_SQE_F_GROUP 0x20u
 
 /* Completion status in the low 16 bits of a completion word. */

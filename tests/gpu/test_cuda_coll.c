@@ -38,7 +38,10 @@
  * Every other case goes in a group (dfcclGroupStart/End) after a lead
  * all-reduce of 4 MiB, which usually completes after the case: the stream
  * waits for the group once, and the copy of the lead's output queued
- * after the group must hold the lead's sum. Cases on dfcclMemAllocHost
+ * after the group must hold the lead's sum. Every fourth case the lead
+ * comes in two halves, the second on a stream of its own, issued between
+ * the first and the case: the case's stream's entries of the group are
+ * then not in a row in the queue, and still waited for once. Cases on dfcclMemAllocHost
  * buffers stay in the NULL-stream form.
  *
  * --deadlock A|B runs the DFCCL deadlock programs: every iteration each rank
@@ -719,6 +722,7 @@ struct rank_ctx {
 	 * a lead all-reduce of LEAD_COUNT ones (out of place), whose output
 	 * the stream copies into lead_pin after the group too. */
 	float *lead_in, *lead_out, *lead_pin;
+	cudaStream_t lead_stream;       /* the second half's, where the lead comes in two (LEAD_SPLIT) */
 	uint64_t streamed;              /* the sweep's stream-ordered cases so far */
 	struct arena arenas[ARENA_COUNT];
 	uint64_t checks, failures;
@@ -952,6 +956,11 @@ static dfcclResult_t case_issue(const struct ccase *c, const struct placement *p
  * went on at the last's completion alone would copy the lead's poison. */
 #define LEAD_COUNT ((size_t)1 << 20)
 
+/* How a case goes (stream_issue): alone, in a group after the lead, or in
+ * a group after the lead's first half, with its second half on
+ * lead_stream between the two. */
+enum { LEAD_NONE = 0, LEAD_ONE = 1, LEAD_SPLIT = 2 };
+
 static int lead_open(struct rank_ctx *x)
 {
 	const size_t bytes = LEAD_COUNT * sizeof(float);
@@ -962,7 +971,8 @@ static int lead_open(struct rank_ctx *x)
 		ones[i] = 1.0f;
 	bool ok = CUDA_OK(cudaMalloc((void **)&x->lead_in, bytes)) && CUDA_OK(cudaMalloc((void **)&x->lead_out, bytes)) &&
 	          CUDA_OK(cudaMallocHost((void **)&x->lead_pin, bytes)) &&
-	          CUDA_OK(cudaMemcpy(x->lead_in, ones, bytes, cudaMemcpyHostToDevice));
+	          CUDA_OK(cudaMemcpy(x->lead_in, ones, bytes, cudaMemcpyHostToDevice)) &&
+	          CUDA_OK(cudaStreamCreateWithFlags(&x->lead_stream, cudaStreamNonBlocking));
 	free(ones);
 	return ok ? 0 : -1;
 }
@@ -975,19 +985,24 @@ static void lead_close(struct rank_ctx *x)
 		cudaFree(x->lead_out);
 	if (x->lead_pin)
 		cudaFreeHost(x->lead_pin);
+	if (x->lead_stream)
+		cudaStreamDestroy(x->lead_stream);
 	x->lead_in = x->lead_out = x->lead_pin = NULL;
+	x->lead_stream = NULL;
 }
 
 /*
  * The stream-ordered form of a case whose buffers case_upload wrote: the
  * send data is overwritten with other bytes now, and written again on the
  * stream, after a kernel; the collective follows on the stream, then a
- * copy of the output window into s->pin_out. Nothing here waits for the
- * GPU. Returns the call's result (-1 as dfcclSystemError for a CUDA call
- * that failed, which says so).
+ * copy of the output window into s->pin_out; with a lead (LEAD_ONE,
+ * LEAD_SPLIT), in a group after it, its output copied into x->lead_pin.
+ * Nothing here waits for the GPU but a split lead's second stream, once
+ * every call is issued. Returns the call's result (-1 as dfcclSystemError
+ * for a CUDA call that failed, which says so).
  */
 static dfcclResult_t stream_issue(const struct rank_ctx *x, const struct ccase *c, const struct placement *p,
-                                  struct staging *s, cudaStream_t st, dfcclComm_t comm, bool lead)
+                                  struct staging *s, cudaStream_t st, dfcclComm_t comm, int lead)
 {
 	struct case_sizes z = sizes_of(c, x->cfg->nranks);
 	size_t win = p->front + z.out_bytes + p->back;
@@ -1003,15 +1018,24 @@ static dfcclResult_t stream_issue(const struct rank_ctx *x, const struct ccase *
 	if (!CUDA_OK(delay_kernel_launch(STREAM_DELAY_US, st)) ||
 	    (sends && !CUDA_OK(cudaMemcpyAsync(p->send, s->pin_send, z.send_bytes, cudaMemcpyDefault, st))))
 		return dfcclSystemError;
-	/* With a lead: the lead's output poisoned on the stream first, the
-	 * lead and the case in one group (waited for once, through the
-	 * case's completion word, proto/dfccl_queue.h DFCCL_SQE_F_GROUP). */
-	const size_t lead_bytes = LEAD_COUNT * sizeof(float);
-	if (lead && !CUDA_OK(cudaMemsetAsync(x->lead_out, 0xff, lead_bytes, st)))
+	/* With a lead: the lead's output poisoned on its stream first, the
+	 * lead and the case in one group (each stream's entries of it waited
+	 * for once, through its last one's completion word, proto/
+	 * dfccl_queue.h DFCCL_SQE_F_GROUP); split, the second half's on
+	 * lead_stream, between the first half and the case. */
+	const size_t half = lead == LEAD_SPLIT ? LEAD_COUNT / 2 : LEAD_COUNT;
+	const cudaStream_t st2 = x->lead_stream;
+	if (lead && !CUDA_OK(cudaMemsetAsync(x->lead_out, 0xff, half * sizeof(float), st)))
+		return dfcclSystemError;
+	if (lead == LEAD_SPLIT &&
+	    !CUDA_OK(cudaMemsetAsync(x->lead_out + half, 0xff, (LEAD_COUNT - half) * sizeof(float), st2)))
 		return dfcclSystemError;
 	dfcclResult_t r = lead ? dfcclGroupStart() : dfcclSuccess;
 	if (lead && r == dfcclSuccess)
-		r = dfcclAllReduce(x->lead_in, x->lead_out, LEAD_COUNT, dfcclFloat32, dfcclSum, comm, (dfcclStream_t)st);
+		r = dfcclAllReduce(x->lead_in, x->lead_out, half, dfcclFloat32, dfcclSum, comm, (dfcclStream_t)st);
+	if (lead == LEAD_SPLIT && r == dfcclSuccess)
+		r = dfcclAllReduce(x->lead_in + half, x->lead_out + half, LEAD_COUNT - half, dfcclFloat32, dfcclSum, comm,
+		                   (dfcclStream_t)st2);
 	if (r == dfcclSuccess)
 		r = tool_issue_on(c->coll, p->send, p->recv, c->count, c->dtype, c->op, c->root, comm, (dfcclStream_t)st);
 	if (lead) {
@@ -1021,7 +1045,12 @@ static dfcclResult_t stream_issue(const struct rank_ctx *x, const struct ccase *
 	if (r == dfcclSuccess && !CUDA_OK(cudaMemcpyAsync(s->pin_out, p->out - p->front, win, cudaMemcpyDefault, st)))
 		return dfcclSystemError;
 	if (r == dfcclSuccess && lead &&
-	    !CUDA_OK(cudaMemcpyAsync(x->lead_pin, x->lead_out, lead_bytes, cudaMemcpyDeviceToHost, st)))
+	    !CUDA_OK(cudaMemcpyAsync(x->lead_pin, x->lead_out, half * sizeof(float), cudaMemcpyDeviceToHost, st)))
+		return dfcclSystemError;
+	if (r == dfcclSuccess && lead == LEAD_SPLIT &&
+	    (!CUDA_OK(cudaMemcpyAsync(x->lead_pin + half, x->lead_out + half, (LEAD_COUNT - half) * sizeof(float),
+	                              cudaMemcpyDeviceToHost, st2)) ||
+	     !CUDA_OK(cudaStreamSynchronize(st2))))
 		return dfcclSystemError;
 	return r;
 }
@@ -1029,7 +1058,7 @@ static dfcclResult_t stream_issue(const struct rank_ctx *x, const struct ccase *
 /* After case_verify of a stream-ordered case: the copy the stream took
  * right after the call must be the final output. */
 static void stream_verify(struct rank_ctx *x, const struct ccase *c, const struct placement *p,
-                          const struct staging *s, bool lead)
+                          const struct staging *s, int lead)
 {
 	if (lead) {
 		/* The lead's copy, taken after the group: every element the
@@ -1074,8 +1103,13 @@ static int sweep_run_case(struct rank_ctx *x, const struct ccase *planned, struc
 	case_describe(x, c, what, sizeof(what));
 	watchdog_arm(x->cfg->timeout_s, what);
 	bool streamed = x->cfg->stream && c->arena != ARENA_HOST;
-	/* Every other stream-ordered case in a group after the lead. */
-	bool lead = streamed && x->lead_in && x->streamed++ % 2 == 1;
+	/* Every other stream-ordered case in a group after the lead, every
+	 * fourth after the lead in two halves on two streams. */
+	int lead = LEAD_NONE;
+	if (streamed && x->lead_in) {
+		const uint64_t k = x->streamed++;
+		lead = k % 2 == 0 ? LEAD_NONE : k % 4 == 3 ? LEAD_SPLIT : LEAD_ONE;
+	}
 	dfcclResult_t r;
 	if (streamed) {
 		r = stream_issue(x, c, &p, s, x->streams[0], x->comms[0], lead);
@@ -1247,7 +1281,7 @@ static dfcclResult_t deadlock_issue(struct rank_ctx *x, const struct ccase *c, c
                                     dfcclRequest_t *req, struct staging *s)
 {
 	if (x->cfg->deadlock == 'A' && x->cfg->stream)
-		return stream_issue(x, c, p, s, x->streams[k], x->comms[k], false);
+		return stream_issue(x, c, p, s, x->streams[k], x->comms[k], LEAD_NONE);
 	if (x->cfg->deadlock == 'A')
 		return case_issue(c, p, x->comms[k]);
 	dfcclCollDesc_t d = {dfcclCollAllReduce, c->count, dfcclFloat32, dfcclSum, 0, 0};
@@ -1320,7 +1354,7 @@ static int deadlock_iteration(struct rank_ctx *x, int it, int *orders, struct st
 		if (case_verify(x, &c[k], &p[k], &st[k]) < 0)
 			return -1;
 		if (cfg->stream)
-			stream_verify(x, &c[k], &p[k], &st[k], false);
+			stream_verify(x, &c[k], &p[k], &st[k], LEAD_NONE);
 	}
 	return 0;
 }
