@@ -1760,6 +1760,7 @@ struct dk_rcopy {
 	uint32_t task[DK_SCAN], part[DK_SCAN]; /* accepted: the task, its admission's part */
 	uint64_t arrival[DK_SCAN];
 	uint64_t t_loaded, t_prepared; /* tracing: DK_TAKE_LOADED and DK_TAKE_PREPARED's times */
+	uint64_t t_filled, t_handed;   /* tracing, a copy's take: its first task filled, and published */
 };
 __shared__ dk_rcopy rcopy;
 
@@ -1831,6 +1832,9 @@ __device__ __noinline__ void take_one(const dk_params &p, uint32_t lane, uint32_
 	atomicAdd((unsigned long long *)&rc->acc.started[pr.algo - 1], 1ull);
 	rcopy.taken[DFCCL_QP_SLOT(e.arm, rcopy.qn)] = e.arm;
 	task_fill(p, rcopy.qi, rcopy.qn, &e, pr, ti, rc->arrivals + i + 1u, rcopy.part[i]);
+	const bool timed = p.trace && i == 0;
+	if (timed)
+		rcopy.t_filled = now_ns();
 	/* The group's first lane publishes the block's tasks of the run, once
 	 * every lane of the group has filled its own: one fence, then the
 	 * tail (the reader's own places before them were published at the end
@@ -1846,6 +1850,8 @@ __device__ __noinline__ void take_one(const dk_params &p, uint32_t lane, uint32_
 		else
 			__threadfence();
 		*(volatile uint32_t *)&st->inbox[b].tail = rc->rtail[b];
+		if (timed)
+			rcopy.t_handed = now_ns();
 		if (p.bulk0 && b >= p.bulk0)
 			bulk_ask(*rc, 1ull << b);
 	}
@@ -2429,6 +2435,10 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 						if (tracing) {
 							trace_at(c, DK_EV_TAKE, DK_TAKE_LOADED, rcopy.t_loaded);
 							trace_at(c, DK_EV_TAKE, DK_TAKE_PREPARED, rcopy.t_prepared);
+							if (ct) {
+								trace_at(c, DK_EV_TAKE, DK_TAKE_FILLED, rcopy.t_filled);
+								trace_at(c, DK_EV_TAKE, DK_TAKE_HANDED, rcopy.t_handed);
+							}
 						}
 						take_at(c, tracing, DK_TAKE_COPIED);
 					}

@@ -690,8 +690,10 @@ enum dk_take_phase {
 	DK_TAKE_TASK,      /* a free task taken and placed in its blocks' inboxes (entry_take) */
 	DK_TAKE_DONE,      /* the entry marked taken (or completed at once) */
 	DK_TAKE_ADMITTED,  /* the chunk's tasks' admission counted (admit_count) */
-	DK_TAKE_FILLED,    /* the chunk's tasks filled in, a copier lane each (task_fill) */
-	DK_TAKE_HANDED,    /* the chunk's tasks published to their blocks (inbox_publish) */
+	DK_TAKE_FILLED,    /* the chunk's tasks filled in, a copier lane each (task_fill); a copy's take:
+	                    * its first task filled (take_one's time) */
+	DK_TAKE_HANDED,    /* the chunk's tasks published to their blocks (inbox_publish); a copy's take:
+	                    * its first task's block's tail moved (take_one's time) */
 	/* Two points inside DK_TAKE_COPIED, taken by the copier lane of the
 	 * chunk's first armed entry and recorded by the reader with their
 	 * times, before DK_TAKE_COPIED: */
