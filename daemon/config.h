@@ -53,6 +53,7 @@ struct dfccld_config {
 	int64_t launch_gate_mps;    /* the same under MPS */
 	int64_t launch_gate_idle_us; /* cuda engine with a gate: idle time before the kernel quits after
 	                              * stream-ordered collectives only */
+	int64_t early_take;     /* cuda engine: 1: stream-ordered entries may be taken before their arm */
 	int64_t push_bytes;     /* cuda engine: largest pushed all-reduce (0: none) */
 	int64_t ll_bytes;       /* cuda engine: largest pushed all-reduce sent as flagged lines (0: none) */
 	int64_t chan_bytes;     /* cuda engine: a channel per this many bytes of a collective */

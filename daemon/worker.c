@@ -811,6 +811,7 @@ int worker_main(unsigned device, const struct worker_ident *id, const struct dfc
 	    .bulk_idle_ns = (uint64_t)cfg->bulk_idle_us * 1000u,
 	    .gate = (uint32_t)cfg->launch_gate,
 	    .gate_idle_ns = (uint64_t)cfg->launch_gate_idle_us * 1000u,
+	    .early_take = (uint32_t)cfg->early_take,
 	    .push_bytes = (uint32_t)cfg->push_bytes,
 	    .ll_bytes = (uint32_t)cfg->ll_bytes,
 	    .visit_bytes = (uint64_t)cfg->visit_bytes,

@@ -73,6 +73,7 @@ struct engine_config {
 	                                   * stream-ordered entry's arm (cuda_engine.cu, ce_gate_open) */
 	uint64_t gate_idle_ns;            /* cuda, with gate: idle time before the kernel quits when the last
 	                                   * entry it took was stream-armed (at most kernel_idle_ns) */
+	uint32_t early_take;              /* cuda: 1: stream-ordered entries may be taken before their arm */
 	uint32_t push_bytes;              /* cuda: largest pushed all-reduce (0: none) */
 	uint32_t ll_bytes;                /* cuda: largest pushed all-reduce sent as flagged lines (0: none) */
 	uint64_t visit_bytes;             /* bytes a channel moves per visit before it yields (0: the engine's default) */

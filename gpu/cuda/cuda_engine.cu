@@ -1531,6 +1531,7 @@ extern "C" int cuda_engine_ops_new(const struct engine_config *cfg, const struct
 	e->params.push_bytes = cfg->push_bytes;
 	e->params.ll_bytes = cfg->ll_bytes;
 	e->params.spread = cfg->spread_blocks ? 1u : 0u;
+	e->params.early_take = cfg->early_take ? 1u : 0u;
 	/* Blocks 0..resident-1 resident, the channels' bulk blocks after them
 	 * (a task of one channel runs on the resident grid). */
 	if (resident) {

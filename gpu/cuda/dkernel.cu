@@ -113,6 +113,13 @@ __device__ __forceinline__ uint32_t ld_acq_gpu32(const uint32_t *p)
 	return v;
 }
 
+__device__ __forceinline__ uint32_t ld_acq_sys32(const uint32_t *p)
+{
+	uint32_t v;
+	asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+	return v;
+}
+
 __device__ __forceinline__ void st_rel_sys(uint64_t *p, uint64_t v)
 {
 	asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
@@ -1531,6 +1538,7 @@ __device__ void task_fill(const dk_params &p, uint32_t qi, uint32_t qn, const df
 	t->status = DFCCL_CQ_OK;
 	t->chdone = 0;
 	t->bufs_epoch = 0;
+	t->early = 0; /* early_take marks its own after the fill */
 	t->arrival = arrival;
 	uint32_t n = pr.n;
 	uint64_t nslots;
@@ -2239,6 +2247,102 @@ __device__ __noinline__ void take_run(dk_ctx &c, dk_qp *q, volatile uint64_t *ta
 	take_at(c, tracing, DK_TAKE_DONE);
 }
 
+/* Pair qi's head moved from `head` to h (its entries below taken), and on
+ * past those taken already after it, up to the tail. */
+__device__ __forceinline__ void head_advance(dk_qp *q, uint32_t qi, dfccl_qp_header *hdr, volatile uint64_t *taken,
+                                             uint32_t n, uint64_t head, uint64_t h, uint64_t tail)
+{
+	while (h <= tail && (qi >= DK_QCACHE || h <= qcache.taken_hi[qi]) && taken[DFCCL_QP_SLOT(h, n)] == h)
+		h++;
+	if (h != head) {
+		*(volatile uint64_t *)&q->head = h;
+		if (qi < DK_QCACHE)
+			qcache.head[qi] = h;
+		/* For the client's and dfcclctl's information only: a plain
+		 * store, which waits for nothing. */
+		*(volatile uint64_t *)&hdr->sq_head = h;
+	}
+}
+
+/*
+ * A stream-ordered collective taken before its arm. A client that runs
+ * ahead of its stream (a trainer, or nccl-tests' loop) posts its entries
+ * long before the stream arms them, one after the work before it; a pass
+ * that waits for the arm then spends, after it, the poll that finds it,
+ * the entry's copy, its checks, the admission, the fill and the handing to
+ * a block: 22.6 us from a completion to the next entry of the same stream
+ * taken on two H200 (tests/perf/RESULTS.md, thirty-third run), most of a
+ * 34 us call. Taken early, all of that runs while the stream's work before
+ * it does, and the task waits on its block for the arm word (early_wait),
+ * which starts it at once: the instance's slot, its post, the exchange.
+ *
+ * Only the pair's head, not armed, posted whole (seq_check agrees, read
+ * with an acquire before the copy: the client stores it after every other
+ * field), armed by a stream, not part of a group, a collective of one
+ * channel whose checks passed, with room and a free task (an entry it
+ * copies and leaves is not copied again: dk_qp.early_no; still, each such
+ * costs a pass its copy and checks once: stream-ordered NOPs back to back
+ * took 25 us each against 16 before, tests/perf/RESULTS.md, thirty-third
+ * run). One such task a pair at a time (dk_qp.early), and none while
+ * st->early_off says the kernel stayed for one in vain. A task waiting for its arm keeps the
+ * kernel resident (it is live); where nothing else kept it for
+ * DK_EARLY_WAIT_NS, the reader takes none early for DK_EARLY_OFF_NS
+ * (reader_main), so that a trainer whose compute between collectives is
+ * long gets back the SMs the launch gate gives it. A task that never
+ * sees its arm ends as any other of its pair or communicator: the pair's
+ * removal parks the kernel (a new launch's first visit drops it), and a
+ * failed communicator fails it (early_wait). Returns whether it took one.
+ */
+#define DK_EARLY_WAIT_NS 50000ull
+#define DK_EARLY_OFF_NS 10000000ull
+__device__ __noinline__ bool early_take(dk_ctx &c, dk_qp *q, uint32_t qi, dfccl_qp_header *hdr, const dfccl_sqe *sq,
+                                        volatile uint64_t *taken, uint32_t n, uint64_t head, uint64_t tail)
+{
+	dk_state *st = c.st;
+	if (vload(&q->early) != 0 || vload(&q->early_no) == head || now_ns() < vload(&st->early_off))
+		return false;
+	const uint32_t slot = DFCCL_QP_SLOT(head, n);
+	if (ld_acq_sys32(&sq[slot].seq_check) != (uint32_t)head)
+		return false;
+	uint32_t inflight, uid;
+	struct sched_admission a = qp_admission(c, q, &inflight, &uid);
+	if (a.refuse != DFCCL_CQ_OK || a.room == 0)
+		return false;
+	/* The copy and its checks, after seq_check's acquire. */
+	rcopy.src[0] = (const uint4 *)&sq[slot];
+	rcopy.seq[0] = head;
+	rcopy.q = q;
+	rcopy.qi = qi;
+	rcopy.take_max = 0;
+	copy_begin(0, 1);
+	copy_wait();
+	const dfccl_sqe *e = (const dfccl_sqe *)rcopy.buf[0];
+	const dk_prep &pr = rcopy.prep[0];
+	if (e->seq != head || !(e->flags & DFCCL_SQE_F_STREAM_ARMED) || (e->flags & DFCCL_SQE_F_GROUP) ||
+	    sqe_is_p2p(e->opcode) || !(rcopy.simple & 1u)) {
+		/* Taken once armed, as any other. */
+		*(volatile uint64_t *)&q->early_no = head;
+		return false;
+	}
+	const uint32_t ti = entry_take(c, pr);
+	if (ti == DK_NO_TASK)
+		return false;
+	rcopy.task[0] = ti;
+	rcopy.arrival[0] = ++c.arrivals;
+	admit_count(c, q, 1u);
+	atomicAdd(&st->early_tasks, 1u);
+	rcopy.fill = 1u;
+	rcopy.qn = n;
+	copy_entries(DK_COPY_FILL);
+	*(volatile uint8_t *)&st->tasks[ti].early = 1;
+	*(volatile uint64_t *)&q->early = head;
+	taken[slot] = head;
+	c.cpu_last = false;
+	inbox_publish(c);
+	head_advance(q, qi, hdr, taken, n, head, head + 1u, tail);
+	return true;
+}
+
 /* Out of line: the queue reader is one thread of its own (reader_main),
  * and inlined into dk_main its registers shaped the allocation of the
  * blocks' loop too (ptxas: 714 bytes of dk_main's spills, 610 with the
@@ -2306,6 +2410,10 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 		const uint64_t untaken = qi < DK_QCACHE ? qcache.taken_hi[qi] + 1u : ~0ull;
 		if (tail < head || qstate != DFCCL_QP_ACTIVE)
 			continue;
+		if (arm_head != head && c.p.early_take && early_take(c, q, qi, hdr, sq, taken, n, head, tail)) {
+			got++;
+			continue;
+		}
 		/* Past an unarmed head only on some passes (look_past), before
 		 * the admission's loads too. */
 		const bool past = arm_head != head;
@@ -2687,16 +2795,7 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 			*(volatile uint64_t *)&q->look = stopped; /* 0: past the tail, the head next time */
 		if (past)
 			look_found(qi, seen);
-		while (h <= tail && (qi >= DK_QCACHE || h <= qcache.taken_hi[qi]) && taken[DFCCL_QP_SLOT(h, n)] == h)
-			h++;
-		if (h != head) {
-			*(volatile uint64_t *)&q->head = h;
-			if (qi < DK_QCACHE)
-				qcache.head[qi] = h;
-			/* For the client's and dfcclctl's information only: a plain
-			 * store, which waits for nothing. */
-			*(volatile uint64_t *)&hdr->sq_head = h;
-		}
+		head_advance(q, qi, hdr, taken, n, head, h, tail);
 	}
 	return got;
 }
@@ -3606,6 +3705,48 @@ __device__ bool visit_alone(const dk_ctx &c, const dk_shared &sh)
 	return sh.q.n == 1 && vload(&ib->tail) == ib->head && !ctl.y && !ctl.z;
 }
 
+/*
+ * A task taken before its arm (early_take), on its block, before the
+ * instance's slot: 1 once its stream armed it (the arm word's acquire:
+ * the buffers it reads next were written before), 0 while not, -status
+ * where it ends without: its communicator failed (looked at every 8th
+ * poll, x->astep counting them: a direct collective's step count starts
+ * at its POSTS). Its pair removed meanwhile: the slot may serve another
+ * pair by now, so nothing of it is read; the removal parked the kernel,
+ * and the next launch's first visit drops the task. While the task is
+ * alone on its block (visit_alone), up to DK_EARLY_LOOKS looks in a row,
+ * a PCIe round trip each, rather than one a visit: a visit of the block's
+ * loop took 3.5 us (2 H200, thirty-third run).
+ */
+#define DK_EARLY_LOOKS 32u
+__device__ int early_wait(dk_ctx &c, const dk_shared &sh, dk_task *tg, const dk_task *t, dk_qp *q, dk_comm *cm,
+                          dk_chan_ctx *x)
+{
+	const uint32_t live = vload(&q->live), gen = vload(&q->gen), qn = vload(&q->n);
+	const dfccl_sqe *sq = vload(&q->sq);
+	if (!live || gen != t->qp_gen)
+		return 0;
+	const uint64_t *word = &sq[DFCCL_QP_SLOT(t->seq, qn)].arm;
+	uint64_t arm = ld_acq_sys(word);
+	for (uint32_t k = 1; arm != t->seq && k < DK_EARLY_LOOKS && visit_alone(c, sh); k++)
+		arm = ld_acq_sys(word);
+	uint32_t ab = 0;
+	if (arm != t->seq) {
+		if ((++x->astep & 7u) == 0)
+			ab = comm_aborted(cm, false);
+		if (!ab)
+			return 0;
+	}
+	/* Armed, or ending: it waits no more. */
+	x->astep = 0;
+	tg->early = 0;
+	((dk_task *)t)->early = 0; /* this visit's copy */
+	if (vload(&q->early) == t->seq)
+		*(volatile uint64_t *)&q->early = 0;
+	atomicSub(&c.st->early_tasks, 1u);
+	return ab ? -(int)ab : 1;
+}
+
 __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t position, bool piece_done,
                                  uint64_t *budget, bool *progressed)
 {
@@ -3639,6 +3780,8 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 			 * is the last to leave. */
 			if (vload(&cm->live) && vload(&cm->gen) == t->comm_gen)
 				comm_fail(cm, DFCCL_CQ_PEER_LOST);
+			if (t->early) /* never armed (early_wait) */
+				atomicSub(&st->early_tasks, 1u);
 			bool finishing = x->step == DK_FINISH;
 #if DK_PHASE2_STORES
 			if (stores_task(cm, t, x))
@@ -3934,6 +4077,18 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 			continue;
 		}
 		case DK_SLOT:
+			if (t->early) {
+				const int armed = early_wait(c, sh, tg, t, q, cm, x);
+				if (armed < 0) {
+					tg->status = (uint32_t)-armed;
+					x->step = DK_CHDONE;
+					continue;
+				}
+				if (armed == 0) {
+					sh.ret = *progressed ? R_PROGRESS : R_BLOCKED;
+					return A_RETURN;
+				}
+			}
 			if (n == 1) {
 				/* One rank: one look at its own `done` (DK_SELF looks at
 				 * the abort before its copy); chan_wait's round of the
@@ -4195,9 +4350,19 @@ __device__ void reader_main(dk_ctx &c)
 		c.passes++;
 		trace(c, DK_EV_QUEUES, got);
 		uint64_t now = now_ns();
-		if (got || vload(&st->live_tasks))
+		const uint32_t live = got ? 0u : vload(&st->live_tasks);
+		/* Tasks that wait for their arms only (early_take): the kernel
+		 * stays for them, but takes none early for a while once they
+		 * kept it DK_EARLY_WAIT_NS. */
+		const bool waiting = live && live == vload(&st->early_tasks);
+		if (got || (live && !waiting)) {
 			last_active = now;
-		else if (now - last_active >= (c.cpu_last ? c.p.idle_ns : stream_idle)) {
+		} else if (waiting) {
+			if (now - last_active >= DK_EARLY_WAIT_NS) {
+				*(volatile uint64_t *)&st->early_off = now + DK_EARLY_OFF_NS;
+				last_active = now;
+			}
+		} else if (now - last_active >= (c.cpu_last ? c.p.idle_ns : stream_idle)) {
 			/* Going: say so, then look once more, so an entry armed
 			 * before a client saw SLEEPING is not missed. */
 			set_engine_state(st, DFCCL_ENGINE_SLEEPING);

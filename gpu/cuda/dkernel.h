@@ -114,6 +114,10 @@ struct dk_qp {
 	                               * stopped (sched_look_start), 0: at the head */
 	uint64_t sweep;               /* kernel (host zeroes it on add): where the next pass looks past the
 	                               * window after the head (read_queues), 0: right after it */
+	uint64_t early;               /* kernel (host zeroes it on add): the sequence of its task taken before
+	                               * its arm and not armed yet (early_take, dkernel.cu), 0: none */
+	uint64_t early_no;            /* kernel (host zeroes it on add): the last entry early_take copied and
+	                               * left for its arm (not one of those it takes): not copied again */
 };
 
 enum dk_reg_state { DK_REG_EMPTY = 0, DK_REG_LIVE = 1, DK_REG_GONE = 2 };
@@ -375,7 +379,9 @@ struct dk_task {
 	uint32_t accept_epoch;
 	uint8_t block0;     /* the block that runs channel 0; channel c runs on block (block0 + c) % blocks
 	                     * (block_of, dkernel.cu) */
-	uint8_t reserved2[3];
+	uint8_t early;      /* 1: taken before its stream armed it (early_take, dkernel.cu): its block
+	                     * waits for the arm word before the instance's slot */
+	uint8_t reserved2[2];
 	uint32_t group_n;     /* its entry's group (DFCCL_SQE_F_GROUP, sqe_group): entries, 0: none; */
 	uint64_t group_last;  /* and the last one's sequence */
 	/* What changes. */
@@ -454,6 +460,9 @@ struct dk_state {
 	uint64_t stream_quit_ns; /* the queue reader: when its launch last quit idle after a stream-armed entry
 	                          * (%globaltimer), 0 where the last launch did not (dk_stream_idle) */
 	uint64_t stream_idle_ns; /* the queue reader: the idle after a stream-armed entry it came to (dk_stream_idle) */
+	uint32_t early_tasks; /* tasks taken before their arm and not armed yet (atomic; early_take, dkernel.cu) */
+	uint32_t reserved_early;
+	uint64_t early_off;   /* the queue reader: no entry is taken before its arm until this time (%globaltimer) */
 	uint32_t uid_inflight[DK_MAX_QPS]; /* tasks per uid slot (atomic; a uid per queue pair at most) */
 	struct dk_qp qps[DK_MAX_QPS];
 	struct dk_comm comms[DK_MAX_COMMS];
@@ -501,6 +510,8 @@ struct dk_params {
 	uint32_t push_bytes;     /* all-reduces up to this size may be pushed (push_fits, dkernel.cu); 0: never */
 	uint32_t ll_bytes;       /* pushed all-reduces up to this size go as lines (DK_PUSH_LL); 0: never */
 	uint32_t spread;         /* 1: a task's channels start at a block chosen by its instance (block_of) */
+	uint32_t early_take;     /* 1: a stream-ordered entry posted ahead of its arm may be taken before it
+	                          * (early_take, dkernel.cu) */
 	/* Resident and bulk blocks. With bulk0 = 0 the kernel is one grid of
 	 * `blocks`, resident while it has work. Otherwise blocks 0..bulk0-1
 	 * are the resident grid (the queue reader's, which runs
