@@ -2292,6 +2292,20 @@ __device__ __forceinline__ void head_advance(dk_qp *q, uint32_t qi, dfccl_qp_hea
  * sees its arm ends as any other of its pair or communicator: the pair's
  * removal parks the kernel (a new launch's first visit drops it), and a
  * failed communicator fails it (early_wait). Returns whether it took one.
+ *
+ * Off by default (the early-take setting), for what is not done yet: the
+ * task is never given back to its queue, so it keeps the kernel resident
+ * until its arm, however late (without MPS the trainers' kernels then take
+ * turns with it; st->early_off only stops further early takes); one failed
+ * before its arm (early_wait's abort, or BAD_COMM at a launch's first
+ * visit) completes before it, and the stream's arm, still to come, may then
+ * overwrite the arm of the entry of a later lap in the same slot; the
+ * BAD_COMM path leaves early_tasks and dk_qp.early counted; its admission
+ * is charged while it waits (scheduler.h's "any order" reasoning assumes a
+ * charged task has posted or waits for an earlier one); early_wait never
+ * looks at the abort word in host memory. Giving the entry back (its task
+ * freed unposted, taken[] cleared, the reader's head moved back to it)
+ * where it waited alone DK_EARLY_WAIT_NS or failed mends the first two.
  */
 #define DK_EARLY_WAIT_NS 50000ull
 #define DK_EARLY_OFF_NS 10000000ull
