@@ -145,11 +145,10 @@ static const struct setting settings[] = {
     {"early-take", T_INT, F(early_take), 0, 1, "0", NULL,
      "cuda engine: 1: a stream-ordered collective posted before its stream armed it may be taken and checked "
      "while the stream's work before it runs, one per queue pair at a time; its block then waits for the arm "
-     "and starts it at once (under MPS, back-to-back small all-reduces about a third faster). Off by default: "
-     "the kernel stays resident until such a collective's arm comes (one that kept it alone for 50 us only "
-     "turns early takes off for 10 ms), which without MPS makes the trainers' kernels take turns with it and "
-     "under MPS costs them an SM through a long compute, and one failed before its arm completes before it; "
-     "0: entries are taken once armed"},
+     "and starts it at once (under MPS, back-to-back small all-reduces about a third faster); where such "
+     "collectives alone kept the kernel resident for 50 us they go back to their queues and none is taken early "
+     "for 10 ms, so that the kernel quits as without them, and one whose communicator fails before its arm goes "
+     "back too; 0 (the default): entries are taken once armed"},
     {"push-bytes", T_INT, F(push_bytes), 0, 65536, "65536", NULL,
      "cuda engine: all-reduces up to this many bytes on one channel are pushed: each rank writes its data into "
      "the other ranks' GPU memory and reduces what it received, one exchange with no reads across GPUs "

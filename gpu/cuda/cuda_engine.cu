@@ -436,6 +436,12 @@ static int ce_queues(struct cuda_engine *e, struct ce_pick *pick)
 		int pair_looked = 0; /* this pair's first entry not armed was looked at */
 		for (uint64_t s = from; q && s < to; s++) {
 			uint64_t a = ce_arm_word(q, s);
+			/* Taken and completed already, after a head the kernel
+			 * left behind (entries taken while an earlier one was not
+			 * armed yet, or before an entry an early take gave back:
+			 * dkernel.cu, early_take): no reason for a launch. */
+			if (a == s && DFCCL_CW_SEQ(__atomic_load_n(&q->cw[DFCCL_QP_SLOT(s, q->n)], __ATOMIC_ACQUIRE)) >= s)
+				continue;
 			if (a == s)
 				return CE_QUEUES_ARMED;
 			found = CE_QUEUES_UNARMED;

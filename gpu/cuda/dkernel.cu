@@ -2274,53 +2274,59 @@ __device__ __forceinline__ void head_advance(dk_qp *q, uint32_t qi, dfccl_qp_hea
  * taken on two H200 (tests/perf/RESULTS.md, thirty-third run), most of a
  * 34 us call. Taken early, all of that runs while the stream's work before
  * it does, and the task waits on its block for the arm word (early_wait),
- * which starts it at once: the instance's slot, its post, the exchange.
+ * which starts it at once: the instance's slot, its post, the exchange
+ * (34 -> 22 us a call there).
  *
  * Only the pair's head, not armed, posted whole (seq_check agrees, read
  * with an acquire before the copy: the client stores it after every other
  * field), armed by a stream, not part of a group, a collective of one
- * channel whose checks passed, with room and a free task (an entry it
- * copies and leaves is not copied again: dk_qp.early_no; still, each such
- * costs a pass its copy and checks once: stream-ordered NOPs back to back
- * took 25 us each against 16 before, tests/perf/RESULTS.md, thirty-third
- * run). One such task a pair at a time (dk_qp.early), and none while
- * st->early_off says the kernel stayed for one in vain. A task waiting for its arm keeps the
- * kernel resident (it is live); where nothing else kept it for
- * DK_EARLY_WAIT_NS, the reader takes none early for DK_EARLY_OFF_NS
- * (reader_main), so that a trainer whose compute between collectives is
- * long gets back the SMs the launch gate gives it. A task that never
- * sees its arm ends as any other of its pair or communicator: the pair's
- * removal parks the kernel (a new launch's first visit drops it), and a
- * failed communicator fails it (early_wait). Returns whether it took one.
+ * channel whose checks passed, with room for one more after it (a task
+ * charged while it waits for its arm must not take the pair's last room
+ * from an armed entry) and a free task. An entry it copies and leaves is
+ * not copied again (dk_qp.early_no), and after DK_EARLY_MISSES such in a
+ * row only every DK_EARLY_SAMPLE-th head is looked at until one is taken:
+ * a pair of NOPs, groups or collectives of several channels paid a copy
+ * and its checks in the pass after each take (stream-ordered NOPs 16 -> 25
+ * us each). One such task a pair at a time (dk_qp.early).
  *
- * Off by default (the early-take setting), for what is not done yet: the
- * task is never given back to its queue, so it keeps the kernel resident
- * until its arm, however late (without MPS the trainers' kernels then take
- * turns with it; st->early_off only stops further early takes); one failed
- * before its arm (early_wait's abort, or BAD_COMM at a launch's first
- * visit) completes before it, and the stream's arm, still to come, may then
- * overwrite the arm of the entry of a later lap in the same slot; the
- * BAD_COMM path leaves early_tasks and dk_qp.early counted; its admission
- * is charged while it waits (scheduler.h's "any order" reasoning assumes a
- * charged task has posted or waits for an earlier one); early_wait never
- * looks at the abort word in host memory. Giving the entry back (its task
- * freed unposted, taken[] cleared, the reader's head moved back to it)
- * where it waited alone DK_EARLY_WAIT_NS or failed mends the first two.
+ * Given back. A task not armed yet goes back to its queue, unposted and
+ * unfinished (early_give_back): where such tasks alone kept the kernel
+ * resident for DK_EARLY_WAIT_NS (reader_main asks, st->early_ask, and
+ * takes none early for DK_EARLY_OFF_NS), so that the kernel quits as
+ * without them and a trainer's compute gets its SMs (and, without MPS, the
+ * GPU) back, the launch gate waiting on the entry again; and where its
+ * communicator failed first, so that the entry completes, failed, only
+ * once its stream armed it, as any other (a completion before the arm
+ * would let the client post the slot's next lap, whose arm the stream's
+ * late one could overwrite). Its block frees the task and marks its taken
+ * word and dk_qp.early_back; the reader moves the pair's head back to it
+ * (early_move_back). A pair removed meanwhile: the removal parks the
+ * kernel, and a new launch's first visit drops the task. The early-take
+ * setting (dk_params.early_take) turns all of this on; it is off by
+ * default.
  */
 #define DK_EARLY_WAIT_NS 50000ull
 #define DK_EARLY_OFF_NS 10000000ull
+#define DK_EARLY_MISSES 2u
+#define DK_EARLY_SAMPLE 16u
 __device__ __noinline__ bool early_take(dk_ctx &c, dk_qp *q, uint32_t qi, dfccl_qp_header *hdr, const dfccl_sqe *sq,
                                         volatile uint64_t *taken, uint32_t n, uint64_t head, uint64_t tail)
 {
 	dk_state *st = c.st;
-	if (vload(&q->early) != 0 || vload(&q->early_no) == head || now_ns() < vload(&st->early_off))
+	if (vload(&q->early) != 0 || vload(&q->early_no) == head || vload(&q->early_back) != 0)
+		return false;
+	const uint64_t now = now_ns();
+	if (now < vload(&st->early_off))
+		return false;
+	const uint32_t miss = vload(&q->early_miss);
+	if (miss >= DK_EARLY_MISSES && head % DK_EARLY_SAMPLE != 0)
 		return false;
 	const uint32_t slot = DFCCL_QP_SLOT(head, n);
 	if (ld_acq_sys32(&sq[slot].seq_check) != (uint32_t)head)
 		return false;
 	uint32_t inflight, uid;
 	struct sched_admission a = qp_admission(c, q, &inflight, &uid);
-	if (a.refuse != DFCCL_CQ_OK || a.room == 0)
+	if (a.refuse != DFCCL_CQ_OK || a.room < 2u)
 		return false;
 	/* The copy and its checks, after seq_check's acquire. */
 	rcopy.src[0] = (const uint4 *)&sq[slot];
@@ -2336,11 +2342,17 @@ __device__ __noinline__ bool early_take(dk_ctx &c, dk_qp *q, uint32_t qi, dfccl_
 	    sqe_is_p2p(e->opcode) || !(rcopy.simple & 1u)) {
 		/* Taken once armed, as any other. */
 		*(volatile uint64_t *)&q->early_no = head;
+		if (miss < DK_EARLY_MISSES)
+			*(volatile uint32_t *)&q->early_miss = miss + 1u;
 		return false;
 	}
 	const uint32_t ti = entry_take(c, pr);
 	if (ti == DK_NO_TASK)
 		return false;
+	/* The blocks gave back what the last ask was for (its early_off has
+	 * run out): this one is not asked for. */
+	if (vload(&st->early_ask))
+		*(volatile uint32_t *)&st->early_ask = 0;
 	rcopy.task[0] = ti;
 	rcopy.arrival[0] = ++c.arrivals;
 	admit_count(c, q, 1u);
@@ -2350,11 +2362,61 @@ __device__ __noinline__ bool early_take(dk_ctx &c, dk_qp *q, uint32_t qi, dfccl_
 	copy_entries(DK_COPY_FILL);
 	*(volatile uint8_t *)&st->tasks[ti].early = 1;
 	*(volatile uint64_t *)&q->early = head;
+	if (miss)
+		*(volatile uint32_t *)&q->early_miss = 0;
 	taken[slot] = head;
 	c.cpu_last = false;
 	inbox_publish(c);
 	head_advance(q, qi, hdr, taken, n, head, head + 1u, tail);
 	return true;
+}
+
+/*
+ * The entries the blocks gave back (early_give_back): each pair's head
+ * moved back to its entry (its taken word no longer says taken), which is
+ * then not taken early again at once (early_no), and the pair may take
+ * another early. The reader's cache of the pair is dropped: its taken_hi
+ * says which entries may read taken, and was raised past none of those
+ * taken in order after the head (read_queues loads it afresh, from the
+ * new head, on its next look). Where no pair holds one, the count is a
+ * removed pair's (its slot zeroed on its next use): dropped. Out of line:
+ * rare.
+ */
+__device__ __noinline__ void early_move_back(dk_ctx &c, uint32_t backs)
+{
+	dk_state *st = c.st;
+	/* The count's load an acquire: each block's taken word and early_back
+	 * came before its count (early_give_back). */
+	__threadfence();
+	uint32_t found = 0;
+	for (uint32_t qi = 0; qi < c.nqps && qi < DK_MAX_QPS; qi++) {
+		dk_qp *q = &st->qps[qi];
+		const uint64_t s = vload(&q->early_back);
+		if (!s)
+			continue;
+		found++;
+		if (vload(&q->live)) {
+			const bool cached = qi < DK_QCACHE && (qcache.known >> qi & 1u);
+			const uint64_t head = cached ? qcache.head[qi] : vload(&q->head);
+			if (s < head) {
+				*(volatile uint64_t *)&q->head = s;
+				*(volatile uint64_t *)&vload(&q->hdr)->sq_head = s;
+			}
+			if (cached)
+				qcache.known &= ~(1u << qi);
+			*(volatile uint64_t *)&q->early_no = s;
+			*(volatile uint64_t *)&q->early = 0;
+		}
+		*(volatile uint64_t *)&q->early_back = 0;
+	}
+	if (found) {
+		/* An early_back found before its block's count: the taken word
+		 * before it is read after this. */
+		__threadfence();
+		atomicSub(&st->early_backs, min(found, backs));
+	} else {
+		atomicCAS(&st->early_backs, backs, 0u);
+	}
 }
 
 /* Out of line: the queue reader is one thread of its own (reader_main),
@@ -2366,6 +2428,11 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 	dk_state *st = c.st;
 	const bool tracing = c.p.trace != NULL;
 	uint32_t got = 0;
+	if (c.p.early_take) {
+		const uint32_t backs = vload(&st->early_backs);
+		if (backs)
+			early_move_back(c, backs);
+	}
 	for (uint32_t qi = 0; qi < c.nqps && qi < DK_MAX_QPS; qi++) {
 		dk_qp *q = &st->qps[qi];
 		const bool cached = qi < DK_QCACHE && (qcache.known >> qi & 1u);
@@ -3720,45 +3787,72 @@ __device__ bool visit_alone(const dk_ctx &c, const dk_shared &sh)
 }
 
 /*
+ * A task taken before its arm goes back to its queue (early_take, "Given
+ * back"), by its block: unposted, its channel never past DK_SLOT, so no
+ * peer knows of it. Its taken word says not taken (the slot's lap before),
+ * then dk_qp.early_back names it and the count tells the reader
+ * (early_move_back); the caller frees the task (R_FREE: its admission
+ * goes back), which the reader's count of live tasks sees after these.
+ */
+__device__ void early_give_back(dk_ctx &c, dk_task *tg, const dk_task *t, dk_qp *q)
+{
+	volatile uint64_t *taken = vload(&q->taken);
+	const uint32_t qn = vload(&q->n);
+	taken[DFCCL_QP_SLOT(t->seq, qn)] = t->seq > qn ? t->seq - qn : 0;
+	__threadfence();
+	*(volatile uint64_t *)&q->early_back = t->seq;
+	__threadfence();
+	atomicAdd(&c.st->early_backs, 1u);
+	tg->early = 0;
+	atomicSub(&c.st->early_tasks, 1u);
+}
+
+/*
  * A task taken before its arm (early_take), on its block, before the
- * instance's slot: 1 once its stream armed it (the arm word's acquire:
- * the buffers it reads next were written before), 0 while not, -status
- * where it ends without: its communicator failed (looked at every 8th
- * poll, x->astep counting them: a direct collective's step count starts
- * at its POSTS). Its pair removed meanwhile: the slot may serve another
- * pair by now, so nothing of it is read; the removal parked the kernel,
- * and the next launch's first visit drops the task. While the task is
- * alone on its block (visit_alone), up to DK_EARLY_LOOKS looks in a row,
- * a PCIe round trip each, rather than one a visit: a visit of the block's
- * loop took 3.5 us (2 H200, thirty-third run).
+ * instance's slot: EARLY_ARMED once its stream armed it (the arm word's
+ * acquire: the buffers it reads next were written before), EARLY_WAIT
+ * while not, EARLY_BACK where it was given back (early_give_back): the
+ * reader asks for it (st->early_ask), or its communicator failed (looked
+ * at every 8th poll, the host's word every 512th, x->astep counting them:
+ * a direct collective's step count starts at its POSTS). Its pair removed
+ * meanwhile: the slot may serve another pair by now, so nothing of it is
+ * read; the removal parked the kernel, and the next launch's first visit
+ * drops the task. While the task is alone on its block (visit_alone), up
+ * to DK_EARLY_LOOKS looks in a row, a PCIe round trip each, rather than
+ * one a visit: a visit of the block's loop took 3.5 us (2 H200,
+ * thirty-third run).
  */
 #define DK_EARLY_LOOKS 32u
+enum { EARLY_WAIT = 0, EARLY_ARMED = 1, EARLY_BACK = 2 };
 __device__ int early_wait(dk_ctx &c, const dk_shared &sh, dk_task *tg, const dk_task *t, dk_qp *q, dk_comm *cm,
                           dk_chan_ctx *x)
 {
 	const uint32_t live = vload(&q->live), gen = vload(&q->gen), qn = vload(&q->n);
 	const dfccl_sqe *sq = vload(&q->sq);
 	if (!live || gen != t->qp_gen)
-		return 0;
+		return EARLY_WAIT;
 	const uint64_t *word = &sq[DFCCL_QP_SLOT(t->seq, qn)].arm;
 	uint64_t arm = ld_acq_sys(word);
 	for (uint32_t k = 1; arm != t->seq && k < DK_EARLY_LOOKS && visit_alone(c, sh); k++)
 		arm = ld_acq_sys(word);
-	uint32_t ab = 0;
-	if (arm != t->seq) {
-		if ((++x->astep & 7u) == 0)
-			ab = comm_aborted(cm, false);
-		if (!ab)
-			return 0;
+	if (arm == t->seq) {
+		x->astep = 0;
+		tg->early = 0;
+		((dk_task *)t)->early = 0; /* this visit's copy */
+		if (vload(&q->early) == t->seq)
+			*(volatile uint64_t *)&q->early = 0;
+		atomicSub(&c.st->early_tasks, 1u);
+		return EARLY_ARMED;
 	}
-	/* Armed, or ending: it waits no more. */
+	const uint32_t w = ++x->astep;
+	bool back = vload(&c.st->early_ask) != 0;
+	if (!back && (w & 7u) == 0)
+		back = comm_aborted(cm, (w & 511u) == 0) != 0;
+	if (!back)
+		return EARLY_WAIT;
 	x->astep = 0;
-	tg->early = 0;
-	((dk_task *)t)->early = 0; /* this visit's copy */
-	if (vload(&q->early) == t->seq)
-		*(volatile uint64_t *)&q->early = 0;
-	atomicSub(&c.st->early_tasks, 1u);
-	return ab ? -(int)ab : 1;
+	early_give_back(c, tg, t, q);
+	return EARLY_BACK;
 }
 
 __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t position, bool piece_done,
@@ -3807,6 +3901,12 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 			return A_RETURN;
 		}
 		if (!vload(&cm->live) || vload(&cm->gen) != t->comm_gen) {
+			if (t->early) {
+				/* Failed once armed (early_take, "Given back"). */
+				early_give_back(c, tg, t, q);
+				sh.ret = R_FREE;
+				return A_RETURN;
+			}
 			tg->status = DFCCL_CQ_BAD_COMM;
 			x->step = DK_CHDONE;
 		}
@@ -4093,12 +4193,11 @@ __device__ uint32_t chan_control(dk_ctx &c, dk_shared &sh, uint32_t ti, uint32_t
 		case DK_SLOT:
 			if (t->early) {
 				const int armed = early_wait(c, sh, tg, t, q, cm, x);
-				if (armed < 0) {
-					tg->status = (uint32_t)-armed;
-					x->step = DK_CHDONE;
-					continue;
+				if (armed == EARLY_BACK) {
+					sh.ret = R_FREE;
+					return A_RETURN;
 				}
-				if (armed == 0) {
+				if (armed == EARLY_WAIT) {
 					sh.ret = *progressed ? R_PROGRESS : R_BLOCKED;
 					return A_RETURN;
 				}
@@ -4366,14 +4465,17 @@ __device__ void reader_main(dk_ctx &c)
 		uint64_t now = now_ns();
 		const uint32_t live = got ? 0u : vload(&st->live_tasks);
 		/* Tasks that wait for their arms only (early_take): the kernel
-		 * stays for them, but takes none early for a while once they
-		 * kept it DK_EARLY_WAIT_NS. */
+		 * stays for them DK_EARLY_WAIT_NS, then asks for them back and
+		 * takes none early for a while. */
 		const bool waiting = live && live == vload(&st->early_tasks);
 		if (got || (live && !waiting)) {
 			last_active = now;
 		} else if (waiting) {
+			/* They go back to their queues (early_wait), and the
+			 * kernel quits idle as without them. */
 			if (now - last_active >= DK_EARLY_WAIT_NS) {
 				*(volatile uint64_t *)&st->early_off = now + DK_EARLY_OFF_NS;
+				*(volatile uint32_t *)&st->early_ask = 1;
 				last_active = now;
 			}
 		} else if (now - last_active >= (c.cpu_last ? c.p.idle_ns : stream_idle)) {
@@ -4381,6 +4483,10 @@ __device__ void reader_main(dk_ctx &c)
 			 * before a client saw SLEEPING is not missed. */
 			set_engine_state(st, DFCCL_ENGINE_SLEEPING);
 			c.passes = 0; /* a whole look: past every unarmed head too */
+			/* The live tasks' count read 0 before: an entry given back
+			 * (early_give_back, before its task was freed) is moved
+			 * back to by this look, so the launch gate sees it. */
+			__threadfence();
 			got = read_queues(c);
 			if (got > 0) {
 				set_engine_state(st, DFCCL_ENGINE_POLLING);

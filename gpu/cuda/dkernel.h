@@ -117,7 +117,14 @@ struct dk_qp {
 	uint64_t early;               /* kernel (host zeroes it on add): the sequence of its task taken before
 	                               * its arm and not armed yet (early_take, dkernel.cu), 0: none */
 	uint64_t early_no;            /* kernel (host zeroes it on add): the last entry early_take copied and
-	                               * left for its arm (not one of those it takes): not copied again */
+	                               * left for its arm (not one of those it takes), or one given back: not
+	                               * copied again */
+	uint64_t early_back;          /* kernel (host zeroes it on add): the entry of its early task that the
+	                               * task's block gave back (early_give_back, dkernel.cu), for the reader
+	                               * to move the head back to; 0: none */
+	uint32_t early_miss;          /* kernel (host zeroes it on add): entries early_take copied and left since
+	                               * it last took one (at most DK_EARLY_MISSES, dkernel.cu) */
+	uint32_t reserved_early;
 };
 
 enum dk_reg_state { DK_REG_EMPTY = 0, DK_REG_LIVE = 1, DK_REG_GONE = 2 };
@@ -461,8 +468,10 @@ struct dk_state {
 	                          * (%globaltimer), 0 where the last launch did not (dk_stream_idle) */
 	uint64_t stream_idle_ns; /* the queue reader: the idle after a stream-armed entry it came to (dk_stream_idle) */
 	uint32_t early_tasks; /* tasks taken before their arm and not armed yet (atomic; early_take, dkernel.cu) */
-	uint32_t reserved_early;
+	uint32_t early_backs; /* entries given back (dk_qp.early_back) the reader has not moved back to (atomic) */
 	uint64_t early_off;   /* the queue reader: no entry is taken before its arm until this time (%globaltimer) */
+	uint32_t early_ask;   /* the queue reader: 1: the blocks give back their early tasks not armed yet */
+	uint32_t reserved_early[3];
 	uint32_t uid_inflight[DK_MAX_QPS]; /* tasks per uid slot (atomic; a uid per queue pair at most) */
 	struct dk_qp qps[DK_MAX_QPS];
 	struct dk_comm comms[DK_MAX_COMMS];
