@@ -2305,10 +2305,7 @@ __device__ __forceinline__ void head_advance(dk_qp *q, uint32_t qi, dfccl_qp_hea
  * setting (dk_params.early_take) turns all of this on; it is off by
  * default.
  */
-#define DK_EARLY_WAIT_NS 50000ull
 #define DK_EARLY_OFF_NS 10000000ull
-#define DK_EARLY_MISSES 2u
-#define DK_EARLY_SAMPLE 16u
 __device__ __noinline__ bool early_take(dk_ctx &c, dk_qp *q, uint32_t qi, dfccl_qp_header *hdr, const dfccl_sqe *sq,
                                         volatile uint64_t *taken, uint32_t n, uint64_t head, uint64_t tail)
 {
@@ -2319,14 +2316,14 @@ __device__ __noinline__ bool early_take(dk_ctx &c, dk_qp *q, uint32_t qi, dfccl_
 	if (now < vload(&st->early_off))
 		return false;
 	const uint32_t miss = vload(&q->early_miss);
-	if (miss >= DK_EARLY_MISSES && head % DK_EARLY_SAMPLE != 0)
+	if (!dk_early_looks(miss, head))
 		return false;
 	const uint32_t slot = DFCCL_QP_SLOT(head, n);
 	if (ld_acq_sys32(&sq[slot].seq_check) != (uint32_t)head)
 		return false;
 	uint32_t inflight, uid;
 	struct sched_admission a = qp_admission(c, q, &inflight, &uid);
-	if (a.refuse != DFCCL_CQ_OK || a.room < 2u)
+	if (a.refuse != DFCCL_CQ_OK || a.room < 2u) /* dk_early_fits's room, before the copy */
 		return false;
 	/* The copy and its checks, after seq_check's acquire. */
 	rcopy.src[0] = (const uint4 *)&sq[slot];
@@ -2338,8 +2335,7 @@ __device__ __noinline__ bool early_take(dk_ctx &c, dk_qp *q, uint32_t qi, dfccl_
 	copy_wait();
 	const dfccl_sqe *e = (const dfccl_sqe *)rcopy.buf[0];
 	const dk_prep &pr = rcopy.prep[0];
-	if (e->seq != head || !(e->flags & DFCCL_SQE_F_STREAM_ARMED) || (e->flags & DFCCL_SQE_F_GROUP) ||
-	    sqe_is_p2p(e->opcode) || !(rcopy.simple & 1u)) {
+	if (!dk_early_fits(e, head, rcopy.simple & 1u, a.room)) {
 		/* Taken once armed, as any other. */
 		*(volatile uint64_t *)&q->early_no = head;
 		if (miss < DK_EARLY_MISSES)
@@ -4464,21 +4460,19 @@ __device__ void reader_main(dk_ctx &c)
 		trace(c, DK_EV_QUEUES, got);
 		uint64_t now = now_ns();
 		const uint32_t live = got ? 0u : vload(&st->live_tasks);
-		/* Tasks that wait for their arms only (early_take): the kernel
-		 * stays for them DK_EARLY_WAIT_NS, then asks for them back and
-		 * takes none early for a while. */
-		const bool waiting = live && live == vload(&st->early_tasks);
-		if (got || (live && !waiting)) {
+		const uint32_t early = live ? vload(&st->early_tasks) : 0u;
+		const int step = dk_idle_step(got, live, early, now - last_active, c.cpu_last ? c.p.idle_ns : stream_idle);
+		if (step == DK_IDLE_ACTIVE) {
 			last_active = now;
-		} else if (waiting) {
-			/* They go back to their queues (early_wait), and the
-			 * kernel quits idle as without them. */
-			if (now - last_active >= DK_EARLY_WAIT_NS) {
-				*(volatile uint64_t *)&st->early_off = now + DK_EARLY_OFF_NS;
-				*(volatile uint32_t *)&st->early_ask = 1;
-				last_active = now;
-			}
-		} else if (now - last_active >= (c.cpu_last ? c.p.idle_ns : stream_idle)) {
+		} else if (step == DK_IDLE_GIVE_BACK) {
+			/* Only tasks taken early, waiting for their arms, kept the
+			 * kernel: they go back to their queues (early_wait), and it
+			 * quits idle as without them, taking none early for a
+			 * while. */
+			*(volatile uint64_t *)&st->early_off = now + DK_EARLY_OFF_NS;
+			*(volatile uint32_t *)&st->early_ask = 1;
+			last_active = now;
+		} else if (step == DK_IDLE_QUIT) {
 			/* Going: say so, then look once more, so an entry armed
 			 * before a client saw SLEEPING is not missed. */
 			set_engine_state(st, DFCCL_ENGINE_SLEEPING);

@@ -633,6 +633,56 @@ static inline DFCCL_HD uint64_t dk_stream_idle(uint64_t base, uint64_t idle, uin
 	return cur / 2 < base ? base : cur / 2;
 }
 
+/*
+ * The early take's choices (dkernel.cu, early_take), apart so that they
+ * are tested on the host (tests/unit/test_dk_early.c).
+ *
+ * dk_early_looks: whether the reader looks at pair's unarmed head `head`
+ * (a copy and its checks) after `miss` heads in a row it copied and left:
+ * every one below DK_EARLY_MISSES, then every DK_EARLY_SAMPLE-th, so that a
+ * pair of NOPs, groups or collectives of several channels stops paying a
+ * copy per entry (stream-ordered NOPs back to back took 25 us each against
+ * 16 with every head copied: tests/perf/RESULTS.md, thirty-third run).
+ */
+#define DK_EARLY_MISSES 2u
+#define DK_EARLY_SAMPLE 16u
+static inline DFCCL_HD int dk_early_looks(uint32_t miss, uint64_t head)
+{
+	return miss < DK_EARLY_MISSES || head % DK_EARLY_SAMPLE == 0;
+}
+
+/* Whether entry e, copied as pair's head `head` (its checks passed, a
+ * collective of one channel: `simple`), with `room` entries of the pair's
+ * admission left, is taken before its arm: posted under that sequence,
+ * armed by a stream, not in a group (a group is armed at once: nothing to
+ * gain), not a send or receive, and with room for one more after it, so
+ * that an early task waiting for its arm never takes the pair's last room
+ * from an armed entry. */
+static inline DFCCL_HD int dk_early_fits(const struct dfccl_sqe *e, uint64_t head, int simple, uint32_t room)
+{
+	return e->seq == head && (e->flags & DFCCL_SQE_F_STREAM_ARMED) && !(e->flags & DFCCL_SQE_F_GROUP) &&
+	       !sqe_is_p2p(e->opcode) && simple && room >= 2u;
+}
+
+/* What the queue reader does after a pass (reader_main), from whether it
+ * took entries, the live tasks, those of them taken early and not armed,
+ * and how long since it last had work: DK_IDLE_ACTIVE (work: the clock
+ * starts again), DK_IDLE_WAIT (nothing yet, or only early tasks for less
+ * than DK_EARLY_WAIT_NS), DK_IDLE_GIVE_BACK (only early tasks, for
+ * DK_EARLY_WAIT_NS: ask for them back, take none early for a while, and
+ * start the clock again), DK_IDLE_QUIT (nothing at all for `idle`). */
+#define DK_EARLY_WAIT_NS 50000ull
+enum { DK_IDLE_ACTIVE = 0, DK_IDLE_WAIT = 1, DK_IDLE_GIVE_BACK = 2, DK_IDLE_QUIT = 3 };
+static inline DFCCL_HD int dk_idle_step(uint32_t got, uint32_t live, uint32_t early, uint64_t since_ns,
+                                        uint64_t idle_ns)
+{
+	if (got || (live && live != early))
+		return DK_IDLE_ACTIVE;
+	if (live)
+		return since_ns >= DK_EARLY_WAIT_NS ? DK_IDLE_GIVE_BACK : DK_IDLE_WAIT;
+	return since_ns >= idle_ns ? DK_IDLE_QUIT : DK_IDLE_WAIT;
+}
+
 /* Where a task of nch channels starts: the range [*lo, *lo + *span) it
  * runs in -- the bulk blocks for several channels, or for one when
  * `spill` (the kernel has a backlog), else the resident ones -- and
