@@ -4460,7 +4460,9 @@ __device__ void reader_main(dk_ctx &c)
 		trace(c, DK_EV_QUEUES, got);
 		uint64_t now = now_ns();
 		const uint32_t live = got ? 0u : vload(&st->live_tasks);
-		const uint32_t early = live ? vload(&st->early_tasks) : 0u;
+		/* A second round trip after live's, only where tasks can be
+		 * taken early. */
+		const uint32_t early = live && c.p.early_take ? vload(&st->early_tasks) : 0u;
 		const int step = dk_idle_step(got, live, early, now - last_active, c.cpu_last ? c.p.idle_ns : stream_idle);
 		if (step == DK_IDLE_ACTIVE) {
 			last_active = now;
