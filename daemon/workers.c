@@ -611,11 +611,14 @@ static int worker_spawn(struct worker *wk)
 		return -errno;
 
 	/* The worker reads its settings through the same table: pass the
-	 * ones it uses by name. The engine is the resolved one, never auto. */
+	 * ones it uses by name. The engine is the resolved one, never auto.
+	 * A setting left out keeps its default in the workers whatever dfccld
+	 * was given (tests/gpu/cuda_engine.sh's early part checks that
+	 * early-take reaches them, by the kernel's counters). */
 	static const char *const passed[] = {"log-level", "log-target", "spin-head",
 	                                     "spin-other", "stick-mult", "spin-max",
 	                                     "algo",      "channels",   "spread-blocks", "kernel-idle-us", "resident-blocks",
-	                                     "bulk-idle-us", "launch-gate", "launch-gate-idle-us", "push-bytes",
+	                                     "bulk-idle-us", "launch-gate", "launch-gate-idle-us", "early-take", "push-bytes",
 	                                     "ll-bytes",  "visit-bytes", "chan-bytes", "oneshot-bytes",
 	                                     "max-inflight-per-session", "max-inflight-per-uid"};
 	enum { NPASSED = sizeof(passed) / sizeof(passed[0]) };
@@ -1343,6 +1346,8 @@ int workers_fill_stats(struct workers *w, Dfccl__V1__QueryReply *r)
 		d->kernel_launches = load64(&wk->stats->kernel_launches);
 		d->kernel_quits = load64(&wk->stats->kernel_quits);
 		d->kernel_gated = load64(&wk->stats->kernel_gated);
+		d->early_taken = load64(&wk->stats->early_taken);
+		d->early_given_back = load64(&wk->stats->early_given_back);
 		/* Per block, up to the last that completed anything (none on
 		 * the host engine). */
 		unsigned nb = 0;

@@ -38,7 +38,9 @@ struct dfccl_worker_stats {
 	                                        * completed, with either status (the queue reader's own, NOPs
 	                                        * and refusals, are in completed and errors only) */
 	uint64_t kernel_gated;     /* worker (CUDA engine): daemon-kernel launches queued behind a gate (launch-gate) */
-	uint8_t reserved[DFCCL_STATS_SIZE - 96 - 8 * DFCCL_ALGO_COUNT_ - 8 * DFCCL_STATS_BLOCKS];
+	uint64_t early_taken;      /* worker (CUDA engine): stream-ordered entries taken before their arm (early-take) */
+	uint64_t early_given_back; /* worker (CUDA engine): those of them given back to their queues unarmed */
+	uint8_t reserved[DFCCL_STATS_SIZE - 112 - 8 * DFCCL_ALGO_COUNT_ - 8 * DFCCL_STATS_BLOCKS];
 };
 
 DFCCL_STATIC_ASSERT(sizeof(struct dfccl_worker_stats) == DFCCL_STATS_SIZE, "stats page size");

@@ -93,7 +93,7 @@ static const char usage[] =
 
 /* ---------------------------------------------------------------- tables */
 
-#define TABLE_MAX_COLS 12
+#define TABLE_MAX_COLS 14
 
 /* Cells are collected first and printed once every column's width is known. */
 struct table {
@@ -372,8 +372,8 @@ static void print_queues(const Dfccl__V1__QueryReply *q, const char *socket_path
 static void print_stats(const Dfccl__V1__QueryReply *q, const char *socket_path)
 {
 	struct table t;
-	table_start(&t, 12, "DEVICE", "COMPLETED", "PREEMPTIONS", "ERRORS", "CTX SWITCHES", "SPINS", "LAUNCHES", "GATED",
-	            "QUITS", "BLOCKS", "QUEUE PAIRS", "WORKER");
+	table_start(&t, 14, "DEVICE", "COMPLETED", "PREEMPTIONS", "ERRORS", "CTX SWITCHES", "SPINS", "LAUNCHES", "GATED",
+	            "QUITS", "EARLY", "GIVEN BACK", "BLOCKS", "QUEUE PAIRS", "WORKER");
 	for (size_t i = 0; i < q->n_stats; i++) {
 		const Dfccl__V1__DeviceStats *s = q->stats[i];
 		table_cell(&t, "%u", s->device);
@@ -385,6 +385,8 @@ static void print_stats(const Dfccl__V1__QueryReply *q, const char *socket_path)
 		table_cell(&t, "%llu", (unsigned long long)s->kernel_launches);
 		table_cell(&t, "%llu", (unsigned long long)s->kernel_gated);
 		table_cell(&t, "%llu", (unsigned long long)s->kernel_quits);
+		table_cell(&t, "%llu", (unsigned long long)s->early_taken);
+		table_cell(&t, "%llu", (unsigned long long)s->early_given_back);
 		unsigned used = 0;
 		for (size_t b = 0; b < s->n_by_block; b++)
 			used += s->by_block[b] != 0;

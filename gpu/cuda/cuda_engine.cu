@@ -176,6 +176,8 @@ static void ce_page_counters(struct dfccl_worker_stats *s, uint64_t *out[CE_NCOU
 	out[4] = &s->spins;
 	for (int a = DFCCL_ALGO_DIRECT; a < DFCCL_ALGO_COUNT_; a++)
 		out[5 + a - DFCCL_ALGO_DIRECT] = &s->by_algo[a];
+	out[5 + DFCCL_ALGO_COUNT_ - 1] = &s->early_taken;
+	out[6 + DFCCL_ALGO_COUNT_ - 1] = &s->early_given_back;
 }
 
 static int ce_failed(struct cuda_engine *e, cudaError_t rc, const char *what)

@@ -816,6 +816,9 @@ struct dk_ctx {
 	uint32_t passes;    /* the queue reader: its passes over the queue pairs so far */
 	uint32_t nqps;      /* the queue reader: dk_ctl.nqps, which changes only while the kernel is parked */
 	bool cpu_last;      /* the queue reader: the last entry it took was armed by the CPU (reader_main) */
+	bool early_live;    /* the queue reader: tasks it took before their arm may be unarmed still, or
+	                     * given back and not moved back to (early_take): st->early_tasks and
+	                     * st->early_backs need loading; false, they are 0 */
 	/* The queue reader's own (reader_main loads them at its start): */
 	uint64_t arrivals;  /* dk_state.arrivals, stored back by inbox_publish */
 	uint32_t rtail[DK_MAX_BLOCKS]; /* each inbox's next place (its tail once published) */
@@ -2353,6 +2356,8 @@ __device__ __noinline__ bool early_take(dk_ctx &c, dk_qp *q, uint32_t qi, dfccl_
 	rcopy.arrival[0] = ++c.arrivals;
 	admit_count(c, q, 1u);
 	atomicAdd(&st->early_tasks, 1u);
+	c.early_live = true;
+	c.acc.early_taken++;
 	rcopy.fill = 1u;
 	rcopy.qn = n;
 	copy_entries(DK_COPY_FILL);
@@ -2424,10 +2429,18 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 	dk_state *st = c.st;
 	const bool tracing = c.p.trace != NULL;
 	uint32_t got = 0;
-	if (c.p.early_take) {
+	if (c.early_live) {
+		/* The tasks' count first, an acquire: a block counts its
+		 * give-back before it uncounts the task (early_give_back), so
+		 * with none left the give-back's count is seen. Neither: both
+		 * stay 0 until the reader takes one early again, and no pass
+		 * loads them (a callback-form pair pays nothing for them). */
+		const uint32_t tasks = ld_acq_gpu32(&st->early_tasks);
 		const uint32_t backs = vload(&st->early_backs);
 		if (backs)
 			early_move_back(c, backs);
+		else if (!tasks)
+			c.early_live = false;
 	}
 	for (uint32_t qi = 0; qi < c.nqps && qi < DK_MAX_QPS; qi++) {
 		dk_qp *q = &st->qps[qi];
@@ -3800,7 +3813,11 @@ __device__ void early_give_back(dk_ctx &c, dk_task *tg, const dk_task *t, dk_qp 
 	__threadfence();
 	atomicAdd(&c.st->early_backs, 1u);
 	tg->early = 0;
+	/* The give-back counted before the task is uncounted (read_queues
+	 * loads them the other way round). */
+	__threadfence();
 	atomicSub(&c.st->early_tasks, 1u);
+	c.acc.early_backs++;
 }
 
 /*
@@ -4454,6 +4471,8 @@ __device__ void reader_main(dk_ctx &c)
 	uint64_t last_active = now_ns();
 	c.passes = 0;
 	c.cpu_last = false;
+	/* Early tasks of the last launch may be waiting still. */
+	c.early_live = c.p.early_take != 0;
 	while (!vload(&st->ctl.stop) && !vload(&st->ctl.park)) {
 		uint32_t got = read_queues(c);
 		c.passes++;
@@ -4462,7 +4481,7 @@ __device__ void reader_main(dk_ctx &c)
 		const uint32_t live = got ? 0u : vload(&st->live_tasks);
 		/* A second round trip after live's, only where tasks can be
 		 * taken early. */
-		const uint32_t early = live && c.p.early_take ? vload(&st->early_tasks) : 0u;
+		const uint32_t early = live && c.early_live ? vload(&st->early_tasks) : 0u;
 		const int step = dk_idle_step(got, live, early, now - last_active, c.cpu_last ? c.p.idle_ns : stream_idle);
 		if (step == DK_IDLE_ACTIVE) {
 			last_active = now;

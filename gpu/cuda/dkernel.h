@@ -438,14 +438,17 @@ struct dk_ctl {
 
 /* Counters of one block, in host memory; the block is the only writer.
  * started[a - 1]: collectives the queue reader started with algorithm a (direct ..
- * multitree). */
-#define DK_NCOUNTERS 9
+ * multitree; an entry given back and taken again counts twice). early_taken:
+ * entries the queue reader took before their stream armed them; early_backs:
+ * those the block gave back to their queues unarmed (early_take, dkernel.cu). */
+#define DK_NCOUNTERS 11
 struct dk_block_stats {
 	uint64_t completed, errors, preemptions, context_switches, spins;
 	uint64_t started[DFCCL_ALGO_COUNT_ - 1];
+	uint64_t early_taken, early_backs;
 	uint64_t reserved[16 - DK_NCOUNTERS];
 };
-DFCCL_STATIC_ASSERT(DK_NCOUNTERS == 5 + DFCCL_ALGO_COUNT_ - 1, "one started counter per algorithm but auto");
+DFCCL_STATIC_ASSERT(DK_NCOUNTERS == 7 + DFCCL_ALGO_COUNT_ - 1, "one started counter per algorithm but auto");
 
 /* Mapped pinned host memory: what the host side reads while the kernel runs. */
 struct dk_host {

@@ -55,7 +55,11 @@
 # channel per 16 KiB runs a batch of small all-reduces (which must spill
 # onto the bulk blocks), the quick sweep, both forms, the deadlock
 # programs, chaos and batches of middle sizes; resident and bulk blocks
-# must both have completed collectives. After the daemon stops, nccl_deadlock
+# must both have completed collectives. A daemon that takes stream-ordered
+# collectives before their arm (--early-take 1) runs the quick sweep, both
+# forms, and stream-ordered batches, without MPS and under it; entries must
+# have been taken early (and, without MPS, given back unarmed: the counters
+# early_taken and early_given_back). After the daemon stops, nccl_deadlock
 # replays the deadlock pattern on NCCL, where it is expected to hang (not a
 # failure of this test). With nvidia-cuda-mps-control and root, the suite
 # runs again, quick, under a private MPS daemon. Any failure prints the
@@ -70,7 +74,8 @@
 #        without MPS), "push" (pushed all-reduces off, no spread), "spread"
 #        (--spread-blocks 1), "split" (resident and bulk blocks), "gate"
 #        (launches behind a gate), "nccl" (the pattern on NCCL) and "mps"
-#        (the suite under MPS), comma-separated
+#        (the suite under MPS), "early" (stream-ordered collectives taken
+#        before their arm, --early-take 1), comma-separated
 #        (default all), so that a long run can be split between calls;
 #        CUDA_ENGINE_DAEMON_ARGS adds dfccld settings to every daemon the
 #        suite starts (e.g. "--bulk-idle-us 0").
@@ -334,7 +339,7 @@ small_batch() {
 		--mode callback --batch 150 --group 0 -b 4K -e 4K -n 5 -w 2 -c 1
 }
 
-parts_from CUDA_ENGINE_PARTS main,push,spread,split,gate,nccl,mps main push spread split gate nccl mps
+parts_from CUDA_ENGINE_PARTS main,push,spread,split,gate,early,nccl,mps main push spread split gate early nccl mps
 
 echo "== $ngpu GPU(s); seed $seed; parts $parts"
 if part_on main; then
@@ -509,6 +514,54 @@ print(' '.join('GPU %d: %d' % (g, a[g] - b.get(g, 0)) for g in sorted(a)
 		[ "${g##*:}" -gt 0 ] || fail "gated: GPU ${g%%:*} launched its kernel behind no gate ($gated)"
 	done
 	stop_daemon
+fi
+
+# Stream-ordered collectives taken before their arm (--early-take 1). Each
+# stream-ordered case of test_cuda_coll waits behind a 100 us kernel of its
+# rank's: where the daemon kernel is still resident (the last case's, or
+# another rank's), the queue reader takes the entry before the stream arms
+# it, and with nothing else to do for 50 us the block gives it back to its
+# queue, to be taken again once armed. A case read before its send data was
+# written, or run twice, or never, shows as wrong data or a hang. Without
+# MPS the kernel stays resident between cases (kernel-idle-us): both an
+# early take and a give-back must have happened. Under MPS (as deployed,
+# where usable) the launch gate restarts the kernel for each stream-armed
+# entry, and early takes come from batches and ranks sharing a GPU: at least
+# one must have happened.
+early_counts() {
+	ctl --json stats | json "'%d %d' % (sum(int(x.get('early_taken', 0)) for x in d['devices']),
+		sum(int(x.get('early_given_back', 0)) for x in d['devices']))"
+}
+early_suite() {
+	local name=$1 need_back=$2 g taken back
+	start_daemon "${daemon_args[@]}" --early-take 1
+	variant_suite "$name" 256K
+	step "$name: stream-ordered collectives, 3 ranks sharing GPU 0" 300 "${coll[@]}" --stream --quick --nranks 3 \
+		--gpus 0,0,0
+	for g in 0 1; do
+		step "$name: 150 stream-ordered all-reduces of 4-64 KiB per wait (group $g), 2 ranks on GPUs $pair" 300 \
+			"$bin/dfccl-perf" allreduce --socket "$sock" --mem device --devices "$pair" --nranks 2 \
+			--mode stream --batch 150 --group "$g" -b 4K -e 64K -f 16 -n 5 -w 2 -c 1
+	done
+	read -r taken back <<<"$(early_counts)"
+	echo "$name: entries taken before their arm: $taken, given back unarmed: $back"
+	[ "$taken" -gt 0 ] || fail "$name: with --early-take 1 no entry was taken before its arm"
+	[ "$need_back" = 0 ] || [ "$back" -gt 0 ] ||
+		fail "$name: entries were taken before their arm ($taken) but none was given back while its stream ran"
+	stop_daemon
+}
+if part_on early; then
+	echo "== stream-ordered collectives taken before their arm (--early-take 1)"
+	pair=0,0
+	[ "$ngpu" -ge 2 ] && pair=0,1
+	early_suite early 1
+	if mps_usable; then
+		mps_start
+		early_suite "early, MPS" 0
+		mps_stop
+	else
+		echo "== early take under MPS skipped (needs nvidia-cuda-mps-control and root)"
+	fi
 fi
 
 if ! part_on nccl; then

@@ -288,7 +288,8 @@ for i, f in enumerate(tables):
 
 print()
 print("# the daemon kernel's counters over each dfccl run (both GPUs), per collective completed")
-keys = ("preemptions", "spins", "context_switches", "kernel_launches", "kernel_quits")
+keys = ("preemptions", "spins", "context_switches", "kernel_launches", "kernel_quits", "early_taken",
+        "early_given_back")
 
 
 def counters(name):
@@ -304,8 +305,8 @@ def counters(name):
     return {key: tot(snaps[1], key) - tot(snaps[0], key) for key in ("completed",) + keys}
 
 
-print("%-32s %10s %12s %12s %12s %12s %12s" % ("run", "completed", "preempt/c", "spins/c", "switch/c",
-                                               "launch/c", "quit/c"))
+print("%-32s %10s %12s %12s %12s %12s %12s %12s %12s" % ("run", "completed", "preempt/c", "spins/c", "switch/c",
+                                                         "launch/c", "quit/c", "early/c", "back/c"))
 names = sorted(f[:-len(".stats1")] for f in os.listdir(out) if f.endswith(".stats1"))
 for name in names:
     if "dfccl" not in name:

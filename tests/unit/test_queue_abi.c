@@ -142,6 +142,9 @@ static void test_stats_page(void **state)
 	assert_int_equal(offsetof(struct dfccl_worker_stats, doorbells), 56);
 	assert_int_equal(offsetof(struct dfccl_worker_stats, by_block), 128);
 	assert_int_equal(sizeof(((struct dfccl_worker_stats *)0)->by_block), 8 * DFCCL_STATS_BLOCKS);
+	assert_int_equal(offsetof(struct dfccl_worker_stats, kernel_gated), 128 + 8 * DFCCL_STATS_BLOCKS);
+	assert_int_equal(offsetof(struct dfccl_worker_stats, early_taken), 136 + 8 * DFCCL_STATS_BLOCKS);
+	assert_int_equal(offsetof(struct dfccl_worker_stats, early_given_back), 144 + 8 * DFCCL_STATS_BLOCKS);
 	assert_int_not_equal(DFCCL_STATS_MAGIC, DFCCL_QP_MAGIC);
 }
 
