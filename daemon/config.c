@@ -142,13 +142,14 @@ static const struct setting settings[] = {
      "armed, kernel-idle-us (kernel-idle-mps-us) applies. Shorter lets a trainer's next kernel have every SM "
      "sooner, longer keeps back-to-back collectives from relaunching it; the kernel doubles it, up to 40 us, "
      "while launches follow its quits within 100 us, and halves it back after longer gaps"},
-    {"early-take", T_INT, F(early_take), 0, 1, "0", NULL,
-     "cuda engine: 1: a stream-ordered collective posted before its stream armed it may be taken and checked "
+    {"early-take", T_INT, F(early_take), 0, 1, "1", NULL,
+     "cuda engine: 1 (the default): a stream-ordered collective posted before its stream armed it may be taken "
+     "and checked "
      "while the stream's work before it runs, one per queue pair at a time; its block then waits for the arm "
      "and starts it at once (under MPS, back-to-back small all-reduces about a third faster); where such "
      "collectives alone kept the kernel resident for 50 us they go back to their queues and none is taken early "
      "for 10 ms, so that the kernel quits as without them, and one whose communicator fails before its arm goes "
-     "back too; 0 (the default): entries are taken once armed"},
+     "back too; 0: entries are taken once armed"},
     {"push-bytes", T_INT, F(push_bytes), 0, 65536, "65536", NULL,
      "cuda engine: all-reduces up to this many bytes on one channel are pushed: each rank writes its data into "
      "the other ranks' GPU memory and reduces what it received, one exchange with no reads across GPUs "

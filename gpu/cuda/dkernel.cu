@@ -2305,8 +2305,7 @@ __device__ __forceinline__ void head_advance(dk_qp *q, uint32_t qi, dfccl_qp_hea
  * word and dk_qp.early_back; the reader moves the pair's head back to it
  * (early_move_back). A pair removed meanwhile: the removal parks the
  * kernel, and a new launch's first visit drops the task. The early-take
- * setting (dk_params.early_take) turns all of this on; it is off by
- * default.
+ * setting (dk_params.early_take, on by default) turns all of this on.
  */
 #define DK_EARLY_OFF_NS 10000000ull
 __device__ __noinline__ bool early_take(dk_ctx &c, dk_qp *q, uint32_t qi, dfccl_qp_header *hdr, const dfccl_sqe *sq,

@@ -78,7 +78,7 @@ static void test_defaults(void **state)
 	assert_int_equal(c.launch_gate, 0);
 	assert_int_equal(c.launch_gate_mps, 1);
 	assert_int_equal(c.launch_gate_idle_us, 5);
-	assert_int_equal(c.early_take, 0);
+	assert_int_equal(c.early_take, 1);
 	assert_int_equal(c.push_bytes, 65536);
 	assert_int_equal(c.ll_bytes, 16384);
 	assert_int_equal(c.visit_bytes, 4 << 20);
@@ -139,8 +139,8 @@ static void test_set_good(void **state)
 	assert_int_equal(c.channels, 32);
 	assert_int_equal(config_set(&c, "spread-blocks", "0", err, sizeof(err)), 0);
 	assert_int_equal(c.spread_blocks, 0);
-	assert_int_equal(config_set(&c, "early-take", "1", err, sizeof(err)), 0);
-	assert_int_equal(c.early_take, 1);
+	assert_int_equal(config_set(&c, "early-take", "0", err, sizeof(err)), 0);
+	assert_int_equal(c.early_take, 0);
 	assert_int_equal(config_set(&c, "host-devices", "64", err, sizeof(err)), 0);
 	assert_int_equal(c.host_devices, 64);
 	assert_int_equal(config_set(&c, "engine", "cuda", err, sizeof(err)), 0);
