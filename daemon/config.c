@@ -458,6 +458,27 @@ const char *config_mps_twin(const char *name)
 	return name;
 }
 
+const char *const *config_worker_settings(size_t *n)
+{
+	static const char *const names[] = {
+	    "log-level",      "log-target",   "spin-head",       "spin-other",          "stick-mult",
+	    "spin-max",       "algo",         "channels",        "spread-blocks",       "kernel-idle-us",
+	    "resident-blocks", "bulk-idle-us", "launch-gate",    "launch-gate-idle-us", "early-take",
+	    "push-bytes",     "ll-bytes",     "visit-bytes",     "chan-bytes",          "oneshot-bytes",
+	    "max-inflight-per-session", "max-inflight-per-uid"};
+	*n = sizeof(names) / sizeof(names[0]);
+	return names;
+}
+
+int config_setting_at(size_t i, const char **name, const char **help)
+{
+	if (i >= NSETTINGS)
+		return -1;
+	*name = settings[i].name;
+	*help = settings[i].help;
+	return 0;
+}
+
 int config_format(const struct dfccld_config *cfg, const char *name, char *buf, size_t len)
 {
 	const struct setting *s = setting_find(name, strlen(name));

@@ -111,6 +111,17 @@ int config_format(const struct dfccld_config *cfg, const char *name, char *buf, 
  * `name` itself. */
 const char *config_mps_twin(const char *name);
 
+/* The settings an engine worker reads, by name (*n of them): the
+ * supervisor passes each to the workers it starts (workers.c), the MPS
+ * twin's value under MPS. A setting left out keeps its default in the
+ * workers whatever dfccld was given; every setting of the CUDA engine (its
+ * help starts "cuda engine") is one of them or the twin of one
+ * (test_config checks it). */
+const char *const *config_worker_settings(size_t *n);
+
+/* The i-th setting's name and help: 0, or -1 past the last. */
+int config_setting_at(size_t i, const char **name, const char **help);
+
 /* Writes "name value" for every setting, for diagnostics. */
 void config_dump(const struct dfccld_config *cfg, FILE *f);
 

@@ -606,22 +606,17 @@ static void worker_on_end(struct conn *c, int err)
 static int worker_spawn(struct worker *wk)
 {
 	struct server *srv = wk->ws->srv;
+	/* The worker reads its settings through the same table: pass the
+	 * ones it uses by name (config_worker_settings). The engine is the
+	 * resolved one, never auto. */
+	size_t npassed;
+	const char *const *passed = config_worker_settings(&npassed);
+	enum { NPASSED = 32 };
+	if (npassed > NPASSED)
+		return -E2BIG;
 	int sv[2];
 	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
 		return -errno;
-
-	/* The worker reads its settings through the same table: pass the
-	 * ones it uses by name. The engine is the resolved one, never auto.
-	 * A setting left out keeps its default in the workers whatever dfccld
-	 * was given (tests/gpu/cuda_engine.sh's early part checks that
-	 * early-take reaches them, by the kernel's counters). */
-	static const char *const passed[] = {"log-level", "log-target", "spin-head",
-	                                     "spin-other", "stick-mult", "spin-max",
-	                                     "algo",      "channels",   "spread-blocks", "kernel-idle-us", "resident-blocks",
-	                                     "bulk-idle-us", "launch-gate", "launch-gate-idle-us", "early-take", "push-bytes",
-	                                     "ll-bytes",  "visit-bytes", "chan-bytes", "oneshot-bytes",
-	                                     "max-inflight-per-session", "max-inflight-per-uid"};
-	enum { NPASSED = sizeof(passed) / sizeof(passed[0]) };
 	char devbuf[16], uidbuf[16], gidbuf[16], values[NPASSED][64], flags[NPASSED][32];
 	snprintf(devbuf, sizeof(devbuf), "%u", wk->device);
 	char *args[12 + 2 * NPASSED];
@@ -646,7 +641,7 @@ static int worker_spawn(struct worker *wk)
 		args[argc++] = "--worker-parked";
 		args[argc++] = "1";
 	}
-	for (int i = 0; i < NPASSED; i++) {
+	for (size_t i = 0; i < npassed; i++) {
 		snprintf(flags[i], sizeof(flags[i]), "--%s", passed[i]);
 		/* Under MPS (the supervisor's probe says) a setting with an MPS
 		 * twin passes the twin's value. */

@@ -469,13 +469,46 @@ static void test_help_and_version(void **state)
 	assert_string_equal(config_engine_name(-1), "?");
 }
 
+/* Every setting of the CUDA engine (its help starts "cuda engine") reaches
+ * the workers: passed by name, or the MPS twin of one that is; each name
+ * passed is a setting, once. A setting left out would keep its default in
+ * the workers whatever dfccld was given. */
+static void test_worker_settings(void **state)
+{
+	(void)state;
+	size_t n;
+	const char *const *w = config_worker_settings(&n);
+	struct dfccld_config c;
+	config_defaults(&c);
+	char buf[256];
+	for (size_t i = 0; i < n; i++) {
+		assert_int_equal(config_format(&c, w[i], buf, sizeof(buf)), 0);
+		for (size_t j = 0; j < i; j++)
+			assert_string_not_equal(w[i], w[j]);
+	}
+	const char *name, *help;
+	size_t cuda = 0;
+	for (size_t i = 0; config_setting_at(i, &name, &help) == 0; i++) {
+		if (strncmp(help, "cuda engine", 11) != 0)
+			continue;
+		cuda++;
+		int passed = 0;
+		for (size_t k = 0; k < n && !passed; k++)
+			passed = strcmp(w[k], name) == 0 || strcmp(config_mps_twin(w[k]), name) == 0;
+		if (!passed)
+			fail_msg("setting %s of the cuda engine is not passed to the workers (config_worker_settings)", name);
+	}
+	assert_true(cuda >= 10); /* the help's convention still holds */
+	assert_int_equal(config_setting_at((size_t)-1, &name, &help), -1);
+}
+
 int main(void)
 {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, clean_env, clean_env)
 	const struct CMUnitTest tests[] = {
 	    T(test_defaults), T(test_set_good),  T(test_sizes),      T(test_set_bad),
 	    T(test_file),     T(test_file_errors), T(test_env),      T(test_precedence),
-	    T(test_command_line_errors), T(test_help_and_version),
+	    T(test_command_line_errors), T(test_help_and_version), T(test_worker_settings),
 	};
 #undef T
 	return cmocka_run_group_tests(tests, NULL, NULL);
