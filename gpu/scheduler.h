@@ -90,7 +90,13 @@ struct sched_queue {
  * number of passes. Only the limits end this, with an
  * error that names them. Sends are why receives post `want`: without it,
  * two ranks whose admitted tasks are receives from each other and whose
- * sends lie beyond the room would wait for each other forever.
+ * sends lie beyond the room would wait for each other forever. A task the
+ * daemon kernel took before its stream armed it (dkernel.cu, early_take)
+ * is charged like any other but has posted nothing, and its arm may wait
+ * for another stream's collective: it needs room for one more entry of
+ * its pair when it is taken, and where its pair then runs out of room it
+ * goes back to its queue with the other early tasks, so that the room is
+ * held by armed entries only, as above.
  */
 #define SCHED_QP_GUARANTEE 4u
 #define SCHED_RESERVE (SCHED_MAX_TASKS / 2)

@@ -2297,7 +2297,9 @@ __device__ __forceinline__ void head_advance(dk_qp *q, uint32_t qi, dfccl_qp_hea
  * resident for DK_EARLY_WAIT_NS (reader_main asks, st->early_ask, and
  * takes none early for DK_EARLY_OFF_NS), so that the kernel quits as
  * without them and a trainer's compute gets its SMs (and, without MPS, the
- * GPU) back, the launch gate waiting on the entry again; and where its
+ * GPU) back, the launch gate waiting on the entry again; where its pair
+ * ran out of admission room (read_queues: the arm may wait on an entry
+ * that room would admit); and where its
  * communicator failed first, so that the entry completes, failed, only
  * once its stream armed it, as any other (a completion before the arm
  * would let the client post the slot's next lap, whose arm the stream's
@@ -2308,6 +2310,14 @@ __device__ __forceinline__ void head_advance(dk_qp *q, uint32_t qi, dfccl_qp_hea
  * setting (dk_params.early_take, on by default) turns all of this on.
  */
 #define DK_EARLY_OFF_NS 10000000ull
+
+/* The reader asks the blocks for every early task not armed yet
+ * (early_wait gives it back) and takes none early for DK_EARLY_OFF_NS. */
+__device__ void early_ask_back(dk_ctx &c, uint64_t now)
+{
+	*(volatile uint64_t *)&c.st->early_off = now + DK_EARLY_OFF_NS;
+	*(volatile uint32_t *)&c.st->early_ask = 1;
+}
 __device__ __noinline__ bool early_take(dk_ctx &c, dk_qp *q, uint32_t qi, dfccl_qp_header *hdr, const dfccl_sqe *sq,
                                         volatile uint64_t *taken, uint32_t n, uint64_t head, uint64_t tail)
 {
@@ -2522,6 +2532,13 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 		uint32_t room = a.room, beyond = a.beyond, looks = 0;
 		bool readmit = true; /* the admission may be made again where the room ran out */
 		bool looking = a.refuse == DFCCL_CQ_OK && room == 0;
+		/* Out of room with a task taken early: its arm may come only
+		 * after an entry of the pair that has no room now (several
+		 * streams on one pair, one waiting on another's collective),
+		 * so the early tasks go back and their room with them
+		 * (scheduler.h's any order counts only armed entries). */
+		if (looking && c.early_live && vload(&q->early) != 0 && !vload(&st->early_ask))
+			early_ask_back(c, now_ns());
 		uint64_t start = looking ? sched_look_start(vload(&q->look), head, tail) : head, stopped = 0;
 		/* In order (scheduler.h, "Taking in order"): with the head armed
 		 * the pass takes the armed run from it, through the window and on
@@ -4489,8 +4506,7 @@ __device__ void reader_main(dk_ctx &c)
 			 * kernel: they go back to their queues (early_wait), and it
 			 * quits idle as without them, taking none early for a
 			 * while. */
-			*(volatile uint64_t *)&st->early_off = now + DK_EARLY_OFF_NS;
-			*(volatile uint32_t *)&st->early_ask = 1;
+			early_ask_back(c, now);
 			last_active = now;
 		} else if (step == DK_IDLE_QUIT) {
 			/* Going: say so, then look once more, so an entry armed
