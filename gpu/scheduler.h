@@ -94,9 +94,10 @@ struct sched_queue {
  * daemon kernel took before its stream armed it (dkernel.cu, early_take)
  * is charged like any other but has posted nothing, and its arm may wait
  * for another stream's collective: it needs room for one more entry of
- * its pair when it is taken, and where its pair then runs out of room it
- * goes back to its queue with the other early tasks, so that the room is
- * held by armed entries only, as above.
+ * its pair when it is taken, and where a pair then finds no room (the
+ * parts used up) every such task goes back to its queue, so that the room
+ * goes to armed entries, as above. (A pair at its own limit refuses
+ * entries instead of looking for room.)
  */
 #define SCHED_QP_GUARANTEE 4u
 #define SCHED_RESERVE (SCHED_MAX_TASKS / 2)

@@ -2297,9 +2297,9 @@ __device__ __forceinline__ void head_advance(dk_qp *q, uint32_t qi, dfccl_qp_hea
  * resident for DK_EARLY_WAIT_NS (reader_main asks, st->early_ask, and
  * takes none early for DK_EARLY_OFF_NS), so that the kernel quits as
  * without them and a trainer's compute gets its SMs (and, without MPS, the
- * GPU) back, the launch gate waiting on the entry again; where its pair
- * ran out of admission room (read_queues: the arm may wait on an entry
- * that room would admit); and where its
+ * GPU) back, the launch gate waiting on the entry again; where a pair
+ * finds the engine out of admission room (read_queues: the arm may wait
+ * on an entry that room would admit); and where its
  * communicator failed first, so that the entry completes, failed, only
  * once its stream armed it, as any other (a completion before the arm
  * would let the client post the slot's next lap, whose arm the stream's
@@ -2532,12 +2532,13 @@ __device__ __noinline__ uint32_t read_queues(dk_ctx &c)
 		uint32_t room = a.room, beyond = a.beyond, looks = 0;
 		bool readmit = true; /* the admission may be made again where the room ran out */
 		bool looking = a.refuse == DFCCL_CQ_OK && room == 0;
-		/* Out of room with a task taken early: its arm may come only
-		 * after an entry of the pair that has no room now (several
-		 * streams on one pair, one waiting on another's collective),
-		 * so the early tasks go back and their room with them
+		/* Out of room (the engine's parts used up: a pair at its own
+		 * limit is refused instead) while tasks taken early wait for
+		 * their arms: an arm may come only after an entry that has no
+		 * room now (another stream's collective, on this pair or
+		 * another), so every early task goes back and its room with it
 		 * (scheduler.h's any order counts only armed entries). */
-		if (looking && c.early_live && vload(&q->early) != 0 && !vload(&st->early_ask))
+		if (looking && c.early_live && vload(&st->early_tasks) != 0 && !vload(&st->early_ask))
 			early_ask_back(c, now_ns());
 		uint64_t start = looking ? sched_look_start(vload(&q->look), head, tail) : head, stopped = 0;
 		/* In order (scheduler.h, "Taking in order"): with the head armed
